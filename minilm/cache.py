@@ -1,0 +1,70 @@
+"""Preallocated per-layer key/value cache that knows its own length.
+
+``cache.length`` is the number of tokens the model has been given so far, and so the
+absolute position of the next one: prefill writes positions 0..P-1, decode step t writes
+P+t. Keys are stored after rotation (RoPE), together with the position of every slot, so
+attention masks and biases are built from real positions, never from slice lengths.
+
+A ``rolling`` cache is a ring buffer of ``capacity`` slots: once full, each new token
+overwrites the oldest one (slot = position mod capacity), which gives sliding-window
+attention over the last ``capacity`` positions with absolute positions kept.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
+                 rolling: bool = False, dtype=torch.float32, device=None):
+        if capacity < 1:
+            raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
+        shape = (batch_size, n_head, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.slot_pos = torch.full((capacity,), -1.0, dtype=torch.float32, device=device)
+        self.capacity, self.rolling, self.batch_size = capacity, rolling, batch_size
+        self.length = 0  # tokens seen = position of the next token
+        self._pending = None  # (slots, T) of the forward pass in progress
+
+    @property
+    def filled(self) -> int:
+        return min(self.length, self.capacity)
+
+    def begin(self, num_new: int) -> torch.Tensor:
+        """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
+        end = self.length + num_new
+        if not self.rolling and end > self.capacity:
+            raise ValueError(f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
+                             f"{num_new} more; allocate new_cache(..., max_length>={end}) or a rolling cache")
+        if self.rolling and num_new > 1 and end > self.capacity:
+            raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
+                             f"position {self.length} with capacity {self.capacity}")
+        positions = torch.arange(self.length, end, device=self.slot_pos.device)
+        slots = positions % self.capacity
+        self.slot_pos[slots] = positions.float()
+        self._pending = slots
+        return positions.float()
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write this layer's new keys/values; return all held keys, values and their positions."""
+        slots = self._pending
+        n = min(self.length + len(slots), self.capacity)
+        if len(slots) == 1 and slots.device.type == "cpu":  # decode step: a plain slice write is cheapest
+            i = int(slots[0])
+            self.keys[layer][:, :, i] = k[:, :, 0]
+            self.values[layer][:, :, i] = v[:, :, 0]
+        else:
+            self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
+            self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
+        return self.keys[layer][:, :, :n], self.values[layer][:, :, :n], self.slot_pos[:n]
+
+    def commit(self) -> None:
+        """Advance the length once every layer has written its keys."""
+        self.length += len(self._pending)
+        self._pending = None
+
+    def reset(self) -> None:
+        self.length = 0
+        self.slot_pos.fill_(-1.0)
+        self._pending = None

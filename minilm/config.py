@@ -1,0 +1,235 @@
+"""Configuration: dataclasses for model / data / train, YAML loading, dotted overrides.
+
+A run is described by one YAML file with the sections ``model`` (including
+``model.position``), ``data`` and ``train`` plus the top-level ``out_dir`` and
+``seed``. Overrides such as ``train.max_steps=200`` or ``model.position.kind=alibi``
+are applied on top, their values parsed as YAML. Every mistake is a one-line
+``ConfigError`` that names the key and the closest valid names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line meant for the user."""
+
+
+def suggest(name: str, valid) -> str:
+    """' (did you mean X?)' for the closest valid names, else a list of all of them."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(close)}? valid: {', '.join(valid)}"
+    return f"valid: {', '.join(valid)}"
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    block_size: int = 256
+    d_ff: Optional[int] = None  # defaults to 4 * d_model
+    dropout: float = 0.0
+    bias: bool = False
+    position: dict = field(default_factory=lambda: {"kind": "rope"})
+
+    def __post_init__(self):
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"model.{name}={value!r} is invalid: expected a positive integer")
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: "
+                f"choose n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
+        if not isinstance(self.position, dict) or "kind" not in self.position:
+            raise ConfigError(f"model.position={self.position!r} is invalid: expected a mapping with a 'kind'")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "shakespeare"  # 'shakespeare' (embedded) or a path to a .txt file / directory of .txt files
+    vocab_size: int = 4096  # sentencepiece BPE vocabulary; model.vocab_size follows it
+    dir: str = "data"  # where prepared corpora land
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32
+    grad_accum: int = 1
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_iters: int = 20
+    log_interval: int = 10
+    checkpoint_interval: int = 500
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    device: str = "auto"  # auto | cpu | cuda | mps
+    compile: bool = False
+    init_from: Optional[str] = None  # checkpoint file or out_dir to start from
+    sample_tokens: int = 200  # sample printed at the end of training; 0 to skip
+
+    def __post_init__(self):
+        choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps")}
+        for name, valid in choices.items():
+            value = getattr(self, name)
+            if value not in valid and not (name == "device" and str(value).startswith("cuda:")):
+                raise ConfigError(f"train.{name}={value!r} is invalid: valid: {', '.join(valid)}")
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
+                     "eval_interval", "checkpoint_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 1")
+        for name in ("warmup_steps", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 0")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out_dir: str = "out/run"
+    seed: int = 1337
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- building
+
+def _type_ok(value: Any, annotation) -> bool:
+    """Check a YAML value against a dataclass field annotation (int, float, str, bool, dict, Optional)."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, vars(typing) | {"Optional": Optional})  # noqa: S307 - our own annotations
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def from_dict(cls, data: Any, prefix: str = ""):
+    """Build dataclass ``cls`` from a plain mapping, recursing into nested dataclasses."""
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key '{prefix}{key}': {suggest(str(key), fields)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = from_dict(hint, value, f"{prefix}{key}.")
+            continue
+        if not _type_ok(value, hint):
+            raise ConfigError(f"{prefix}{key}={value!r} has the wrong type: expected {_type_name(hint)}")
+        if hint is float or hint == Optional[float]:
+            value = float(value) if value is not None else None
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def apply_override(tree: dict, assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override to a nested dict; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
+    key, raw = assignment.split("=", 1)
+    key = key.strip().lstrip("-")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def find_config_file(name: str) -> str:
+    """Look a config up as given, then under ``configs/`` (next to this package, then in the cwd)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidates = [name, os.path.join("configs", name), os.path.join(here, "configs", name)]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    available = sorted(f for f in os.listdir(os.path.join(here, "configs")) if f.endswith(".yaml")) \
+        if os.path.isdir(os.path.join(here, "configs")) else []
+    raise ConfigError(f"config file {name!r} not found in . or configs/: {suggest(name, available)}")
+
+
+def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config (or the defaults when ``path`` is None), apply overrides, validate."""
+    tree: dict = {}
+    if path is not None:
+        resolved = find_config_file(path)
+        try:
+            with open(resolved) as f:
+                tree = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{resolved} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{resolved} must hold a mapping with sections model, data, train")
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return build_config(tree)
+
+
+def build_config(tree: dict) -> Config:
+    """Validate a nested dict as a Config; the position settings are checked by the registry."""
+    try:
+        config = from_dict(Config, tree)
+    except TypeError as exc:  # a dataclass got an argument it cannot take
+        raise ConfigError(str(exc)) from None
+    from minilm.positions import validate
+    try:
+        validate(config.model.position, config.model)
+    except ValueError as exc:
+        raise ConfigError(f"model.position: {exc}") from None
+    return config

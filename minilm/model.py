@@ -1,0 +1,165 @@
+"""GPT: token embedding -> n_layer pre-norm blocks (LayerNorm, causal self-attention,
+GELU MLP) -> final LayerNorm -> LM head tied to the token embedding.
+
+The positional encoding is a plug-in from ``minilm.positions`` and acts through three
+hooks: ``embed`` after the token embedding, ``rotate`` on q and k in every layer (before
+the cache write) and ``bias`` on the attention logits. Positions are explicit tensors:
+``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minilm.cache import KVCache
+from minilm.config import ModelConfig
+from minilm.positions import PositionScheme, build
+
+# Largest number of bias/mask entries (heads x queries x keys) built at once; longer inputs
+# are processed in chunks of queries so that memory grows linearly with length.
+MASK_BUDGET = 1 << 24
+
+
+def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
+           dropout_p: float = 0.0) -> torch.Tensor:
+    """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
+    over keys at ``k_pos``; ``window`` keeps only keys with q_pos - k_pos < window."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if not scheme.has_bias:
+        if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if cached and Tq == 1:  # one new token sees every cached key (a rolling cache holds only its window)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    chunk = max(1, MASK_BUDGET // (q.shape[1] * Tk))
+    outputs = []
+    for start in range(0, Tq, chunk):
+        qp = q_pos[start:start + chunk]
+        distance = qp[:, None] - k_pos[None, :]
+        allowed = distance >= 0
+        if window is not None:
+            allowed &= distance < window
+        mask = allowed
+        if scheme.has_bias:
+            mask = scheme.bias(qp, k_pos).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        outputs.append(F.scaled_dot_product_attention(q[:, :, start:start + chunk], k, v, attn_mask=mask,
+                                                      dropout_p=dropout_p))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, layer: int, pos, scheme: PositionScheme, cache: Optional[KVCache],
+                window: Optional[int], context_len: int):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = scheme.rotate(q, k, pos, context_len)
+        k_pos = pos
+        if cache is not None:
+            k, v, k_pos = cache.update(layer, k, v)
+            window = cache.capacity if cache.rolling else None
+        y = attend(q, k, v, pos, k_pos, scheme, cached=cache is not None, window=window,
+                   dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, layer, pos, scheme, cache, window, context_len):
+        x = x + self.drop(self.attn(self.ln_1(x), layer, pos, scheme, cache, window, context_len))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.positions = build(config.position, d_model=config.d_model, n_head=config.n_head,
+                               block_size=config.block_size)
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied
+        self._init_weights()
+
+    def _init_weights(self):
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer).
+        The position scheme initialises its own parameters."""
+        for name, module in self.named_modules():
+            if name.startswith("positions"):
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, param in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self) -> int:
+        """Trainable parameters, the tied LM head counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch_size: int, max_length: int, *, rolling: bool = False) -> KVCache:
+        """A KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (or a rolling
+        window of that many, with ``rolling=True``)."""
+        ref = self.wte.weight
+        return KVCache(self.config.n_layer, batch_size, self.config.n_head, self.config.head_dim, max_length,
+                       rolling=rolling, dtype=ref.dtype, device=ref.device)
+
+    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
+                context_len: Optional[int] = None, return_hidden: bool = False) -> torch.Tensor:
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T).
+
+        Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
+        query to the last ``window`` positions (sliding-window attention, what a rolling cache
+        computes). With a cache they sit at cache.length.., attend to everything cached, and
+        the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
+        T without a cache, the cache capacity with one). ``return_hidden`` returns the final
+        normalised hidden states instead of logits (for memory-friendly chunked losses).
+        """
+        B, T = idx.shape
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"batch of {B} sequences does not match the cache's batch size {cache.batch_size}")
+            pos = cache.begin(T)
+            context_len = context_len or cache.capacity
+        else:
+            pos = torch.arange(T, device=idx.device, dtype=torch.float32)
+            context_len = context_len or T
+        self.positions.check_positions(pos)
+        x = self.drop(self.positions.embed(self.wte(idx), pos))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, layer, pos, self.positions, cache, window, context_len)
+        if cache is not None:
+            cache.commit()
+        x = self.ln_f(x)
+        return x if return_hidden else self.lm_head(x)

@@ -1,0 +1,129 @@
+"""The position interface shared by every scheme, and the registry that builds them.
+
+Every scheme answers three questions; the base class answers each with "nothing":
+
+* ``embed(x, pos)``            -> x + PE(pos), once after the token embedding (sinusoidal, learned)
+* ``rotate(q, k, pos, context_len)`` -> q', k' in every attention layer, before the cache
+  write (rope and its scalings)
+* ``bias(q_pos, k_pos)``       -> (heads, Tq, Tk) added to the attention logits (alibi, t5)
+
+Positions are explicit float32 tensors of absolute indices (shape (T,), shared by the
+batch); they are floats so that position interpolation can hand on fractions.
+``context_len`` is the length the sequence is being processed at (the full sequence
+length without a cache, the cache capacity with one); only dynamic NTK reads it.
+"""
+from __future__ import annotations
+
+import difflib
+import numbers
+from typing import Any, Callable, Dict, Optional
+
+import torch
+from torch import nn
+
+_REGISTRY: Dict[str, type] = {}
+
+
+def _choices(name: str, valid) -> str:
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"{hint}valid: {', '.join(valid)}"
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: make a PositionScheme subclass buildable as ``{"kind": name}``."""
+    def wrap(cls: type) -> type:
+        if name in _REGISTRY:
+            raise ValueError(f"position kind {name!r} is registered twice")
+        cls.kind = name
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def available() -> list:
+    """Sorted names of every registered position kind."""
+    return sorted(_REGISTRY)
+
+
+def scheme_class(kind: Any) -> type:
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown position kind {kind!r}: {_choices(kind, _REGISTRY)}")
+    return _REGISTRY[kind]
+
+
+def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "PositionScheme":
+    """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``."""
+    if not isinstance(position, dict) or "kind" not in position:
+        raise ValueError(f"position settings {position!r} must be a mapping with a 'kind' ({', '.join(available())})")
+    cls = scheme_class(position["kind"])
+    options = {k: v for k, v in position.items() if k != "kind"}
+    for key in options:
+        if key not in cls.options:
+            raise ValueError(f"unknown option {key!r} for position kind {cls.kind!r}: "
+                             f"{_choices(key, cls.options) if cls.options else 'it takes no options'}")
+    merged = {**cls.options, **options}
+    return cls(d_model=d_model, n_head=n_head, block_size=block_size, **merged)
+
+
+def validate(position: dict, model_config) -> None:
+    """Raise ValueError when ``position`` cannot be built for this model shape."""
+    build(position, d_model=model_config.d_model, n_head=model_config.n_head,
+          block_size=model_config.block_size)
+
+
+def check_number(kind: str, name: str, value: Any, *, low: float = None, high: float = None,
+                 low_open: bool = True, integer: bool = False) -> None:
+    """One-line ValueError unless ``value`` is a number in the stated range."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        what = "an integer" if integer else "a number"
+        rng = " and ".join(p for p in (lo, hi) if p)
+        raise ValueError(f"{kind}: {name}={value!r} is invalid: expected {what}{' ' + rng if rng else ''}")
+
+
+class PositionScheme(nn.Module):
+    """Base class: no positional information at all. Subclasses override what they use."""
+
+    kind: str = "?"
+    description: str = ""
+    options: Dict[str, Any] = {}
+    has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
+
+    def __init__(self, *, d_model: int, n_head: int, block_size: int):
+        super().__init__()
+        self.d_model, self.n_head, self.block_size = d_model, n_head, block_size
+
+    def position_limit(self) -> Optional[float]:
+        """Largest usable position + 1, or None when any position works."""
+        return None
+
+    def check_positions(self, pos: torch.Tensor) -> None:
+        """Raise a clear ValueError before any indexing when ``pos`` is out of range."""
+        limit = self.position_limit()
+        if limit is not None and pos.numel() and float(pos.max()) > limit - 1:
+            raise ValueError(
+                f"position {float(pos.max()):g} is past the {self.kind} position table "
+                f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
+                f"relative scheme (rope, alibi, t5, none) or interpolated")
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, context_len: int):
+        return q, k
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}"

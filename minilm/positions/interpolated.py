@@ -1,0 +1,54 @@
+"""Position interpolation as a wrapper (Chen et al. 2023, "Extending Context Window of Large
+Language Models via Positional Interpolation"): it holds another scheme and hands it
+positions divided by ``factor``, so a model trained on L positions sees L*factor tokens
+inside its familiar range. Works for rope (same as linear scaling), sinusoidal, learned
+(linear interpolation between table rows) and alibi / t5 (scaled distances).
+"""
+import torch
+
+from minilm.positions.base import PositionScheme, build, check_number, register
+
+
+@register("interpolated")
+class Interpolated(PositionScheme):
+    description = "wraps another kind and divides its positions by factor (position interpolation)"
+    options = {"base": {"kind": "rope"}, "factor": 2.0}
+
+    def __init__(self, *, base: dict, factor: float, d_model: int, n_head: int, block_size: int):
+        check_number("interpolated", "factor", factor, low=0)
+        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
+        self.factor = float(factor)
+        if isinstance(base, str):
+            base = {"kind": base}
+        # the wrapped scheme was trained at block_size / factor positions
+        inner_block = max(1, int(round(block_size / self.factor)))
+        self.inner = build(base, d_model=d_model, n_head=n_head, block_size=inner_block)
+        self.has_bias = self.inner.has_bias
+        self._memo = None
+
+    def position_limit(self):
+        limit = self.inner.position_limit()
+        return None if limit is None else (limit - 1) * self.factor + 1
+
+    def _scaled(self, pos):
+        memo = self._memo  # one division per forward pass, shared by every layer
+        if memo is not None and memo[0].shape == pos.shape and memo[0].device == pos.device \
+                and torch.equal(memo[0], pos):
+            return memo[1]
+        scaled = pos / self.factor
+        self._memo = (pos.clone(), scaled)
+        return scaled
+
+    def embed(self, x, pos):
+        self.check_positions(pos)
+        return self.inner.embed(x, self._scaled(pos))
+
+    def rotate(self, q, k, pos, context_len):
+        return self.inner.rotate(q, k, self._scaled(pos), max(1, int(round(context_len / self.factor))))
+
+    def bias(self, q_pos, k_pos):
+        return self.inner.bias(q_pos / self.factor, k_pos / self.factor)
+
+    def extra_repr(self):
+        return f"factor={self.factor}"
+

@@ -1,0 +1,9 @@
+"""NoPE: no positional information; the causal mask alone orders the tokens
+(Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization")."""
+from minilm.positions.base import PositionScheme, register
+
+
+@register("none")
+class NoPosition(PositionScheme):
+    description = "no positional information (NoPE): order comes only from the causal mask"
+    options = {}

@@ -1,0 +1,164 @@
+"""Rotary position embedding (Su et al. 2021, "RoFormer") and its context-extension scalings.
+
+Layout: **halves** ("rotate_half", as in HF Llama / GPT-NeoX). Within the rotated part of
+a head (the first ``rot`` dims, ``rot = rotary_fraction * head_dim`` rounded down to even),
+dimension i is paired with dimension i + rot/2 and the pair rotates by angle
+``pos * inv_freq_i`` with ``inv_freq_i = base^(-2i/rot)``. The remaining dims of each head
+pass through untouched (partial rotary). Angles are computed in float32.
+
+Scalings, with s = factor and L = original_max_positions (the ORIGINAL training length):
+
+* ``linear`` (position interpolation, Chen et al. 2023): inv_freq / s.
+* ``ntk`` (NTK-aware, bloc97 2023): base' = base * s^(d/(d-2)).
+* ``dynamic`` (dynamic NTK, emozilla 2023): base' = base * (s*T/L - (s-1))^(d/(d-2)) when the
+  current length T > L, else base. T is the length the sequence is processed at: the full
+  length without a cache, and the cache capacity with one, so the scale is fixed for a whole
+  cached generation and cached keys never go stale (DESIGN.md pitfall 2).
+* ``yarn`` (Peng et al. 2023): corr(r) = d ln(L / (2 pi r)) / (2 ln base); low = floor(corr(32)),
+  high = ceil(corr(1)), clamped to [0, d-1]; ramp g_i = clamp((i-low)/(high-low), 0, 1);
+  inv_i = inv_i/s * g_i + inv_i * (1 - g_i); cos and sin both scaled by 0.1 ln(s) + 1.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from minilm.positions.base import PositionScheme, _choices, check_number, register
+
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn")
+SCALING_KEYS = ("type", "factor", "original_max_positions")
+
+
+def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """inv_freq_i = base^(-2i/dim), i = 0 .. dim/2 - 1, in float64 for exact tests."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """NTK-aware base: base * s^(d/(d-2))."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def dynamic_ntk_base(base: float, factor: float, dim: int, length: int, original: int) -> float:
+    """Dynamic NTK base for current length T: base * (s*T/L - (s-1))^(d/(d-2)) if T > L."""
+    if length <= original:
+        return base
+    return base * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))
+
+
+def yarn_bounds(dim: int, base: float, original: int,
+                beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tuple[int, int]:
+    """YaRN correction range [low, high] of dimension-pair indices."""
+    def corr(rotations):
+        return dim * math.log(original / (2 * math.pi * rotations)) / (2 * math.log(base))
+    low = max(math.floor(corr(beta_fast)), 0)
+    high = min(math.ceil(corr(beta_slow)), dim - 1)
+    return low, high
+
+
+def yarn_mscale(factor: float) -> float:
+    """YaRN attention temperature applied to both cos and sin: 0.1 ln(s) + 1 (1 when s <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(dim: int, base: float, factor: float, original: int) -> torch.Tensor:
+    """YaRN "NTK-by-parts": interpolate low frequencies, keep high ones, ramp between."""
+    inv = rope_inv_freq(dim, base)
+    low, high = yarn_bounds(dim, base, original)
+    span = (high - low) if high != low else 1e-3
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / span).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@register("rope")
+class RoPE(PositionScheme):
+    description = "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn"
+    options = {"base": 10000.0, "rotary_fraction": 1.0, "scaling": None}
+
+    def __init__(self, *, base: float, rotary_fraction: float, scaling: Optional[dict], **kw):
+        super().__init__(**kw)
+        check_number("rope", "base", base, low=1)
+        check_number("rope", "rotary_fraction", rotary_fraction, low=0, high=1)
+        head_dim = self.d_model // self.n_head
+        if rotary_fraction == 1 and head_dim % 2:
+            raise ValueError(f"rope: head dimension {head_dim} (d_model/n_head) is odd: rotation needs pairs; "
+                             f"choose d_model/n_head even")
+        self.rot = int(head_dim * rotary_fraction) // 2 * 2
+        if self.rot < 2:
+            raise ValueError(f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
+                             f"it must rotate at least 2")
+        self.base = float(base)
+        self.scaling = self._check_scaling(scaling)
+        self._memo = None
+
+    def _check_scaling(self, scaling) -> dict:
+        if scaling is None:
+            scaling = {}
+        if not isinstance(scaling, dict):
+            raise ValueError(f"rope: scaling={scaling!r} must be a mapping with keys {', '.join(SCALING_KEYS)}")
+        for key in scaling:
+            if key not in SCALING_KEYS:
+                raise ValueError(f"rope: unknown scaling option {key!r}: {_choices(key, SCALING_KEYS)}")
+        kind = scaling.get("type", "none") or "none"
+        if kind not in SCALING_TYPES:
+            raise ValueError(f"rope: scaling.type={kind!r} is unknown: {_choices(kind, SCALING_TYPES)}")
+        factor = scaling.get("factor")
+        if factor is None:
+            if kind in ("linear", "ntk", "yarn"):
+                raise ValueError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
+                                 f"a number > 0")
+            factor = 1.0
+        check_number("rope", "scaling.factor", factor, low=0)
+        original = scaling.get("original_max_positions") or self.block_size
+        check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True)
+        return {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+
+    # ------------------------------------------------------------------ frequencies
+    def inv_freq(self, context_len: Optional[int] = None) -> torch.Tensor:
+        """Scaled inverse frequencies (float64) for a sequence processed at ``context_len``."""
+        kind, s, L = self.scaling["type"], self.scaling["factor"], self.scaling["original_max_positions"]
+        d = self.rot
+        if kind == "linear":
+            return rope_inv_freq(d, self.base) / s
+        if kind == "ntk":
+            return rope_inv_freq(d, ntk_base(self.base, s, d))
+        if kind == "dynamic":
+            return rope_inv_freq(d, dynamic_ntk_base(self.base, s, d, context_len or L, L))
+        if kind == "yarn":
+            return yarn_inv_freq(d, self.base, s, L)
+        return rope_inv_freq(d, self.base)
+
+    def attention_scale(self) -> float:
+        """Factor on cos and sin (YaRN's mscale; 1 otherwise)."""
+        return yarn_mscale(self.scaling["factor"]) if self.scaling["type"] == "yarn" else 1.0
+
+    def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
+        """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
+        memo = self._memo
+        if (memo is not None and memo[1] == context_len and memo[2] == dtype
+                and memo[0].shape == pos.shape and memo[0].device == pos.device and torch.equal(memo[0], pos)):
+            return memo[3], memo[4]
+        inv = self.inv_freq(context_len).to(device=pos.device, dtype=torch.float32)
+        angles = pos.to(torch.float32)[:, None] * inv[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        scale = self.attention_scale()
+        cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+        self._memo = (pos.clone(), context_len, dtype, cos, sin)
+        return cos, sin
+
+    def rotate(self, q, k, pos, context_len):
+        cos, sin = self.cos_sin(pos, context_len, q.dtype)
+        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+
+    def _apply(self, x, cos, sin):
+        if self.rot == x.shape[-1]:
+            return x * cos + rotate_half(x) * sin
+        head, tail = x[..., : self.rot], x[..., self.rot:]
+        return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
