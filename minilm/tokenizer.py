@@ -1,0 +1,186 @@
+"""Byte-fallback BPE tokenizer: a thin wrapper around sentencepiece.
+
+The tokenizer is lossless on ordinary text: ``decode(encode(text)) == text`` holds
+for any text, newlines, indentation and runs of spaces included. To get there the
+trainer runs with the ``identity`` normalization (no NFKC, no whitespace folding),
+without a dummy-prefix space, with ``"\\n"`` as a user-defined symbol (so a newline
+is always its own token, id 3) and with byte fallback (characters outside the
+vocabulary become UTF-8 byte tokens instead of ``<unk>``).
+
+Because the newline is a piece of its own, no token ever spans a line break, so a
+long text can be encoded in chunks that end at a newline with the same result as
+encoding it at once (``minilm.data`` relies on this).
+
+Ids: 0 ``<unk>``, 1 ``<s>`` (bos), 2 ``</s>`` (eos), 3 ``"\\n"``, then the 256 byte
+pieces, then the learned pieces. There is no padding id. The serialized model
+(``to_bytes``) is all that is needed to rebuild the tokenizer; it travels inside
+checkpoints.
+"""
+from __future__ import annotations
+
+import io
+import os
+from typing import Optional, Sequence
+
+import sentencepiece as spm
+
+# Bump when the trainer settings below change, so prepared data is rebuilt.
+SETTINGS_VERSION = 1
+
+MAX_VOCAB_SIZE = 65535  # token files are uint16
+# 3 specials + newline + 256 byte pieces; sentencepiece also needs one id per distinct character
+MIN_VOCAB_SIZE = 3 + 1 + 256 + 1
+
+TRAINER_SETTINGS = dict(
+    model_type="bpe",
+    byte_fallback=True,
+    character_coverage=1.0,
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=False,
+    split_digits=True,
+    allow_whitespace_only_pieces=True,
+    user_defined_symbols=["\n"],
+    unk_id=0,
+    bos_id=1,
+    eos_id=2,
+    pad_id=-1,
+    max_sentence_length=1 << 16,  # bytes; longer lines are left out of training only
+    input_sentence_size=1_000_000,  # at most this many lines are sampled for training
+    shuffle_input_sentence=True,
+    num_threads=1,
+    hard_vocab_limit=True,
+)
+RANDOM_SEED = 1234  # sentencepiece samples lines when a corpus has more than input_sentence_size
+
+
+class TokenizerError(ValueError):
+    """A tokenizer could not be trained, loaded or used; the message is one line."""
+
+
+class Tokenizer:
+    """A trained sentencepiece BPE model with ``encode``/``decode`` and (de)serialization."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, model_bytes: bytes):
+        self._sp = processor
+        self._bytes = model_bytes
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def train(cls, text_file_path: str, vocab_size: int) -> "Tokenizer":
+        """Train a BPE model with ``vocab_size`` pieces on a UTF-8 text file (one sentence per line).
+
+        Deterministic: the same file and vocab size give the same model bytes.
+        Raises TokenizerError for a bad vocab size, a missing/empty file, or when the
+        text cannot support the requested vocabulary.
+        """
+        check_vocab_size(vocab_size)
+        if not os.path.isfile(text_file_path):
+            raise TokenizerError(f"tokenizer training file {text_file_path!r} does not exist")
+        if os.path.getsize(text_file_path) == 0:
+            raise TokenizerError(f"tokenizer training file {text_file_path!r} is empty")
+        model = io.BytesIO()
+        spm.set_random_generator_seed(RANDOM_SEED)
+        with open(os.devnull, "w") as devnull:
+            try:
+                spm.SentencePieceTrainer.train(
+                    input=text_file_path, model_writer=model, vocab_size=vocab_size,
+                    logstream=devnull, **TRAINER_SETTINGS)
+            except RuntimeError as exc:
+                detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                raise TokenizerError(
+                    f"could not train a {vocab_size}-piece BPE tokenizer on {text_file_path!r}: {detail}"
+                ) from None
+        return cls.from_bytes(model.getvalue())
+
+    @classmethod
+    def from_bytes(cls, model_bytes: bytes) -> "Tokenizer":
+        """Rebuild a tokenizer from ``to_bytes()`` output (a serialized sentencepiece model)."""
+        if not isinstance(model_bytes, (bytes, bytearray)) or not model_bytes:
+            raise TokenizerError(f"tokenizer model must be non-empty bytes, got {type(model_bytes).__name__}")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(bytes(model_bytes))
+        except (RuntimeError, OSError) as exc:
+            raise TokenizerError(f"not a valid sentencepiece model: {str(exc).strip()[:200]}") from None
+        return cls(processor, bytes(model_bytes))
+
+    @classmethod
+    def load(cls, path: str) -> "Tokenizer":
+        """Read a ``tokenizer.model`` file."""
+        try:
+            with open(path, "rb") as f:
+                return cls.from_bytes(f.read())
+        except FileNotFoundError:
+            raise TokenizerError(f"tokenizer model file {path!r} does not exist") from None
+
+    def to_bytes(self) -> bytes:
+        """The serialized sentencepiece model; ``Tokenizer.from_bytes`` restores it."""
+        return self._bytes
+
+    # ------------------------------------------------------------------ use
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.GetPieceSize()
+
+    @property
+    def bos_id(self) -> Optional[int]:
+        value = self._sp.bos_id()
+        return value if value >= 0 else None
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        value = self._sp.eos_id()
+        return value if value >= 0 else None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for ``text`` (no bos/eos added)."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        """Token ids for each text of ``texts``; same result as ``encode`` on each."""
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TokenizerError("encode_batch expects a sequence of str")
+        return self._sp.encode(texts, num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text for token ids (a list, tuple, numpy array or 1-D tensor of ints)."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise TokenizerError(f"token id {bad[0]} is out of range: valid ids are 0..{self.vocab_size - 1}")
+        return self._sp.decode(ids)
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary piece for one id (for inspection and debugging)."""
+        if not 0 <= token_id < self.vocab_size:
+            raise TokenizerError(f"token id {token_id} is out of range: valid ids are 0..{self.vocab_size - 1}")
+        return self._sp.id_to_piece(token_id)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
+
+
+def check_vocab_size(vocab_size) -> None:
+    """Raise TokenizerError unless ``vocab_size`` is an int in [MIN_VOCAB_SIZE, MAX_VOCAB_SIZE]."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise TokenizerError(f"vocab_size={vocab_size!r} is invalid: expected an integer")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise TokenizerError(
+            f"vocab_size={vocab_size} is too large: token files are uint16, valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise TokenizerError(
+            f"vocab_size={vocab_size} is too small: byte fallback needs 260 ids plus one per distinct character, "
+            f"valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
+
+
+def settings() -> dict:
+    """The tokenizer settings recorded in data manifests (a change means re-preparing)."""
+    return {"version": SETTINGS_VERSION, "random_seed": RANDOM_SEED, **TRAINER_SETTINGS}
