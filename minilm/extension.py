@@ -8,6 +8,10 @@ Weights move into the new scheme wherever the shapes allow:
   so NTK / YaRN use the ORIGINAL training length (DESIGN.md pitfall 3).
 * any kind -> ``interpolated`` around the same kind: the wrapped scheme's parameters are
   the source's (e.g. ``positions.table.weight`` -> ``positions.inner.table.weight``).
+  When ``base`` is omitted it is the source's position setting; when ``factor`` is
+  omitted it is new block_size / source block_size, except around a bounded table
+  (learned) where it is (new block_size - 1) / (table rows - 1), so that the last new
+  position lands exactly on the last trained row (position interpolation, Chen et al. 2023).
 * learned -> learned with a longer table: the old table is stretched over the new length
   by linear interpolation between rows (what position interpolation does for it).
 
@@ -16,13 +20,14 @@ never a partial load.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from minilm.checkpoint import CheckpointError, load
-from minilm.config import Config
+from minilm.config import Config, ConfigError
 
 ARCHITECTURE = ("vocab_size", "n_layer", "n_head", "d_model", "d_ff", "bias")
 
@@ -38,16 +43,60 @@ def prepare_extension(config: Config, path: str):
         if src_model.get(name) != ours:
             raise CheckpointError(f"train.init_from={path!r}: model.{name}={ours} but the source has "
                                   f"{src_model.get(name)}; an extended model keeps the source architecture")
-    position = _complete_position(dict(config.model.position), src_model)
+    src_kind, new_kind = base_kind(src_model["position"]), base_kind(config.model.position)
+    if src_kind != new_kind:
+        raise CheckpointError(f"train.init_from={path!r}: model.position uses kind {new_kind!r} but the source "
+                              f"was trained with {src_kind!r}; extend with the same kind (a scaling of it, or "
+                              f"interpolated around it)")
+    position = complete_position(config.model.position, src_model, config.model.block_size)
     model = dataclasses.replace(config.model, position=position, vocab_size=src_model["vocab_size"])
+    from minilm.positions import build
+    try:
+        limit = build(position, d_model=model.d_model, n_head=model.n_head, block_size=model.block_size) \
+            .position_limit()
+    except ValueError as exc:
+        raise ConfigError(f"model.position (completed from {path!r}): {exc}") from None
+    if limit is not None and limit < model.block_size - 1e-6:
+        raise ConfigError(f"model.position={position} covers positions 0..{limit - 1:g} but model.block_size="
+                          f"{model.block_size} needs 0..{model.block_size - 1}: leave out the factor of "
+                          f"interpolated to have it computed, or give the learned table more rows")
     return dataclasses.replace(config, model=model), source
 
 
-def _complete_position(position: dict, src_model: dict) -> dict:
+def base_kind(position: dict) -> str:
+    """The kind that carries the weights: the wrapped kind of ``interpolated``, else the kind."""
+    if position.get("kind") == "interpolated":
+        inner = position.get("base", {"kind": "rope"})
+        return base_kind(inner if isinstance(inner, dict) else {"kind": inner})
+    return position.get("kind")
+
+
+def _table_rows(position: dict, block_size: int):
+    """Rows of a learned table for this setting (None for unbounded kinds)."""
+    if position.get("kind") == "learned":
+        return position.get("max_positions") or block_size
+    return None
+
+
+def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
+    """Fill what the source determines (see the module docstring); returns a new dict."""
+    position = copy.deepcopy(position)
+    src_position, src_block = src_model["position"], src_model["block_size"]
     scaling = position.get("scaling")
     if position.get("kind") == "rope" and isinstance(scaling, dict) and scaling.get("type", "none") != "none":
         if scaling.get("original_max_positions") is None:
-            position["scaling"] = {**scaling, "original_max_positions": src_model["block_size"]}
+            scaling["original_max_positions"] = src_block
+    if position.get("kind") == "interpolated":
+        if "base" not in position:
+            position["base"] = copy.deepcopy(src_position)
+        inner = position["base"] if isinstance(position["base"], dict) else {"kind": position["base"]}
+        rows = _table_rows(src_position, src_block)
+        if inner.get("kind") == "learned" and rows is not None and inner.get("max_positions") is None:
+            inner = {**inner, "max_positions": rows}  # the wrapped table keeps the source's rows
+        position["base"] = inner
+        if "factor" not in position:
+            rows = _table_rows(inner, src_block)
+            position["factor"] = (block_size - 1) / (rows - 1) if rows and rows > 1 else block_size / src_block
     return position
 
 

@@ -68,12 +68,13 @@ class Tokenizer:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def train(cls, text_file_path: str, vocab_size: int) -> "Tokenizer":
+    def train(cls, text_file_path: str, vocab_size: int, *, name: Optional[str] = None) -> "Tokenizer":
         """Train a BPE model with ``vocab_size`` pieces on a UTF-8 text file (one sentence per line).
 
         Deterministic: the same file and vocab size give the same model bytes.
         Raises TokenizerError for a bad vocab size, a missing/empty file, or when the
-        text cannot support the requested vocabulary.
+        text cannot support the requested vocabulary. ``name`` describes the text in
+        error messages (default: the file path).
         """
         check_vocab_size(vocab_size)
         if not os.path.isfile(text_file_path):
@@ -86,12 +87,11 @@ class Tokenizer:
             try:
                 spm.SentencePieceTrainer.train(
                     input=text_file_path, model_writer=model, vocab_size=vocab_size,
-                    logstream=devnull, **TRAINER_SETTINGS)
+                    logstream=devnull, minloglevel=2, **TRAINER_SETTINGS)
             except RuntimeError as exc:
-                detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                detail = " ".join(str(exc).split()).rpartition("] ")[2] or type(exc).__name__
                 raise TokenizerError(
-                    f"could not train a {vocab_size}-piece BPE tokenizer on {text_file_path!r}: {detail}"
-                ) from None
+                    f"vocab_size={vocab_size} does not fit {name or repr(text_file_path)}: {detail}") from None
         return cls.from_bytes(model.getvalue())
 
     @classmethod

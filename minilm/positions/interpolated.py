@@ -41,7 +41,10 @@ class Interpolated(PositionScheme):
 
     def embed(self, x, pos):
         self.check_positions(pos)
-        return self.inner.embed(x, self._scaled(pos))
+        scaled, limit = self._scaled(pos), self.inner.position_limit()
+        if limit is not None:  # pos / factor in float32 may overshoot the last row by an ulp
+            scaled = scaled.clamp(max=limit - 1)
+        return self.inner.embed(x, scaled)
 
     def rotate(self, q, k, pos, context_len):
         return self.inner.rotate(q, k, self._scaled(pos), max(1, int(round(context_len / self.factor))))

@@ -155,9 +155,9 @@ class RoPE(PositionScheme):
 
     def rotate(self, q, k, pos, context_len):
         cos, sin = self.cos_sin(pos, context_len, q.dtype)
-        return self._apply(q, cos, sin), self._apply(k, cos, sin)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
-    def _apply(self, x, cos, sin):
+    def _rotate(self, x, cos, sin):
         if self.rot == x.shape[-1]:
             return x * cos + rotate_half(x) * sin
         head, tail = x[..., : self.rot], x[..., self.rot:]

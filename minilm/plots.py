@@ -1,0 +1,451 @@
+"""Figures that show what a position scheme does, and what a model's attention looks at.
+
+* ``scheme_figure(scheme, position)`` draws the figure suited to a scheme, always through the
+  scheme's own hooks (``embed``, ``inv_freq``/``rotate``, ``bias``) so a figure cannot drift
+  from what the model computes:
+  additive schemes (sinusoidal, learned) show PE(position) as a heatmap and the cosine
+  similarity between positions; rope shows each dimension pair's wavelength before and after
+  every scaling (linear / PI, NTK, dynamic NTK, YaRN) and q.k against relative distance;
+  bias schemes (alibi, t5) show each head's bias against distance; ``interpolated`` shows the
+  wrapped scheme's figure with positions divided by its factor; none explains itself in text.
+* ``attention_map(model, token_ids, tokenizer, path)`` draws the attention weights of every
+  head of the last layer, recomputed exactly from the input of that layer's attention.
+
+matplotlib is an optional extra (``pip install -e ".[plot]"``). Figures are built with the
+object-oriented API (``matplotlib.figure.Figure`` rendered by Agg), never pyplot, so nothing
+needs a display and no global backend is switched.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from typing import NamedTuple, Optional
+
+import torch
+import yaml
+
+from minilm.positions import PositionScheme, build
+
+DPI = 100
+MAX_ATTENTION_TOKENS = 64  # attention maps show at most the last this many tokens
+COMPARE_FACTOR = 4.0  # rope scalings are compared at this factor when the scheme has none
+INSTALL_HINT = 'plotting needs matplotlib: pip install -e ".[plot]"'
+
+
+class PlotError(ValueError):
+    """A figure cannot be drawn or written; the message is one line for the user."""
+
+
+def _figure_class():
+    """matplotlib's Figure, or a one-line PlotError saying what to install."""
+    try:
+        import matplotlib  # noqa: F401  (imported first so a blocked matplotlib fails here)
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotError(INSTALL_HINT) from None
+    return Figure
+
+
+def save_figure(fig, path: str) -> str:
+    """Write ``fig`` to ``path`` (format from the extension, e.g. .png); return the path."""
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    supported = fig.canvas.get_supported_filetypes()
+    if ext not in supported:
+        raise PlotError(f"cannot write {path!r}: unknown image format {ext!r}; valid: {', '.join(sorted(supported))}")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fig.savefig(path, dpi=DPI)
+    except OSError as exc:
+        raise PlotError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    return path
+
+
+# --------------------------------------------------------------------------- scheme figures
+
+def _overrides(cls, method: str) -> bool:
+    return getattr(cls, method) is not getattr(PositionScheme, method)
+
+
+def _settings(position: dict) -> str:
+    """The scheme's options, defaults included, as one line of YAML."""
+    from minilm.positions import scheme_class
+    options = {**scheme_class(position["kind"]).options, **{k: v for k, v in position.items() if k != "kind"}}
+    if not options:
+        return position["kind"]
+    flow = yaml.safe_dump(options, default_flow_style=True, sort_keys=False, width=10**6).strip()
+    return f"{position['kind']} {flow}"
+
+
+def _title(fig, scheme: PositionScheme, position: dict, source: Optional[str], extra: str = "") -> None:
+    shape = f"d_model={scheme.d_model}, n_head={scheme.n_head}, block_size={scheme.block_size}"
+    if source:
+        origin = f"trained values from {source}"
+    elif any(p.numel() for p in scheme.parameters()):
+        origin = "UNTRAINED: initial values (random init / zeros); pass --checkpoint for trained ones"
+    else:
+        origin = "no trained parameters"
+    lines = [_settings(position), f"{shape}; {origin}"] + ([extra] if extra else [])
+    fig.suptitle("\n".join(lines), fontsize=11)
+
+
+def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[str] = None):
+    """The figure suited to ``scheme`` (built from ``position``); ``source`` names the checkpoint
+    its trained values came from (None: the scheme's initial values)."""
+    _figure_class()
+    inner = scheme.inner if scheme.kind == "interpolated" else scheme
+    cls = type(inner)
+    with torch.no_grad():
+        if _overrides(cls, "rotate") and hasattr(inner, "inv_freq"):
+            return _rope_figure(scheme, position, source)
+        if scheme.has_bias:
+            return _bias_figure(scheme, position, source)
+        if _overrides(cls, "embed"):
+            return _additive_figure(scheme, position, source)
+        return _text_figure(scheme, position, source)
+
+
+def plot_scheme(scheme: PositionScheme, position: dict, path: str, *, source: Optional[str] = None) -> str:
+    """Draw ``scheme_figure`` and write it to ``path``."""
+    return save_figure(scheme_figure(scheme, position, source=source), path)
+
+
+def _unwrap(scheme: PositionScheme):
+    """(wrapped scheme, position factor): ``interpolated`` divides positions by its factor."""
+    if scheme.kind == "interpolated":
+        return scheme.inner, scheme.factor
+    return scheme, 1.0
+
+
+def _scaled_note(scheme: PositionScheme) -> str:
+    inner, factor = _unwrap(scheme)
+    if factor == 1.0:
+        return ""
+    return f"position interpolation: {inner.kind} sees every position divided by {factor:g}"
+
+
+def _additive_figure(scheme, position, source):
+    """PE heatmap (position x dimension), cosine-similarity matrix, similarity against offset."""
+    Figure = _figure_class()
+    limit = scheme.position_limit()
+    n = scheme.block_size if limit is None else min(scheme.block_size, int(math.floor(limit)))
+    pos = torch.arange(n, dtype=torch.float32)
+    pe = scheme.embed(torch.zeros(1, n, scheme.d_model), pos)[0].float()  # PE(pos): the real embed hook
+    unit = pe / pe.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    cosine = unit @ unit.T
+
+    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    fig.get_layout_engine().set(w_pad=0.12)
+    ax_pe, ax_sim, ax_off = fig.subplots(1, 3, width_ratios=[1.15, 1, 1.2])
+    vmax = float(pe.abs().max()) or 1.0
+    im = ax_pe.imshow(pe.numpy(), aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+    ax_pe.set(title="PE(position) added to each token", xlabel="embedding dimension", ylabel="position")
+    fig.colorbar(im, ax=ax_pe, label="PE value")
+
+    im = ax_sim.imshow(cosine.numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    ax_sim.set(title="cosine similarity of PE(p) and PE(q)", xlabel="position q", ylabel="position p")
+    fig.colorbar(im, ax=ax_sim, label="cosine similarity")
+
+    for ref, style in zip(sorted({0, n // 2, n - 1}), ("-", "--", ":")):
+        offsets = (pos - ref).numpy()
+        ax_off.plot(offsets, cosine[ref].numpy(), style, lw=1.3, label=f"p = {ref}")
+    ax_off.axhline(0, color="grey", lw=0.6)
+    ax_off.set(title="similarity of position p to every other position", xlabel="offset q - p (tokens)",
+               ylabel="cosine similarity of PE(p), PE(q)")
+    ax_off.legend(loc="upper right", fontsize=9)
+    ax_off.grid(alpha=0.3)
+    _title(fig, scheme, position, source, _scaled_note(scheme))
+    return fig
+
+
+def _rope_figure(scheme, position, source):
+    """Wavelength of each dimension pair before/after every scaling, their ratio to unscaled
+    rope, and q.k against relative distance for the selected scheme vs unscaled rope."""
+    Figure = _figure_class()
+    rope, pos_factor = _unwrap(scheme)
+    rope_position = position.get("base", "rope") if scheme.kind == "interpolated" else position
+    if isinstance(rope_position, str):
+        rope_position = {"kind": rope_position}
+    selected_type = rope.scaling["type"]
+    length = rope.scaling["original_max_positions"]  # L, the original training length
+    if selected_type != "none":
+        factor = rope.scaling["factor"]
+    else:
+        factor = pos_factor if pos_factor != 1.0 else COMPARE_FACTOR
+    extended = int(round(factor * length))
+    shape = dict(d_model=rope.d_model, n_head=rope.n_head, block_size=rope.block_size)
+
+    def variant(kind):
+        scaling = {"type": kind, "factor": factor, "original_max_positions": length}
+        return build({**rope_position, "scaling": scaling}, **shape)
+
+    plain = variant("none")
+    reference = plain.inv_freq(length)
+    curves = [("none (original rope)", "none", reference),
+              (f"linear / PI x{factor:g}", "linear", variant("linear").inv_freq(extended)),
+              (f"NTK-aware x{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
+              (f"YaRN x{factor:g}", "yarn", variant("yarn").inv_freq(extended))]
+    dynamic = variant("dynamic")
+    for times in (2, 4):
+        curves.append((f"dynamic NTK x{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
+
+    def effective(context_len):  # the frequencies the selected scheme rotates with (positions / factor)
+        return rope.inv_freq(max(1, int(round(context_len / pos_factor)))) / pos_factor
+
+    if scheme.kind == "interpolated":
+        inner_scaling = "" if selected_type == "none" else f" over {selected_type} x{factor:g}"
+        selected_label = f"selected: interpolated, positions / {pos_factor:g}{inner_scaling}"
+    elif selected_type == "none":
+        selected_label = "selected: rope, no scaling"
+    else:
+        selected_label = f"selected: {selected_type} x{factor:g}" + (f" at T={extended}" if selected_type == "dynamic" else "")
+    selected = effective(extended)
+
+    fig = Figure(figsize=(17, 6.4), layout="constrained")
+    ax_wave, ax_ratio, ax_qk = fig.subplots(1, 3)
+    pairs = torch.arange(len(reference)).numpy()
+    colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple"}
+    for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / reference)):
+        ax.plot(pairs, transform(selected).numpy(), color="gold", lw=9, alpha=0.55, solid_capstyle="round",
+                label=selected_label, zorder=1)
+        dynamic_styles = iter(("--", ":"))
+        for label, kind, inv in curves:
+            style = next(dynamic_styles) if kind == "dynamic" else "-"
+            ax.plot(pairs, transform(inv).numpy(), style, color=colors[kind], lw=1.6, label=label, zorder=2)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.set_xlabel(f"dimension pair i (dims i, i+{rope.rot // 2} of the {rope.rot} rotated)")
+    right = pairs[-1]
+    for value, style, text in ((length, "--", f"training length L={length} "),
+                               (extended, ":", f"extended length {extended} ")):
+        ax_wave.axhline(value, color="red", lw=1, ls=style)
+        ax_wave.text(right, value, text, color="red", va="bottom", ha="right", fontsize=9)
+    ax_wave.set(title="wavelength 2\u03c0/\u03b8\u1d62 of each pair (tokens per turn)",
+                ylabel="wavelength (tokens, log scale)")
+    ax_ratio.axhline(1 / factor, color="grey", lw=0.8, ls=":")
+    ax_ratio.set(title="scaled / original frequency (1 = kept, 1/s = interpolated)",
+                 ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)")
+    low = min(0.5 / factor, float(min((inv / reference).min() for _, _, inv in curves)) * 0.8)
+    ax_ratio.set_ylim(low, 1.6)
+    ticks = [2.0 ** -e for e in range(0, int(math.ceil(-math.log2(low))))]
+    ax_ratio.set_yticks(ticks, ["1"] + [f"1/{2 ** e}" for e in range(1, len(ticks))])
+    ax_ratio.minorticks_off()
+    handles, labels = ax_ratio.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9)
+
+    # q.k of the same content at two positions: q = k = 1, which is also the mean over random q = k
+    distance = torch.arange(extended, dtype=torch.float32)
+    ones = torch.ones(1, 1, extended, rope.d_model // rope.n_head)
+    def dot_at_distance(s):
+        q, k = s.rotate(ones, ones, distance, extended)
+        return (q[0, 0] * k[0, 0, :1]).sum(-1).float()
+    base_dot = dot_at_distance(plain)
+    norm = float(base_dot[0])
+    ax_qk.plot(distance.numpy(), (base_dot / norm).numpy(), color="black", lw=1, label="none (original rope)")
+    if scheme.kind == "interpolated" or selected_type != "none":
+        ax_qk.plot(distance.numpy(), (dot_at_distance(scheme) / norm).numpy(), color="goldenrod", lw=1.2,
+                   label=selected_label)
+    ax_qk.axvline(length, color="red", lw=1, ls="--", label=f"training length L={length}")
+    ax_qk.axhline(0, color="grey", lw=0.6)
+    ax_qk.set(title="q\u00b7k of the same content at distance m - n", xlabel="relative distance m - n (tokens)",
+              ylabel="q\u00b7k / |q|\u00b2  (q = k = 1, the mean over random q = k)")
+    ax_qk.legend(loc="upper right", fontsize=8)
+    ax_qk.grid(alpha=0.3)
+    note = "" if selected_type != "none" or pos_factor != 1.0 else \
+        f"no scaling selected: scalings compared at factor {factor:g}"
+    extra = "; ".join(p for p in (_scaled_note(scheme), note) if p)
+    _title(fig, scheme, position, source, extra)
+    return fig
+
+
+def _bias_figure(scheme, position, source):
+    """Each head's bias against distance, the attention a query would pay from bias alone,
+    and (t5) the distance buckets."""
+    Figure = _figure_class()
+    inner, factor = _unwrap(scheme)
+    is_t5 = hasattr(inner, "num_buckets")
+    span = scheme.block_size
+    if is_t5:
+        span = max(span, int(2 * inner.max_distance * factor))
+    k_pos = torch.arange(span, dtype=torch.float32)
+    q_pos = torch.tensor([span - 1.0])
+    bias = scheme.bias(q_pos, k_pos)[:, 0, :].float()  # (heads, keys): the real bias hook
+    distance = (q_pos - k_pos).numpy()
+    prior = torch.softmax(bias, dim=-1)
+
+    fig = Figure(figsize=(17 if is_t5 else 12.5, 5.6), layout="constrained")
+    axes = fig.subplots(1, 3 if is_t5 else 2)
+    ax_bias, ax_prior = axes[0], axes[1]
+    import matplotlib
+    cmap = matplotlib.colormaps["viridis"]
+    slopes = getattr(inner, "slopes", None)
+    heads = bias.shape[0]
+    # colour by steepness: by slope for alibi (not monotone in the head index when heads are not a power of 2)
+    order = torch.argsort(-slopes).tolist() if slopes is not None else list(range(heads))
+    rank = {h: r for r, h in enumerate(order)}
+    for h in range(heads):
+        label = f"head {h}" + (f": m=$2^{{{math.log2(float(slopes[h]) / factor):.3g}}}$" if slopes is not None else "")
+        color = cmap(rank[h] / max(1, heads - 1) * 0.9)
+        ax_bias.plot(distance, bias[h].numpy(), color=color, lw=1.4, label=label)
+        ax_prior.plot(distance, prior[h].numpy(), color=color, lw=1.4, label=label)
+    ax_bias.set(title="bias added to the logit of a key at distance i - j", xlabel="distance i - j (tokens)",
+                ylabel="bias")
+    ax_prior.set(title=f"attention from the bias alone (query at {span - 1}, equal q.k)",
+                 xlabel="distance i - j (tokens, symlog)", ylabel="softmax weight")
+    ax_prior.set_xscale("symlog", linthresh=1)
+    ax_bias.legend(fontsize=7, ncol=2 if heads > 6 else 1, loc="lower left" if slopes is not None else "best")
+    for ax in (ax_bias, ax_prior):
+        ax.grid(alpha=0.3)
+    if is_t5:
+        from minilm.positions.t5 import t5_bucket
+        ax_bucket = axes[2]
+        buckets = t5_bucket(torch.as_tensor(distance) / factor, inner.num_buckets, inner.max_distance)
+        ax_bucket.step(distance, buckets.numpy(), where="post", color="tab:blue")
+        ax_bucket.axvline(inner.max_distance * factor, color="red", ls="--", lw=1,
+                          label=f"max_distance={inner.max_distance}" + (f" x{factor:g}" if factor != 1 else ""))
+        ax_bucket.set(title=f"bucket of each distance ({inner.num_buckets} buckets)",
+                      xlabel="distance i - j (tokens)", ylabel="bucket")
+        ax_bucket.legend(loc="lower right", fontsize=9)
+        ax_bucket.grid(alpha=0.3)
+    _title(fig, scheme, position, source, _scaled_note(scheme))
+    return fig
+
+
+def _text_figure(scheme, position, source):
+    """Schemes with nothing to draw (none): say why, beside the causal mask that orders tokens."""
+    Figure = _figure_class()
+    from minilm.positions import scheme_class
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax_text, ax_mask = fig.subplots(1, 2, width_ratios=[2.6, 1])
+    ax_text.axis("off")
+    description = scheme_class(position["kind"]).description
+    text = (f"{position['kind']}: {description}\n\n"
+            "No positional signal: embed, rotate and bias leave tokens\n"
+            "and attention untouched, so there is nothing to plot.\n"
+            "Order comes from the causal mask only: token t sees tokens\n"
+            "0..t, and the model can still infer where it is\n"
+            "(Kazemnejad et al. 2023, \"The Impact of Positional\n"
+            "Encoding on Length Generalization in Transformers\").")
+    ax_text.text(0.0, 0.5, text, va="center", ha="left", fontsize=11)
+    n = 8
+    ax_mask.imshow(torch.ones(n, n).tril().numpy(), cmap="Greys", vmin=0, vmax=1.4)
+    ax_mask.set(title="causal mask (1 = may attend)", xlabel="key position", ylabel="query position")
+    ax_mask.set_xticks(range(n))
+    ax_mask.set_yticks(range(n))
+    _title(fig, scheme, position, source)
+    return fig
+
+
+# --------------------------------------------------------------------------- attention maps
+
+class AttentionCapture(NamedTuple):
+    """The last layer's attention, recomputed: ``weights`` (heads, T, T) for the first sequence,
+    and what the attention module actually saw and returned (``x``, ``pos``, ``output``)."""
+    weights: torch.Tensor
+    x: torch.Tensor
+    pos: torch.Tensor
+    output: torch.Tensor
+
+
+def attention_weights(model, token_ids) -> AttentionCapture:
+    """Run ``model`` on ``token_ids`` (1-D) without a cache and recompute the softmax weights of
+    every head of its last layer exactly: hooks capture the input of the last block's attention,
+    then q, k come from its ``qkv``, the scheme's ``rotate`` and ``bias`` and the causal mask (the
+    model itself calls SDPA, which returns no weights)."""
+    ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(1, -1)
+    attn = model.blocks[-1].attn
+    signature = inspect.signature(attn.forward)
+    seen = {}
+
+    def before(module, args, kwargs):
+        seen["call"] = signature.bind(*args, **kwargs).arguments
+
+    def after(module, args, kwargs, output):
+        seen["output"] = output
+
+    hooks = [attn.register_forward_pre_hook(before, with_kwargs=True),
+             attn.register_forward_hook(after, with_kwargs=True)]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(ids.to(next(model.parameters()).device))
+            call = seen["call"]
+            x, pos, scheme = call["x"], call["pos"], call["scheme"]
+            B, T, _ = x.shape
+            q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+            q, k = scheme.rotate(q, k, pos, call["context_len"])
+            scores = (q[0].float() @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
+            if scheme.has_bias:
+                scores = scores + scheme.bias(pos, pos).float()
+            distance = pos[:, None] - pos[None, :]
+            allowed = distance >= 0
+            if call.get("window") is not None:
+                allowed &= distance < call["window"]
+            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    return AttentionCapture(weights.cpu(), x, pos, seen["output"])
+
+
+def _token_label(tokenizer, token_id: int, width: int = 8) -> str:
+    text = tokenizer.decode([token_id])
+    if not text.strip("\ufffd") and hasattr(tokenizer, "id_to_piece"):  # a lone byte of a character
+        text = tokenizer.id_to_piece(token_id)
+    text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or f"#{token_id}"
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = MAX_ATTENTION_TOKENS) -> str:
+    """Draw the attention weights of each head in the last layer of ``model`` over ``token_ids``
+    (prompt plus generated tokens), ticks labelled with ``tokenizer.decode`` of each token; write
+    the figure to ``path`` and return it. The model sees the whole sequence (its last
+    position_limit() tokens for bounded schemes); the figure shows the last ``max_tokens``."""
+    Figure = _figure_class()
+    ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
+    if not ids:
+        raise PlotError("attention_map needs at least one token")
+    notes = []
+    limit = model.positions.position_limit()
+    if limit is not None and len(ids) > int(limit):
+        notes.append(f"model run on the last {int(limit)} of {len(ids)} tokens ({model.positions.kind} table limit)")
+        ids = ids[-int(limit):]
+    weights = attention_weights(model, ids).weights
+    shown = min(len(ids), max_tokens)
+    if shown < len(ids):
+        notes.append(f"showing the last {shown} of {len(ids)} tokens (rows may sum to < 1: earlier keys hidden)")
+    weights = weights[:, -shown:, -shown:]
+    labels = [_token_label(tokenizer, t) for t in ids[-shown:]]
+    first = len(ids) - shown
+
+    heads = weights.shape[0]
+    cols = min(heads, 4)
+    rows = math.ceil(heads / cols)
+    cell = 3.2 + 0.045 * shown
+    fig = Figure(figsize=(cols * cell + 1.0, rows * cell + 1.0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    import matplotlib
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
+    causal = torch.ones(shown, shown, dtype=torch.bool).tril()
+    fontsize = 8 if shown <= 24 else 6 if shown <= 40 else 4.5
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= heads:
+            ax.axis("off")
+            continue
+        shown_weights = weights[h].masked_fill(~causal, float("nan"))  # future keys: masked, grey
+        image = ax.imshow(shown_weights.numpy(), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(f"head {h}", fontsize=10)
+        ax.set_xticks(range(shown), labels, rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(shown), labels, fontsize=fontsize)
+        ax.set_xlabel("key (attended to)", fontsize=9)
+        ax.set_ylabel("query", fontsize=9)
+    fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
+    layers = len(model.blocks)
+    title = (f"attention of each head in the last layer ({layers} of {layers}), position {model.positions.kind}; "
+             f"tokens {first}..{len(ids) - 1}")
+    fig.suptitle("\n".join([title] + notes), fontsize=11)
+    return save_figure(fig, path)

@@ -1,0 +1,134 @@
+"""The GPT and its KV cache: cached == uncached logits, causality, position limits."""
+import pytest
+import torch
+
+from minilm import GPT, ModelConfig
+from minilm.positions import available
+
+BASE_KINDS = [k for k in available() if k != "interpolated"]
+ALL_POSITIONS = [{"kind": k} for k in BASE_KINDS] + \
+    [{"kind": "interpolated", "base": {"kind": k}, "factor": 2} for k in BASE_KINDS] + \
+    [{"kind": "rope", "scaling": {"type": t, "factor": 2, "original_max_positions": 24}}
+     for t in ("linear", "ntk", "dynamic", "yarn")] + \
+    [{"kind": "rope", "rotary_fraction": 0.5}]
+IDS = [str(p).replace(" ", "") for p in ALL_POSITIONS]
+T = 40
+
+
+def tiny(position, block_size=48, n_layer=2, n_head=3, d_model=24, seed=0):
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=61, n_layer=n_layer, n_head=n_head, d_model=d_model, block_size=block_size,
+                         position=position)
+    model = GPT(config).eval()
+    if any("relative_bias" in n for n, _ in model.named_parameters()):  # T5 starts at zero: make it matter
+        with torch.no_grad():
+            model.positions.relative_bias.weight.normal_() if hasattr(model.positions, "relative_bias") \
+                else model.positions.inner.relative_bias.weight.normal_()
+    return model
+
+
+def decode_in_pieces(model, idx, pieces):
+    cache = model.new_cache(idx.shape[0], idx.shape[1])
+    outs, start = [], 0
+    for size in pieces:
+        outs.append(model(idx[:, start:start + size], cache=cache))
+        start += size
+    assert cache.length == idx.shape[1]
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("position", ALL_POSITIONS, ids=IDS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cached_decoding_equals_full_forward(position, batch):
+    model = tiny(position)
+    idx = torch.randint(0, 61, (batch, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)
+        for prefill in (1, 7, 32):
+            cached = decode_in_pieces(model, idx, [prefill] + [1] * (T - prefill))
+            assert (cached - full).abs().max().item() <= 1e-5, f"prefill {prefill}"
+        chunked = decode_in_pieces(model, idx, [5, 3] + [1] * (T - 8))
+        assert (chunked - full).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("position", ALL_POSITIONS, ids=IDS)
+def test_causality(position):
+    model = tiny(position)
+    idx = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(2))
+    t = 17
+    changed = idx.clone()
+    changed[:, t + 1:] = torch.randint(0, 61, (2, T - t - 1), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "t5", "none", "sinusoidal"])
+def test_rolling_cache_equals_sliding_window(kind):
+    model = tiny({"kind": kind}, block_size=16)
+    idx = torch.randint(0, 61, (2, 50), generator=torch.Generator().manual_seed(4))
+    window = 12
+    with torch.no_grad():
+        reference = model(idx, window=window, context_len=window)
+        cache = model.new_cache(2, window, rolling=True)
+        outs = [model(idx[:, :window], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(window, 50)]
+    assert (torch.cat(outs, dim=1) - reference).abs().max().item() <= 1e-5
+    assert cache.length == 50
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal", "none", "t5"])
+def test_unbounded_schemes_run_past_block_size(kind):
+    model = tiny({"kind": kind}, block_size=16)
+    with torch.no_grad():
+        logits = model(torch.randint(0, 61, (1, 40)))
+    assert logits.shape == (1, 40, 61) and torch.isfinite(logits).all()
+
+
+def test_learned_past_table_is_a_clear_error():
+    model = tiny({"kind": "learned"}, block_size=16)
+    with pytest.raises(ValueError, match=r"position 19 is past the learned position table \(positions 0..15\)"):
+        model(torch.randint(0, 61, (1, 20)))
+    cache = model.new_cache(1, 40)
+    model(torch.randint(0, 61, (1, 16)), cache=cache)
+    with pytest.raises(ValueError, match="position 16 is past"):
+        model(torch.randint(0, 61, (1, 1)), cache=cache)
+
+
+def test_full_cache_is_a_clear_error():
+    model = tiny({"kind": "rope"})
+    cache = model.new_cache(1, 4)
+    model(torch.randint(0, 61, (1, 4)), cache=cache)
+    with pytest.raises(ValueError, match="KV cache full"):
+        model(torch.randint(0, 61, (1, 1)), cache=cache)
+
+
+def test_num_params_counts_tied_head_once():
+    model = tiny({"kind": "none"}, n_layer=1, n_head=2, d_model=8)
+    per_block = 8 + (8 * 24 + 8 * 8) + 8 + (8 * 32 + 32 * 8)  # LN (no bias), attn, LN, MLP
+    assert model.num_params() == 61 * 8 + per_block + 8
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_residual_projections_use_scaled_init():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=64, n_layer=8, n_head=4, d_model=256, block_size=16))
+    std_proj = model.blocks[0].attn.proj.weight.std().item()
+    std_fc = model.blocks[0].mlp.fc.weight.std().item()
+    assert std_fc == pytest.approx(0.02, rel=0.05)
+    assert std_proj == pytest.approx(0.02 / 4, rel=0.05)
+
+
+def test_bad_model_shape_is_a_clear_error():
+    from minilm.config import ConfigError
+    with pytest.raises(ConfigError, match="not divisible by model.n_head=5"):
+        ModelConfig(d_model=64, n_head=5)
+
+
+def test_bfloat16_autocast_runs_with_cache():
+    model = tiny({"kind": "alibi"})
+    idx = torch.randint(0, 61, (1, 10))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(idx)
+        cached = decode_in_pieces(model, idx, [4] + [1] * 6)
+    assert (cached.float() - full.float()).abs().max().item() < 0.1

@@ -1,0 +1,219 @@
+"""Position formulas against known values and independent reference computations."""
+import math
+
+import pytest
+import torch
+
+from minilm.positions import available, build
+from minilm.positions.alibi import alibi_slopes
+from minilm.positions.rope import (dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq,
+                                   yarn_mscale)
+from minilm.positions.sinusoidal import sinusoidal_table
+from minilm.positions.t5 import t5_bucket
+
+
+def make(position, d_model=64, n_head=1, block_size=2048):
+    return build(position, d_model=d_model, n_head=n_head, block_size=block_size)
+
+
+def test_registry_lists_every_kind():
+    assert available() == sorted(["alibi", "interpolated", "learned", "none", "rope", "sinusoidal", "t5"])
+
+
+# ----------------------------------------------------------------------------- sinusoidal
+
+def test_sinusoidal_known_values():
+    row = sinusoidal_table(torch.tensor([1.0]), 4)[0]
+    assert torch.allclose(row, torch.tensor([0.8415, 0.5403, 0.0100, 0.99995]), atol=1e-4)
+
+
+def test_sinusoidal_embed_adds_table():
+    scheme = make({"kind": "sinusoidal"}, d_model=4)
+    x = torch.zeros(1, 3, 4)
+    out = scheme.embed(x, torch.arange(3.0))
+    assert torch.allclose(out[0, 0], torch.tensor([0.0, 1.0, 0.0, 1.0]))
+    assert torch.allclose(out[0, 1], torch.tensor([0.8415, 0.5403, 0.0100, 0.99995]), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- alibi
+
+def reference_slopes(n):
+    """Independent computation: the geometric sequence starting at 2^(-8/n), as in the paper's
+    code; non-powers of two interleave the extra heads from the 2n sequence."""
+    def geometric(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer():
+        return geometric(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return geometric(closest) + reference_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("n_head", range(1, 65))
+def test_alibi_slopes_match_reference(n_head):
+    assert alibi_slopes(n_head) == pytest.approx(reference_slopes(n_head), rel=1e-12)
+
+
+def test_alibi_slopes_twelve_heads():
+    expected = [2 ** -e for e in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
+    assert alibi_slopes(12) == pytest.approx(expected)
+    assert len(alibi_slopes(6)) == 6 and len(alibi_slopes(24)) == 24
+
+
+def test_alibi_bias_uses_absolute_positions():
+    scheme = make({"kind": "alibi"}, d_model=8, n_head=2)
+    q_pos, k_pos = torch.tensor([10.0]), torch.arange(11.0)
+    bias = scheme.bias(q_pos, k_pos)
+    assert bias.shape == (2, 1, 11)
+    assert torch.allclose(bias[0, 0], -0.0625 * (10 - k_pos))  # 2 heads: slopes 2^-4, 2^-8
+
+
+# ----------------------------------------------------------------------------- rope
+
+def test_rope_inv_freq():
+    inv = rope_inv_freq(64, 10000.0)
+    assert inv[0] == 1.0 and inv[1] == pytest.approx(10000 ** (-2 / 64))
+    assert inv[-1] == pytest.approx(10000 ** (-62 / 64))
+
+
+def test_ntk_base_d64_s4():
+    assert ntk_base(10000.0, 4.0, 64) == pytest.approx(41829, rel=1e-4)
+    scheme = make({"kind": "rope", "scaling": {"type": "ntk", "factor": 4}})
+    assert torch.allclose(scheme.inv_freq(), rope_inv_freq(64, ntk_base(1e4, 4.0, 64)))
+
+
+def test_yarn_worked_example():
+    assert yarn_bounds(64, 10000.0, 2048) == (8, 21)
+    assert yarn_mscale(4.0) == pytest.approx(1.1386, abs=1e-4)
+    inv = yarn_inv_freq(64, 10000.0, 4.0, 2048)
+    plain = rope_inv_freq(64, 10000.0)
+    assert torch.equal(inv[:9], plain[:9])  # high frequencies (i <= low) kept
+    assert torch.allclose(inv[21:], plain[21:] / 4)  # low frequencies (i >= high) interpolated
+    i = 14
+    g = (i - 8) / 13
+    assert inv[i] == pytest.approx(plain[i] / 4 * g + plain[i] * (1 - g))
+
+
+def test_yarn_uses_original_length_and_scales_cos_sin():
+    scheme = make({"kind": "rope", "scaling": {"type": "yarn", "factor": 4, "original_max_positions": 2048}},
+                  block_size=8192)
+    assert torch.allclose(scheme.inv_freq(), yarn_inv_freq(64, 1e4, 4.0, 2048))
+    cos, sin = scheme.cos_sin(torch.tensor([0.0]), 8192, torch.float32)
+    assert cos[0, 0].item() == pytest.approx(1.1386, abs=1e-4)
+
+
+def test_linear_scaling_divides_frequencies():
+    scheme = make({"kind": "rope", "scaling": {"type": "linear", "factor": 4}})
+    assert torch.allclose(scheme.inv_freq(), rope_inv_freq(64, 1e4) / 4)
+
+
+def test_dynamic_ntk_only_past_original_length():
+    scheme = make({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2, "original_max_positions": 128}},
+                  block_size=512)
+    assert torch.allclose(scheme.inv_freq(100), rope_inv_freq(64, 1e4))
+    expected_base = 1e4 * ((2 * 512 / 128) - 1) ** (64 / 62)
+    assert dynamic_ntk_base(1e4, 2.0, 64, 512, 128) == pytest.approx(expected_base)
+    assert torch.allclose(scheme.inv_freq(512), rope_inv_freq(64, expected_base))
+
+
+def test_rope_angles_in_float32_precision():
+    scheme = make({"kind": "rope"})
+    cos, sin = scheme.cos_sin(torch.tensor([1995.0]), 2048, torch.float32)
+    assert sin[0, 0].item() == pytest.approx(math.sin(1995.0), abs=1e-3)
+
+
+@pytest.mark.parametrize("scaling", [None, {"type": "linear", "factor": 2}, {"type": "yarn", "factor": 4}])
+def test_rope_score_depends_only_on_distance(scaling):
+    torch.manual_seed(0)
+    scheme = make({"kind": "rope", "scaling": scaling}, d_model=32, n_head=1, block_size=64)
+    q, k = torch.randn(1, 1, 1, 32), torch.randn(1, 1, 1, 32)
+    def score(m, n):
+        qm, _ = scheme.rotate(q, q, torch.tensor([float(m)]), 64)
+        kn, _ = scheme.rotate(k, k, torch.tensor([float(n)]), 64)
+        return (qm * kn).sum().item()
+    for delta in (0, 1, 5, 17, 40):
+        reference = score(delta, 0)
+        for n in (3, 11, 100, 513):
+            assert score(n + delta, n) == pytest.approx(reference, abs=1e-4)
+
+
+def test_rotary_fraction_leaves_tail_untouched():
+    scheme = make({"kind": "rope", "rotary_fraction": 0.25}, d_model=32, n_head=1)
+    q = torch.randn(1, 1, 5, 32)
+    rotated, _ = scheme.rotate(q, q, torch.arange(5.0) + 3, 64)
+    assert torch.equal(rotated[..., 8:], q[..., 8:])
+    assert not torch.allclose(rotated[..., :8], q[..., :8])
+
+
+def test_rope_is_halves_layout():
+    """Dim i pairs with dim i + rot/2 (rotate_half): a vector in dims (0, rot/2) stays in them."""
+    scheme = make({"kind": "rope"}, d_model=8, n_head=1)
+    q = torch.zeros(1, 1, 1, 8)
+    q[..., 0] = 1.0
+    rotated, _ = scheme.rotate(q, q, torch.tensor([1.0]), 8)
+    assert rotated[0, 0, 0, 0].item() == pytest.approx(math.cos(1.0))
+    assert rotated[0, 0, 0, 4].item() == pytest.approx(math.sin(1.0))
+
+
+# ----------------------------------------------------------------------------- t5 / learned / interpolated
+
+def test_t5_buckets_exact_then_logarithmic():
+    d = torch.tensor([0.0, 1, 15, 16, 32, 64, 127, 128, 1000])
+    buckets = t5_bucket(d, 32, 128).tolist()
+    assert buckets[:3] == [0, 1, 15]
+    assert buckets[3] == 16
+    assert buckets == sorted(buckets)
+    assert buckets[-2] == buckets[-1] == 31
+
+
+def test_learned_interpolates_rows():
+    scheme = make({"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}, d_model=4, block_size=8)
+    table = scheme.inner.table.weight
+    x = torch.zeros(1, 3, 4)
+    out = scheme.embed(x, torch.tensor([0.0, 1.0, 2.0]))
+    assert torch.allclose(out[0, 1], (table[0] + table[1]) / 2)
+    assert torch.allclose(out[0, 2], table[1])
+
+
+def test_interpolated_alibi_scales_distances():
+    plain = make({"kind": "alibi"}, d_model=8, n_head=2)
+    wrapped = make({"kind": "interpolated", "base": {"kind": "alibi"}, "factor": 4}, d_model=8, n_head=2)
+    q, k = torch.tensor([8.0]), torch.arange(9.0)
+    assert torch.allclose(wrapped.bias(q, k), plain.bias(q, k) / 4)
+
+
+def test_interpolated_rope_equals_linear_scaling():
+    a = make({"kind": "interpolated", "base": {"kind": "rope"}, "factor": 4}, d_model=16)
+    b = make({"kind": "rope", "scaling": {"type": "linear", "factor": 4}}, d_model=16)
+    q = torch.randn(1, 1, 6, 16)
+    pos = torch.arange(6.0) * 7
+    assert torch.allclose(a.rotate(q, q, pos, 64)[0], b.rotate(q, q, pos, 64)[0], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("position, message", [
+    ({"kind": "ropee"}, "did you mean rope"),
+    ({"kind": "rope", "bsae": 10}, "did you mean base"),
+    ({"kind": "rope", "rotary_fraction": 1.5}, "rotary_fraction=1.5"),
+    ({"kind": "rope", "rotary_fraction": 0}, "rotary_fraction=0"),
+    ({"kind": "rope", "scaling": {"type": "yarn"}}, "needs scaling.factor"),
+    ({"kind": "rope", "scaling": {"type": "lineer", "factor": 2}}, "did you mean linear"),
+    ({"kind": "rope", "scaling": {"type": "linear", "factor": 0}}, "scaling.factor=0"),
+    ({"kind": "rope", "scaling": {"type": "linear", "factor": -2}}, "scaling.factor=-2"),
+    ({"kind": "interpolated", "factor": 0}, "factor=0"),
+    ({"kind": "interpolated", "base": {"kind": "nope"}}, "unknown position kind 'nope'"),
+    ({"kind": "t5", "num_buckets": 1}, "num_buckets=1"),
+    ({"kind": "learned", "max_positions": 0}, "max_positions=0"),
+])
+def test_bad_options_are_one_line_errors(position, message):
+    with pytest.raises(ValueError) as info:
+        make(position)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_odd_dimensions_rejected():
+    with pytest.raises(ValueError, match="head dimension 5"):
+        build({"kind": "rope"}, d_model=10, n_head=2, block_size=8)
+    with pytest.raises(ValueError, match="d_model=9 is odd"):
+        build({"kind": "sinusoidal"}, d_model=9, n_head=1, block_size=8)
