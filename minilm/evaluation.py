@@ -274,7 +274,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         block = config.model.block_size
         these = [int(t) for t in lengths] if lengths is not None else \
             sorted({max(1, int(round(m * block))) for m in multiples})
-        loaded.append((path, model, tokenizer, config, these))
+        loaded.append((state["path"], model, tokenizer, config, these))
     longest = max(t for *_, these in loaded for t in these)
 
     results = []

@@ -422,30 +422,33 @@ def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = M
     first = len(ids) - shown
 
     heads = weights.shape[0]
-    cols = min(heads, 4)
+    cols = math.ceil(math.sqrt(heads))
     rows = math.ceil(heads / cols)
-    cell = 3.2 + 0.045 * shown
-    fig = Figure(figsize=(cols * cell + 1.0, rows * cell + 1.0), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
+    cell = 2.0 + 0.11 * shown  # inches per head: room for one token label per row / column
+    fig = Figure(figsize=(cols * cell + 1.2, rows * cell + 1.0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     import matplotlib
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#eeeeee")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e8e8e8")
     causal = torch.ones(shown, shown, dtype=torch.bool).tril()
-    fontsize = 8 if shown <= 24 else 6 if shown <= 40 else 4.5
+    vmax = float(weights.max())  # shared by all heads, so heads compare; see the colorbar
+    fontsize = 9 if shown <= 24 else 7
     image = None
     for h, ax in enumerate(axes.flat):
         if h >= heads:
             ax.axis("off")
             continue
         shown_weights = weights[h].masked_fill(~causal, float("nan"))  # future keys: masked, grey
-        image = ax.imshow(shown_weights.numpy(), cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=10)
+        image = ax.imshow(shown_weights.numpy(), cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
+        ax.set_title(f"head {h}", fontsize=11)
+    for ax in axes[-1]:
         ax.set_xticks(range(shown), labels, rotation=90, fontsize=fontsize)
+        ax.set_xlabel("key (attended to)")
+    for ax in axes[:, 0]:
         ax.set_yticks(range(shown), labels, fontsize=fontsize)
-        ax.set_xlabel("key (attended to)", fontsize=9)
-        ax.set_ylabel("query", fontsize=9)
+        ax.set_ylabel("query")
     fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
     layers = len(model.blocks)
-    title = (f"attention of each head in the last layer ({layers} of {layers}), position {model.positions.kind}; "
-             f"tokens {first}..{len(ids) - 1}")
-    fig.suptitle("\n".join([title] + notes), fontsize=11)
+    title = (f"attention of each head in the last layer (layer {layers} of {layers}), position {model.positions.kind}: "
+             f"tokens {first}..{len(ids) - 1} of 0..{len(ids) - 1}")
+    fig.suptitle("\n".join([title] + notes), fontsize=12)
     return save_figure(fig, path)

@@ -1,0 +1,89 @@
+"""Perplexity and bits/char of checkpoints on the held-out split at several lengths.
+
+    python evaluate.py out/rope out/alibi                      # 1x, 2x, 4x, 8x, 16x each block_size
+    python evaluate.py out/rope --lengths 256,1024 --mode sliding --stride 128
+    python evaluate.py out/rope --position.scaling.type=dynamic   # a RoPE scaling, no fine-tuning
+    python evaluate.py out/rope --set model.position.scaling='{type: yarn, factor: 4}'
+
+Prints markdown tables (perplexity, bits/char), writes a CSV and, with matplotlib, a PNG
+of perplexity against length. The work is done by minilm.evaluation.
+"""
+import argparse
+import os
+import sys
+
+
+def parse_numbers(text: str, kind, what: str):
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{what}={text!r} is invalid: expected comma-separated positive numbers")
+    return values
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Perplexity and bits/char on the validation split at several lengths.",
+        epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.")
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or out_dirs holding ckpt.pt")
+    parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
+                        help="absolute window lengths, e.g. 128,256,512 (default: multiples of each block_size)")
+    parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),
+                        default=[1, 2, 4, 8, 16], help="multiples of each model's block_size (default 1,2,4,8,16)")
+    parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
+    parser.add_argument("--stride", type=int, help="sliding mode: tokens each window advances (default: length/2)")
+    parser.add_argument("--max-tokens", type=int, default=65536,
+                        help="scored validation tokens (default 65536; 0 = the whole split)")
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per forward pass (default 8192)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override model.position.*, model.block_size or data.* of every checkpoint")
+    parser.add_argument("--csv", help="CSV output (default: eval-<mode>.csv next to the first checkpoint)")
+    parser.add_argument("--plot", help="PNG output (default: eval-<mode>.png next to the first checkpoint)")
+    parser.add_argument("--no-files", action="store_true", help="print the tables only")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args, rest = parser.parse_known_args(argv)
+    overrides = list(args.set)
+    for extra in rest:
+        if extra.startswith("--position.") and "=" in extra:
+            overrides.append("model." + extra[2:])
+        else:
+            parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
+
+    from minilm import evaluation
+    from minilm.checkpoint import CheckpointError
+    from minilm.config import ConfigError
+    from minilm.data import DataError
+    from minilm.tokenizer import TokenizerError
+    try:
+        results = evaluation.evaluate_checkpoints(
+            args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
+            max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
+            dtype=args.dtype, device=args.device, quiet=args.quiet)
+    except (evaluation.EvaluationError, CheckpointError, ConfigError, DataError, TokenizerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    first = results[0]
+    print(f"validation perplexity, {args.mode} windows"
+          + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
+          + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n")
+    print(evaluation.markdown_table(results, "ppl") + "\n")
+    print(evaluation.markdown_table(results, "bpc"))
+    if not args.no_files:
+        base = os.path.dirname(os.path.abspath(first.checkpoint))
+        csv_path = evaluation.write_csv(results, args.csv or os.path.join(base, f"eval-{args.mode}.csv"))
+        print(f"\nwrote {csv_path}", file=sys.stderr)
+        if args.plot or evaluation.have_matplotlib():
+            if not evaluation.have_matplotlib():
+                print("error: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
+                return 2
+            png = evaluation.plot(results, args.plot or os.path.join(base, f"eval-{args.mode}.png"))
+            print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
