@@ -11,11 +11,26 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import yaml
+
+
+class YAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)."""
+
+
+YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def parse_yaml(text):
+    return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class ConfigError(ValueError):
@@ -92,6 +107,7 @@ class TrainConfig:
     compile: bool = False
     init_from: Optional[str] = None  # checkpoint file or out_dir to start from
     sample_tokens: int = 200  # sample printed at the end of training; 0 to skip
+    final_eval_tokens: int = 1_000_000  # final evaluation on (up to) this many validation tokens; 0: the eval_iters batches
 
     def __post_init__(self):
         choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps")}
@@ -103,9 +119,15 @@ class TrainConfig:
                      "eval_interval", "checkpoint_interval"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 1")
-        for name in ("warmup_steps", "sample_tokens"):
+        for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 0")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected a number >= 0 (0 disables)")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected 0 <= {name} < 1")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 
@@ -177,7 +199,7 @@ def apply_override(tree: dict, assignment: str) -> None:
     key, raw = assignment.split("=", 1)
     key = key.strip().lstrip("-")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     parts = key.split(".")
@@ -211,7 +233,7 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
         resolved = find_config_file(path)
         try:
             with open(resolved) as f:
-                tree = yaml.safe_load(f) or {}
+                tree = parse_yaml(f) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{resolved} is not valid YAML: {str(exc).splitlines()[0]}") from None
         if not isinstance(tree, dict):

@@ -43,12 +43,12 @@ def prepare_extension(config: Config, path: str):
         if src_model.get(name) != ours:
             raise CheckpointError(f"train.init_from={path!r}: model.{name}={ours} but the source has "
                                   f"{src_model.get(name)}; an extended model keeps the source architecture")
-    src_kind, new_kind = base_kind(src_model["position"]), base_kind(config.model.position)
+    position = complete_position(config.model.position, src_model, config.model.block_size)
+    src_kind, new_kind = base_kind(src_model["position"]), base_kind(position)
     if src_kind != new_kind:
         raise CheckpointError(f"train.init_from={path!r}: model.position uses kind {new_kind!r} but the source "
                               f"was trained with {src_kind!r}; extend with the same kind (a scaling of it, or "
                               f"interpolated around it)")
-    position = complete_position(config.model.position, src_model, config.model.block_size)
     model = dataclasses.replace(config.model, position=position, vocab_size=src_model["vocab_size"])
     from minilm.positions import build
     try:

@@ -18,6 +18,7 @@ needs a display and no global backend is switched.
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import os
 from typing import NamedTuple, Optional
@@ -37,7 +38,7 @@ class PlotError(ValueError):
     """A figure cannot be drawn or written; the message is one line for the user."""
 
 
-def _figure_class():
+def require_matplotlib():
     """matplotlib's Figure, or a one-line PlotError saying what to install."""
     try:
         import matplotlib  # noqa: F401  (imported first so a blocked matplotlib fails here)
@@ -56,7 +57,15 @@ def save_figure(fig, path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
-        fig.savefig(path, dpi=DPI)
+        if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
+            from PIL import Image  # a dependency of matplotlib
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png", dpi=DPI)
+            buffer.seek(0)
+            with Image.open(buffer) as image:
+                image.convert("RGB").save(path, format="png")
+        else:
+            fig.savefig(path, dpi=DPI)
     except OSError as exc:
         raise PlotError(f"cannot write {path!r}: {exc.strerror or exc}") from None
     return path
@@ -68,32 +77,33 @@ def _overrides(cls, method: str) -> bool:
     return getattr(cls, method) is not getattr(PositionScheme, method)
 
 
-def _settings(position: dict) -> str:
+def settings_line(position: dict) -> str:
     """The scheme's options, defaults included, as one line of YAML."""
     from minilm.positions import scheme_class
     options = {**scheme_class(position["kind"]).options, **{k: v for k, v in position.items() if k != "kind"}}
     if not options:
-        return position["kind"]
+        return f"{position['kind']} (no options)"
     flow = yaml.safe_dump(options, default_flow_style=True, sort_keys=False, width=10**6).strip()
     return f"{position['kind']} {flow}"
 
 
 def _title(fig, scheme: PositionScheme, position: dict, source: Optional[str], extra: str = "") -> None:
     shape = f"d_model={scheme.d_model}, n_head={scheme.n_head}, block_size={scheme.block_size}"
-    if source:
+    if not any(p.numel() for p in scheme.parameters()):
+        origin = "no trained parameters" + (f" (settings from {source})" if source else "")
+    elif source:
         origin = f"trained values from {source}"
-    elif any(p.numel() for p in scheme.parameters()):
-        origin = "UNTRAINED: initial values (random init / zeros); pass --checkpoint for trained ones"
     else:
-        origin = "no trained parameters"
-    lines = [_settings(position), f"{shape}; {origin}"] + ([extra] if extra else [])
+        zeros = all(not bool(p.any()) for p in scheme.parameters())
+        origin = f"UNTRAINED: {'all zero' if zeros else 'random'} at init; pass --checkpoint for trained values"
+    lines = [settings_line(position), f"{shape}; {origin}"] + ([extra] if extra else [])
     fig.suptitle("\n".join(lines), fontsize=11)
 
 
 def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[str] = None):
     """The figure suited to ``scheme`` (built from ``position``); ``source`` names the checkpoint
     its trained values came from (None: the scheme's initial values)."""
-    _figure_class()
+    require_matplotlib()
     inner = scheme.inner if scheme.kind == "interpolated" else scheme
     cls = type(inner)
     with torch.no_grad():
@@ -127,7 +137,7 @@ def _scaled_note(scheme: PositionScheme) -> str:
 
 def _additive_figure(scheme, position, source):
     """PE heatmap (position x dimension), cosine-similarity matrix, similarity against offset."""
-    Figure = _figure_class()
+    Figure = require_matplotlib()
     limit = scheme.position_limit()
     n = scheme.block_size if limit is None else min(scheme.block_size, int(math.floor(limit)))
     pos = torch.arange(n, dtype=torch.float32)
@@ -162,14 +172,14 @@ def _additive_figure(scheme, position, source):
 def _rope_figure(scheme, position, source):
     """Wavelength of each dimension pair before/after every scaling, their ratio to unscaled
     rope, and q.k against relative distance for the selected scheme vs unscaled rope."""
-    Figure = _figure_class()
+    Figure = require_matplotlib()
     rope, pos_factor = _unwrap(scheme)
     rope_position = position.get("base", "rope") if scheme.kind == "interpolated" else position
     if isinstance(rope_position, str):
         rope_position = {"kind": rope_position}
     selected_type = rope.scaling["type"]
     length = rope.scaling["original_max_positions"]  # L, the original training length
-    if selected_type != "none":
+    if selected_type != "none" or rope.scaling["factor"] != 1.0:
         factor = rope.scaling["factor"]
     else:
         factor = pos_factor if pos_factor != 1.0 else COMPARE_FACTOR
@@ -183,38 +193,39 @@ def _rope_figure(scheme, position, source):
     plain = variant("none")
     reference = plain.inv_freq(length)
     curves = [("none (original rope)", "none", reference),
-              (f"linear / PI x{factor:g}", "linear", variant("linear").inv_freq(extended)),
-              (f"NTK-aware x{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
-              (f"YaRN x{factor:g}", "yarn", variant("yarn").inv_freq(extended))]
+              (f"linear / PI \u00d7{factor:g}", "linear", variant("linear").inv_freq(extended)),
+              (f"NTK-aware \u00d7{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
+              (f"YaRN \u00d7{factor:g}", "yarn", variant("yarn").inv_freq(extended))]
     dynamic = variant("dynamic")
     for times in (2, 4):
-        curves.append((f"dynamic NTK x{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
+        curves.append((f"dynamic NTK \u00d7{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
 
     def effective(context_len):  # the frequencies the selected scheme rotates with (positions / factor)
         return rope.inv_freq(max(1, int(round(context_len / pos_factor)))) / pos_factor
 
     if scheme.kind == "interpolated":
-        inner_scaling = "" if selected_type == "none" else f" over {selected_type} x{factor:g}"
+        inner_scaling = "" if selected_type == "none" else f" over {selected_type} \u00d7{factor:g}"
         selected_label = f"selected: interpolated, positions / {pos_factor:g}{inner_scaling}"
     elif selected_type == "none":
         selected_label = "selected: rope, no scaling"
     else:
-        selected_label = f"selected: {selected_type} x{factor:g}" + (f" at T={extended}" if selected_type == "dynamic" else "")
+        at = f" at T={extended}" if selected_type == "dynamic" else ""
+        selected_label = f"selected: {selected_type} \u00d7{factor:g}{at}"
     selected = effective(extended)
 
-    fig = Figure(figsize=(17, 6.4), layout="constrained")
+    fig = Figure(figsize=(14.5, 5.6), layout="constrained")
     ax_wave, ax_ratio, ax_qk = fig.subplots(1, 3)
     pairs = torch.arange(len(reference)).numpy()
     colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple"}
     for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / reference)):
-        ax.plot(pairs, transform(selected).numpy(), color="gold", lw=9, alpha=0.55, solid_capstyle="round",
+        ax.plot(pairs, transform(selected).numpy(), color="gold", lw=7, alpha=0.6, solid_capstyle="round",
                 label=selected_label, zorder=1)
         dynamic_styles = iter(("--", ":"))
         for label, kind, inv in curves:
             style = next(dynamic_styles) if kind == "dynamic" else "-"
             ax.plot(pairs, transform(inv).numpy(), style, color=colors[kind], lw=1.6, label=label, zorder=2)
         ax.set_yscale("log")
-        ax.grid(alpha=0.3, which="both")
+        ax.grid(alpha=0.3)
         ax.set_xlabel(f"dimension pair i (dims i, i+{rope.rot // 2} of the {rope.rot} rotated)")
     right = pairs[-1]
     for value, style, text in ((length, "--", f"training length L={length} "),
@@ -226,10 +237,11 @@ def _rope_figure(scheme, position, source):
     ax_ratio.axhline(1 / factor, color="grey", lw=0.8, ls=":")
     ax_ratio.set(title="scaled / original frequency (1 = kept, 1/s = interpolated)",
                  ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)")
-    low = min(0.5 / factor, float(min((inv / reference).min() for _, _, inv in curves)) * 0.8)
-    ax_ratio.set_ylim(low, 1.6)
-    ticks = [2.0 ** -e for e in range(0, int(math.ceil(-math.log2(low))))]
-    ax_ratio.set_yticks(ticks, ["1"] + [f"1/{2 ** e}" for e in range(1, len(ticks))])
+    ratios = torch.cat([inv / reference for _, _, inv in curves] + [selected / reference])
+    low, high = min(float(ratios.min()), 1 / factor) * 0.8, max(float(ratios.max()), 1 / factor) * 1.6
+    ax_ratio.set_ylim(low, high)
+    powers = range(math.floor(math.log2(low)) + 1, math.ceil(math.log2(high)))
+    ax_ratio.set_yticks([2.0 ** e for e in powers], [f"1/{2 ** -e}" if e < 0 else f"{2 ** e}" for e in powers])
     ax_ratio.minorticks_off()
     handles, labels = ax_ratio.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9)
@@ -237,14 +249,15 @@ def _rope_figure(scheme, position, source):
     # q.k of the same content at two positions: q = k = 1, which is also the mean over random q = k
     distance = torch.arange(extended, dtype=torch.float32)
     ones = torch.ones(1, 1, extended, rope.d_model // rope.n_head)
+
     def dot_at_distance(s):
         q, k = s.rotate(ones, ones, distance, extended)
         return (q[0, 0] * k[0, 0, :1]).sum(-1).float()
     base_dot = dot_at_distance(plain)
     norm = float(base_dot[0])
-    ax_qk.plot(distance.numpy(), (base_dot / norm).numpy(), color="black", lw=1, label="none (original rope)")
+    ax_qk.plot(distance.numpy(), (base_dot / norm).numpy(), color="black", lw=0.8, label="none (original rope)")
     if scheme.kind == "interpolated" or selected_type != "none":
-        ax_qk.plot(distance.numpy(), (dot_at_distance(scheme) / norm).numpy(), color="goldenrod", lw=1.2,
+        ax_qk.plot(distance.numpy(), (dot_at_distance(scheme) / norm).numpy(), color="goldenrod", lw=0.9,
                    label=selected_label)
     ax_qk.axvline(length, color="red", lw=1, ls="--", label=f"training length L={length}")
     ax_qk.axhline(0, color="grey", lw=0.6)
@@ -262,7 +275,7 @@ def _rope_figure(scheme, position, source):
 def _bias_figure(scheme, position, source):
     """Each head's bias against distance, the attention a query would pay from bias alone,
     and (t5) the distance buckets."""
-    Figure = _figure_class()
+    Figure = require_matplotlib()
     inner, factor = _unwrap(scheme)
     is_t5 = hasattr(inner, "num_buckets")
     span = scheme.block_size
@@ -291,10 +304,10 @@ def _bias_figure(scheme, position, source):
         ax_prior.plot(distance, prior[h].numpy(), color=color, lw=1.4, label=label)
     ax_bias.set(title="bias added to the logit of a key at distance i - j", xlabel="distance i - j (tokens)",
                 ylabel="bias")
-    ax_prior.set(title=f"attention from the bias alone (query at {span - 1}, equal q.k)",
+    ax_prior.set(title=f"attention from the bias alone (query at {span - 1}, equal q\u00b7k)",
                  xlabel="distance i - j (tokens, symlog)", ylabel="softmax weight")
     ax_prior.set_xscale("symlog", linthresh=1)
-    ax_bias.legend(fontsize=7, ncol=2 if heads > 6 else 1, loc="lower left" if slopes is not None else "best")
+    ax_bias.legend(fontsize=8, ncol=2 if heads > 6 else 1, loc="lower left" if slopes is not None else "best")
     for ax in (ax_bias, ax_prior):
         ax.grid(alpha=0.3)
     if is_t5:
@@ -303,7 +316,7 @@ def _bias_figure(scheme, position, source):
         buckets = t5_bucket(torch.as_tensor(distance) / factor, inner.num_buckets, inner.max_distance)
         ax_bucket.step(distance, buckets.numpy(), where="post", color="tab:blue")
         ax_bucket.axvline(inner.max_distance * factor, color="red", ls="--", lw=1,
-                          label=f"max_distance={inner.max_distance}" + (f" x{factor:g}" if factor != 1 else ""))
+                          label=f"max_distance={inner.max_distance}" + (f" \u00d7{factor:g}" if factor != 1 else ""))
         ax_bucket.set(title=f"bucket of each distance ({inner.num_buckets} buckets)",
                       xlabel="distance i - j (tokens)", ylabel="bucket")
         ax_bucket.legend(loc="lower right", fontsize=9)
@@ -314,13 +327,13 @@ def _bias_figure(scheme, position, source):
 
 def _text_figure(scheme, position, source):
     """Schemes with nothing to draw (none): say why, beside the causal mask that orders tokens."""
-    Figure = _figure_class()
+    Figure = require_matplotlib()
     from minilm.positions import scheme_class
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_text, ax_mask = fig.subplots(1, 2, width_ratios=[2.6, 1])
     ax_text.axis("off")
-    description = scheme_class(position["kind"]).description
-    text = (f"{position['kind']}: {description}\n\n"
+    inner, _ = _unwrap(scheme)
+    text = (f"{inner.kind}: {scheme_class(inner.kind).description}\n\n"
             "No positional signal: embed, rotate and bias leave tokens\n"
             "and attention untouched, so there is nothing to plot.\n"
             "Order comes from the causal mask only: token t sees tokens\n"
@@ -348,11 +361,12 @@ class AttentionCapture(NamedTuple):
     output: torch.Tensor
 
 
-def attention_weights(model, token_ids) -> AttentionCapture:
+def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -> AttentionCapture:
     """Run ``model`` on ``token_ids`` (1-D) without a cache and recompute the softmax weights of
     every head of its last layer exactly: hooks capture the input of the last block's attention,
     then q, k come from its ``qkv``, the scheme's ``rotate`` and ``bias`` and the causal mask (the
-    model itself calls SDPA, which returns no weights)."""
+    model itself calls SDPA, which returns no weights). ``last_queries`` keeps only the rows of
+    the last that many queries, (heads, last_queries, T), so long sequences stay cheap."""
     ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(1, -1)
     attn = model.blocks[-1].attn
     signature = inspect.signature(attn.forward)
@@ -376,10 +390,12 @@ def attention_weights(model, token_ids) -> AttentionCapture:
             B, T, _ = x.shape
             q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
             q, k = scheme.rotate(q, k, pos, call["context_len"])
-            scores = (q[0].float() @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
+            rows = slice(T - min(T, last_queries or T), T)
+            q, q_pos = q[0, :, rows].float(), pos[rows]
+            scores = (q @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
             if scheme.has_bias:
-                scores = scores + scheme.bias(pos, pos).float()
-            distance = pos[:, None] - pos[None, :]
+                scores = scores + scheme.bias(q_pos, pos).float()
+            distance = q_pos[:, None] - pos[None, :]
             allowed = distance >= 0
             if call.get("window") is not None:
                 allowed &= distance < call["window"]
@@ -404,29 +420,34 @@ def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = M
     (prompt plus generated tokens), ticks labelled with ``tokenizer.decode`` of each token; write
     the figure to ``path`` and return it. The model sees the whole sequence (its last
     position_limit() tokens for bounded schemes); the figure shows the last ``max_tokens``."""
-    Figure = _figure_class()
+    return save_figure(attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens), path)
+
+
+def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTENTION_TOKENS):
+    """The figure of ``attention_map``, not yet written."""
+    Figure = require_matplotlib()
     ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
     if not ids:
         raise PlotError("attention_map needs at least one token")
-    notes = []
+    if max_tokens < 1:
+        raise PlotError(f"max_tokens={max_tokens} is invalid: expected at least 1")
+    notes, total = [], len(ids)
     limit = model.positions.position_limit()
     if limit is not None and len(ids) > int(limit):
         notes.append(f"model run on the last {int(limit)} of {len(ids)} tokens ({model.positions.kind} table limit)")
         ids = ids[-int(limit):]
-    weights = attention_weights(model, ids).weights
     shown = min(len(ids), max_tokens)
+    weights = attention_weights(model, ids, last_queries=shown).weights[:, :, -shown:]
     if shown < len(ids):
         notes.append(f"showing the last {shown} of {len(ids)} tokens (rows may sum to < 1: earlier keys hidden)")
-    weights = weights[:, -shown:, -shown:]
     labels = [_token_label(tokenizer, t) for t in ids[-shown:]]
-    first = len(ids) - shown
 
     heads = weights.shape[0]
     cols = math.ceil(math.sqrt(heads))
     rows = math.ceil(heads / cols)
     cell = 2.0 + 0.11 * shown  # inches per head: room for one token label per row / column
     fig = Figure(figsize=(cols * cell + 1.2, rows * cell + 1.0), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    axes = fig.subplots(rows, cols, squeeze=False)
     import matplotlib
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e8e8e8")
     causal = torch.ones(shown, shown, dtype=torch.bool).tril()
@@ -440,15 +461,16 @@ def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = M
         shown_weights = weights[h].masked_fill(~causal, float("nan"))  # future keys: masked, grey
         image = ax.imshow(shown_weights.numpy(), cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
         ax.set_title(f"head {h}", fontsize=11)
-    for ax in axes[-1]:
-        ax.set_xticks(range(shown), labels, rotation=90, fontsize=fontsize)
-        ax.set_xlabel("key (attended to)")
-    for ax in axes[:, 0]:
-        ax.set_yticks(range(shown), labels, fontsize=fontsize)
-        ax.set_ylabel("query")
+        bottom, left = h + cols >= heads, h % cols == 0  # token labels on the outer edges only
+        ax.set_xticks(range(shown), labels if bottom else [], rotation=90, fontsize=fontsize)
+        ax.set_yticks(range(shown), labels if left else [], fontsize=fontsize)
+        if bottom:
+            ax.set_xlabel("key (attended to)")
+        if left:
+            ax.set_ylabel("query")
     fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
     layers = len(model.blocks)
     title = (f"attention of each head in the last layer (layer {layers} of {layers}), position {model.positions.kind}: "
-             f"tokens {first}..{len(ids) - 1} of 0..{len(ids) - 1}")
+             f"tokens {total - shown}..{total - 1} of {total}")
     fig.suptitle("\n".join([title] + notes), fontsize=12)
-    return save_figure(fig, path)
+    return fig

@@ -16,6 +16,7 @@ figure shows its trained values (a KIND that disagrees is an error).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 
 import yaml
@@ -32,10 +33,13 @@ class UsageError(ValueError):
 
 
 def format_options(options: dict) -> str:
+    """``name=default`` pairs, values written as YAML (as they are given on the command line)."""
     if not options:
         return "(no options)"
-    return "  ".join(f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
-                     for k, v in options.items())
+
+    def value(v):
+        return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    return "  ".join(f"{k}={value(v)}" for k, v in options.items())
 
 
 def list_schemes() -> str:
@@ -107,7 +111,7 @@ def plot(argv) -> str:
     from minilm import plots
 
     args = parse_plot_args(argv)
-    plots._figure_class()  # fail early, before any model is loaded, when matplotlib is missing
+    plots.require_matplotlib()  # fail early, before any model is loaded, when matplotlib is missing
     kind, source = args["kind"], args["checkpoint"]
     if source is not None:
         from minilm.checkpoint import load_model
@@ -130,7 +134,7 @@ def plot(argv) -> str:
             raise UsageError(f"--d-model={shape['d_model']} is not divisible by --n-head={shape['n_head']}")
         scheme = build(position, **shape)
     path = plots.plot_scheme(scheme, position, args["out"], source=source)
-    return f"wrote {path}: {plots._settings(position)}" + (f" (trained, {source})" if source else "")
+    return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
 
 
 def main(argv=None) -> int:
@@ -158,4 +162,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # output piped into e.g. head, which stopped reading
+        sys.stdout = open(os.devnull, "w")
+        sys.exit(0)

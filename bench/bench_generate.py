@@ -1,0 +1,151 @@
+"""Decode speed of KV-cached generation: ours with the cache, ours without (--no-cache), and
+Hugging Face transformers' ``generate`` on a LlamaForCausalLM of the same shape, side by side.
+
+    python bench/bench_generate.py                      # 6 layers x 384 x 6 heads, vocab 4096
+    python bench/bench_generate.py --threads 1 --repeats 5
+    python bench/bench_generate.py --dtype bfloat16 --no-hf --no-uncached
+
+Every model has random weights (speed does not depend on them), batch 1, greedy decoding
+of ``--new`` tokens after a ``--prompt``-token prompt, all forced (HF: min_new_tokens).
+Decode tokens/s = (new tokens - 1) / time from the first new token to the last one (the
+first comes out of the prefill), measured through the public API (``generate_ids``; for
+HF a streamer timestamps the first token). Best of ``--repeats`` runs, runs interleaved.
+The HF model is LLaMA-style (RMSNorm, SwiGLU MLP with intermediate size 8/3 * d_model so
+it has the same parameter count as our 4 * d_model GELU MLP, untied heads off: tied like
+ours, SDPA attention). transformers is optional (``pip install -e ".[bench]"``).
+
+Then decode tokens/s at cache lengths of 1x, 4x and 16x (prompt + new): prompts of
+length - new tokens, so that the cache ends at that length.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from minilm import GPT, ModelConfig  # noqa: E402
+from minilm.generation import Sampling, Stats, generate_ids  # noqa: E402
+
+GREEDY = Sampling(temperature=0)
+
+
+def ours(model, prompt, new, *, use_cache=True, max_context=None) -> Stats:
+    stats = Stats()
+    for _ in generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
+                          max_context=max_context, stats=stats):
+        pass
+    return stats
+
+
+def decode_rate(stats: Stats) -> float:
+    return (stats.new_tokens - 1) / stats.decode_seconds
+
+
+class FirstTokenClock:
+    """A transformers streamer that notes when the first new token arrives."""
+
+    def __init__(self):
+        self.calls, self.first = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2:  # the first call carries the prompt
+            self.first = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+def hf_model(args):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.d_model, intermediate_size=args.d_model * 8 // 3,
+                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                         num_key_value_heads=args.heads, max_position_embeddings=args.prompt + args.new,
+                         tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).eval().to(getattr(torch, args.dtype))
+
+
+def hf_decode_rate(model, prompt, new) -> float:
+    ids = torch.tensor([prompt])
+    clock = FirstTokenClock()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, use_cache=True, streamer=clock, pad_token_id=0)
+    end = time.perf_counter()
+    assert out.shape[1] == len(prompt) + new
+    return (new - 1) / (end - clock.first)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--d-model", type=int, default=384)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--position", default="rope", help="position kind of our model (default rope)")
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--new", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3, help="runs per cached measurement; the best counts")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--growth", default="1,4,16", help="cache lengths as multiples of prompt + new")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--no-uncached", action="store_true", help="skip the slow --no-cache measurement")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    total = args.prompt + args.new
+    multiples = [int(m) for m in args.growth.split(",") if m]
+    longest = total * max(multiples + [1])
+    config = ModelConfig(vocab_size=args.vocab, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
+                         block_size=longest, position={"kind": args.position})
+    model = GPT(config).eval().to(getattr(torch, args.dtype))
+    prompt = torch.randint(0, args.vocab, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+    print(f"model: {args.layers} layers x {args.d_model} wide x {args.heads} heads, vocab {args.vocab}, "
+          f"{args.position} positions, {model.num_params() / 1e6:.1f}M params, {args.dtype}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"batch 1, greedy, {args.new} new tokens after a {args.prompt}-token prompt; best of {args.repeats}")
+
+    hf = None
+    if not args.no_hf:
+        hf = hf_model(args)
+        if hf is None:
+            print("transformers is not installed: skipping the HF comparison (pip install -e \".[bench]\")")
+    ours(model, prompt, 8, max_context=total)  # warm-up
+    if hf is not None:
+        hf_decode_rate(hf, prompt, 8)
+    cached, reference = [], []
+    for _ in range(args.repeats):
+        cached.append(decode_rate(ours(model, prompt, args.new, max_context=total)))
+        if hf is not None:
+            reference.append(hf_decode_rate(hf, prompt, args.new))
+    best = max(cached)
+    print(f"ours, KV cache:        {best:8.1f} tokens/s decode   (runs: {', '.join(f'{r:.0f}' for r in cached)})")
+    if not args.no_uncached:
+        uncached = decode_rate(ours(model, prompt, args.new, use_cache=False, max_context=total))
+        print(f"ours, --no-cache:      {uncached:8.1f} tokens/s decode   -> cache is {best / uncached:.1f}x faster")
+    if reference:
+        print(f"HF LlamaForCausalLM:   {max(reference):8.1f} tokens/s decode   (runs: "
+              f"{', '.join(f'{r:.0f}' for r in reference)})   -> ours is {best / max(reference):.1f}x faster")
+
+    print(f"decode tokens/s as the cache grows ({args.new} new tokens, cache ending at the length shown):")
+    for m in multiples:
+        length = total * m
+        long_prompt = torch.randint(0, args.vocab, (length - args.new,),
+                                    generator=torch.Generator().manual_seed(m)).tolist()
+        rates = [decode_rate(ours(model, long_prompt, args.new, max_context=length)) for _ in range(args.repeats)]
+        print(f"  {m:3d}x  cache length {length:6d}: {max(rates):8.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+#!/usr/bin/env python
+"""Stream a continuation of a prompt from a trained minilm checkpoint.
+
+    python generate.py --checkpoint out/rope "ROMEO:"
+    echo "JULIET:" | python generate.py --checkpoint out/rope --temperature 0 --stats
+    python generate.py --checkpoint out/rope "ROMEO:" --set model.position.scaling.type=dynamic \\
+        --set model.position.scaling.factor=4 --max-context 1024
+
+The text goes to stdout as it is decoded; warnings, errors and --stats go to stderr.
+This file only parses arguments; the work is minilm.generation.run_cli.
+"""
+import argparse
+import os
+import sys
+
+from minilm.generation import run_cli
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def parse_args(argv=None):
+    p = Parser(description="Generate text from a minilm checkpoint: prefill the prompt once, then decode "
+                           "one token at a time from the KV cache, streaming the text to stdout.")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt; '-' or no prompt with stdin not a terminal reads stdin; "
+                        "empty starts from the BOS token")
+    p.add_argument("--checkpoint", required=True, help="checkpoint file, or an out_dir holding ckpt.pt")
+    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="CTRL penalty for tokens already present, > 0 (default 1 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
+    p.add_argument("--num-samples", type=int, default=1, help="continuations decoded together as one batch")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end a sample before this text (repeatable); the stop text is not printed")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="tokens the model sees at once (default: the model's block_size)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole sequence at every step (same result, for comparison)")
+    p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the position settings at generation time, e.g. "
+                        "model.position.scaling.type=dynamic, model.position.scaling.factor=4, "
+                        "model.block_size=1024 (repeatable; values parsed as YAML)")
+    p.add_argument("--stats", action="store_true",
+                   help="print token counts, prefill and decode tokens/s and peak memory to stderr")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    p.add_argument("--attention-map", metavar="FILE.png",
+                   help="after generating, draw the last layer's attention over the first sample")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run_cli(args)
+    except ValueError as exc:
+        if not type(exc).__module__.startswith("minilm."):
+            raise  # not a user error: a bug, keep the traceback
+        sys.stderr.write(f"error: {exc}\n")  # GenerationError, CheckpointError, ConfigError, PlotError, ...
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

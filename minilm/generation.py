@@ -1,0 +1,562 @@
+"""Text generation: prefill the prompt once, then decode one token at a time from the KV cache.
+
+Layers, each usable on its own:
+
+* ``sample(logits, sampling, generator, seen)``: repetition penalty (CTRL, Keskar et al. 2019:
+  a positive logit of an already present token is divided by the penalty, a negative one
+  multiplied), then greedy argmax (temperature 0) or temperature, top-k and top-p (nucleus,
+  Holtzman et al. 2020) sampling.
+* ``Decoder``: feeds tokens to the model and returns next-token logits, with the right
+  positions for every scheme, past the context too (see below).
+* ``generate_ids``: yields the sampled token of each sequence, step by step.
+* ``TextStream``: incremental detokenization with stop strings.
+* ``generate``: yields ``Piece(sample, token, text)`` as tokens are produced.
+* ``run_cli``: what ``generate.py`` does with its parsed arguments.
+
+Past the context (``max_context``, default the model's block_size) generation never stops:
+
+* bounded schemes (``position_limit()`` is not None: learned, interpolated over learned)
+  slide a window: the model sees the last ``max_context`` tokens at positions
+  0..max_context-1 (nanoGPT). With the cache the sequence is decoded from the cache while
+  it fits; once it slides every position changes, so each step re-encodes the window
+  without a cache (no cache reuse is possible).
+* unbounded schemes (rope, alibi, t5, none, sinusoidal, interpolated over those) keep
+  absolute positions and a rolling cache of ``max_context`` slots that evicts the oldest
+  key when full: sliding-window attention, no re-encoding. A prompt longer than the
+  window is prefilled up to the window, then fed one token at a time.
+
+``use_cache=False`` computes exactly the same thing without reusing keys: every step runs
+the whole sequence so far, ``model(idx, window=max_context)`` for the rolling schemes and
+the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
+dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
+fixed for a whole generation (DESIGN.md pitfall 2).
+
+Text: a stop string ends a sample and is not part of its text (the text ends just before
+it); the token that completed it is the sample's last token. Pieces are only handed out
+once they are complete characters and can no longer turn out to be the start of a stop
+string. Generation does not stop at the end-of-text token: the training data has none.
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import secrets
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, List, NamedTuple, Optional, Sequence
+
+import torch
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
+
+
+class GenerationError(ValueError):
+    """A bad generation setting or input; the message is one line for the user."""
+
+
+class GenerationWarning(UserWarning):
+    """Something was adjusted to make generation possible (e.g. a prompt cropped to the context)."""
+
+
+# --------------------------------------------------------------------------- sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p unused);
+    ``top_k=None`` and ``top_p=1`` keep every token; ``repetition_penalty=1`` is off."""
+    temperature: float = 0.8
+    top_k: Optional[int] = 200
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    def check(self) -> "Sampling":
+        def number(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        if not number(self.temperature) or self.temperature < 0:
+            raise GenerationError(f"temperature={self.temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 1):
+            raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (or none)")
+        if not number(self.top_p) or not 0 < self.top_p <= 1:
+            raise GenerationError(f"top_p={self.top_p!r} is invalid: expected a number in (0, 1]")
+        if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} is invalid: "
+                                  f"expected a number > 0 (1 = off)")
+        return self
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL (Keskar et al. 2019): for tokens already present, a positive logit is divided by
+    ``penalty`` and a negative one multiplied by it (penalty > 1 makes repeats less likely)."""
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator] = None,
+           seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Next token ids (B,) from float logits (B, V). ``seen`` (B, V) bool marks the tokens
+    already present, for the repetition penalty."""
+    if sampling.repetition_penalty != 1.0 and seen is not None:
+        logits = repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above
+        sorted_logits = sorted_logits.masked_fill(before >= sampling.top_p, float("-inf"))  # rank 0 always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- the decode loop
+
+def context_size(model, max_context: Optional[int] = None) -> int:
+    """The number of tokens the model sees at once: ``max_context`` or the block_size, and at
+    most the position table of a bounded scheme."""
+    positions = model.positions
+    limit = positions.position_limit()
+    usable = None if limit is None else int(math.floor(limit))
+    if max_context is None:
+        max_context = model.config.block_size if usable is None else min(model.config.block_size, usable)
+    if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
+        raise GenerationError(f"max_context={max_context!r} is invalid: expected an integer >= 1")
+    if usable is not None and max_context > usable:
+        raise GenerationError(f"max_context={max_context} is larger than the {positions.kind} position table: "
+                              f"at most {usable} positions")
+    return max_context
+
+
+class Decoder:
+    """Feeds tokens to ``model`` for ``batch_size`` sequences that share their positions and
+    returns the next-token logits (B, V): ``prefill(ids)`` once, then ``step(tokens)``.
+
+    ``slides`` is True for bounded schemes (the window is re-encoded from position 0 once the
+    sequence is longer than ``max_context``), False for the rest (a rolling cache / banded
+    causal mask over absolute positions). See the module docstring.
+    """
+
+    def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True):
+        self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
+        self.max_context = context_size(model, max_context)
+        self.slides = model.positions.position_limit() is not None
+        self.device = model.wte.weight.device
+        self.cache = model.new_cache(batch_size, self.max_context, rolling=not self.slides) if use_cache else None
+        self.length = 0  # tokens given so far
+        # the token history, needed whenever something is recomputed from tokens
+        self._history = None if (use_cache and not self.slides) else \
+            torch.empty(batch_size, 2 * self.max_context, dtype=torch.long, device=self.device)
+
+    def _remember(self, ids: torch.Tensor) -> None:
+        if self._history is not None:
+            end = self.length + ids.shape[1]
+            if end > self._history.shape[1]:
+                grown = torch.empty(self.batch_size, max(end, 2 * self._history.shape[1]), dtype=torch.long,
+                                    device=self.device)
+                grown[:, :self.length] = self._history[:, :self.length]
+                self._history = grown
+            self._history[:, self.length:end] = ids
+        self.length += ids.shape[1]
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Take the prompt (B, P) and return the logits that follow it."""
+        if ids.dim() != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1 or self.length:
+            raise GenerationError(f"prefill takes one prompt batch ({self.batch_size}, P>=1) on a fresh decoder")
+        ids = ids.to(self.device)
+        if self.slides and ids.shape[1] > self.max_context:
+            ids = ids[:, -self.max_context:]
+        self._remember(ids)
+        if self.cache is None:
+            return self._recompute()
+        first = ids[:, :self.max_context]  # a rolling cache takes one token at a time once it wraps
+        logits = self.model(first, self.cache)[:, -1]
+        for t in range(first.shape[1], ids.shape[1]):
+            logits = self.model(ids[:, t:t + 1], self.cache)[:, -1]
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per sequence (B,) and return the logits that follow."""
+        tokens = tokens.view(self.batch_size, 1)
+        self._remember(tokens)
+        if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
+            return self.model(tokens, self.cache)[:, -1]
+        return self._recompute()
+
+    def _recompute(self) -> torch.Tensor:
+        """Logits after the whole sequence so far, without reusing keys."""
+        n = self.max_context
+        if self.slides:
+            return self.model(self._history[:, max(0, self.length - n):self.length], context_len=n)[:, -1]
+        window = n if self.length > n else None  # within the window the band changes nothing
+        return self.model(self._history[:, :self.length], window=window, context_len=n)[:, -1]
+
+
+@dataclass
+class Stats:
+    """What a generation cost; ``generate_ids`` fills it in."""
+    prompt_tokens: int = 0
+    num_samples: int = 0
+    new_tokens: int = 0  # per sample
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0  # from the first new token to the last one
+    seed: Optional[int] = None
+    device: str = "cpu"
+
+    def lines(self) -> List[str]:
+        b = self.num_samples
+        decode_steps = max(self.new_tokens - 1, 0)  # the first new token comes out of the prefill
+        prefill_rate = self.prompt_tokens * b / self.prefill_seconds if self.prefill_seconds else float("nan")
+        decode_rate = decode_steps * b / self.decode_seconds if self.decode_seconds else float("nan")
+        return [
+            f"prompt: {self.prompt_tokens} tokens, new: {self.new_tokens} tokens x {b} sample{'s' * (b > 1)}, "
+            f"seed {self.seed}",
+            f"prefill: {self.prompt_tokens * b} tokens in {self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
+            f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
+            f"peak memory: {peak_memory(self.device)}",
+        ]
+
+
+def peak_memory(device: str) -> str:
+    """Peak CUDA memory allocated by torch, or the process's peak resident set size."""
+    if str(device).startswith("cuda"):
+        return f"{torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB (torch.cuda.max_memory_allocated)"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    rss = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    return f"{rss:.1f} MiB (peak RSS of the process)"
+
+
+def _check_count(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise GenerationError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+
+
+@torch.inference_mode()
+def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
+                 num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
+                 use_cache: bool = True, stats: Optional[Stats] = None) -> Iterator[torch.Tensor]:
+    """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
+    (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
+    reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
+    window of a bounded scheme is cropped to its last ``max_context`` tokens with a warning."""
+    _check_count("max_new_tokens", max_new_tokens, 0)
+    _check_count("num_samples", num_samples, 1)
+    sampling.check()
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise GenerationError("the prompt is empty: give at least one token")
+    stats = stats if stats is not None else Stats()
+    decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache)
+    if decoder.slides and len(prompt_ids) > decoder.max_context:
+        warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
+                      f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)
+        prompt_ids = prompt_ids[-decoder.max_context:]
+    device = decoder.device
+    seed = secrets.randbits(63) if seed is None else int(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = len(prompt_ids), num_samples, seed, str(device)
+    stats.new_tokens, stats.prefill_seconds, stats.decode_seconds = 0, 0.0, 0.0
+    if max_new_tokens == 0:
+        return
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        seen = torch.zeros(num_samples, model.config.vocab_size, dtype=torch.bool, device=device)
+        seen[:, ids[0]] = True
+
+    was_training = model.training
+    model.eval()
+    try:
+        start = time.perf_counter()
+        token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
+        _sync(device)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        for step in range(max_new_tokens):
+            if step:
+                token = sample(decoder.step(token).float(), sampling, generator, seen)
+                _sync(device)
+                stats.decode_seconds = time.perf_counter() - start
+            stats.new_tokens = step + 1
+            if seen is not None:
+                seen.scatter_(1, token[:, None], True)
+            yield token
+    finally:
+        model.train(was_training)
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- text
+
+class TextStream:
+    """Incremental detokenization of one generated sequence, with stop strings.
+
+    ``push(token)`` returns the new text that is safe to show: each step decodes only the
+    few last tokens (from the last complete-character boundary) and hands out the new
+    suffix, holding it back while it ends in an incomplete UTF-8 character (byte-fallback
+    pieces decode to U+FFFD until the character is complete) or could still be the start
+    of a stop string. The joined pieces are exactly the decoded continuation of the prompt
+    (up to a stop string, which is cut off together with everything after it).
+    """
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self._longest_stop = max((len(s) for s in self.stop), default=0)
+        self._ids = [int(t) for t in prompt_ids][-CONTEXT_TOKENS:]
+        self._prefix, self._read = 0, len(self._ids)  # ids[prefix:read] is text already counted
+        self.tokens: List[int] = []  # generated ids, up to the one that completed a stop string
+        self.text = ""  # the decoded continuation so far (cut at a stop string)
+        self._shown = 0  # characters of text handed out
+        self.stopped = False
+
+    def push(self, token: int, final: bool = False) -> str:
+        """Add one generated token; ``final`` flushes everything held back."""
+        if self.stopped:
+            return ""
+        self.tokens.append(int(token))
+        self._ids.append(int(token))
+        decode = self.tokenizer.decode
+        new = decode(self._ids[self._prefix:])
+        old = decode(self._ids[self._prefix:self._read])
+        before = len(self.text)
+        if final or (len(new) > len(old) and not new.endswith("\ufffd")):
+            self.text += new[len(old):]
+            self._prefix, self._read = self._read, len(self._ids)
+        safe = len(self.text)
+        if self.stop:
+            start = max(0, before - self._longest_stop + 1)
+            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            if hits:
+                self.text, self.stopped, safe = self.text[:min(hits)], True, min(hits)
+            elif not final:
+                safe -= self._stop_prefix()
+        out = self.text[self._shown:safe]
+        self._shown = max(self._shown, safe)
+        return out
+
+    def _stop_prefix(self) -> int:
+        """Length of the longest end of the text that begins some stop string."""
+        for k in range(min(len(self.text), self._longest_stop - 1), 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stop):
+                return k
+        return 0
+
+
+class Piece(NamedTuple):
+    """One generated token of one sample and the text it adds (may be empty)."""
+    sample: int
+    token: int
+    text: str
+    done: bool  # the sample is finished (stop string or last token)
+
+
+def encode_prompt(tokenizer, prompt) -> List[int]:
+    """Token ids of a prompt string (or ids as given); an empty prompt starts from BOS."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not ids:
+        if tokenizer.bos_id is None:
+            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from: "
+                                  "give a prompt")
+        ids = [tokenizer.bos_id]
+    return ids
+
+
+def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
+             num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
+             max_context: Optional[int] = None, use_cache: bool = True,
+             stats: Optional[Stats] = None) -> Iterator[Piece]:
+    """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
+    ``num_samples`` continuations are decoded together as one batch. Stops early once every
+    sample has hit a stop string. ``prompt`` is a string or token ids."""
+    if isinstance(stop, str):
+        stop = [stop]
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
+    steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                         num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
+                         stats=stats)
+    try:
+        for step, tokens in enumerate(steps):
+            final = step == max_new_tokens - 1
+            for i, token in enumerate(tokens.tolist()):
+                stream = streams[i]
+                if not stream.stopped:
+                    text = stream.push(token, final=final)
+                    yield Piece(i, token, text, final or stream.stopped)
+            if all(s.stopped for s in streams):
+                break
+    finally:
+        steps.close()
+
+
+def generate_text(model, tokenizer, prompt, **options) -> List[str]:
+    """The continuations (without the prompt) of ``generate``, one string per sample."""
+    texts = [""] * options.get("num_samples", 1)
+    for piece in generate(model, tokenizer, prompt, **options):
+        texts[piece.sample] += piece.text
+    return texts
+
+
+# --------------------------------------------------------------------------- command line
+
+SEPARATOR = "---------------"
+
+
+class SamplePrinter:
+    """Writes samples one after another: the first streams live, the others are buffered
+    until it ends, then each in turn continues live. Every sample ends with a newline."""
+
+    def __init__(self, out, num_samples: int, head: str):
+        self.out, self.head = out, head
+        self.buffers = [[] for _ in range(num_samples)]
+        self.done = [False] * num_samples
+        self.current = 0
+        self._write(head)
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def add(self, sample: int, text: str, done: bool) -> None:
+        if sample == self.current:
+            self._write(text)
+        else:
+            self.buffers[sample].append(text)
+        self.done[sample] = self.done[sample] or done
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.current < len(self.done) and self.done[self.current]:
+            self._write("\n")
+            self.current += 1
+            if self.current < len(self.done):
+                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers[self.current])}")
+                self.buffers[self.current] = []
+
+    def finish(self) -> None:
+        for i in range(len(self.done)):
+            self.done[i] = True
+        self._advance()
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str:
+    """The prompt from the argument, ``--prompt-file``, or stdin (argument ``-``, or no
+    argument while stdin is not a terminal); empty when none is given."""
+    if prompt is not None and prompt_file is not None:
+        raise GenerationError("give the prompt either as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            with open(prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GenerationError(f"cannot read --prompt-file {prompt_file!r}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+    if prompt == "-" or (prompt is None and stdin is not None and not stdin.isatty()):
+        return stdin.read()
+    return prompt or ""
+
+
+def position_overrides(state_config: dict, assignments: Sequence[str]):
+    """(position, block_size) for ``load_model`` from ``model.position.*=`` / ``model.block_size=``
+    overrides on the checkpoint's config; a new rope scaling keeps the trained block_size as
+    its original length (DESIGN.md pitfall 3)."""
+    from minilm.config import ConfigError, apply_override
+    tree = {"model": {"position": dict(state_config["model"]["position"]),
+                      "block_size": state_config["model"]["block_size"]}}
+    for assignment in assignments:
+        key = assignment.split("=", 1)[0].strip()
+        if not (key.startswith("model.position.") or key in ("model.position", "model.block_size")):
+            raise GenerationError(f"--set {assignment!r}: only model.position.<key>=... and model.block_size=... "
+                                  f"can change at generation time")
+        try:
+            apply_override(tree, assignment)
+        except ConfigError as exc:
+            raise GenerationError(f"--set {assignment!r}: {exc}") from None
+    position = tree["model"]["position"]
+    scaling = position.get("scaling") if isinstance(position, dict) else None
+    if isinstance(scaling, dict) and position.get("kind") == "rope" and scaling.get("type", "none") != "none" \
+            and scaling.get("original_max_positions") is None:
+        position["scaling"] = {**scaling, "original_max_positions": state_config["model"]["block_size"]}
+    return position, tree["model"]["block_size"]
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise GenerationError(f"--device {name}: CUDA is not available here; valid: auto, cpu")
+    if name != "cpu" and not name.startswith("cuda") and name != "mps":
+        raise GenerationError(f"--device {name!r} is unknown: valid: auto, cpu, cuda, cuda:N, mps")
+    return name
+
+
+def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
+    """Load a checkpoint and stream continuations of a prompt: what ``generate.py`` runs with
+    its parsed arguments. User errors raise GenerationError (or CheckpointError)."""
+    from minilm.checkpoint import load, load_model
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty).check()
+    _check_count("--max-new-tokens", args.max_new_tokens, 0)
+    _check_count("--num-samples", args.num_samples, 1)
+    if args.max_context is not None:
+        _check_count("--max-context", args.max_context, 1)
+    device = pick_device(args.device)
+    prompt = read_prompt(args.prompt, args.prompt_file, stdin)
+    position = block_size = None
+    if args.set:
+        position, block_size = position_overrides(load(args.checkpoint)["config"], args.set)
+    model, tokenizer, _, _ = load_model(args.checkpoint, device=device, position=position, block_size=block_size)
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    context_size(model, args.max_context)  # a bad --max-context fails before any output
+
+    stats = Stats()
+    printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
+    streams: List[List[int]] = [[] for _ in range(args.num_samples)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GenerationWarning)
+        pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                          num_samples=args.num_samples, seed=args.seed, stop=args.stop,
+                          max_context=args.max_context, use_cache=not args.no_cache, stats=stats)
+        first = True
+        for piece in pieces:
+            if first:
+                _show_warnings(caught, stderr)
+                first = False
+            streams[piece.sample].append(piece.token)
+            printer.add(piece.sample, piece.text, piece.done)
+        _show_warnings(caught, stderr)
+    printer.finish()
+    if args.stats:
+        mode = "no cache" if args.no_cache else "KV cache"
+        kind = model.positions.kind
+        stderr.write(f"model: {kind} positions, context {context_size(model, args.max_context)}, {mode}, "
+                     f"{device}\n")
+        for line in stats.lines():
+            stderr.write(line + "\n")
+    if args.attention_map:
+        from minilm import plots
+        path = plots.attention_map(model, prompt_ids + streams[0], tokenizer, args.attention_map)
+        stderr.write(f"attention map of sample 1 written to {path}\n")
+
+
+def _show_warnings(caught: list, stderr) -> None:
+    for w in caught:
+        stderr.write(f"warning: {w.message}\n")
+    caught.clear()

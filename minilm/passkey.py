@@ -1,0 +1,298 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023; used by Position Interpolation, Chen et al.
+2023, and YaRN, Peng et al. 2023): a random 5-digit key hidden at a chosen depth in
+filler text of a chosen length; the model must continue "The pass key is" with the key.
+
+A prompt of ``length`` tokens is (the task's usual introduction sentence is left out: it
+would fill most of a tiny model's context)::
+
+    filler ... (depth x all filler tokens) ...  The pass key is 12345. Remember it.
+    12345 is the pass key.  ... rest of the filler ...  What is the pass key? The pass key is
+
+The filler is the classic "The grass is green. The sky is blue. ..." repeated and cut at
+token level so the prompt is exactly ``length`` tokens. A trial is correct when the greedy
+continuation starts with the key (leading spaces allowed). Accuracy is reported per length
+and depth. A bounded scheme (learned) whose table cannot hold the prompt and the answer
+is reported as n/a.
+
+A tiny model trained on ordinary text cannot do this; ``make-corpus`` writes a directory of
+passkey documents (prompt + answer, varied lengths and depths) usable as ``data.corpus``
+for a short fine-tune, and ``passkey_batch`` samples such documents as training batches::
+
+    python -m minilm.passkey make-corpus data/passkey-128 --checkpoint out/rope --n 2000 --length 128
+    python -m minilm.passkey eval out/rope --lengths 128,256,512 --depths 0,0.5,1 --trials 10
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+ANSWER = " {key}."
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MAX_NEW_TOKENS = 8  # " 12345." is at most 7 pieces
+
+
+class PasskeyError(ValueError):
+    """A passkey prompt cannot be built or scored; the message is one line."""
+
+
+@dataclass
+class Prompt:
+    ids: list  # exactly ``length`` token ids, ending with the question
+    key: str  # the 5 digits to retrieve
+    key_start: int  # token index where the key line begins
+    filler_tokens: int  # filler tokens in the prompt (before + after the key line)
+
+
+def random_key(rng: random.Random) -> str:
+    return str(rng.randint(10000, 99999))
+
+
+def _pieces(tokenizer, key: str):
+    key_line = tokenizer.encode(" " + KEY_LINE.format(key=key))
+    question = tokenizer.encode(" " + QUESTION)
+    sentences = [tokenizer.encode(" " + s.strip() + ".") for s in FILLER.split(".") if s.strip()]
+    return key_line, question, sentences
+
+
+def min_length(tokenizer) -> int:
+    """The shortest prompt (no filler) in tokens."""
+    key_line, question, _ = _pieces(tokenizer, "12345")
+    return len(key_line) + len(question)
+
+
+def make_prompt(tokenizer, length: int, depth: float, key: str) -> Prompt:
+    """A prompt of exactly ``length`` tokens with the key line after ``depth`` of the filler.
+
+    The filler around the key line is whole sentences, so the key's depth is exact to within
+    one filler sentence; the prompt starts inside a sentence (cut on the left) to make the
+    length exact."""
+    if not 0.0 <= depth <= 1.0:
+        raise PasskeyError(f"depth={depth!r} is invalid: expected a fraction 0 <= depth <= 1")
+    key_line, question, sentences = _pieces(tokenizer, key)
+    fill = length - len(key_line) - len(question)
+    if fill < 0:
+        raise PasskeyError(f"length={length} is too short for a passkey prompt: it needs at least "
+                           f"{length - fill} tokens with this tokenizer")
+    after, i = [], 0  # whole sentences after the key, as close as possible to (1 - depth) of the filler
+    target = fill - int(round(depth * fill))
+    while True:
+        sentence = sentences[i % len(sentences)]
+        if abs(len(after) + len(sentence) - target) >= abs(len(after) - target) or len(after) + len(sentence) > fill:
+            break
+        after += sentence
+        i += 1
+    need, before, j = fill - len(after), [], -1  # the sentences before them in the endless filler
+    while len(before) < need:
+        before = sentences[j % len(sentences)] + before
+        j -= 1
+    before = before[len(before) - need:]  # cut on the left to the exact length
+    ids = before + key_line + after + question
+    return Prompt(ids=ids, key=key, key_start=len(before), filler_tokens=fill)
+
+
+def answer_ids(tokenizer, key: str) -> list:
+    return tokenizer.encode(ANSWER.format(key=key))
+
+
+def is_correct(text: str, key: str) -> bool:
+    """The continuation starts (after optional whitespace) with exactly the key's digits."""
+    match = re.match(r"\s*(\d+)", text)
+    return bool(match) and match.group(1) == key
+
+
+@torch.no_grad()
+def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list:
+    """Greedy continuation of ``ids`` with a KV cache: prefill once, then one token per step."""
+    device = next(model.parameters()).device
+    cache = model.new_cache(1, len(ids) + max_new_tokens)
+    logits = model(torch.tensor([list(ids)], dtype=torch.long, device=device), cache=cache)
+    out = []
+    for _ in range(max_new_tokens):
+        token = int(logits[0, -1].argmax())
+        out.append(token)
+        if len(out) == max_new_tokens:
+            break
+        logits = model(torch.tensor([[token]], dtype=torch.long, device=device), cache=cache)
+    return out
+
+
+def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] = DEFAULT_DEPTHS,
+             trials: int = 5, seed: int = 0, generate: Optional[Callable] = None, progress=None) -> list:
+    """Passkey accuracy per (length, depth): a list of dicts with length, depth, correct, trials,
+    accuracy (None when the model's position table cannot hold prompt + answer).
+
+    ``generate(ids, max_new_tokens) -> new ids`` defaults to greedy decoding with ``model``;
+    the keys come from ``random.Random(seed)``, so every model sees the same prompts."""
+    if trials < 1:
+        raise PasskeyError(f"trials={trials} is invalid: expected at least 1")
+    generate = generate or (lambda ids, n: greedy(model, ids, n))
+    limit = model.positions.position_limit() if model is not None else None
+    rows = []
+    for length in lengths:
+        for depth in depths:
+            rng = random.Random(f"{seed}-{length}-{depth}")
+            if limit is not None and length + MAX_NEW_TOKENS > limit:
+                rows.append(dict(length=length, depth=depth, correct=0, trials=trials, accuracy=None))
+                if progress is not None:
+                    progress.update(trials)
+                continue
+            correct = 0
+            for _ in range(trials):
+                prompt = make_prompt(tokenizer, length, depth, random_key(rng))
+                text = tokenizer.decode(generate(prompt.ids, MAX_NEW_TOKENS))
+                correct += is_correct(text, prompt.key)
+                if progress is not None:
+                    progress.update(1)
+            rows.append(dict(length=length, depth=depth, correct=correct, trials=trials, accuracy=correct / trials))
+    return rows
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """Accuracy table: one row per length, one column per depth, plus the mean."""
+    depths = sorted({r["depth"] for r in rows})
+    lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
+             "|" + "---|" * (len(depths) + 2)]
+    for length in sorted({r["length"] for r in rows}):
+        cells = {r["depth"]: r for r in rows if r["length"] == length}
+        values = [cells[d]["accuracy"] for d in depths]
+        if any(v is None for v in values):
+            lines.append(f"| {length} | " + " | ".join("n/a (bounded)" for _ in depths) + " | n/a |")
+            continue
+        lines.append(f"| {length} | " + " | ".join(f"{v:.0%}" for v in values)
+                     + f" | {sum(values) / len(values):.0%} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- training data
+
+def document(tokenizer, length: int, rng: random.Random) -> list:
+    """One training document: a prompt of ``length`` tokens at a random depth, then the answer."""
+    key = random_key(rng)
+    prompt = make_prompt(tokenizer, length, rng.random(), key)
+    return prompt.ids + answer_ids(tokenizer, key)
+
+
+def passkey_batch(tokenizer, batch_size: int, block_size: int, generator: torch.Generator,
+                  corpus_tokens=None, fraction: float = 0.5):
+    """A training batch (x, y) like ``minilm.data.get_batch``: ``fraction`` of the rows are passkey
+    documents that end exactly at the window's end (so the answer is always a target), the others
+    random windows of ``corpus_tokens`` (all rows are passkey documents without a corpus)."""
+    from minilm.data import get_batch
+    if not 0.0 <= fraction <= 1.0:
+        raise PasskeyError(f"fraction={fraction!r} is invalid: expected 0 <= fraction <= 1")
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator))
+    rng = random.Random(seed)
+    n_key = batch_size if corpus_tokens is None else int(round(fraction * batch_size))
+    rows = []
+    shortest = min_length(tokenizer) + len(answer_ids(tokenizer, "12345"))
+    if block_size + 1 < shortest:
+        raise PasskeyError(f"block_size={block_size} is too short for passkey documents: they need at least "
+                           f"{shortest - 1} tokens with this tokenizer")
+    for _ in range(n_key):
+        # documents of random length, left-padded with filler so every row is block_size + 1 tokens
+        length = rng.randint(shortest, block_size + 1)
+        doc = document(tokenizer, length - len(answer_ids(tokenizer, "12345")), rng)
+        pad = (tokenizer.encode(" " + FILLER) * (block_size + 1))[: block_size + 1 - len(doc)]
+        rows.append(torch.tensor((pad + doc)[-(block_size + 1):], dtype=torch.long))
+    windows = torch.stack(rows) if rows else torch.zeros((0, block_size + 1), dtype=torch.long)
+    if n_key < batch_size:
+        x, y = get_batch(corpus_tokens, batch_size - n_key, block_size, generator)
+        windows = torch.cat([windows, torch.cat([x, y[:, -1:]], dim=1)])
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, per_file: int = 50) -> list:
+    """Write ``n`` passkey documents of ``length // 4 .. length`` tokens (random depths) as .txt
+    files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``."""
+    if n < 1:
+        raise PasskeyError(f"n={n} is invalid: expected at least 1 document")
+    shortest = min_length(tokenizer)
+    if length < shortest + MAX_NEW_TOKENS:
+        raise PasskeyError(f"length={length} is too short: passkey documents need at least "
+                           f"{shortest + MAX_NEW_TOKENS} tokens with this tokenizer")
+    rng = random.Random(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    paths, docs = [], []
+    for i in range(n):
+        doc_length = rng.randint(max(shortest, length // 4), length - MAX_NEW_TOKENS)
+        docs.append(tokenizer.decode(document(tokenizer, doc_length, rng)))
+        if len(docs) == per_file or i == n - 1:
+            path = os.path.join(out_dir, f"passkey-{len(paths):04d}.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("\n\n".join(docs) + "\n")
+            paths.append(path)
+            docs = []
+    return paths
+
+
+# --------------------------------------------------------------------------- command line
+
+def _tokenizer_from(path: str):
+    from minilm.checkpoint import load
+    from minilm.tokenizer import Tokenizer
+    if path.endswith(".model"):
+        return Tokenizer.load(path)
+    return Tokenizer.from_bytes(load(path)["tokenizer"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minilm.passkey", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
+    ev.add_argument("checkpoints", nargs="+")
+    ev.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
+    ev.add_argument("--depths", default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS))
+    ev.add_argument("--trials", type=int, default=5)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="evaluation-time override, e.g. model.position.scaling.type=dynamic")
+    mk = sub.add_parser("make-corpus", help="write passkey documents as a text corpus directory")
+    mk.add_argument("out_dir")
+    mk.add_argument("--checkpoint", required=True,
+                    help="checkpoint (or tokenizer.model) whose tokenizer measures the lengths")
+    mk.add_argument("--n", type=int, default=2000)
+    mk.add_argument("--length", type=int, required=True, help="longest document in tokens")
+    mk.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    from tqdm import tqdm
+
+    from minilm.checkpoint import CheckpointError
+    from minilm.evaluation import EvaluationError, load_for_evaluation
+    from minilm.tokenizer import TokenizerError
+    try:
+        if args.command == "make-corpus":
+            paths = write_corpus(args.out_dir, _tokenizer_from(args.checkpoint), args.n, args.length, args.seed)
+            print(f"wrote {args.n} passkey documents in {len(paths)} files under {args.out_dir}")
+            return 0
+        try:
+            depths = [float(d) for d in args.depths.split(",")]
+            lengths = None if args.lengths is None else [int(t) for t in args.lengths.split(",")]
+        except ValueError:
+            raise PasskeyError(f"--depths {args.depths!r} / --lengths {args.lengths!r} must be "
+                               f"comma-separated numbers") from None
+        for path in args.checkpoints:
+            model, tokenizer, config, _ = load_for_evaluation(path, args.set)
+            these = lengths or [config.model.block_size * m for m in (1, 2, 4)]
+            with tqdm(total=len(these) * len(depths) * args.trials, desc=f"passkey {path}", file=sys.stderr,
+                      leave=False) as bar:
+                rows = accuracy(model, tokenizer, these, depths, args.trials, args.seed, progress=bar)
+            print(f"\npasskey accuracy of {path} ({args.trials} trials per cell)\n\n{markdown(rows)}")
+    except (PasskeyError, CheckpointError, EvaluationError, TokenizerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

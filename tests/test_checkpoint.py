@@ -1,0 +1,97 @@
+"""Tests for minilm.checkpoint: atomic writes survive a crash mid-save; bad files give clear errors."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from minilm import checkpoint
+from minilm.checkpoint import CheckpointError
+from tests.conftest import REPO
+
+
+def state(value: float) -> dict:
+    return {"model": {"w": torch.full((4,), value)}, "config": {"seed": 1}, "tokenizer": b"tok", "step": int(value)}
+
+
+def test_save_then_load_roundtrip(tmp_path):
+    path = checkpoint.save(state(3.0), str(tmp_path / "run"))
+    assert path == str(tmp_path / "run" / "ckpt.pt")
+    loaded = checkpoint.load(str(tmp_path / "run"))
+    assert loaded["step"] == 3 and loaded["tokenizer"] == b"tok" and loaded["path"] == path
+    torch.testing.assert_close(loaded["model"]["w"], torch.full((4,), 3.0))
+
+
+def test_a_save_that_fails_midway_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    checkpoint.save(state(1.0), str(tmp_path))
+    real_save = torch.save
+
+    def half_then_crash(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(f.tell() // 2)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", half_then_crash)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(state(2.0), str(tmp_path))
+    monkeypatch.undo()
+    assert checkpoint.load(str(tmp_path))["step"] == 1
+    assert os.listdir(tmp_path) == ["ckpt.pt"]  # the temporary file is gone
+
+
+def test_a_process_killed_during_save_keeps_the_previous_checkpoint(tmp_path):
+    checkpoint.save(state(1.0), str(tmp_path))
+    script = textwrap.dedent(f"""
+        import os, signal, torch
+        from minilm import checkpoint
+        real_save = torch.save
+        def save_then_die(obj, f, *args, **kwargs):
+            real_save(obj, f, *args, **kwargs)
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # dies before the rename
+        checkpoint.torch.save = save_then_die
+        checkpoint.save({{"model": {{"w": torch.zeros(4)}}, "config": {{}}, "tokenizer": b"x", "step": 2}}, {str(tmp_path)!r})
+    """)
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))  # the half-written temp file
+    assert checkpoint.load(str(tmp_path))["step"] == 1
+
+
+def test_missing_truncated_and_foreign_files_are_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.load(str(tmp_path / "nope.pt"))
+    with pytest.raises(CheckpointError, match="no checkpoint in directory"):
+        checkpoint.load(str(tmp_path))
+    good = checkpoint.save(state(1.0), str(tmp_path / "good"))
+    data = open(good, "rb").read()
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated or not a minilm checkpoint"):
+        checkpoint.load(str(truncated))
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"hello, not a checkpoint" * 10)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        checkpoint.load(str(garbage))
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    with pytest.raises(CheckpointError, match="is not a minilm checkpoint"):
+        checkpoint.load(str(foreign))
+    incomplete = checkpoint.save({"model": {}, "config": {}}, str(tmp_path / "incomplete.pt"))
+    with pytest.raises(CheckpointError, match="lacks 'tokenizer'"):
+        checkpoint.load(incomplete)
+
+
+def test_load_refuses_pickled_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "model": Evil(), "config": {},
+                "tokenizer": b""}, path)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        checkpoint.load(str(path))

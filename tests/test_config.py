@@ -1,0 +1,113 @@
+"""Tests for minilm.config and the config side of train.py: lookup, overrides, errors, configs/."""
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from minilm.config import Config, ConfigError, find_config_file, load_config
+from minilm.model import GPT
+from minilm.trainer import resolve_config
+from tests.conftest import REPO
+
+CONFIGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "interpolated")
+
+
+def run_cli(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_overrides_are_typed_as_yaml():
+    config = load_config("rope.yaml", ["train.max_steps=200", "model.position.kind=alibi", "train.lr=3e-3",
+                                       "train.compile=true", "train.init_from=out/rope", "model.dropout=0"])
+    assert config.train.max_steps == 200 and config.model.position == {"kind": "alibi"}
+    assert config.train.lr == 3e-3 and isinstance(config.train.lr, float)
+    assert config.train.compile is True and config.train.init_from == "out/rope"
+    assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
+    nested = load_config("rope.yaml", ["model.position={kind: rope, scaling: {type: yarn, factor: 4}}"])
+    assert nested.model.position["scaling"] == {"type": "yarn", "factor": 4}
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.max_step=5", r"unknown key 'train.max_step': did you mean max_steps"),
+    ("trian.lr=1", r"unknown key 'trian': did you mean train"),
+    ("model.nlayer=2", r"unknown key 'model.nlayer': did you mean n_layer"),
+    ("train.max_steps=abc", r"train.max_steps='abc' has the wrong type: expected int"),
+    ("train.lr=fast", r"train.lr='fast' has the wrong type: expected float"),
+    ("train.dtype=fp16", r"train.dtype='fp16' is invalid: valid: auto, float32, bfloat16"),
+    ("train.batch_size=0", r"train.batch_size=0 is invalid"),
+    ("train.grad_clip=-1", r"train.grad_clip=-1.0 is invalid"),
+    ("train.beta2=1.5", r"train.beta2=1.5 is invalid"),
+    ("train.min_lr=1", r"train.min_lr=1.0 are invalid"),
+    ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
+    ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
+    ("model.n_head=3", r"model.d_model=256 is not divisible by model.n_head=3"),
+    ("train.max_steps", r"not of the form section.key=value"),
+])
+def test_errors_are_one_line_and_name_the_key(override, expected):
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config("rope.yaml", [override])
+    assert "\n" not in str(info.value)
+
+
+def test_config_lookup_cwd_first_then_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert os.path.samefile(find_config_file("rope.yaml"), os.path.join(REPO, "configs", "rope.yaml"))
+    (tmp_path / "rope.yaml").write_text("out_dir: mine\n")
+    assert find_config_file("rope.yaml") == "rope.yaml"
+    assert load_config("rope.yaml").out_dir == "mine"
+    with pytest.raises(ConfigError, match=r"config file 'ropee.yaml' not found.*did you mean rope.yaml"):
+        load_config("ropee.yaml")
+    (tmp_path / "bad.yaml").write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config("bad.yaml")
+
+
+def test_shipped_configs_differ_only_in_position_and_out_dir():
+    base = None
+    for name in CONFIGS:
+        config = load_config(f"{name}.yaml")
+        assert config.out_dir == f"out/{name}"
+        GPT(resolve_config(config).model)  # every one builds
+        tree = config.to_dict()
+        del tree["out_dir"], tree["model"]["position"]
+        base = base or tree
+        assert tree == base, name
+    positions = {name: load_config(f"{name}.yaml").model.position["kind"] for name in CONFIGS}
+    assert positions == {"sinusoidal": "sinusoidal", "learned": "learned", "rope": "rope", "alibi": "alibi",
+                         "t5": "t5", "nope": "none", "interpolated": "interpolated"}
+
+
+def test_vocab_size_follows_the_tokenizer_setting():
+    config = resolve_config(load_config("rope.yaml", ["data.vocab_size=1000"]))
+    assert config.model.vocab_size == 1000
+
+
+def test_print_config_prints_the_resolved_yaml():
+    result = run_cli("--config", "alibi.yaml", "--print-config", "train.max_steps=7", "data.vocab_size=2000")
+    assert result.returncode == 0, result.stderr
+    tree = yaml.safe_load(result.stdout)
+    assert tree["train"]["max_steps"] == 7 and tree["model"]["position"] == {"kind": "alibi"}
+    assert tree["model"]["vocab_size"] == 2000 and tree["out_dir"] == "out/alibi"
+    assert load_config("alibi.yaml", ["train.max_steps=7", "data.vocab_size=2000", "model.vocab_size=2000"]) \
+        .to_dict() == tree
+
+
+def test_cli_config_errors_exit_2_with_one_line():
+    result = run_cli("--config", "rope.yaml", "train.max_step=5")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: unknown key 'train.max_step'") and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    result = run_cli("--config", "missing.yaml", "--print-config")
+    assert result.returncode == 2 and result.stderr.startswith("error: config file 'missing.yaml' not found")
+
+
+def test_configs_roundtrip_through_yaml():
+    from minilm.config import build_config
+
+    assert load_config(None, ["seed=1"]).seed == 1  # no file: the defaults
+    for config in (Config(), load_config("interpolated.yaml", ["train.lr=2e-3"])):
+        assert build_config(yaml.safe_load(config.to_yaml())) == config

@@ -1,0 +1,256 @@
+"""Perplexity vs length (minilm.evaluation, evaluate.py) and passkey retrieval (minilm.passkey)."""
+import csv
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minilm.model
+from minilm import GPT, checkpoint, evaluation, passkey
+from minilm.config import build_config
+from minilm.data import prepare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = "the grass is green sky blue sun yellow here we go there and back again king queen night 0 1 2 3 4 5 6 7 8 9"
+
+
+def write_corpus(directory, lines=2500, seed=0):
+    rng = random.Random(seed)
+    words = WORDS.split()
+    os.makedirs(directory, exist_ok=True)
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
+                     for _ in range(lines))
+    with open(os.path.join(directory, "tiny.txt"), "w") as f:
+        f.write(text + "\n")
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evalcorpus")
+    data = {"corpus": write_corpus(root / "corpus"), "vocab_size": 340, "dir": str(root / "data")}
+    return root, data, prepare(build_config({"data": data}).data, quiet=True)
+
+
+def tiny_checkpoint(corpus, kind, block_size=16, seed=0, **position):
+    root, data, prepared = corpus
+    config = build_config({"model": {"vocab_size": 340, "n_layer": 2, "n_head": 2, "d_model": 16,
+                                     "block_size": block_size, "position": {"kind": kind, **position}},
+                           "data": data, "out_dir": str(root / f"{kind}-{seed}")})
+    torch.manual_seed(seed)
+    model = GPT(config.model)
+    with torch.no_grad():  # make positions matter in an untrained model
+        for name, p in model.named_parameters():
+            if name.startswith("positions") or name.endswith("qkv.weight"):
+                p.normal_(0, 0.5)
+    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
+                            "tokenizer": prepared.tokenizer.to_bytes(), "step": 0}, config.out_dir)
+    return path, model.eval()
+
+
+def direct_nll(model, tokens, length):
+    """Reference: full logits on each non-overlapping window, mean cross-entropy."""
+    n = len(tokens) - 1
+    total = 0.0
+    with torch.no_grad():
+        for b in range(0, n, length):
+            e = min(b + length, n)
+            logits = model(tokens[None, b:e])
+            total += F.cross_entropy(logits[0], tokens[b + 1:e + 1], reduction="sum").item()
+    return total / n
+
+
+# --------------------------------------------------------------------------- windows and scores
+
+@pytest.mark.parametrize("n,length,stride", [(64, 16, None), (70, 16, 5), (64, 64, None), (10, 16, 3)])
+def test_windows_score_every_target_once(n, length, stride):
+    for mode in evaluation.MODES:
+        scored = []
+        for begin, end, count in evaluation.windows(n, length, mode, stride):
+            assert 0 <= begin < end <= n and end - begin <= length and 1 <= count <= end - begin
+            scored += list(range(end - count, end))
+            if mode == "sliding" and begin > 0:  # every token after the first window sees >= T - stride context
+                assert end - count - begin >= length - (stride or length // 2)
+        assert scored == list(range(n)), mode
+
+
+def test_nonoverlapping_score_matches_direct_cross_entropy(corpus):
+    _, model = tiny_checkpoint(corpus, "rope")
+    tokens = torch.randint(0, 340, (97,), generator=torch.Generator().manual_seed(0))
+    for length in (8, 16, 40):
+        got = evaluation.score(model, tokens, length, "nonoverlapping", batch_tokens=32)
+        assert got == pytest.approx(direct_nll(model, tokens, length), rel=1e-5)
+
+
+def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
+    _, model = tiny_checkpoint(corpus, "alibi")
+    tokens = torch.randint(0, 340, (65,), generator=torch.Generator().manual_seed(1))
+    a = evaluation.score(model, tokens, 16, "nonoverlapping")
+    b = evaluation.score(model, tokens, 16, "sliding", stride=16)
+    assert a == pytest.approx(b, rel=1e-6)
+    total = 0.0
+    with torch.no_grad():
+        for begin, end, count in evaluation.windows(64, 16, "sliding", 5):
+            logits = model(tokens[None, begin:end])[0, -count:]
+            total += F.cross_entropy(logits, tokens[end - count + 1:end + 1], reduction="sum").item()
+    assert evaluation.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "t5", "rope", "learned"])
+def test_chunked_paths_give_the_same_perplexity(corpus, kind, monkeypatch):
+    _, model = tiny_checkpoint(corpus, kind, block_size=64)
+    tokens = torch.randint(0, 340, (129,), generator=torch.Generator().manual_seed(2))
+    whole = evaluation.score(model, tokens, 64, "sliding", stride=16)
+    monkeypatch.setattr(minilm.model, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
+    monkeypatch.setattr(evaluation, "LOSS_CHUNK", 7)
+    chunked = evaluation.score(model, tokens, 64, "sliding", stride=16, batch_tokens=64)
+    assert chunked == pytest.approx(whole, rel=1e-5)
+
+
+def test_bits_per_char_formula():
+    r = evaluation.Result(label="m", checkpoint="c", position="rope", train_length=8, length=8, mode="nonoverlapping",
+                          stride=None, tokens=1000, chars=4000, nll=2.0)
+    assert r.ppl == pytest.approx(math.exp(2.0))
+    assert r.bpc == pytest.approx(2.0 * 1000 / 4000 / math.log(2))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def test_evaluate_checkpoints_same_tokens_and_bounded_learned(corpus):
+    rope, _ = tiny_checkpoint(corpus, "rope")
+    learned, _ = tiny_checkpoint(corpus, "learned")
+    results = evaluation.evaluate_checkpoints([rope, learned], multiples=[1, 2, 4], max_tokens=200, quiet=True)
+    assert [(r.label, r.length, r.status) for r in results] == [
+        ("rope-0", 16, "ok"), ("rope-0", 32, "ok"), ("rope-0", 64, "ok"),
+        ("learned-0", 16, "ok"), ("learned-0", 32, "bounded"), ("learned-0", 64, "bounded")]
+    assert {r.tokens for r in results} == {192}  # 200 rounded down to a multiple of the longest length
+    table = evaluation.markdown_table(results)
+    assert "n/a (bounded)" in table and table.count("\n") == 3
+    ok = [r for r in results if r.status == "ok"]
+    assert all(0 < r.bpc and 1 < r.ppl < 10 * 340 for r in ok)
+
+
+def test_evaluation_time_scaling_factor_one_changes_nothing(corpus):
+    rope, _ = tiny_checkpoint(corpus, "rope")
+    kwargs = dict(lengths=[16, 48], max_tokens=96, quiet=True)
+    plain = evaluation.evaluate_checkpoints([rope], **kwargs)
+    yarn1 = evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling={type: yarn, factor: 1}"],
+                                            **kwargs)
+    pi4 = evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling.type=linear",
+                                                            "model.position.scaling.factor=4"], **kwargs)
+    assert [r.nll for r in yarn1] == pytest.approx([r.nll for r in plain], rel=1e-6)
+    assert pi4[0].nll != pytest.approx(plain[0].nll, rel=1e-4)
+    assert pi4[0].position == "rope+linear x4" and "[rope+linear x4]" in pi4[0].label
+    model, *_ = evaluation.load_for_evaluation(rope, ["model.position.scaling.type=yarn",
+                                                      "model.position.scaling.factor=4", "model.block_size=64"])
+    assert model.positions.scaling["original_max_positions"] == 16  # the checkpoint's length, not the new one
+
+
+def test_bad_requests_are_one_line_errors(corpus):
+    rope, _ = tiny_checkpoint(corpus, "rope")
+    with pytest.raises(evaluation.EvaluationError, match="not allowed at evaluation time"):
+        evaluation.evaluate_checkpoints([rope], overrides=["model.d_model=32"], quiet=True)
+    with pytest.raises(evaluation.EvaluationError, match="fewer than the longest length"):
+        evaluation.evaluate_checkpoints([rope], lengths=[10 ** 6], quiet=True)
+    with pytest.raises(evaluation.EvaluationError, match="stride=99 is invalid"):
+        evaluation.evaluate_checkpoints([rope], lengths=[16], mode="sliding", stride=99, quiet=True)
+    with pytest.raises(evaluation.EvaluationError, match="scaling.type"):
+        evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling.type=bogus"], quiet=True)
+
+
+def run_cli(*args):
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT)
+
+
+def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
+    rope, _ = tiny_checkpoint(corpus, "rope")
+    learned, _ = tiny_checkpoint(corpus, "learned")
+    out = run_cli(rope, learned, "--multiples", "1,2", "--max-tokens", "128", "--csv", str(tmp_path / "a.csv"),
+                  "--plot", str(tmp_path / "a.png"), "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "| learned-0 | learned | 16 |" in out.stdout and "n/a (bounded)" in out.stdout
+    assert "bits/char @ 32" in out.stdout
+    rows = list(csv.DictReader(open(tmp_path / "a.csv")))
+    assert len(rows) == 4 and rows[-1]["status"] == "bounded" and rows[-1]["ppl"] == ""
+    assert os.path.getsize(tmp_path / "a.png") > 1000
+    out = run_cli(rope, "--mode", "sliding", "--stride", "4", "--lengths", "16", "--max-tokens", "64",
+                  "--position.scaling.type=dynamic", "--no-files", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "sliding windows (stride 4)" in out.stdout and "rope+dynamic" in out.stdout
+    nll = float(re.search(r"\| rope-0 \[rope\+dynamic\] \| rope\+dynamic \| 16 \| ([0-9.]+) \|", out.stdout).group(1))
+    assert 1 < nll < 3000
+    for bad, message in [(["--position.scaling.type=bogus"], "scaling.type='bogus'"),
+                         (["--bogus"], "unrecognized argument")]:
+        out = run_cli(rope, "--no-files", "--quiet", "--max-tokens", "64", *bad)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = run_cli(str(tmp_path / "missing"))
+    assert out.returncode == 2 and out.stderr.startswith("error: checkpoint")
+
+
+# --------------------------------------------------------------------------- passkey
+
+def test_passkey_prompt_length_depth_and_answer(corpus):
+    tokenizer = corpus[2].tokenizer
+    sentence = max(len(tokenizer.encode(" " + s.strip() + ".")) for s in passkey.FILLER.split(".") if s.strip())
+    for length in (passkey.min_length(tokenizer), 150, 301):
+        for depth in (0.0, 0.3, 1.0):
+            prompt = passkey.make_prompt(tokenizer, length, depth, "40213")
+            text = tokenizer.decode(prompt.ids)
+            assert len(prompt.ids) == length and text.endswith("What is the pass key? The pass key is")
+            assert tokenizer.decode(prompt.ids[prompt.key_start:]).startswith(" The pass key is 40213.")
+            assert abs(prompt.key_start - depth * prompt.filler_tokens) <= sentence  # within one filler sentence
+    with pytest.raises(passkey.PasskeyError, match="too short"):
+        passkey.make_prompt(tokenizer, 10, 0.5, "40213")
+
+
+def test_passkey_scoring_with_a_generator_that_knows_the_key(corpus):
+    tokenizer = corpus[2].tokenizer
+    _, model = tiny_checkpoint(corpus, "rope")
+
+    def oracle(ids, max_new):
+        key = re.search(r"pass key is (\d{5})", tokenizer.decode(ids)).group(1)
+        return passkey.answer_ids(tokenizer, key)
+
+    def liar(ids, max_new):
+        return passkey.answer_ids(tokenizer, "00000")
+
+    rows = passkey.accuracy(model, tokenizer, [120, 200], [0, 0.5, 1], trials=3, generate=oracle)
+    assert [r["accuracy"] for r in rows] == [1.0] * 6
+    assert all(r["accuracy"] == 0 for r in passkey.accuracy(model, tokenizer, [120], [0.5], 3, generate=liar))
+    assert passkey.is_correct(" 12345.", "12345") and not passkey.is_correct(" 123456", "12345")
+    learned, _ = tiny_checkpoint(corpus, "learned", block_size=128)
+    model_l, *_ = checkpoint.load_model(learned)
+    rows = passkey.accuracy(model_l, tokenizer, [100, 200], [0.5], 1, generate=oracle)
+    assert [r["accuracy"] for r in rows] == [1.0, None] and "n/a (bounded)" in passkey.markdown(rows)
+
+
+def test_passkey_greedy_decoding_uses_the_cache_consistently(corpus):
+    _, model = tiny_checkpoint(corpus, "alibi")
+    ids = list(range(5, 40))
+    out = passkey.greedy(model, ids, 4)
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(4):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    assert out == seq[len(ids):]
+
+
+def test_passkey_training_batches_end_with_the_answer(corpus):
+    tokenizer = corpus[2].tokenizer
+    gen = torch.Generator().manual_seed(0)
+    x, y = passkey.passkey_batch(tokenizer, 6, 120, gen, corpus_tokens=corpus[2].train, fraction=0.5)
+    assert x.shape == y.shape == (6, 120) and torch.equal(x[:, 1:], y[:, :-1])
+    for row in range(3):
+        text = tokenizer.decode(y[row].tolist())
+        key = re.search(r"The pass key is (\d{5})\. Remember", text).group(1)
+        assert text.endswith(f"What is the pass key? The pass key is {key}.")
+    paths = passkey.write_corpus(str(corpus[0] / "pk"), tokenizer, n=7, length=150, per_file=3)
+    assert len(paths) == 3 and open(paths[0]).read().count("What is the pass key?") == 3

@@ -1,0 +1,132 @@
+"""Context extension (minilm.extension): the source's weights move into the extended model."""
+import pytest
+import torch
+
+from minilm import GPT, checkpoint
+from minilm.checkpoint import CheckpointError
+from minilm.config import ConfigError, build_config
+from minilm.extension import complete_position, load_source_weights, prepare_extension
+
+MODEL = {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16}
+
+
+def source(tmp_path, kind, block_size=16, **position):
+    config = build_config({"model": {**MODEL, "block_size": block_size, "position": {"kind": kind, **position}},
+                           "out_dir": str(tmp_path / kind)})
+    torch.manual_seed(0)
+    model = GPT(config.model).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("positions") or name.endswith("qkv.weight"):
+                p.normal_(0, 0.5)
+    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": b"unused"},
+                           config.out_dir)
+    return path, model
+
+
+def extend(path, block_size, position, **model):
+    config = build_config({"model": {**MODEL, **model, "block_size": block_size, "position": position},
+                           "train": {"init_from": path}})
+    config, state = prepare_extension(config, path)
+    new = GPT(config.model).eval()
+    load_source_weights(new, state)
+    return config, new
+
+
+def same_weights(a, b, skip=()):
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(torch.equal(sa[k], sb[k]) for k in sa if k in sb and k not in skip)
+
+
+def test_rope_to_yarn_factor_one_gives_identical_logits(tmp_path):
+    path, src = source(tmp_path, "rope")
+    config, new = extend(path, 64, {"kind": "rope", "scaling": {"type": "yarn", "factor": 1}})
+    assert config.model.position["scaling"]["original_max_positions"] == 16
+    idx = torch.randint(0, 53, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(new(idx), src(idx), atol=1e-6)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic", "yarn"])
+def test_rope_scalings_take_the_original_length_from_the_source(tmp_path, scaling):
+    path, src = source(tmp_path, "rope")
+    config, new = extend(path, 64, {"kind": "rope", "scaling": {"type": scaling, "factor": 4}})
+    assert new.positions.scaling == {"type": scaling, "factor": 4.0, "original_max_positions": 16}
+    assert same_weights(src, new)
+    kept = extend(path, 64, {"kind": "rope", "scaling": {"type": scaling, "factor": 4,
+                                                        "original_max_positions": 8}})[1]
+    assert kept.positions.scaling["original_max_positions"] == 8  # given values win
+
+
+def test_rope_to_linear_equals_interpolated_positions(tmp_path):
+    path, src = source(tmp_path, "rope")
+    _, linear = extend(path, 64, {"kind": "rope", "scaling": {"type": "linear", "factor": 4}})
+    _, wrapped = extend(path, 64, {"kind": "interpolated"})  # base and factor from the source
+    idx = torch.randint(0, 53, (1, 64), generator=torch.Generator().manual_seed(1))
+    assert wrapped.positions.factor == 4.0
+    with torch.no_grad():
+        assert torch.allclose(linear(idx), wrapped(idx), atol=1e-5)
+
+
+def test_learned_table_grows_by_linear_interpolation(tmp_path):
+    path, src = source(tmp_path, "learned")
+    _, new = extend(path, 64, {"kind": "learned"})
+    old, grown = src.positions.table.weight, new.positions.table.weight
+    assert grown.shape == (64, 16)
+    assert torch.allclose(grown[0], old[0]) and torch.allclose(grown[63], old[15])
+    assert torch.allclose(grown[21], old[5], atol=1e-6)  # 21 * 15/63 = 5 exactly
+    assert torch.allclose(grown[42], old[10], atol=1e-6)
+    assert torch.allclose(grown[10], old[2] + (old[3] - old[2]) * (10 * 15 / 63 - 2), atol=1e-6)
+    assert same_weights(src, new, skip={"positions.table.weight"})
+
+
+@pytest.mark.parametrize("kind", ["learned", "sinusoidal", "t5", "alibi", "rope", "none"])
+def test_any_kind_to_interpolated_of_the_same_kind(tmp_path, kind):
+    path, src = source(tmp_path, kind)
+    config, new = extend(path, 64, {"kind": "interpolated"})
+    position = config.model.position
+    assert position["base"]["kind"] == kind
+    expected = 63 / 15 if kind == "learned" else 4.0  # learned: the last new position lands on the last row
+    assert position["factor"] == pytest.approx(expected)
+    src_state, new_state = src.state_dict(), new.state_dict()
+    for key, value in src_state.items():
+        moved = key.replace("positions.", "positions.inner.") if key.startswith("positions.") else key
+        assert torch.equal(new_state[moved], value), key
+    idx = torch.randint(0, 53, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = new(idx)  # every position of the new block_size is usable
+        assert torch.allclose(out[0, 0], src(idx[:, :1])[0, 0], atol=1e-5)  # position 0 is unchanged
+
+
+def test_interpolated_learned_handles_float_rounding_of_positions(tmp_path):
+    path, _ = source(tmp_path, "learned", block_size=64)  # 255 / (255/63) rounds to 63.000004 in float32
+    config, new = extend(path, 256, {"kind": "interpolated"})
+    with torch.no_grad():
+        assert new(torch.zeros((1, 256), dtype=torch.long)).isfinite().all()
+
+
+def test_mismatches_are_clear_errors(tmp_path):
+    path, _ = source(tmp_path, "rope")
+    with pytest.raises(CheckpointError, match="model.d_model=32 but the source has 16"):
+        extend(path, 64, {"kind": "rope"}, d_model=32)
+    with pytest.raises(CheckpointError, match="kind 'alibi' but the source was trained with 'rope'"):
+        extend(path, 64, {"kind": "alibi"})
+    with pytest.raises(CheckpointError, match="kind 'learned'"):
+        extend(path, 64, {"kind": "interpolated", "base": {"kind": "learned"}})
+    learned, _ = source(tmp_path, "learned")
+    with pytest.raises(ConfigError, match="covers positions 0..60 but model.block_size=64"):
+        extend(learned, 64, {"kind": "interpolated", "factor": 4})
+    with pytest.raises(CheckpointError, match="does not exist"):
+        extend(str(tmp_path / "missing"), 64, {"kind": "rope"})
+    state = checkpoint.load(learned)
+    state["model"]["positions.table.weight"] = torch.zeros(16, 8)  # a wrong width cannot be interpolated
+    with pytest.raises(CheckpointError, match="shape mismatch"):
+        load_source_weights(GPT(build_config({"model": {**MODEL, "block_size": 64,
+                                                        "position": {"kind": "learned"}}}).model), state)
+
+
+def test_complete_position_leaves_its_input_alone():
+    position = {"kind": "interpolated"}
+    out = complete_position(position, {"position": {"kind": "sinusoidal", "base": 100.0}, "block_size": 8}, 32)
+    assert position == {"kind": "interpolated"}
+    assert out == {"kind": "interpolated", "base": {"kind": "sinusoidal", "base": 100.0}, "factor": 4.0}

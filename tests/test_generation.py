@@ -1,0 +1,331 @@
+"""minilm.generation: sampling, the KV-cached decode loop (cached == uncached for every
+position scheme, past the context too), incremental detokenization and stop strings."""
+import math
+import warnings
+
+import pytest
+import torch
+
+from minilm.generation import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, TextStream,
+                               context_size, generate, generate_ids, generate_text, repetition_penalty, sample)
+from minilm.positions import available
+
+GREEDY = Sampling(temperature=0)
+
+
+def schemes():
+    """Every registered kind; interpolated both over an unbounded (rope) and a bounded (learned) one;
+    plus the rope scalings whose frequencies depend on the context length."""
+    out = []
+    for kind in available():
+        if kind == "interpolated":
+            out += [{"kind": kind, "base": {"kind": "rope"}, "factor": 2.0},
+                    {"kind": kind, "base": {"kind": "learned"}, "factor": 2.0}]
+        else:
+            out.append({"kind": kind})
+    out += [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}},
+            {"kind": "rope", "scaling": {"type": "yarn", "factor": 2.0, "original_max_positions": 16}}]
+    return out
+
+
+def scheme_id(position):
+    base = position.get("base", {}).get("kind", "") if isinstance(position.get("base"), dict) else ""
+    scaling = position.get("scaling", {}).get("type", "") if position.get("scaling") else ""
+    return "-".join(p for p in (position["kind"], base, scaling) if p)
+
+
+def greedy_tokens(model, prompt, n, **kw):
+    return [t[0] for t in torch.stack(list(generate_ids(model, prompt, max_new_tokens=n, sampling=GREEDY,
+                                                          **kw))).tolist()]
+
+
+# --------------------------------------------------------------------------- cached == uncached
+
+@pytest.mark.parametrize("position", schemes(), ids=scheme_id)
+def test_cached_greedy_equals_no_cache_far_past_the_context(random_gpt, position):
+    model = random_gpt(position, block_size=32)
+    prompt = [5, 17, 42, 8, 61, 3, 29]
+    cached = greedy_tokens(model, prompt, 200)
+    uncached = greedy_tokens(model, prompt, 200, use_cache=False)
+    assert len(prompt) + 200 > 6 * 32  # the window slid far
+    assert cached == uncached
+    assert len(set(cached)) >= 10  # the comparison is not vacuous: greedy decoding wanders
+
+
+def reference_logits(model, seq, max_context):
+    """Next-token logits straight from the model, written independently of the Decoder:
+    sliding-window re-encoding for bounded schemes, banded causal attention otherwise."""
+    idx = torch.tensor([seq])
+    if model.positions.position_limit() is not None:
+        return model(idx[:, -max_context:], context_len=max_context)[0, -1]
+    return model(idx, window=max_context, context_len=max_context)[0, -1]
+
+
+@pytest.mark.parametrize("kind", ["learned", "rope", "alibi", "t5"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_decoder_logits_match_the_model_run_on_the_whole_sequence(random_gpt, kind, use_cache):
+    model = random_gpt({"kind": kind}, block_size=16)
+    seq = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    decoder = Decoder(model, 1, max_context=16, use_cache=use_cache)
+    with torch.inference_mode():
+        logits = decoder.prefill(torch.tensor([seq[:5]]))
+        for t in range(5, len(seq) + 1):
+            expected = reference_logits(model, seq[:t], 16)
+            torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-4)
+            if t < len(seq):
+                logits = decoder.step(torch.tensor([seq[t]]))
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal"])
+def test_prompt_longer_than_the_window_is_fed_one_token_at_a_time(random_gpt, kind):
+    model = random_gpt({"kind": kind}, block_size=16)
+    prompt = torch.randint(0, 97, (50,), generator=torch.Generator().manual_seed(1)).tolist()
+    cached = greedy_tokens(model, prompt, 30)
+    assert cached == greedy_tokens(model, prompt, 30, use_cache=False)
+    with torch.inference_mode():
+        first = reference_logits(model, prompt, 16).argmax().item()
+    assert cached[0] == first
+
+
+def test_dynamic_ntk_uses_the_same_context_length_with_and_without_cache(random_gpt):
+    model = random_gpt({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0,
+                                                     "original_max_positions": 16}}, block_size=32)
+    seq = torch.randint(0, 97, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.inference_mode():
+        decoder = Decoder(model, 1, max_context=32, use_cache=False)
+        got = decoder.prefill(torch.tensor([seq]))[0]
+        scaled = model(torch.tensor([seq]), context_len=32)[0, -1]
+        unscaled = model(torch.tensor([seq]))[0, -1]  # context_len defaults to 20: another NTK base
+    torch.testing.assert_close(got, scaled)
+    assert not torch.allclose(got, unscaled, atol=1e-4)
+
+
+def test_learned_prompt_longer_than_the_table_is_cropped_with_a_warning(random_gpt):
+    model = random_gpt({"kind": "learned"}, block_size=16)
+    prompt = list(range(40))
+    with pytest.warns(GenerationWarning, match="last 16 tokens"):
+        tokens = greedy_tokens(model, prompt, 20)
+    assert tokens == greedy_tokens(model, prompt[-16:], 20)
+
+
+def test_context_size_defaults_and_limits(random_gpt):
+    assert context_size(random_gpt({"kind": "rope"}, block_size=32)) == 32
+    assert context_size(random_gpt({"kind": "rope"}, block_size=32), 100) == 100  # relative: any window
+    learned = random_gpt({"kind": "learned"}, block_size=32)
+    assert context_size(learned) == 32
+    with pytest.raises(GenerationError, match="at most 32 positions"):
+        context_size(learned, 33)
+    # interpolated over learned: a 16-row table stretched by 2 covers positions 0..30
+    interp = random_gpt({"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2.0}, block_size=32)
+    assert context_size(interp) == 31
+    with pytest.raises(GenerationError, match="max_context=0"):
+        context_size(learned, 0)
+
+
+def test_num_samples_are_decoded_as_one_batch(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    steps = list(generate_ids(model, [1, 2, 3], max_new_tokens=40, sampling=GREEDY, num_samples=3))
+    assert all(s.shape == (3,) for s in steps)
+    tokens = torch.stack(steps)
+    assert (tokens == tokens[:, :1]).all()  # greedy: identical samples
+    assert tokens[:, 0].tolist() == greedy_tokens(model, [1, 2, 3], 40)
+    sampled = torch.stack(list(generate_ids(model, [1, 2, 3], max_new_tokens=40, num_samples=3, seed=0,
+                                            sampling=Sampling(temperature=1.0, top_k=None))))
+    assert len({tuple(sampled[:, i].tolist()) for i in range(3)}) == 3
+
+
+def test_seed_makes_sampling_reproducible(random_gpt):
+    model = random_gpt({"kind": "alibi"})
+    options = dict(max_new_tokens=30, sampling=Sampling(temperature=1.2, top_k=None), num_samples=2)
+    a = torch.stack(list(generate_ids(model, [4, 5], seed=7, **options)))
+    b = torch.stack(list(generate_ids(model, [4, 5], seed=7, **options)))
+    c = torch.stack(list(generate_ids(model, [4, 5], seed=8, **options)))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    stats = Stats()
+    list(generate_ids(model, [4, 5], stats=stats, **options))
+    assert isinstance(stats.seed, int)  # a random seed is recorded so the run can be repeated
+    again = torch.stack(list(generate_ids(model, [4, 5], seed=stats.seed, **options)))
+    assert again.shape == a.shape
+
+
+def test_stats_count_tokens_and_time(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    stats = Stats()
+    list(generate_ids(model, [1, 2, 3, 4], max_new_tokens=12, sampling=GREEDY, num_samples=2, stats=stats))
+    assert (stats.prompt_tokens, stats.new_tokens, stats.num_samples) == (4, 12, 2)
+    assert stats.prefill_seconds > 0 and stats.decode_seconds > 0
+    lines = stats.lines()
+    assert "prompt: 4 tokens, new: 12 tokens x 2 samples" in lines[0]
+    assert "decode: 22 tokens" in lines[2]  # 11 steps after the prefill, 2 sequences
+    assert lines[3].startswith("peak memory: ")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(max_new_tokens=-1), "max_new_tokens=-1"),
+    (dict(num_samples=0), "num_samples=0"),
+    (dict(sampling=Sampling(temperature=-0.5)), "temperature=-0.5"),
+    (dict(sampling=Sampling(top_p=0.0)), r"top_p=0.0 .*\(0, 1\]"),
+    (dict(sampling=Sampling(top_p=1.5)), "top_p=1.5"),
+    (dict(sampling=Sampling(top_k=0)), "top_k=0"),
+    (dict(sampling=Sampling(repetition_penalty=0)), "repetition_penalty=0"),
+    (dict(max_context=64), "at most 32 positions"),
+])
+def test_bad_settings_are_one_line_errors(random_gpt, bad, match):
+    model = random_gpt({"kind": "learned"})
+    with pytest.raises(GenerationError, match=match) as info:
+        list(generate_ids(model, [1, 2], **bad))
+    assert "\n" not in str(info.value)
+
+
+def test_zero_new_tokens_yields_nothing(random_gpt):
+    assert list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=0)) == []
+
+
+# --------------------------------------------------------------------------- sampling
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy():
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample(logits, GREEDY), logits.argmax(-1))
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sample(logits, Sampling(temperature=5.0, top_k=1), g), logits.argmax(-1))
+
+
+def test_top_k_keeps_only_the_k_most_likely():
+    logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(1)).expand(4000, -1)
+    got = set(sample(logits, Sampling(temperature=3.0, top_k=4), torch.Generator().manual_seed(0)).tolist())
+    assert got == set(logits[0].topk(4).indices.tolist())
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().expand(4000, -1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, top_p=0.75), g).tolist()) == {1, 3}
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, top_p=0.85), g).tolist()) == {1, 2, 3}
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, top_p=0.3), g).tolist()) == {1}
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, top_p=1.0), g).tolist()) == {0, 1, 2, 3}
+
+
+def test_temperature_samples_follow_softmax_of_scaled_logits():
+    logits = torch.tensor([[1.0, 0.0, -1.0]]).expand(20000, -1)
+    g = torch.Generator().manual_seed(0)
+    for temperature in (0.5, 2.0):
+        counts = torch.bincount(sample(logits, Sampling(temperature=temperature, top_k=None), g), minlength=3)
+        expected = (logits[0] / temperature).softmax(-1)
+        assert torch.allclose(counts / 20000, expected, atol=0.015)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[2.0, -1.0, 1.0, -3.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert torch.equal(repetition_penalty(logits, seen, 2.0), torch.tensor([[1.0, -2.0, 1.0, -3.0]]))
+    # greedy with the penalty: token 0 (seen) drops from 2.0 to 0.8, below token 2
+    assert sample(logits, Sampling(temperature=0, repetition_penalty=2.5), seen=seen).item() == 2
+
+
+def test_repetition_penalty_in_the_loop_avoids_repeats(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    plain = greedy_tokens(model, [1, 2, 3], 60)
+    penalised = [t[0] for t in torch.stack(list(generate_ids(
+        model, [1, 2, 3], max_new_tokens=60, sampling=Sampling(temperature=0, repetition_penalty=1e6)))).tolist()]
+    assert len(set(penalised)) == 60 and len(set(plain)) < 60  # each token at most once (vocab 97)
+    assert not set(penalised) & {1, 2, 3}  # the prompt's tokens count as present
+
+
+# --------------------------------------------------------------------------- text
+
+def test_text_stream_joins_to_the_decoded_continuation(gen_tokenizer):
+    tok = gen_tokenizer
+    prompt = tok.encode("ROMEO:")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        ids = torch.randint(0, tok.vocab_size, (80,), generator=g).tolist()  # byte pieces included
+        stream = TextStream(tok, prompt)
+        pieces = [stream.push(t, final=i == len(ids) - 1) for i, t in enumerate(ids)]
+        full = tok.decode(prompt + ids)
+        assert "".join(pieces) == full[len(tok.decode(prompt)):] == stream.text
+
+
+def test_text_stream_never_splits_a_multibyte_character(gen_tokenizer):
+    tok = gen_tokenizer
+    ids = tok.encode("ab €é ok")
+    pieces_of = [tok.id_to_piece(i) for i in ids]
+    assert "<0xE2><0x82><0xAC><0xC3><0xA9>" in "".join(pieces_of)  # byte fallback: 3 + 2 bytes
+    stream = TextStream(tok, tok.encode("x"))
+    pieces = [stream.push(t) for t in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == "ab €é ok"
+    assert "€" in pieces and "é" in pieces  # each shown whole, once its last byte arrived
+    # an incomplete character at the very end is flushed as the tokenizer decodes it
+    stream = TextStream(tok, [])
+    euro = [i for i in ids if tok.id_to_piece(i).startswith("<0xE2>")]
+    assert stream.push(euro[0], final=True) == tok.decode(euro)
+
+
+def test_stop_string_ends_the_text_before_it(gen_tokenizer):
+    tok = gen_tokenizer
+    ids = tok.encode("the king said: STOP now and more")
+    stream = TextStream(tok, [], stop=["STOP"])
+    pieces = []
+    for t in ids:
+        pieces.append(stream.push(t))
+        if stream.stopped:
+            break
+    assert stream.text == "the king said: " == "".join(pieces)
+    assert stream.push(ids[-1]) == ""  # nothing after the stop
+    assert tok.decode(stream.tokens).startswith("the king said: ST")  # up to the token that completed it
+
+
+def test_stop_prefix_is_held_back_until_it_is_not_a_stop(gen_tokenizer):
+    tok = gen_tokenizer
+    stream = TextStream(tok, [], stop=["kingdom", "\n\n"])
+    shown = ""
+    for t in tok.encode("the king said\nhi"):
+        shown += stream.push(t)
+        assert not shown.endswith("k") and not shown.endswith("\n")  # "k..." or "\n" could start a stop
+    assert not stream.stopped
+    assert shown + stream.push(tok.encode(".")[0], final=True) == "the king said\nhi."
+
+
+def test_generate_streams_pieces_and_handles_stops_per_sample(random_gpt, gen_tokenizer):
+    tok = gen_tokenizer
+    model = random_gpt({"kind": "rope"}, vocab_size=tok.vocab_size)
+    options = dict(max_new_tokens=60, num_samples=3, seed=3, sampling=Sampling(temperature=1.0, top_k=None))
+    free = generate_text(model, tok, "ROMEO:", **options)
+    stop = next(c for c in "etaoins" if sum(c in t for t in free) in (1, 2))  # some samples stop, some do not
+    pieces = list(generate(model, tok, "ROMEO:", stop=[stop], **options))
+    texts = ["".join(p.text for p in pieces if p.sample == i) for i in range(3)]
+    for free_text, text in zip(free, texts):
+        assert stop not in text
+        assert text == free_text.split(stop)[0]  # same seed, same batch: the same continuation, cut
+    done = [p for p in pieces if p.done]
+    assert sorted(p.sample for p in done) == [0, 1, 2]  # each sample finishes exactly once
+    assert max(sum(p.sample == i for p in pieces) for i in range(3)) == 60  # an unstopped one ran to the end
+
+
+def test_generate_stops_early_when_every_sample_stopped(random_gpt, gen_tokenizer):
+    tok = gen_tokenizer
+    model = random_gpt({"kind": "alibi"}, vocab_size=tok.vocab_size)
+    text = generate_text(model, tok, "ROMEO:", max_new_tokens=100, sampling=GREEDY)[0]
+    stop = text[5:7]
+    stats = Stats()
+    cut = generate_text(model, tok, "ROMEO:", max_new_tokens=500, sampling=GREEDY, stop=[stop], stats=stats)[0]
+    assert cut == text.split(stop)[0] and len(cut) <= 5
+    assert stats.new_tokens < 100
+
+
+def test_empty_prompt_starts_from_bos(random_gpt, gen_tokenizer):
+    tok = gen_tokenizer
+    model = random_gpt({"kind": "rope"}, vocab_size=tok.vocab_size)
+    assert generate_text(model, tok, "", max_new_tokens=10, sampling=GREEDY) == \
+        generate_text(model, tok, [tok.bos_id], max_new_tokens=10, sampling=GREEDY)
+
+
+def test_empty_prompt_without_bos_is_an_error():
+    class NoBos:
+        bos_id = None
+
+        def encode(self, text):
+            return []
+    with pytest.raises(GenerationError, match="prompt is empty"):
+        list(generate(None, NoBos(), "", max_new_tokens=3))

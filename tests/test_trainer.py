@@ -1,0 +1,211 @@
+"""Tests for minilm.trainer and train.py: schedule, optimiser groups, a tiny run end to end,
+exact resume, NaN stop, signals, init_from and 2-process DDP (gloo)."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import minilm.data
+from minilm import checkpoint, trainer
+from minilm.checkpoint import CheckpointError
+from minilm.config import ConfigError, TrainConfig
+from minilm.model import GPT
+from minilm.trainer import TrainingError, lr_at, make_optimizer, resolve_dtype, train
+from tests.conftest import REPO, tiny_overrides
+
+
+def read_metrics(out_dir, event="train"):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [r for r in map(json.loads, f) if r["event"] == event]
+
+
+def cli(args, **kwargs):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, **kwargs)
+
+
+# --------------------------------------------------------------------------- pieces
+
+def test_lr_schedule_warmup_then_cosine_to_min_lr():
+    t = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
+    assert lr_at(0, t) == pytest.approx(1e-4)  # (step + 1) / warmup
+    assert lr_at(9, t) == pytest.approx(1e-3)
+    assert lr_at(10, t) == pytest.approx(1e-3)
+    assert lr_at(60, t) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way: the cosine is at 0
+    assert lr_at(110, t) == pytest.approx(1e-4)
+    values = [lr_at(s, t) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_weight_decay_only_on_matrices_not_positions():
+    from minilm import ModelConfig
+
+    model = GPT(ModelConfig(vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8, bias=True,
+                            position={"kind": "learned"}))
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    decayed = {id(p) for p in opt.param_groups[0]["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in decayed}
+    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
+    assert "wte.weight" in names and "blocks.0.attn.qkv.weight" in names and "blocks.0.mlp.fc.weight" in names
+    assert "positions.table.weight" not in names
+    assert not any("ln_" in n or n.endswith(".bias") for n in names)
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_dtype_auto_follows_the_hardware():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("float32", cpu) == torch.float32
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    expected = torch.bfloat16 if trainer.cpu_has_fast_bf16() else torch.float32
+    assert resolve_dtype("auto", cpu) == expected
+
+
+# --------------------------------------------------------------------------- runs
+
+def test_tiny_run_writes_checkpoint_metrics_and_summary(tiny_config):
+    config = tiny_config()
+    summary = train(config, quiet=True)
+    for key in ("checkpoint", "steps", "tokens", "seconds", "best_val_bpc", "final_val_loss"):
+        assert key in summary
+    assert summary["steps"] == 12 and summary["tokens"] == 12 * 4 * 32
+    model, tokenizer, loaded, state = checkpoint.load_model(summary["checkpoint"])
+    assert state["step"] == 12 and loaded.model.vocab_size == tokenizer.vocab_size == 400
+    assert state["tokenizer"] == minilm.data.prepare(config.data, quiet=True).tokenizer.to_bytes()
+    train_log = read_metrics(config.out_dir)
+    assert [r["step"] for r in train_log] == list(range(1, 13))
+    assert train_log[-1]["loss"] < train_log[0]["loss"]
+    assert [r["step"] for r in read_metrics(config.out_dir, "eval")] == [6]
+    final = read_metrics(config.out_dir, "final")[0]
+    prepared = minilm.data.prepare(config.data, quiet=True)
+    bpc = final["val_loss"] * len(prepared.val) / prepared.val_chars / math.log(2)
+    assert final["val_bpc"] == pytest.approx(bpc, rel=1e-4)
+    assert summary["final_val_bpc"] == final["val_bpc"] and summary["best_val_bpc"] <= final["val_bpc"]
+    assert final["val_ppl"] == pytest.approx(math.exp(final["val_loss"]), rel=1e-4)
+    assert isinstance(summary["sample"], str)
+
+
+def test_resume_reproduces_the_uninterrupted_losses_exactly(tiny_config, monkeypatch):
+    full = train(tiny_config(out="full"), quiet=True)
+    reference = [r["loss"] for r in read_metrics(os.path.dirname(full["checkpoint"]))]
+
+    config = tiny_config(out="cut")
+    handler = signal.getsignal(signal.SIGINT)
+
+    def lr_then_interrupt(step, t):  # a real SIGINT during step 5
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return lr_at(step, t)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_then_interrupt)
+    first = train(config, quiet=True)
+    monkeypatch.setattr(trainer, "lr_at", lr_at)
+    assert first["interrupted"] == "SIGINT" and first["steps"] == 5
+    assert checkpoint.load(config.out_dir)["step"] == 5
+    second = train(config, resume=True, quiet=True)
+    assert second["steps"] == 12
+    assert [r["loss"] for r in read_metrics(config.out_dir)] == reference
+    assert second["final_val_loss"] == full["final_val_loss"]
+    assert signal.getsignal(signal.SIGINT) is handler  # the handlers are restored
+
+
+def test_resume_errors(tiny_config):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        train(tiny_config(), resume=True, quiet=True)
+    train(tiny_config("train.max_steps=2"), quiet=True)
+    with pytest.raises(ConfigError, match="model.d_model=48"):
+        train(tiny_config("model.d_model=48"), resume=True, quiet=True)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypatch):
+    config = tiny_config()
+    original = trainer.loss_fn
+    calls = []
+
+    def nan_from_step_8(logits, targets):
+        calls.append(1)
+        loss = original(logits, targets)
+        return loss * float("nan") if len(calls) >= 8 else loss
+
+    monkeypatch.setattr(trainer, "loss_fn", nan_from_step_8)
+    with pytest.raises(TrainingError, match=r"loss is nan at step 8: stopping; the last good checkpoint"):
+        train(config, quiet=True)
+    state = checkpoint.load(config.out_dir)
+    assert state["step"] == 6
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_init_from_loads_weights_and_extends_context(tiny_config):
+    source = train(tiny_config(out="source"), quiet=True)
+    src = checkpoint.load(source["checkpoint"])
+    # a near-zero learning rate: the new run's weights must still be the source's
+    config = tiny_config(f"train.init_from={os.path.dirname(source['checkpoint'])}", "train.max_steps=1",
+                         "train.lr=1e-12", "train.min_lr=0", "train.warmup_steps=0", "model.block_size=64",
+                         "model.position={kind: rope, scaling: {type: linear, factor: 2}}", out="extended")
+    summary = train(config, quiet=True)
+    state = checkpoint.load(summary["checkpoint"])
+    assert state["step"] == 1
+    assert state["config"]["model"]["position"]["scaling"]["original_max_positions"] == 32
+    for key, value in src["model"].items():
+        torch.testing.assert_close(state["model"][key], value, rtol=0, atol=1e-6)
+    with pytest.raises(CheckpointError, match="model.d_model"):
+        train(tiny_config(f"train.init_from={source['checkpoint']}", "model.d_model=48", out="bad"), quiet=True)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train(tiny_config("train.init_from=/nonexistent/ckpt.pt", out="bad"), quiet=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
+    out = tmp_path / "cli"
+    result = cli(["train.py", *tiny_overrides(tiny_corpus, out)])
+    assert result.returncode == 0, result.stderr
+    assert "done: 12 steps" in result.stderr and "bits/char" in result.stderr and "--- sample" in result.stderr
+    model, tokenizer, config, state = checkpoint.load_model(str(out))
+    assert state["step"] == 12 and isinstance(model, GPT)
+
+    # SIGTERM in the middle of a long run: a checkpoint is saved, exit status 143, no traceback
+    out2 = tmp_path / "term"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, "train.py", *tiny_overrides(tiny_corpus, out2, "train.max_steps=100000",
+                                                                          "train.checkpoint_interval=100000")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out2 / "metrics.jsonl").exists():
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "Traceback" not in stderr and "interrupted by SIGTERM" in stderr
+    state = checkpoint.load(str(out2))
+    assert 1 <= state["step"] < 100000 and "optimizer" in state
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_ddp_two_processes_match_one_process_with_grad_accum(tiny_corpus, tmp_path):
+    """Two gloo processes (torchrun, grad_accum=2: one micro-step under no_sync) and one process
+    (grad_accum=4) see the same global batches (one global draw per step, each rank / micro-step
+    takes its rows), so their losses and weights agree up to float summation order."""
+    single = cli(["train.py", *tiny_overrides(tiny_corpus, tmp_path / "single", "train.grad_accum=4",
+                                              "train.max_steps=6", "train.sample_tokens=0")])
+    assert single.returncode == 0, single.stderr
+    ddp = cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *tiny_overrides(tiny_corpus, tmp_path / "ddp", "train.grad_accum=2", "train.max_steps=6",
+                                "train.sample_tokens=0")])
+    assert ddp.returncode == 0, ddp.stderr
+    assert "2 processes" in ddp.stderr
+    a, b = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")
+    assert [r["step"] for r in b] == list(range(1, 7))  # rank 0 alone writes the log
+    assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
+    for x, y in zip(a, b):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
+    wa, wb = checkpoint.load(str(tmp_path / "single"))["model"], checkpoint.load(str(tmp_path / "ddp"))["model"]
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=1e-3, atol=1e-5)
