@@ -38,7 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations decoded together as one batch")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end a sample before this text (repeatable); the stop text is not printed")
+                   help="end a sample before this text (repeatable); the stop text is not printed; "
+                        "\\n and \\t mean newline and tab")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens the model sees at once (default: the model's block_size)")
     p.add_argument("--no-cache", action="store_true",
@@ -51,6 +52,9 @@ def parse_args(argv=None):
     p.add_argument("--stats", action="store_true",
                    help="print token counts, prefill and decode tokens/s and peak memory to stderr")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's choice); 1 is often fastest for batch-1 "
+                        "decoding of small models, and on a busy machine")
     p.add_argument("--attention-map", metavar="FILE.png",
                    help="after generating, draw the last layer's attention over the first sample")
     return p.parse_args(argv)

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted before training started; nothing was saved", file=sys.stderr)
+        print("error: interrupted outside the training loop; checkpoints already in out_dir are kept",
+              file=sys.stderr)
         return 130
     if args.quiet:
         print(json.dumps({k: v for k, v in summary.items() if k != "sample"}))

@@ -9,7 +9,8 @@ Every model has random weights (speed does not depend on them), batch 1, greedy 
 of ``--new`` tokens after a ``--prompt``-token prompt, all forced (HF: min_new_tokens).
 Decode tokens/s = (new tokens - 1) / time from the first new token to the last one (the
 first comes out of the prefill), measured through the public API (``generate_ids``; for
-HF a streamer timestamps the first token). Best of ``--repeats`` runs, runs interleaved.
+HF a streamer timestamps the first token), by the wall clock and per CPU-second of this
+process. Best of ``--repeats`` runs, ours and HF interleaved.
 The HF model is LLaMA-style (RMSNorm, SwiGLU MLP with intermediate size 8/3 * d_model so
 it has the same parameter count as our 4 * d_model GELU MLP, untied heads off: tied like
 ours, SDPA attention). transformers is optional (``pip install -e ".[bench]"``).
@@ -29,21 +30,26 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm.generation import Sampling, Stats, generate_ids  # noqa: E402
+from minilm.generation import Sampling, generate_ids  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 
 
-def ours(model, prompt, new, *, use_cache=True, max_context=None) -> Stats:
-    stats = Stats()
-    for _ in generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
-                          max_context=max_context, stats=stats):
-        pass
-    return stats
+class Rate(tuple):
+    """(wall, cpu) decode tokens/s: by the clock, and by this process's CPU time (less
+    sensitive to other processes on a shared machine; with one thread it is our own work)."""
+
+    def __new__(cls, tokens, wall_seconds, cpu_seconds):
+        return super().__new__(cls, (tokens / wall_seconds, tokens / max(cpu_seconds, 1e-9)))
 
 
-def decode_rate(stats: Stats) -> float:
-    return (stats.new_tokens - 1) / stats.decode_seconds
+def ours(model, prompt, new, *, use_cache=True, max_context=None) -> Rate:
+    """Decode rate of ``generate_ids``: from the first new token to the last."""
+    for step, _ in enumerate(generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
+                                          max_context=max_context)):
+        if step == 0:
+            wall, cpu = time.perf_counter(), time.process_time()
+    return Rate(new - 1, time.perf_counter() - wall, time.process_time() - cpu)
 
 
 class FirstTokenClock:
@@ -55,7 +61,7 @@ class FirstTokenClock:
     def put(self, value):
         self.calls += 1
         if self.calls == 2:  # the first call carries the prompt
-            self.first = time.perf_counter()
+            self.first = (time.perf_counter(), time.process_time())
 
     def end(self):
         pass
@@ -80,9 +86,34 @@ def hf_decode_rate(model, prompt, new) -> float:
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                              do_sample=False, use_cache=True, streamer=clock, pad_token_id=0)
-    end = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     assert out.shape[1] == len(prompt) + new
-    return (new - 1) / (end - clock.first)
+    return Rate(new - 1, wall - clock.first[0], cpu - clock.first[1])
+
+
+def best(rates):
+    """The best wall-clock and the best CPU-time rate of several runs."""
+    return max(r[0] for r in rates), max(r[1] for r in rates)
+
+
+def show(name, rates, note=""):
+    wall, cpu = best(rates)
+    runs = ", ".join(f"{r[0]:.0f}" for r in rates)
+    print(f"{name:23s} {wall:8.1f} tokens/s  ({cpu:7.1f} per CPU-second)  runs: {runs}{note}")
+
+
+@torch.inference_mode()
+def weights_floor(model, steps: int) -> Rate:
+    """Tokens/s of the model's matrix-vector products alone (every nn.Linear once per token,
+    the LM head included, no attention, no norms, no Python around them): with weights
+    larger than the CPU caches this is the memory-bandwidth floor of batch-1 decoding."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, 1, m.in_features, dtype=m.weight.dtype) for m in layers]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        for layer, x in zip(layers, inputs):
+            layer(x)
+    return Rate(steps, time.perf_counter() - wall, time.process_time() - cpu)
 
 
 def main(argv=None):
@@ -126,25 +157,30 @@ def main(argv=None):
         hf_decode_rate(hf, prompt, 8)
     cached, reference = [], []
     for _ in range(args.repeats):
-        cached.append(decode_rate(ours(model, prompt, args.new, max_context=total)))
+        cached.append(ours(model, prompt, args.new, max_context=total))
         if hf is not None:
             reference.append(hf_decode_rate(hf, prompt, args.new))
-    best = max(cached)
-    print(f"ours, KV cache:        {best:8.1f} tokens/s decode   (runs: {', '.join(f'{r:.0f}' for r in cached)})")
+    ours_wall, ours_cpu = best(cached)
+    show("matmuls alone (floor):", [weights_floor(model, args.new) for _ in range(args.repeats)],
+         "   (weights read once per token)")
+    show("ours, KV cache:", cached)
     if not args.no_uncached:
-        uncached = decode_rate(ours(model, prompt, args.new, use_cache=False, max_context=total))
-        print(f"ours, --no-cache:      {uncached:8.1f} tokens/s decode   -> cache is {best / uncached:.1f}x faster")
+        uncached = [ours(model, prompt, args.new, use_cache=False, max_context=total)]
+        wall, cpu = best(uncached)
+        show("ours, --no-cache:", uncached, f"   -> the cache is {ours_wall / wall:.1f}x faster "
+                                            f"({ours_cpu / cpu:.1f}x per CPU-second)")
     if reference:
-        print(f"HF LlamaForCausalLM:   {max(reference):8.1f} tokens/s decode   (runs: "
-              f"{', '.join(f'{r:.0f}' for r in reference)})   -> ours is {best / max(reference):.1f}x faster")
+        wall, cpu = best(reference)
+        show("HF LlamaForCausalLM:", reference, f"   -> ours is {ours_wall / wall:.1f}x faster "
+                                               f"({ours_cpu / cpu:.1f}x per CPU-second)")
 
     print(f"decode tokens/s as the cache grows ({args.new} new tokens, cache ending at the length shown):")
     for m in multiples:
         length = total * m
         long_prompt = torch.randint(0, args.vocab, (length - args.new,),
                                     generator=torch.Generator().manual_seed(m)).tolist()
-        rates = [decode_rate(ours(model, long_prompt, args.new, max_context=length)) for _ in range(args.repeats)]
-        print(f"  {m:3d}x  cache length {length:6d}: {max(rates):8.1f} tokens/s")
+        wall, cpu = best([ours(model, long_prompt, args.new, max_context=length) for _ in range(args.repeats)])
+        print(f"  {m:3d}x  cache length {length:6d}: {wall:8.1f} tokens/s  ({cpu:7.1f} per CPU-second)")
 
 
 if __name__ == "__main__":

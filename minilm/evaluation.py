@@ -80,8 +80,9 @@ class Result:
     def cell(self, what: str = "ppl") -> str:
         if self.status == "bounded":
             return "n/a (bounded)"
-        value = self.ppl if what == "ppl" else self.bpc
-        return f"{value:.2f}" if what == "ppl" and value < 1e4 else (f"{value:.3g}" if what == "ppl" else f"{value:.3f}")
+        if what == "bpc":
+            return f"{self.bpc:.3f}"
+        return f"{self.ppl:.2f}" if self.ppl < 1e4 else f"{self.ppl:.3g}"
 
 
 # --------------------------------------------------------------------------- windows and scoring
@@ -190,11 +191,16 @@ def describe_position(position: dict) -> str:
 def load_for_evaluation(path: str, overrides: Sequence[str] = (), device: str = "cpu"):
     """(model, tokenizer, config, state) of a checkpoint with evaluation-time overrides applied.
 
-    RoPE scalings given here take ``original_max_positions`` from the checkpoint's own
-    block_size when omitted (the ORIGINAL training length), as extension does."""
-    from minilm.checkpoint import load, load_model
+    The weights move in as for a fine-tuning start (``minilm.extension``), without training:
+    a RoPE scaling takes ``original_max_positions`` from the checkpoint's block_size when
+    omitted (the ORIGINAL training length); ``model.position.kind=interpolated`` wraps the
+    checkpoint's own scheme (its table or bias buckets included); a learned table stretched by
+    ``model.block_size`` is interpolated. The kind itself cannot change."""
+    from minilm.checkpoint import load
     from minilm.config import ConfigError, build_config
-    from minilm.extension import complete_position
+    from minilm.extension import base_kind, complete_position, load_source_weights
+    from minilm.model import GPT
+    from minilm.tokenizer import Tokenizer
     state = load(path)
     tree = _merge_overrides(state["config"], overrides)
     tree["model"]["position"] = complete_position(tree["model"]["position"], state["config"]["model"],
@@ -203,9 +209,14 @@ def load_for_evaluation(path: str, overrides: Sequence[str] = (), device: str = 
         config = build_config(tree)
     except ConfigError as exc:
         raise EvaluationError(f"{state['path']}: {exc}") from None
-    model, tokenizer, _, state = load_model(path, device=device, position=config.model.position,
-                                            block_size=config.model.block_size)
-    return model, tokenizer, config, state
+    trained, asked = base_kind(state["config"]["model"]["position"]), base_kind(config.model.position)
+    if trained != asked:
+        raise EvaluationError(f"{state['path']} was trained with {trained!r} positions, not {asked!r}: "
+                              f"evaluation can scale or interpolate them, not change the kind")
+    model = GPT(config.model)
+    load_source_weights(model, state)
+    model.to(device).eval()
+    return model, Tokenizer.from_bytes(state["tokenizer"]), config, state
 
 
 _VAL_CACHE: dict = {}
@@ -283,9 +294,9 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         available = len(val) - 1
         budget = available if max_tokens is None else min(max_tokens, available)
         if budget < longest:
-            raise EvaluationError(f"{path}: the validation split has {available} scorable tokens"
-                                  f"{'' if max_tokens is None or max_tokens >= available else f' (max_tokens={max_tokens})'}"
-                                  f", fewer than the longest length {longest}: use shorter lengths or more text")
+            limited = "" if budget == available else f" (max_tokens={max_tokens})"
+            raise EvaluationError(f"{path}: the validation split has {budget} scorable tokens{limited}, fewer than "
+                                  f"the longest length {longest}: use shorter lengths or more text")
         n = budget // longest * longest
         tokens = torch.from_numpy(np.asarray(val[:n + 1], dtype=np.int64))
         chars = len(tokenizer.decode(tokens[1:].tolist()))
@@ -309,9 +320,19 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
                             autocast_dtype=autocast_dtype, progress=bar)
                 results.append(Result(nll=nll, **common))
         if not quiet:
-            print(f"[eval] {label}: {len(runnable)} lengths x {n:,} tokens in {time.time() - started:.1f}s",
-                  file=sys.stderr, flush=True)
+            print(f"[eval] {label}: {len(runnable)} lengths x {n:,} tokens in {time.time() - started:.1f}s; "
+                  f"peak memory so far {peak_memory()}", file=sys.stderr, flush=True)
     return results
+
+
+def peak_memory() -> str:
+    """This process's peak resident memory (max RSS) so far, e.g. '612 MB' ('n/a' off Unix)."""
+    try:
+        import resource
+    except ImportError:
+        return "n/a"
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return f"{kb / (1024 * 1024 if sys.platform == 'darwin' else 1024):.0f} MB"  # bytes on macOS, KiB on Linux
 
 
 def _default_label(path: str, overrides: Sequence[str], position: dict) -> str:
@@ -331,7 +352,7 @@ def markdown_table(results: Sequence, what: str = "ppl") -> str:
     for r in results:
         rows.setdefault(r.label, {"position": r.position, "train": r.train_length})[r.length] = r.cell(what)
     title = "perplexity" if what == "ppl" else "bits/char"
-    lines = [f"| model | position | train length | " + " | ".join(f"{title} @ {t}" for t in lengths) + " |",
+    lines = ["| model | position | train length | " + " | ".join(f"{title} @ {t}" for t in lengths) + " |",
              "|" + "---|" * (3 + len(lengths))]
     for label, row in rows.items():
         cells = [row.get(t, "") for t in lengths]
@@ -357,30 +378,39 @@ def write_csv(results: Sequence, path: str) -> str:
 
 
 def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
 
 
-def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length") -> str:
-    """PNG of perplexity against length (log-log), one line per label; a dotted vertical line at each
-    distinct training length. Needs matplotlib (object API, no pyplot, no display)."""
+def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",
+         dashed: Sequence[str] = ()) -> str:
+    """PNG of perplexity against length (log x; log y too when it spans more than 10x), one line per label (``dashed`` labels dashed);
+    a dotted vertical line at each distinct training length. Needs matplotlib (object API, no
+    pyplot, no display)."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(7, 4.5))
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    fig = Figure(figsize=(7.5, 4.8))
     ax = fig.add_subplot()
     labels = list(dict.fromkeys(r.label for r in results))
     for label in labels:
         points = sorted((r.length, r.ppl) for r in results if r.label == label and r.ppl is not None)
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
+                    linestyle="--" if label in dashed else "-")
     for train in sorted({r.train_length for r in results}):
         ax.axvline(train, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set_xticks(sorted({r.length for r in results}))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    values = [r.ppl for r in results if r.ppl is not None]
+    wide = bool(values) and max(values) > 10 * min(values)
+    if wide:  # a log axis keeps blown-up curves from flattening the others
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("evaluation length (tokens); dotted: training length")
-    ax.set_ylabel("validation perplexity")
+    ax.set_ylabel("validation perplexity" + (" (log scale)" if wide else ""))
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

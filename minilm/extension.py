@@ -129,7 +129,8 @@ def load_source_weights(model: torch.nn.Module, source: dict) -> None:
         if unexpected:
             problems.append(f"unexpected {unexpected[:3]}")
         if wrong:
-            problems.append(f"shape mismatch {[(k, tuple(weights[k].shape), tuple(target[k].shape)) for k in wrong[:2]]}")
+            shapes = [(k, tuple(weights[k].shape), tuple(target[k].shape)) for k in wrong[:2]]
+            problems.append(f"shape mismatch {shapes}")
         kind = source["config"]["model"]["position"].get("kind")
         raise CheckpointError(f"weights of {source.get('path')!r} (position kind {kind!r}) do not fit the new model: "
                               + "; ".join(problems))

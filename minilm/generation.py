@@ -39,8 +39,7 @@ string. Generation does not stop at the end-of-text token: the training data has
 from __future__ import annotations
 
 import math
-import os
-import resource
+import re
 import secrets
 import sys
 import time
@@ -228,6 +227,10 @@ def peak_memory(device: str) -> str:
     """Peak CUDA memory allocated by torch, or the process's peak resident set size."""
     if str(device).startswith("cuda"):
         return f"{torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB (torch.cuda.max_memory_allocated)"
+    try:
+        import resource
+    except ImportError:  # Windows
+        return "n/a (no resource module)"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     rss = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
     return f"{rss:.1f} MiB (peak RSS of the process)"
@@ -252,7 +255,11 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
         raise GenerationError("the prompt is empty: give at least one token")
-    stats = stats if stats is not None else Stats()
+    bad = [t for t in prompt_ids if not 0 <= t < model.config.vocab_size]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is out of range: valid ids are 0..{model.config.vocab_size - 1}")
+    timed = stats is not None  # on CUDA, timing each step costs a synchronisation
+    stats = stats if timed else Stats()
     decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache)
     if decoder.slides and len(prompt_ids) > decoder.max_context:
         warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
@@ -276,13 +283,13 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     try:
         start = time.perf_counter()
         token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
-        _sync(device)
+        _sync(device, timed)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for step in range(max_new_tokens):
             if step:
                 token = sample(decoder.step(token).float(), sampling, generator, seen)
-                _sync(device)
+                _sync(device, timed)
                 stats.decode_seconds = time.perf_counter() - start
             stats.new_tokens = step + 1
             if seen is not None:
@@ -292,8 +299,8 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
         model.train(was_training)
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
+def _sync(device, timed: bool) -> None:
+    if timed and device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -494,13 +501,20 @@ def position_overrides(state_config: dict, assignments: Sequence[str]):
     return position, tree["model"]["block_size"]
 
 
+def unescape(text: str) -> str:
+    """``\\n``, ``\\t`` and ``\\\\`` in a command-line string become a newline, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
 def pick_device(name: str) -> str:
+    """``auto`` (CUDA when available, else CPU), cpu, cuda, cuda:N or mps, checked to exist."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise GenerationError(f"--device {name}: CUDA is not available here; valid: auto, cpu")
     if name != "cpu" and not name.startswith("cuda") and name != "mps":
         raise GenerationError(f"--device {name!r} is unknown: valid: auto, cpu, cuda, cuda:N, mps")
+    if name.startswith("cuda") and not torch.cuda.is_available() or \
+            name == "mps" and not torch.backends.mps.is_available():
+        raise GenerationError(f"--device {name}: not available on this machine; valid here: auto, cpu")
     return name
 
 
@@ -518,6 +532,9 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     if args.max_context is not None:
         _check_count("--max-context", args.max_context, 1)
     device = pick_device(args.device)
+    if args.threads is not None:
+        _check_count("--threads", args.threads, 1)
+        torch.set_num_threads(args.threads)
     prompt = read_prompt(args.prompt, args.prompt_file, stdin)
     position = block_size = None
     if args.set:
@@ -528,18 +545,18 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
 
     stats = Stats()
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
-    streams: List[List[int]] = [[] for _ in range(args.num_samples)]
+    generated: List[List[int]] = [[] for _ in range(args.num_samples)]  # token ids of each sample
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                          num_samples=args.num_samples, seed=args.seed, stop=args.stop,
+                          num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, stats=stats)
         first = True
         for piece in pieces:
             if first:
                 _show_warnings(caught, stderr)
                 first = False
-            streams[piece.sample].append(piece.token)
+            generated[piece.sample].append(piece.token)
             printer.add(piece.sample, piece.text, piece.done)
         _show_warnings(caught, stderr)
     printer.finish()
@@ -552,7 +569,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
             stderr.write(line + "\n")
     if args.attention_map:
         from minilm import plots
-        path = plots.attention_map(model, prompt_ids + streams[0], tokenizer, args.attention_map)
+        path = plots.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 

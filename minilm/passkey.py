@@ -14,12 +14,24 @@ continuation starts with the key (leading spaces allowed). Accuracy is reported 
 and depth. A bounded scheme (learned) whose table cannot hold the prompt and the answer
 is reported as n/a.
 
-A tiny model trained on ordinary text cannot do this; ``make-corpus`` writes a directory of
-passkey documents (prompt + answer, varied lengths and depths) usable as ``data.corpus``
-for a short fine-tune, and ``passkey_batch`` samples such documents as training batches::
+A tiny model trained on ordinary text cannot do this. Two ways to teach it at length L:
+
+* ``make-corpus`` writes passkey documents (prompt + answer, lengths L/4..L tokens, random
+  depths) as .txt files: train on that directory with ``data.corpus=DIR`` (alone, or with
+  your own .txt files copied next to them for a mixture), then test at 2L, 4L, ... The
+  lengths are counted with the tokenizer of ``--checkpoint`` (a checkpoint or a
+  tokenizer.model), so they are approximate for a tokenizer trained on the new corpus.
+* ``passkey_batch`` samples training batches like ``minilm.data.get_batch``, a fraction of
+  the rows passkey documents ending exactly at the window's end, the rest corpus windows,
+  all with the model's own tokenizer: what a fine-tuning loop of an existing checkpoint
+  needs. (``train.py`` reads only ``data.corpus`` and requires the source's tokenizer for
+  ``train.init_from``, so it cannot fine-tune on a make-corpus directory.)
+
+::
 
     python -m minilm.passkey make-corpus data/passkey-128 --checkpoint out/rope --n 2000 --length 128
-    python -m minilm.passkey eval out/rope --lengths 128,256,512 --depths 0,0.5,1 --trials 10
+    python train.py --config rope.yaml data.corpus=data/passkey-128 model.block_size=128 out_dir=out/passkey
+    python -m minilm.passkey eval out/passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
 """
 from __future__ import annotations
 
@@ -110,20 +122,13 @@ def is_correct(text: str, key: str) -> bool:
     return bool(match) and match.group(1) == key
 
 
-@torch.no_grad()
 def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list:
-    """Greedy continuation of ``ids`` with a KV cache: prefill once, then one token per step."""
-    device = next(model.parameters()).device
-    cache = model.new_cache(1, len(ids) + max_new_tokens)
-    logits = model(torch.tensor([list(ids)], dtype=torch.long, device=device), cache=cache)
-    out = []
-    for _ in range(max_new_tokens):
-        token = int(logits[0, -1].argmax())
-        out.append(token)
-        if len(out) == max_new_tokens:
-            break
-        logits = model(torch.tensor([[token]], dtype=torch.long, device=device), cache=cache)
-    return out
+    """Greedy continuation of ``ids`` (minilm.generation: prefill once, then decode from the KV
+    cache), with a context that holds the whole prompt, so attention is never windowed."""
+    from minilm.generation import Sampling, generate_ids
+    steps = generate_ids(model, ids, max_new_tokens=max_new_tokens, sampling=Sampling(temperature=0.0, top_k=None),
+                         max_context=len(ids) + max_new_tokens, seed=0)
+    return [int(token[0]) for token in steps]
 
 
 def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] = DEFAULT_DEPTHS,

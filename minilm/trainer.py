@@ -34,6 +34,7 @@ in-process. What it does, in order:
    It always holds the latest state (what ``--resume`` needs); the final model is the
    last one. A NaN/inf loss or gradient stops the run before the optimizer step, without
    saving, so the last good checkpoint stays.
+7. Print a ``sample_tokens`` sample (temperature 0.8, ``minilm.generation``) and a summary line.
 
 Precision: ``train.dtype`` auto = bfloat16 autocast on CUDA with bf16 support and on CPUs
 with native bf16 matrix units (AVX512-BF16 or AMX), else float32 (without those units
@@ -191,14 +192,14 @@ def evaluate(model: GPT, batches, device, dtype, dist: Dist) -> float:
     """Mean next-token loss (nats) over ``batches`` [(x, y), ...]; under DDP each rank takes a share."""
     was_training = model.training
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
     for i, (x, y) in enumerate(batches):
         if i % dist.world != dist.rank:
             continue
         x, y = x.to(device), y.to(device)
         with autocast(device, dtype):
             logits = model(x)
-        total[0] += float(F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="sum"))
+        total[0] += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1), reduction="sum").double()
         total[1] += y.numel()
     if dist.enabled:
         torch.distributed.all_reduce(total)
@@ -271,16 +272,16 @@ class StopFlag:
 
 # --------------------------------------------------------------------------- the run
 
-def _rng_state(generator: torch.Generator, device) -> dict:
-    state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
+def _rng_state(device) -> dict:
+    """The global RNG states (dropout); the data generator's state is saved as data_state."""
+    state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def _set_rng_state(state: dict, generator: torch.Generator, device) -> None:
+def _set_rng_state(state: dict, device) -> None:
     torch.set_rng_state(state["torch"])
-    generator.set_state(state["data"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -404,7 +405,8 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
         best_bpc = state.get("best_val_bpc")
-        _set_rng_state(state["rng"], generator, device)
+        _set_rng_state(state["rng"], device)
+        generator.set_state(state["data_state"]["generator"])
     del source
 
     model = raw
@@ -436,7 +438,7 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
             return ckpt_path
         return checkpoint.save({
             "model": raw.state_dict(), "config": config.to_dict(), "tokenizer": tokenizer_bytes,
-            "optimizer": optimizer.state_dict(), "step": step, "rng": _rng_state(generator, device),
+            "optimizer": optimizer.state_dict(), "step": step, "rng": _rng_state(device),
             "data_state": {"generator": generator.get_state(), "world_size": dist.world,
                            "tokens_seen": step * tokens_per_step},
             "best_val_bpc": best_bpc, "val": val,
@@ -514,6 +516,7 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
                 say(f"step {step}: val loss {last_val['val_loss']:.4f}, ppl {last_val['val_ppl']:.2f}, "
                     f"{last_val['val_bpc']:.4f} bits/char")
             stop_now = float(flags[1]) > 0
+            stop_now = stop_now and step < t.max_steps  # a signal during the last step: just finish
             if step % t.checkpoint_interval == 0 or stop_now:
                 save(last_val)
             if step % t.eval_interval == 0 or step % t.checkpoint_interval == 0:

@@ -86,7 +86,7 @@ def _random_gpt(position, *, vocab_size=97, block_size=32, n_layer=2, seed=0):
     return model.eval()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def random_gpt():
     """random_gpt(position, vocab_size=97, block_size=32, n_layer=2, seed=0) -> a tiny random GPT."""
     return _random_gpt

@@ -152,6 +152,20 @@ def test_evaluation_time_scaling_factor_one_changes_nothing(corpus):
     assert model.positions.scaling["original_max_positions"] == 16  # the checkpoint's length, not the new one
 
 
+def test_zero_shot_interpolation_of_a_learned_table(corpus):
+    learned, src = tiny_checkpoint(corpus, "learned")
+    results = evaluation.evaluate_checkpoints([learned], lengths=[16, 32, 64], max_tokens=128, quiet=True,
+                                              overrides=["model.position.kind=interpolated",
+                                                         "model.position.factor=4"])
+    assert [r.status for r in results] == ["ok", "ok", "bounded"]  # 15 * 4 + 1 = 61 positions
+    assert results[0].position == "interpolated(learned max_positions=16) x4"
+    model, *_ = evaluation.load_for_evaluation(learned, ["model.position.kind=interpolated", "model.block_size=64"])
+    assert model.positions.factor == pytest.approx(63 / 15)  # the last position on the last trained row
+    assert torch.equal(model.positions.inner.table.weight, src.positions.table.weight)
+    with pytest.raises(evaluation.EvaluationError, match="trained with 'learned' positions, not 'alibi'"):
+        evaluation.load_for_evaluation(learned, ["model.position.kind=alibi"])
+
+
 def test_bad_requests_are_one_line_errors(corpus):
     rope, _ = tiny_checkpoint(corpus, "rope")
     with pytest.raises(evaluation.EvaluationError, match="not allowed at evaluation time"):
@@ -254,3 +268,14 @@ def test_passkey_training_batches_end_with_the_answer(corpus):
         assert text.endswith(f"What is the pass key? The pass key is {key}.")
     paths = passkey.write_corpus(str(corpus[0] / "pk"), tokenizer, n=7, length=150, per_file=3)
     assert len(paths) == 3 and open(paths[0]).read().count("What is the pass key?") == 3
+
+
+def test_passkey_command_line(corpus, tmp_path, capsys):
+    rope, _ = tiny_checkpoint(corpus, "rope")
+    assert passkey.main(["eval", rope, "--lengths", "100,140", "--depths", "0,1", "--trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| length | depth 0 | depth 1 | mean |" in out and "| 140 | " in out
+    assert passkey.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
+    assert len(os.listdir(tmp_path / "pk")) == 1
+    assert passkey.main(["eval", rope, "--lengths", "5"]) == 2
+    assert "error: length=5 is too short" in capsys.readouterr().err

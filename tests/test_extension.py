@@ -130,3 +130,29 @@ def test_complete_position_leaves_its_input_alone():
     out = complete_position(position, {"position": {"kind": "sinusoidal", "base": 100.0}, "block_size": 8}, 32)
     assert position == {"kind": "interpolated"}
     assert out == {"kind": "interpolated", "base": {"kind": "sinusoidal", "base": 100.0}, "factor": 4.0}
+
+
+@pytest.mark.parametrize("name,source_config", [
+    ("extend_rope_pi", "rope.yaml"), ("extend_rope_ntk", "rope.yaml"), ("extend_rope_yarn", "rope.yaml"),
+    ("extend_learned_interp", "learned.yaml"), ("extend_sinusoidal_interp", "sinusoidal.yaml")])
+def test_shipped_extension_configs_load_their_source(tmp_path, name, source_config):
+    from minilm.config import load_config
+    src = load_config(source_config, [f"out_dir={tmp_path / 'src'}", "model.vocab_size=4096"])
+    torch.manual_seed(0)
+    src_model = GPT(src.model)
+    path = checkpoint.save({"model": src_model.state_dict(), "config": src.to_dict(), "tokenizer": b"unused"},
+                           src.out_dir)
+    config = load_config(f"{name}.yaml", [f"train.init_from={path}"])
+    assert config.model.block_size == 4 * src.model.block_size and config.train.lr < src.train.lr
+    assert config.train.max_steps < src.train.max_steps
+    config, state = prepare_extension(config, path)
+    new = GPT(config.model)
+    load_source_weights(new, state)
+    position = config.model.position
+    if position["kind"] == "rope":
+        assert position["scaling"]["factor"] == 4
+        assert new.positions.scaling["original_max_positions"] == src.model.block_size
+    else:
+        assert position["base"]["kind"] == src.model.position["kind"]
+        assert new.positions.position_limit() is None or new.positions.position_limit() >= config.model.block_size
+    assert same_weights(src_model, new) or position["kind"] == "interpolated"

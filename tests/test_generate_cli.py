@@ -28,14 +28,13 @@ generate_script = load_script()
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, gen_tokenizer):
+def checkpoints(tmp_path_factory, gen_tokenizer, random_gpt):
     """name -> out_dir of a tiny random-weight checkpoint (block_size 32) with the test tokenizer."""
-    from conftest import _random_gpt
     root = tmp_path_factory.mktemp("gen_ckpts")
     out = {}
     for name, position in {"rope": {"kind": "rope"}, "learned": {"kind": "learned"},
                            "alibi": {"kind": "alibi"}}.items():
-        model = _random_gpt(position, vocab_size=gen_tokenizer.vocab_size, block_size=32)
+        model = random_gpt(position, vocab_size=gen_tokenizer.vocab_size, block_size=32)
         checkpoint.save({"model": model.state_dict(), "config": Config(model=model.config).to_dict(),
                          "tokenizer": gen_tokenizer.to_bytes(), "step": 0}, str(root / name))
         out[name] = str(root / name)
@@ -137,6 +136,12 @@ def test_stop_string_ends_the_output_before_it(checkpoints, capsys):
     status, out, _ = run(capsys, *greedy(ckpt, "--max-new-tokens", "80", "--no-echo", "--stop", stop,
                                          "--stop", "never-there"), "ROMEO:")
     assert status == 0 and out == full.split(stop)[0] + "\n"
+
+
+def test_stop_strings_understand_newline_and_tab_escapes():
+    from minilm.generation import unescape
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb"
+    assert unescape(r"c:\\new") == r"c:\new" and unescape(r"\q é") == r"\q é"
 
 
 @pytest.mark.parametrize("name", ["learned", "rope"])

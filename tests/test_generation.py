@@ -1,7 +1,5 @@
 """minilm.generation: sampling, the KV-cached decode loop (cached == uncached for every
 position scheme, past the context too), incremental detokenization and stop strings."""
-import math
-import warnings
 
 import pytest
 import torch
@@ -175,6 +173,11 @@ def test_bad_settings_are_one_line_errors(random_gpt, bad, match):
     with pytest.raises(GenerationError, match=match) as info:
         list(generate_ids(model, [1, 2], **bad))
     assert "\n" not in str(info.value)
+
+
+def test_out_of_range_prompt_ids_are_an_error(random_gpt):
+    with pytest.raises(GenerationError, match="token id 97 is out of range: valid ids are 0..96"):
+        list(generate_ids(random_gpt({"kind": "rope"}), [1, 97], max_new_tokens=2))
 
 
 def test_zero_new_tokens_yields_nothing(random_gpt):
