@@ -37,6 +37,7 @@ from typing import Optional
 import yaml
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The full run: about 35-40 minutes on an idle 2-core CPU (float32).
 FULL = {
@@ -108,16 +109,19 @@ def run_config(plan: dict, out_dir: str, position: dict, *, block_size: Optional
 
 # --------------------------------------------------------------------------- facts for the report
 
-def git_commit(repo: str) -> str:
-    """``git rev-parse HEAD`` of the repository, plus ' (dirty)' with uncommitted changes."""
+def git_commit(repo: str, exclude: Optional[str] = None) -> str:
+    """``git rev-parse HEAD`` of the repository, plus ' (dirty)' when files differ from it
+    (untracked ones included, except under ``exclude``: the experiment's own output)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                                capture_output=True, text=True, check=True).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    return head + (" (dirty: uncommitted changes)" if dirty else "")
+    skip = None if exclude is None else os.path.relpath(os.path.abspath(exclude), repo) + os.sep
+    changed = [line[3:] for line in status if skip is None or not (line[3:].strip('"') + os.sep).startswith(skip)]
+    return head + (f" (dirty: {len(changed)} uncommitted or untracked files, e.g. {changed[0]})" if changed else "")
 
 
 def machine() -> str:
@@ -325,7 +329,7 @@ def checks(tables: dict, L: int, factor: int) -> list:
     return out
 
 
-def write_report(runner: Runner, args_line: str, wall: float, started_at: str, loads: tuple) -> str:
+def write_report(runner: Runner, args_line: str, wall: float, started_at: str, loads: tuple, commit: str) -> str:
     from minilm import evaluation
     plan, out = runner.plan, runner.out
     L = plan["model"]["block_size"]
@@ -339,7 +343,6 @@ def write_report(runner: Runner, args_line: str, wall: float, started_at: str, l
             rows = tables[table]
             dashed = [r.label for r in rows if "zero-shot" in r.label or r.label == "rope, no scaling"]
             plots[table] = os.path.basename(evaluation.plot(rows, os.path.join(out, f"{table}.png"), title, dashed))
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     first = runner.configs[KINDS[0]]
     e, t, ft = plan["eval"], plan["train"], plan["finetune"]
     scratch = tables["scratch"]
@@ -350,7 +353,7 @@ def write_report(runner: Runner, args_line: str, wall: float, started_at: str, l
         "",
         f"Command: `{args_line}`  ",
         f"Started: {started_at}; wall time {wall / 60:.1f} min; load average at start / end: {loads[0]} / {loads[1]}  ",
-        f"Git commit: `{git_commit(repo)}`  ",
+        f"Git commit at the start: `{commit}`  ",
         f"Machine: {machine()}",
         "",
         "Timings on a shared machine are approximate.",
@@ -395,7 +398,8 @@ def write_report(runner: Runner, args_line: str, wall: float, started_at: str, l
     lines += ["## 4. Against the published ordering (DESIGN.md section 5)", "",
               "| expectation | our numbers | agrees |", "|---|---|---|"]
     lines += [f"| {c} | {n} | {ok} |" for c, n, ok in checks(tables, L, factor)]
-    lines += ["", "## Runs", "", "Dashed lines in the plots: no fine-tuning at the plotted length. Last column: the trainer's "
+    lines += ["", "## Runs", "",
+              "Dashed lines in the plots: no fine-tuning at the plotted length. Last column: the trainer's "
               f"own check on {RUN_DEFAULTS['eval_iters']} random validation batches at the run's block_size.", "",
               "| run | steps | tokens | train wall time | final val bits/char |",
               "|---|---:|---:|---:|---:|"]
@@ -449,12 +453,16 @@ def main(argv=None) -> int:
     out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
     started, started_at, load_start = time.time(), datetime.datetime.now().astimezone().isoformat(timespec="seconds"), \
         load_average()
+    commit = git_commit(REPO, exclude=out)  # the code as it is when the run starts
     try:
         plan = make_plan(args.quick, args.seed, args.overrides)
         runner = Runner(plan, out, quiet=args.quiet)
         runner.run()
-        argv_line = "python -m minilm.experiments " + " ".join(sys.argv[1:] if argv is None else argv)
-        path = write_report(runner, argv_line, time.time() - started, started_at, (load_start, load_average()))
+        threads = os.environ.get("OMP_NUM_THREADS")
+        argv_line = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m minilm.experiments " \
+            + " ".join(sys.argv[1:] if argv is None else argv)
+        path = write_report(runner, argv_line, time.time() - started, started_at, (load_start, load_average()),
+                            commit)
     except (ExperimentError, ConfigError, CheckpointError, DataError, TokenizerError, TrainingError,
             EvaluationError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ def test_quick_run_end_to_end(tiny_corpus, tmp_path):
     L = experiments.QUICK["model"]["block_size"]
     for heading in ("## 1. Trained at L",
                     "## 2. Sinusoidal base frequency", f"## 3. Extending rope from {L} to {4 * L}",
-                    "## 4. Against the published ordering", "## Configs", "Git commit: `", "Machine: "):
+                    "## 4. Against the published ordering", "## Configs", "Git commit at the start: `", "Machine: "):
         assert heading in report
     for kind in experiments.KINDS:
         assert f"\n| {kind} | " in report
