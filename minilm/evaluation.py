@@ -154,9 +154,9 @@ def _merge_overrides(tree: dict, overrides: Sequence[str]) -> dict:
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
         if "=" not in assignment or not key.startswith(OVERRIDABLE):
-            raise EvaluationError(f"override {assignment!r} is not allowed at evaluation time: use "
-                                  f"model.position.KEY=VALUE (or --position.KEY=VALUE), model.block_size=N "
-                                  f"or data.KEY=VALUE")
+            raise EvaluationError(f"override {assignment!r} is not allowed at evaluation time (nor in generate.py): "
+                                  f"only model.position.KEY=VALUE (or --position.KEY=VALUE), model.block_size=N "
+                                  f"or data.KEY=VALUE can change after training")
         if key == "model.position.kind":
             new = assignment.split("=", 1)[1].strip()
             if new != tree["model"]["position"].get("kind"):

@@ -477,30 +477,6 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
     return prompt or ""
 
 
-def position_overrides(state_config: dict, assignments: Sequence[str]):
-    """(position, block_size) for ``load_model`` from ``model.position.*=`` / ``model.block_size=``
-    overrides on the checkpoint's config; a new rope scaling keeps the trained block_size as
-    its original length (DESIGN.md pitfall 3)."""
-    from minilm.config import ConfigError, apply_override
-    tree = {"model": {"position": dict(state_config["model"]["position"]),
-                      "block_size": state_config["model"]["block_size"]}}
-    for assignment in assignments:
-        key = assignment.split("=", 1)[0].strip()
-        if not (key.startswith("model.position.") or key in ("model.position", "model.block_size")):
-            raise GenerationError(f"--set {assignment!r}: only model.position.<key>=... and model.block_size=... "
-                                  f"can change at generation time")
-        try:
-            apply_override(tree, assignment)
-        except ConfigError as exc:
-            raise GenerationError(f"--set {assignment!r}: {exc}") from None
-    position = tree["model"]["position"]
-    scaling = position.get("scaling") if isinstance(position, dict) else None
-    if isinstance(scaling, dict) and position.get("kind") == "rope" and scaling.get("type", "none") != "none" \
-            and scaling.get("original_max_positions") is None:
-        position["scaling"] = {**scaling, "original_max_positions": state_config["model"]["block_size"]}
-    return position, tree["model"]["block_size"]
-
-
 def unescape(text: str) -> str:
     """``\\n``, ``\\t`` and ``\\\\`` in a command-line string become a newline, a tab and a backslash."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
@@ -521,7 +497,7 @@ def pick_device(name: str) -> str:
 def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     """Load a checkpoint and stream continuations of a prompt: what ``generate.py`` runs with
     its parsed arguments. User errors raise GenerationError (or CheckpointError)."""
-    from minilm.checkpoint import load, load_model
+    from minilm.checkpoint import load_model
     stdin = sys.stdin if stdin is None else stdin
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
@@ -536,10 +512,11 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         _check_count("--threads", args.threads, 1)
         torch.set_num_threads(args.threads)
     prompt = read_prompt(args.prompt, args.prompt_file, stdin)
-    position = block_size = None
-    if args.set:
-        position, block_size = position_overrides(load(args.checkpoint)["config"], args.set)
-    model, tokenizer, _, _ = load_model(args.checkpoint, device=device, position=position, block_size=block_size)
+    if args.set:  # the same adapted loading as evaluate.py (scalings, interpolation, grown tables)
+        from minilm.evaluation import load_for_evaluation
+        model, tokenizer, _, _ = load_for_evaluation(args.checkpoint, args.set, device=str(device))
+    else:
+        model, tokenizer, _, _ = load_model(args.checkpoint, device=device)
     prompt_ids = encode_prompt(tokenizer, prompt)
     context_size(model, args.max_context)  # a bad --max-context fails before any output
 
