@@ -38,6 +38,12 @@ first and the new one written last, so a directory is valid exactly when its
 manifest matches the source, the settings and the files' hashes; anything else is
 rebuilt. Progress goes to stderr unless ``quiet``.
 
+``prepare(data_cfg, tokenizer=tok)`` encodes the corpus with a given tokenizer instead of
+training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
+evaluation scores with the checkpoint's). It reuses ``<name>-<vocab_size>/`` when that
+holds the same tokenizer, else prepares ``<name>-tok<sha256 prefix>/``, whose manifest
+records the tokenizer's hash.
+
 Bits per character: ``Prepared.bits_per_char(mean_loss_nats, split)`` =
 mean token loss * tokens / characters / ln 2, with the counts of that split.
 """
@@ -52,6 +58,7 @@ import re
 import secrets
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
@@ -378,15 +385,23 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _expected(data_cfg) -> dict:
+def _expected(data_cfg, tokenizer: Optional[Tokenizer] = None) -> dict:
     """The manifest fields that must match for prepared files to be reused."""
-    return {
+    expected = {
         "format_version": FORMAT_VERSION,
         "corpus": data_cfg.corpus if data_cfg.corpus == SHAKESPEARE else os.path.abspath(data_cfg.corpus),
         "source_fingerprint": source_fingerprint(data_cfg.corpus),
-        "vocab_size": data_cfg.vocab_size,
-        "tokenizer_settings": json.loads(json.dumps(tokenizer_module.settings())),
+        "vocab_size": data_cfg.vocab_size if tokenizer is None else tokenizer.vocab_size,
     }
+    if tokenizer is None:
+        expected["tokenizer_settings"] = json.loads(json.dumps(tokenizer_module.settings()))
+    else:
+        expected["tokenizer_sha256"] = tokenizer_sha256(tokenizer)
+    return expected
+
+
+def tokenizer_sha256(tokenizer: Tokenizer) -> str:
+    return hashlib.sha256(tokenizer.to_bytes()).hexdigest()
 
 
 def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
@@ -504,28 +519,40 @@ def _load(directory: Path, manifest: dict) -> Prepared:
                     manifest=manifest)
 
 
-def prepare(data_cfg, quiet: bool = False) -> Prepared:
+def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None) -> Prepared:
     """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
 
     The first call trains the tokenizer on the train split and writes the token files;
     later calls reuse them while the manifest matches the source files, the vocab size
-    and the tokenizer settings. Raises DataError for a bad corpus or vocab size.
+    and the tokenizer settings. With ``tokenizer`` given, no tokenizer is trained: the
+    corpus is encoded with that one (``data_cfg.vocab_size`` is then ignored), see the
+    module docstring. Raises DataError for a bad corpus or vocab size.
     """
+    if tokenizer is not None:
+        data_cfg = dataclasses.replace(data_cfg, vocab_size=tokenizer.vocab_size)
     _check_cfg(data_cfg)
     directory = prepared_dir(data_cfg)
-    expected = _expected(data_cfg)
+    if tokenizer is not None:
+        manifest = _valid_manifest(directory, _expected(data_cfg))
+        if manifest is not None and _sha256_file(directory / "tokenizer.model") == tokenizer_sha256(tokenizer):
+            _log(f"reusing {directory}", quiet)
+            return _load(directory, manifest)
+        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_sha256(tokenizer)[:12]}")
+    expected = _expected(data_cfg, tokenizer)
     manifest = _valid_manifest(directory, expected)
     if manifest is not None:
         _log(f"reusing {directory}", quiet)
         return _load(directory, manifest)
 
     started = time.time()
-    _log(f"preparing {data_cfg.corpus!r} with a {data_cfg.vocab_size}-piece tokenizer into {directory}", quiet)
+    how = (f"a {data_cfg.vocab_size}-piece tokenizer" if tokenizer is None
+           else f"a given {tokenizer.vocab_size}-piece tokenizer")
+    _log(f"preparing {data_cfg.corpus!r} with {how} into {directory}", quiet)
     train_docs, val_docs = corpus_documents(data_cfg.corpus)
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started)
+        manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started, tokenizer)
     except BaseException:
         if created and not any(directory.iterdir()):
             directory.rmdir()
@@ -533,12 +560,8 @@ def prepare(data_cfg, quiet: bool = False) -> Prepared:
     return _load(directory, manifest)
 
 
-def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document], val_docs: list[Document],
-           quiet: bool, started: float) -> dict:
-    """Train the tokenizer, encode both splits and write the files, the manifest last; returns the manifest."""
-    train_text, val_text = join_documents(train_docs), join_documents(val_docs)
-    (directory / "manifest.json").unlink(missing_ok=True)  # invalid until everything is rewritten
-
+def _train_tokenizer(data_cfg, directory: Path, train_text: str, quiet: bool) -> Tokenizer:
+    """A sentencepiece BPE tokenizer trained on the train split (through a temporary file)."""
     _log(f"training the tokenizer on {len(train_text):,} characters", quiet)
     _remove_stale_tmp(directory)
     train_file = str(_tmp_path(directory / "train.txt"))
@@ -553,7 +576,17 @@ def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document]
     finally:
         if os.path.exists(train_file):
             os.unlink(train_file)
+    return tokenizer
 
+
+def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document], val_docs: list[Document],
+           quiet: bool, started: float, tokenizer: Optional[Tokenizer] = None) -> dict:
+    """Train the tokenizer (unless given), encode both splits and write the files, the manifest
+    last; returns the manifest."""
+    train_text, val_text = join_documents(train_docs), join_documents(val_docs)
+    (directory / "manifest.json").unlink(missing_ok=True)  # invalid until everything is rewritten
+    if tokenizer is None:
+        tokenizer = _train_tokenizer(data_cfg, directory, train_text, quiet)
     train_ids = encode_text(tokenizer, train_text, "encode train", quiet=quiet)
     val_ids = encode_text(tokenizer, val_text, "encode val", quiet=quiet)
     if len(train_ids) == 0 or len(val_ids) == 0:

@@ -14,8 +14,8 @@ ways to cut the windows (Press et al. 2022, "Train Short, Test Long", appendix B
 Every length scores the same tokens: the first N targets of the split, where N is
 ``max_tokens`` (or the whole split, if shorter) rounded down to a multiple of the longest
 requested length, so the numbers of one table differ only by the window length. The
-validation text is tokenized with the checkpoint's own tokenizer (re-encoded when the
-prepared data's tokenizer differs).
+validation text is tokenized with the checkpoint's own tokenizer
+(``minilm.data.prepare(..., tokenizer=...)``).
 
 Perplexity = exp(mean nats per scored token); bits/char = total nats / (characters of the
 scored text * ln 2), the characters being those of the decoded scored tokens. A bounded
@@ -228,11 +228,7 @@ def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
     key = (config.data.corpus, config.data.dir, config.data.vocab_size,
            hashlib.sha1(tokenizer.to_bytes()).hexdigest())
     if key not in _VAL_CACHE:
-        prepared = data.prepare(config.data, quiet=quiet)
-        if prepared.tokenizer.to_bytes() == tokenizer.to_bytes():
-            _VAL_CACHE[key] = np.asarray(prepared.val)
-        else:
-            _VAL_CACHE[key] = data.encode_text(tokenizer, prepared.val_text(), "encode val", quiet)
+        _VAL_CACHE[key] = np.asarray(data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).val)
     return _VAL_CACHE[key]
 
 

@@ -14,24 +14,17 @@ continuation starts with the key (leading spaces allowed). Accuracy is reported 
 and depth. A bounded scheme (learned) whose table cannot hold the prompt and the answer
 is reported as n/a.
 
-A tiny model trained on ordinary text cannot do this. Two ways to teach it at length L:
+A tiny model trained on ordinary text cannot do this. To teach it at length L, fine-tune
+it on a mixture of passkey documents and its own training text, then test at 2L, 4L, ...:
+``make-corpus`` writes passkey documents (prompt + answer, L/4..L tokens counted with the
+checkpoint's tokenizer, random depths) and, with ``--mix F``, windows of the checkpoint's
+training split making up the fraction F of the characters, as .txt files of a corpus
+directory. ``train.init_from`` encodes that directory with the source's tokenizer::
 
-* ``make-corpus`` writes passkey documents (prompt + answer, lengths L/4..L tokens, random
-  depths) as .txt files: train on that directory with ``data.corpus=DIR`` (alone, or with
-  your own .txt files copied next to them for a mixture), then test at 2L, 4L, ... The
-  lengths are counted with the tokenizer of ``--checkpoint`` (a checkpoint or a
-  tokenizer.model), so they are approximate for a tokenizer trained on the new corpus.
-* ``passkey_batch`` samples training batches like ``minilm.data.get_batch``, a fraction of
-  the rows passkey documents ending exactly at the window's end, the rest corpus windows,
-  all with the model's own tokenizer: what a fine-tuning loop of an existing checkpoint
-  needs. (``train.py`` reads only ``data.corpus`` and requires the source's tokenizer for
-  ``train.init_from``, so it cannot fine-tune on a make-corpus directory.)
-
-::
-
-    python -m minilm.passkey make-corpus data/passkey-128 --checkpoint out/rope --n 2000 --length 128
-    python train.py --config rope.yaml data.corpus=data/passkey-128 model.block_size=128 out_dir=out/passkey
-    python -m minilm.passkey eval out/passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
+    python -m minilm.passkey make-corpus data/passkey-128 --checkpoint out/rope --length 128 --mix 0.5
+    python train.py --config rope.yaml train.init_from=out/rope data.corpus=data/passkey-128 \
+        model.block_size=128 train.max_steps=300 out_dir=out/rope-passkey
+    python -m minilm.passkey eval out/rope-passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
 """
 from __future__ import annotations
 
@@ -43,7 +36,6 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-import torch
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -187,40 +179,16 @@ def document(tokenizer, length: int, rng: random.Random) -> list:
     return prompt.ids + answer_ids(tokenizer, key)
 
 
-def passkey_batch(tokenizer, batch_size: int, block_size: int, generator: torch.Generator,
-                  corpus_tokens=None, fraction: float = 0.5):
-    """A training batch (x, y) like ``minilm.data.get_batch``: ``fraction`` of the rows are passkey
-    documents that end exactly at the window's end (so the answer is always a target), the others
-    random windows of ``corpus_tokens`` (all rows are passkey documents without a corpus)."""
-    from minilm.data import get_batch
-    if not 0.0 <= fraction <= 1.0:
-        raise PasskeyError(f"fraction={fraction!r} is invalid: expected 0 <= fraction <= 1")
-    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator))
-    rng = random.Random(seed)
-    n_key = batch_size if corpus_tokens is None else int(round(fraction * batch_size))
-    rows = []
-    shortest = min_length(tokenizer) + len(answer_ids(tokenizer, "12345"))
-    if block_size + 1 < shortest:
-        raise PasskeyError(f"block_size={block_size} is too short for passkey documents: they need at least "
-                           f"{shortest - 1} tokens with this tokenizer")
-    for _ in range(n_key):
-        # documents of random length, left-padded with filler so every row is block_size + 1 tokens
-        length = rng.randint(shortest, block_size + 1)
-        doc = document(tokenizer, length - len(answer_ids(tokenizer, "12345")), rng)
-        pad = (tokenizer.encode(" " + FILLER) * (block_size + 1))[: block_size + 1 - len(doc)]
-        rows.append(torch.tensor((pad + doc)[-(block_size + 1):], dtype=torch.long))
-    windows = torch.stack(rows) if rows else torch.zeros((0, block_size + 1), dtype=torch.long)
-    if n_key < batch_size:
-        x, y = get_batch(corpus_tokens, batch_size - n_key, block_size, generator)
-        windows = torch.cat([windows, torch.cat([x, y[:, -1:]], dim=1)])
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-
-
-def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, per_file: int = 50) -> list:
+def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, per_file: int = 50,
+                 mix_text: str = "", mix: float = 0.0) -> list:
     """Write ``n`` passkey documents of ``length // 4 .. length`` tokens (random depths) as .txt
-    files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``."""
+    files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``. With
+    ``mix`` > 0, random windows of ``mix_text`` (as long as the longest document) are written
+    as ``text-*.txt`` files too, until they are the fraction ``mix`` of all characters."""
     if n < 1:
         raise PasskeyError(f"n={n} is invalid: expected at least 1 document")
+    if not 0.0 <= mix < 1.0:
+        raise PasskeyError(f"mix={mix!r} is invalid: expected 0 <= mix < 1 (the fraction of ordinary text)")
     shortest = min_length(tokenizer)
     if length < shortest + MAX_NEW_TOKENS:
         raise PasskeyError(f"length={length} is too short: passkey documents need at least "
@@ -237,17 +205,50 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
                 f.write("\n\n".join(docs) + "\n")
             paths.append(path)
             docs = []
+    if mix > 0:
+        paths += _write_mix(out_dir, paths, mix_text, mix, rng, per_file)
+    return paths
+
+
+def _write_mix(out_dir: str, passkey_paths: list, text: str, mix: float, rng: random.Random, per_file: int) -> list:
+    """Windows of ``text`` as ``text-*.txt`` files, ``mix`` of all characters once written."""
+    passkey_chars = sum(len(open(p, encoding="utf-8").read()) for p in passkey_paths)
+    window = max(len(d) for p in passkey_paths for d in open(p, encoding="utf-8").read().split("\n\n"))
+    if len(text) <= window:
+        raise PasskeyError(f"the text to mix in has {len(text)} characters: too short for {window}-character windows")
+    wanted = int(passkey_chars * mix / (1.0 - mix))
+    paths, docs, written = [], [], 0
+    while written < wanted:
+        start = rng.randrange(len(text) - window)
+        docs.append(text[start:start + window])
+        written += window
+        if len(docs) == per_file or written >= wanted:
+            path = os.path.join(out_dir, f"text-{len(paths):04d}.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("\n\n".join(docs) + "\n")
+            paths.append(path)
+            docs = []
     return paths
 
 
 # --------------------------------------------------------------------------- command line
 
-def _tokenizer_from(path: str):
+def _make_corpus(args) -> list:
+    """make-corpus: the checkpoint's tokenizer measures the lengths; its training split is the mix text."""
     from minilm.checkpoint import load
     from minilm.tokenizer import Tokenizer
-    if path.endswith(".model"):
-        return Tokenizer.load(path)
-    return Tokenizer.from_bytes(load(path)["tokenizer"])
+    if args.checkpoint.endswith(".model"):
+        if args.mix:
+            raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
+                               f"not the tokenizer file {args.checkpoint!r}")
+        return write_corpus(args.out_dir, Tokenizer.load(args.checkpoint), args.n, args.length, args.seed)
+    state = load(args.checkpoint)
+    text = ""
+    if args.mix:
+        from minilm.data import corpus_documents, join_documents
+        text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
+    return write_corpus(args.out_dir, Tokenizer.from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
+                        mix_text=text, mix=args.mix)
 
 
 def main(argv=None) -> int:
@@ -267,18 +268,21 @@ def main(argv=None) -> int:
                     help="checkpoint (or tokenizer.model) whose tokenizer measures the lengths")
     mk.add_argument("--n", type=int, default=2000)
     mk.add_argument("--length", type=int, required=True, help="longest document in tokens")
+    mk.add_argument("--mix", type=float, default=0.0,
+                    help="fraction of the characters taken from the checkpoint's training text (default 0)")
     mk.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     from tqdm import tqdm
 
     from minilm.checkpoint import CheckpointError
+    from minilm.data import DataError
     from minilm.evaluation import EvaluationError, load_for_evaluation
     from minilm.tokenizer import TokenizerError
     try:
         if args.command == "make-corpus":
-            paths = write_corpus(args.out_dir, _tokenizer_from(args.checkpoint), args.n, args.length, args.seed)
-            print(f"wrote {args.n} passkey documents in {len(paths)} files under {args.out_dir}")
+            paths = _make_corpus(args)
+            print(f"wrote {args.n} passkey documents ({len(paths)} files, mix {args.mix:g}) under {args.out_dir}")
             return 0
         try:
             depths = [float(d) for d in args.depths.split(",")]
@@ -293,7 +297,7 @@ def main(argv=None) -> int:
                       leave=False) as bar:
                 rows = accuracy(model, tokenizer, these, depths, args.trials, args.seed, progress=bar)
             print(f"\npasskey accuracy of {path} ({args.trials} trials per cell)\n\n{markdown(rows)}")
-    except (PasskeyError, CheckpointError, EvaluationError, TokenizerError) as exc:
+    except (PasskeyError, CheckpointError, DataError, EvaluationError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -5,7 +5,9 @@ only parses arguments and calls it, and other code (the experiment runner) can c
 in-process. What it does, in order:
 
 1. Prepare the corpus (``minilm.data.prepare``; rank 0 first under DDP) and set
-   ``model.vocab_size`` from the tokenizer.
+   ``model.vocab_size`` from the tokenizer. With ``train.init_from`` the corpus is encoded
+   with the source checkpoint's tokenizer (any corpus: a fine-tuning mixture too), and
+   ``data.vocab_size`` follows it.
 2. Build the model: fresh, from ``train.init_from`` (trained weights, fresh optimiser and
    step; ``minilm.extension`` adapts positions for context extension), or with
    ``resume=True`` from ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data
@@ -356,26 +358,28 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
             from tqdm import tqdm
             tqdm.write(message, file=sys.stderr)
 
-    # 1. data: rank 0 prepares, the others then reuse its files
+    # 1. the source checkpoint of init_from, whose tokenizer the new run keeps
+    source = None
+    if t.init_from:
+        from minilm.extension import load_source_weights, prepare_extension
+        from minilm.tokenizer import Tokenizer
+
+        config, source = prepare_extension(config, t.init_from)
+        source_tokenizer = Tokenizer.from_bytes(source["tokenizer"])
+        config = dataclasses.replace(config, data=dataclasses.replace(
+            config.data, vocab_size=source_tokenizer.vocab_size))
+
+    # 2. data: rank 0 prepares, the others then reuse its files
     if not dist.main:
         dist.barrier()
-    prepared = prepare(config.data, quiet=not talk)
+    prepared = prepare(config.data, quiet=not talk, tokenizer=source_tokenizer if source else None)
     if dist.main:
         dist.barrier()
     tokenizer_bytes = prepared.tokenizer.to_bytes()
     config = dataclasses.replace(config, model=dataclasses.replace(
         config.model, vocab_size=prepared.tokenizer.vocab_size))
 
-    # 2. model (fresh, init_from, or resumed)
-    source = None
-    if t.init_from:
-        from minilm.extension import load_source_weights, prepare_extension
-
-        config, source = prepare_extension(config, t.init_from)
-        if source["tokenizer"] != tokenizer_bytes:
-            raise CheckpointError(f"train.init_from={t.init_from!r} was trained with another tokenizer than "
-                                  f"data.corpus={config.data.corpus!r}, data.vocab_size={config.data.vocab_size}: "
-                                  f"use the source run's data settings")
+    # 3. model (fresh, init_from, or resumed)
     state = None
     ckpt_path = os.path.join(config.out_dir, checkpoint.FILENAME)
     if resume:
@@ -453,7 +457,7 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
         if state is not None:
             say(f"resuming {ckpt_path} at step {step}")
 
-    # 3. the loop
+    # 4. the loop
     from tqdm import tqdm
 
     raw.train()
@@ -527,7 +531,7 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
     bar.close()
     train_seconds = time.time() - loop_started
 
-    # 4. the end: full validation, checkpoint, sample, summary
+    # 5. the end: full validation, checkpoint, sample, summary
     final = None
     if interrupted is None:
         if t.final_eval_tokens > 0:

@@ -190,6 +190,32 @@ def test_prepare_writes_and_reuses(corpus_file, tmp_path, monkeypatch):
     assert len(calls) == 4
 
 
+def test_prepare_with_a_given_tokenizer(corpus_file, small_tokenizer, tmp_path, monkeypatch):
+    calls = counting_train(monkeypatch)
+    cfg = DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"))
+    own = prepare(cfg, quiet=True)
+    assert len(calls) == 1
+    # the same tokenizer as the standard directory's: those files are reused
+    same = prepare(cfg, quiet=True, tokenizer=own.tokenizer)
+    assert same.dir == own.dir and len(calls) == 1
+    # another tokenizer (another vocab size too): encoded with it, never trained, in its own directory
+    other = prepare(DataConfig(corpus=str(corpus_file), vocab_size=999, dir=cfg.dir), quiet=True,
+                    tokenizer=small_tokenizer)
+    assert len(calls) == 1 and other.dir != own.dir and re.search(r"-tok[0-9a-f]{12}$", other.dir.name)
+    assert other.tokenizer.to_bytes() == small_tokenizer.to_bytes()
+    assert other.val.tolist() == small_tokenizer.encode(other.val_text())
+    assert other.val_text() == own.val_text()
+    manifest = json.loads((other.dir / "manifest.json").read_text())
+    assert manifest["vocab_size"] == small_tokenizer.vocab_size == 400
+    mtime = (other.dir / "train.bin").stat().st_mtime_ns
+    assert prepare(cfg, quiet=True, tokenizer=small_tokenizer).dir == other.dir
+    assert (other.dir / "train.bin").stat().st_mtime_ns == mtime
+    # a changed source re-encodes with the given tokenizer, still without training one
+    corpus_file.write_text(corpus_file.read_text() + "A new last line.\n")
+    changed = prepare(cfg, quiet=True, tokenizer=small_tokenizer)
+    assert len(calls) == 1 and changed.dir == other.dir and changed.val_text().endswith("A new last line.\n")
+
+
 @pytest.mark.parametrize("damage", ["no manifest", "bad manifest", "truncated bin", "swapped val", "crash"])
 def test_stale_or_half_written_dirs_are_rebuilt(damage, corpus_file, tmp_path, monkeypatch):
     cfg = DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"))

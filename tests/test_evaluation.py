@@ -257,17 +257,26 @@ def test_passkey_greedy_decoding_uses_the_cache_consistently(corpus):
     assert out == seq[len(ids):]
 
 
-def test_passkey_training_batches_end_with_the_answer(corpus):
+def test_passkey_corpus_documents_end_with_the_answer_and_mix_in_text(corpus):
     tokenizer = corpus[2].tokenizer
-    gen = torch.Generator().manual_seed(0)
-    x, y = passkey.passkey_batch(tokenizer, 6, 120, gen, corpus_tokens=corpus[2].train, fraction=0.5)
-    assert x.shape == y.shape == (6, 120) and torch.equal(x[:, 1:], y[:, :-1])
-    for row in range(3):
-        text = tokenizer.decode(y[row].tolist())
-        key = re.search(r"The pass key is (\d{5})\. Remember", text).group(1)
-        assert text.endswith(f"What is the pass key? The pass key is {key}.")
-    paths = passkey.write_corpus(str(corpus[0] / "pk"), tokenizer, n=7, length=150, per_file=3)
-    assert len(paths) == 3 and open(paths[0]).read().count("What is the pass key?") == 3
+    text = corpus[2].val_text()
+    out = corpus[0] / "pk"
+    paths = passkey.write_corpus(str(out), tokenizer, n=7, length=150, per_file=3, mix_text=text, mix=0.5)
+    key_files = [p for p in paths if os.path.basename(p).startswith("passkey-")]
+    text_files = [p for p in paths if os.path.basename(p).startswith("text-")]
+    assert len(key_files) == 3 and text_files
+    docs = [d for p in key_files for d in open(p).read().strip().split("\n\n")]
+    assert len(docs) == 7
+    for doc in docs:
+        key = re.search(r"The pass key is (\d{5})\. Remember", doc).group(1)
+        assert doc.endswith(f"What is the pass key? The pass key is {key}.")
+        assert len(tokenizer.encode(doc)) <= 150
+    key_chars = sum(len(open(p).read()) for p in key_files)
+    mixed_chars = sum(len(open(p).read()) for p in text_files)
+    assert 0.45 < mixed_chars / (key_chars + mixed_chars) < 0.6
+    assert all(chunk in text for p in text_files for chunk in open(p).read().strip().split("\n\n"))
+    with pytest.raises(passkey.PasskeyError, match="mix=1.0 is invalid"):
+        passkey.write_corpus(str(out), tokenizer, n=1, length=150, mix=1.0)
 
 
 def test_passkey_command_line(corpus, tmp_path, capsys):
@@ -277,5 +286,8 @@ def test_passkey_command_line(corpus, tmp_path, capsys):
     assert "| length | depth 0 | depth 1 | mean |" in out and "| 140 | " in out
     assert passkey.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
     assert len(os.listdir(tmp_path / "pk")) == 1
+    assert passkey.main(["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120",
+                         "--mix", "0.5"]) == 0
+    assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(tmp_path / "mix")
     assert passkey.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err

@@ -160,6 +160,20 @@ def test_init_from_loads_weights_and_extends_context(tiny_config):
         train(tiny_config("train.init_from=/nonexistent/ckpt.pt", out="bad"), quiet=True)
 
 
+def test_init_from_fine_tunes_on_another_corpus_with_the_source_tokenizer(tiny_config, tmp_path):
+    source = train(tiny_config(out="source"), quiet=True)
+    src = checkpoint.load(source["checkpoint"])
+    other = tmp_path / "other.txt"  # a fine-tuning corpus the source never saw, in other words
+    other.write_text("".join(f"The pass key is {10000 + 7 * i}. Remember it.\n" for i in range(400)))
+    summary = train(tiny_config(f"train.init_from={source['checkpoint']}", f"data.corpus={other}",
+                                "data.vocab_size=999", "train.max_steps=2", out="tuned"), quiet=True)
+    state = checkpoint.load(summary["checkpoint"])
+    assert state["tokenizer"] == src["tokenizer"]
+    assert state["config"]["data"]["vocab_size"] == state["config"]["model"]["vocab_size"] == 400
+    assert state["config"]["data"]["corpus"] == str(other)
+    assert math.isfinite(summary["final_val_bpc"])
+
+
 # --------------------------------------------------------------------------- command line
 
 def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
