@@ -44,7 +44,7 @@ def test_overrides_are_typed_as_yaml():
     ("train.min_lr=1", r"train.min_lr=1.0 are invalid"),
     ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
     ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
-    ("model.n_head=3", r"model.d_model=256 is not divisible by model.n_head=3"),
+    ("model.n_head=5", r"model.d_model=192 is not divisible by model.n_head=5"),
     ("train.max_steps", r"not of the form section.key=value"),
 ])
 def test_errors_are_one_line_and_name_the_key(override, expected):
