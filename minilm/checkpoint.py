@@ -91,7 +91,6 @@ def load_model(path: str, *, device: str = "cpu", position: Optional[dict] = Non
     evaluation time, no fine-tuning); ``block_size`` replaces the model's context length.
     Parameters must still match exactly: a mismatch is an error, never a partial load.
     """
-    import dataclasses
 
     from minilm.config import ConfigError, build_config
     from minilm.model import GPT
@@ -117,4 +116,4 @@ def load_model(path: str, *, device: str = "cpu", position: Optional[dict] = Non
                               f"unexpected {sorted(unexpected)[:4]}")
     model.to(device).eval()
     tokenizer = Tokenizer.from_bytes(state["tokenizer"])
-    return model, tokenizer, dataclasses.replace(config), state
+    return model, tokenizer, config, state

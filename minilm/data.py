@@ -58,8 +58,7 @@ import re
 import secrets
 import sys
 import time
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
@@ -385,23 +384,20 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _expected(data_cfg, tokenizer: Optional[Tokenizer] = None) -> dict:
-    """The manifest fields that must match for prepared files to be reused."""
+def _expected(data_cfg, fingerprint: str, tokenizer_hash: Optional[str] = None) -> dict:
+    """The manifest fields that must match for prepared files to be reused: the tokenizer
+    settings of a trained tokenizer, or the hash of a given one."""
     expected = {
         "format_version": FORMAT_VERSION,
         "corpus": data_cfg.corpus if data_cfg.corpus == SHAKESPEARE else os.path.abspath(data_cfg.corpus),
-        "source_fingerprint": source_fingerprint(data_cfg.corpus),
-        "vocab_size": data_cfg.vocab_size if tokenizer is None else tokenizer.vocab_size,
+        "source_fingerprint": fingerprint,
+        "vocab_size": data_cfg.vocab_size,
     }
-    if tokenizer is None:
+    if tokenizer_hash is None:
         expected["tokenizer_settings"] = json.loads(json.dumps(tokenizer_module.settings()))
     else:
-        expected["tokenizer_sha256"] = tokenizer_sha256(tokenizer)
+        expected["tokenizer_sha256"] = tokenizer_hash
     return expected
-
-
-def tokenizer_sha256(tokenizer: Tokenizer) -> str:
-    return hashlib.sha256(tokenizer.to_bytes()).hexdigest()
 
 
 def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
@@ -528,17 +524,20 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None
     corpus is encoded with that one (``data_cfg.vocab_size`` is then ignored), see the
     module docstring. Raises DataError for a bad corpus or vocab size.
     """
+    tokenizer_hash = None
     if tokenizer is not None:
-        data_cfg = dataclasses.replace(data_cfg, vocab_size=tokenizer.vocab_size)
+        data_cfg = replace(data_cfg, vocab_size=tokenizer.vocab_size)
+        tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
     _check_cfg(data_cfg)
     directory = prepared_dir(data_cfg)
-    if tokenizer is not None:
-        manifest = _valid_manifest(directory, _expected(data_cfg))
-        if manifest is not None and _sha256_file(directory / "tokenizer.model") == tokenizer_sha256(tokenizer):
+    fingerprint = source_fingerprint(data_cfg.corpus)
+    if tokenizer is not None:  # the standard directory, if it holds this very tokenizer
+        manifest = _valid_manifest(directory, _expected(data_cfg, fingerprint))
+        if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
             return _load(directory, manifest)
-        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_sha256(tokenizer)[:12]}")
-    expected = _expected(data_cfg, tokenizer)
+        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}")
+    expected = _expected(data_cfg, fingerprint, tokenizer_hash)
     manifest = _valid_manifest(directory, expected)
     if manifest is not None:
         _log(f"reusing {directory}", quiet)

@@ -194,40 +194,31 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
         raise PasskeyError(f"length={length} is too short: passkey documents need at least "
                            f"{shortest + MAX_NEW_TOKENS} tokens with this tokenizer")
     rng = random.Random(seed)
-    os.makedirs(out_dir, exist_ok=True)
-    paths, docs = [], []
-    for i in range(n):
+    docs = []
+    for _ in range(n):
         doc_length = rng.randint(max(shortest, length // 4), length - MAX_NEW_TOKENS)
         docs.append(tokenizer.decode(document(tokenizer, doc_length, rng)))
-        if len(docs) == per_file or i == n - 1:
-            path = os.path.join(out_dir, f"passkey-{len(paths):04d}.txt")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write("\n\n".join(docs) + "\n")
-            paths.append(path)
-            docs = []
-    if mix > 0:
-        paths += _write_mix(out_dir, paths, mix_text, mix, rng, per_file)
-    return paths
+    windows = []
+    if mix > 0:  # windows of ordinary text as long as the longest document, until they are `mix` of all
+        window = max(len(d) for d in docs)
+        if len(mix_text) <= window:
+            raise PasskeyError(f"the text to mix in has {len(mix_text)} characters: too short for "
+                               f"{window}-character windows")
+        for _ in range(-(-int(sum(len(d) for d in docs) * mix / (1.0 - mix)) // window)):
+            start = rng.randrange(len(mix_text) - window)
+            windows.append(mix_text[start:start + window])
+    os.makedirs(out_dir, exist_ok=True)
+    return _write_documents(out_dir, "passkey", docs, per_file) + _write_documents(out_dir, "text", windows, per_file)
 
 
-def _write_mix(out_dir: str, passkey_paths: list, text: str, mix: float, rng: random.Random, per_file: int) -> list:
-    """Windows of ``text`` as ``text-*.txt`` files, ``mix`` of all characters once written."""
-    passkey_chars = sum(len(open(p, encoding="utf-8").read()) for p in passkey_paths)
-    window = max(len(d) for p in passkey_paths for d in open(p, encoding="utf-8").read().split("\n\n"))
-    if len(text) <= window:
-        raise PasskeyError(f"the text to mix in has {len(text)} characters: too short for {window}-character windows")
-    wanted = int(passkey_chars * mix / (1.0 - mix))
-    paths, docs, written = [], [], 0
-    while written < wanted:
-        start = rng.randrange(len(text) - window)
-        docs.append(text[start:start + window])
-        written += window
-        if len(docs) == per_file or written >= wanted:
-            path = os.path.join(out_dir, f"text-{len(paths):04d}.txt")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write("\n\n".join(docs) + "\n")
-            paths.append(path)
-            docs = []
+def _write_documents(out_dir: str, prefix: str, docs: list, per_file: int) -> list:
+    """``docs`` as ``<prefix>-0000.txt``, ... of ``per_file`` documents each, blank lines between them."""
+    paths = []
+    for start in range(0, len(docs), per_file):
+        path = os.path.join(out_dir, f"{prefix}-{len(paths):04d}.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(docs[start:start + per_file]) + "\n")
+        paths.append(path)
     return paths
 
 

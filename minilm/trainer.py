@@ -521,7 +521,7 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
                     f"{last_val['val_bpc']:.4f} bits/char")
             stop_now = float(flags[1]) > 0
             stop_now = stop_now and step < t.max_steps  # a signal during the last step: just finish
-            if step % t.checkpoint_interval == 0 or stop_now:
+            if (step % t.checkpoint_interval == 0 and step < t.max_steps) or stop_now:  # the end saves below
                 save(last_val)
             if step % t.eval_interval == 0 or step % t.checkpoint_interval == 0:
                 window_tokens, window_started = 0, time.time()  # tokens/s counts training time only
