@@ -12,6 +12,9 @@ import argparse
 import os
 import sys
 
+from minilm import evaluation
+from minilm.cli import run_command
+
 
 def parse_numbers(text: str, kind, what: str):
     try:
@@ -53,19 +56,15 @@ def main(argv=None) -> int:
         else:
             parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
 
-    from minilm import evaluation
-    from minilm.checkpoint import CheckpointError
-    from minilm.config import ConfigError
-    from minilm.data import DataError
-    from minilm.tokenizer import TokenizerError
-    try:
-        results = evaluation.evaluate_checkpoints(
-            args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
-            max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
-            dtype=args.dtype, device=args.device, quiet=args.quiet)
-    except (evaluation.EvaluationError, CheckpointError, ConfigError, DataError, TokenizerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(lambda: report(args, overrides))
+
+
+def report(args, overrides) -> int:
+    """Score, print the tables, write the CSV and the plot."""
+    results = evaluation.evaluate_checkpoints(
+        args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
+        max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
+        dtype=args.dtype, device=args.device, quiet=args.quiet)
     first = results[0]
     print(f"validation perplexity, {args.mode} windows"
           + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")

@@ -7,18 +7,12 @@
         --set model.position.scaling.factor=4 --max-context 1024
 
 The text goes to stdout as it is decoded; warnings, errors and --stats go to stderr.
-This file only parses arguments; the work is minilm.generation.run_cli.
+This file only parses arguments; the work is minilm.cli.generate.run_cli.
 """
-import argparse
-import os
 import sys
 
-from minilm.generation import run_cli
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
+from minilm.cli import Parser, run_command
+from minilm.cli.generate import run_cli
 
 
 def parse_args(argv=None):
@@ -60,21 +54,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
+def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        run_cli(args)
-    except ValueError as exc:
-        if not type(exc).__module__.startswith("minilm."):
-            raise  # not a user error: a bug, keep the traceback
-        sys.stderr.write(f"error: {exc}\n")  # GenerationError, CheckpointError, ConfigError, PlotError, ...
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except BrokenPipeError:  # e.g. piped into head: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    return run_command(lambda: run_cli(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,12 @@ and exits. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP
 Everything else lives in minilm.trainer.
 """
 import argparse
+import json
 import sys
+
+from minilm.cli import run_command
+from minilm.config import load_config, resolve_config
+from minilm.trainer import train
 
 
 def main(argv=None) -> int:
@@ -23,27 +28,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
     args = parser.parse_args(argv)
 
-    import json
+    return run_command(lambda: run(args),
+                       on_interrupt="interrupted outside the training loop; checkpoints already in out_dir are kept")
 
-    from minilm.checkpoint import CheckpointError
-    from minilm.config import ConfigError, load_config
-    from minilm.data import DataError
-    from minilm.tokenizer import TokenizerError
-    from minilm.trainer import TrainingError, resolve_config, train
 
-    try:
-        config = resolve_config(load_config(args.config, args.overrides))
-        if args.print_config:
-            print(config.to_yaml(), end="")
-            return 0
-        summary = train(config, resume=args.resume, quiet=args.quiet)
-    except (ConfigError, CheckpointError, DataError, TokenizerError, TrainingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted outside the training loop; checkpoints already in out_dir are kept",
-              file=sys.stderr)
-        return 130
+def run(args) -> int:
+    config = resolve_config(load_config(args.config, args.overrides))
+    if args.print_config:
+        print(config.to_yaml(), end="")
+        return 0
+    summary = train(config, resume=args.resume, quiet=args.quiet)
     if args.quiet:
         print(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
     if summary["interrupted"]:

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
 from minilm.config import TrainConfig  # noqa: E402
-from minilm.trainer import autocast, loss_fn, make_optimizer, resolve_device, resolve_dtype  # noqa: E402
+from minilm.common import autocast, resolve_device, resolve_dtype  # noqa: E402
+from minilm.trainer import loss_fn, make_optimizer  # noqa: E402
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, min_seconds: float = 2.0) -> tuple[float, int]:

@@ -27,16 +27,12 @@ class KVCache:
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # (slots, T) of the forward pass in progress
 
-    @property
-    def filled(self) -> int:
-        return min(self.length, self.capacity)
-
     def begin(self, num_new: int) -> torch.Tensor:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
         end = self.length + num_new
         if not self.rolling and end > self.capacity:
             raise ValueError(f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
-                             f"{num_new} more; allocate new_cache(..., max_length>={end}) or a rolling cache")
+                             f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache")
         if self.rolling and num_new > 1 and end > self.capacity:
             raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
                              f"position {self.length} with capacity {self.capacity}")
@@ -62,9 +58,4 @@ class KVCache:
     def commit(self) -> None:
         """Advance the length once every layer has written its keys."""
         self.length += len(self._pending)
-        self._pending = None
-
-    def reset(self) -> None:
-        self.length = 0
-        self.slot_pos.fill_(-1.0)
         self._pending = None

@@ -9,7 +9,6 @@ are applied on top, their values parsed as YAML. Every mistake is a one-line
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import typing
@@ -17,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import yaml
+
+from minilm.common import MinilmError, suggest
+from minilm.positions import canonical, validate
 
 
 class YAMLLoader(yaml.SafeLoader):
@@ -33,17 +35,8 @@ def parse_yaml(text):
     return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-class ConfigError(ValueError):
+class ConfigError(MinilmError):
     """A bad configuration value; the message is one line meant for the user."""
-
-
-def suggest(name: str, valid) -> str:
-    """' (did you mean X?)' for the closest valid names, else a list of all of them."""
-    valid = sorted(valid)
-    close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
-    if close:
-        return f"did you mean {', '.join(close)}? valid: {', '.join(valid)}"
-    return f"valid: {', '.join(valid)}"
 
 
 @dataclass
@@ -73,6 +66,10 @@ class ModelConfig:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
         if not isinstance(self.position, dict) or "kind" not in self.position:
             raise ConfigError(f"model.position={self.position!r} is invalid: expected a mapping with a 'kind'")
+        try:
+            self.position = canonical(self.position)  # old option names (interpolated's base) -> current
+        except ValueError as exc:
+            raise ConfigError(f"model.position: {exc}") from None
 
     @property
     def head_dim(self) -> int:
@@ -192,6 +189,25 @@ def from_dict(cls, data: Any, prefix: str = ""):
     return cls(**kwargs)
 
 
+def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: typing.Sequence[str] = (),
+                    what: str = "") -> dict:
+    """Apply ``dotted.key=value`` assignments to a nested dict in place and return it. With
+    ``allowed`` (key prefixes), any other key is a ConfigError that says what may change
+    ``what``-time (e.g. "at evaluation time"). Setting ``model.position.kind`` to another kind
+    starts the position settings afresh, so no option of the old kind is left behind."""
+    for assignment in assignments:
+        key = assignment.split("=", 1)[0].strip().lstrip("-")
+        if allowed and ("=" not in assignment or not key.startswith(tuple(allowed))):
+            raise ConfigError(f"override {assignment!r} is not allowed {what}: only "
+                              f"{', '.join(a + ('KEY' if a.endswith('.') else '') + '=VALUE' for a in allowed)} "
+                              f"can change")
+        if key == "model.position.kind" and isinstance(tree.get("model", {}).get("position"), dict):
+            if assignment.split("=", 1)[1].strip() != tree["model"]["position"].get("kind"):
+                tree["model"]["position"] = {}
+        apply_override(tree, assignment)
+    return tree
+
+
 def apply_override(tree: dict, assignment: str) -> None:
     """Apply one ``dotted.key=value`` override to a nested dict; the value is parsed as YAML."""
     if "=" not in assignment:
@@ -238,9 +254,7 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
             raise ConfigError(f"{resolved} is not valid YAML: {str(exc).splitlines()[0]}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{resolved} must hold a mapping with sections model, data, train")
-    for assignment in overrides:
-        apply_override(tree, assignment)
-    return build_config(tree)
+    return build_config(apply_overrides(tree, overrides))
 
 
 def build_config(tree: dict) -> Config:
@@ -249,9 +263,19 @@ def build_config(tree: dict) -> Config:
         config = from_dict(Config, tree)
     except TypeError as exc:  # a dataclass got an argument it cannot take
         raise ConfigError(str(exc)) from None
-    from minilm.positions import validate
     try:
         validate(config.model.position, config.model)
     except ValueError as exc:
         raise ConfigError(f"model.position: {exc}") from None
     return config
+
+
+def resolve_config(config: Config, tokenizer=None) -> Config:
+    """The config a run uses; the one place where the vocabulary size is decided.
+
+    ``model.vocab_size`` follows the tokenizer: ``tokenizer.vocab_size`` when one is given
+    (a prepared corpus, or the source checkpoint of ``train.init_from``), which then sets
+    ``data.vocab_size`` too; else ``data.vocab_size``, the size of the tokenizer to train."""
+    vocab = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
+                               model=dataclasses.replace(config.model, vocab_size=vocab))

@@ -1,14 +1,16 @@
-"""Start a run from a trained checkpoint (``train.init_from``), possibly with a longer
-context and a new position setting: context extension.
+"""Context extension: how a trained checkpoint's position settings and weights move into a
+model with a longer training length (block_size) or a new position setting. The loader
+(``minilm.loading.load_model``) applies this for evaluation-time scalings and for
+``train.init_from``.
 
 Weights move into the new scheme wherever the shapes allow:
 
 * rope -> rope with a scaling (linear / ntk / dynamic / yarn): RoPE has no parameters;
   ``scaling.original_max_positions`` is taken from the source's block_size when omitted,
-  so NTK / YaRN use the ORIGINAL training length (DESIGN.md pitfall 3).
+  so NTK / YaRN use the ORIGINAL training length (docs/design.md, "Glossary").
 * any kind -> ``interpolated`` around the same kind: the wrapped scheme's parameters are
   the source's (e.g. ``positions.table.weight`` -> ``positions.inner.table.weight``).
-  When ``base`` is omitted it is the source's position setting; when ``factor`` is
+  When ``inner`` is omitted it is the source's position setting; when ``factor`` is
   omitted it is new block_size / source block_size, except around a bounded table
   (learned) where it is (new block_size - 1) / (table rows - 1), so that the last new
   position lands exactly on the last trained row (position interpolation, Chen et al. 2023).
@@ -21,52 +23,19 @@ never a partial load.
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 
-from minilm.checkpoint import CheckpointError, load
-from minilm.config import Config, ConfigError
+from minilm.checkpoint import CheckpointError
 
-ARCHITECTURE = ("vocab_size", "n_layer", "n_head", "d_model", "d_ff", "bias")
-
-
-def prepare_extension(config: Config, path: str):
-    """Read the source checkpoint and complete ``config`` from it. Returns (config, source_state)."""
-    source = load(path)
-    src_model = source["config"]["model"]
-    for name in ARCHITECTURE:
-        ours = getattr(config.model, name)
-        if name == "vocab_size":
-            continue  # follows the tokenizer, which comes from the source as well
-        if src_model.get(name) != ours:
-            raise CheckpointError(f"train.init_from={path!r}: model.{name}={ours} but the source has "
-                                  f"{src_model.get(name)}; an extended model keeps the source architecture")
-    position = complete_position(config.model.position, src_model, config.model.block_size)
-    src_kind, new_kind = base_kind(src_model["position"]), base_kind(position)
-    if src_kind != new_kind:
-        raise CheckpointError(f"train.init_from={path!r}: model.position uses kind {new_kind!r} but the source "
-                              f"was trained with {src_kind!r}; extend with the same kind (a scaling of it, or "
-                              f"interpolated around it)")
-    model = dataclasses.replace(config.model, position=position, vocab_size=src_model["vocab_size"])
-    from minilm.positions import build
-    try:
-        limit = build(position, d_model=model.d_model, n_head=model.n_head, block_size=model.block_size) \
-            .position_limit()
-    except ValueError as exc:
-        raise ConfigError(f"model.position (completed from {path!r}): {exc}") from None
-    if limit is not None and limit < model.block_size - 1e-6:
-        raise ConfigError(f"model.position={position} covers positions 0..{limit - 1:g} but model.block_size="
-                          f"{model.block_size} needs 0..{model.block_size - 1}: leave out the factor of "
-                          f"interpolated to have it computed, or give the learned table more rows")
-    return dataclasses.replace(config, model=model), source
+ARCHITECTURE = ("n_layer", "n_head", "d_model", "d_ff", "bias")  # what an extended model keeps (and vocab_size)
 
 
 def base_kind(position: dict) -> str:
     """The kind that carries the weights: the wrapped kind of ``interpolated``, else the kind."""
     if position.get("kind") == "interpolated":
-        inner = position.get("base", {"kind": "rope"})
+        inner = position.get("inner", {"kind": "rope"})
         return base_kind(inner if isinstance(inner, dict) else {"kind": inner})
     return position.get("kind")
 
@@ -87,13 +56,13 @@ def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
         if scaling.get("original_max_positions") is None:
             scaling["original_max_positions"] = src_block
     if position.get("kind") == "interpolated":
-        if "base" not in position:
-            position["base"] = copy.deepcopy(src_position)
-        inner = position["base"] if isinstance(position["base"], dict) else {"kind": position["base"]}
+        if "inner" not in position:
+            position["inner"] = copy.deepcopy(src_position)
+        inner = position["inner"] if isinstance(position["inner"], dict) else {"kind": position["inner"]}
         rows = _table_rows(src_position, src_block)
         if inner.get("kind") == "learned" and rows is not None and inner.get("max_positions") is None:
             inner = {**inner, "max_positions": rows}  # the wrapped table keeps the source's rows
-        position["base"] = inner
+        position["inner"] = inner
         if "factor" not in position:
             rows = _table_rows(inner, src_block)
             position["factor"] = (block_size - 1) / (rows - 1) if rows and rows > 1 else block_size / src_block

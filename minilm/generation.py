@@ -11,7 +11,6 @@ Layers, each usable on its own:
 * ``generate_ids``: yields the sampled token of each sequence, step by step.
 * ``TextStream``: incremental detokenization with stop strings.
 * ``generate``: yields ``Piece(sample, token, text)`` as tokens are produced.
-* ``run_cli``: what ``generate.py`` does with its parsed arguments.
 
 Past the context (``max_context``, default the model's block_size) generation never stops:
 
@@ -29,7 +28,7 @@ Past the context (``max_context``, default the model's block_size) generation ne
 the whole sequence so far, ``model(idx, window=max_context)`` for the rolling schemes and
 the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
 dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
-fixed for a whole generation (DESIGN.md pitfall 2).
+fixed for a whole generation (docs/design.md, "Dynamic scaling and the cache").
 
 Text: a stop string ends a sample and is not part of its text (the text ends just before
 it); the token that completed it is the sample's last token. Pieces are only handed out
@@ -39,9 +38,7 @@ string. Generation does not stop at the end-of-text token: the training data has
 from __future__ import annotations
 
 import math
-import re
 import secrets
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -49,10 +46,12 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import torch
 
+from minilm.common import MinilmError, peak_memory
+
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
 
 
-class GenerationError(ValueError):
+class GenerationError(MinilmError):
     """A bad generation setting or input; the message is one line for the user."""
 
 
@@ -223,20 +222,7 @@ class Stats:
         ]
 
 
-def peak_memory(device: str) -> str:
-    """Peak CUDA memory allocated by torch, or the process's peak resident set size."""
-    if str(device).startswith("cuda"):
-        return f"{torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB (torch.cuda.max_memory_allocated)"
-    try:
-        import resource
-    except ImportError:  # Windows
-        return "n/a (no resource module)"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    rss = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
-    return f"{rss:.1f} MiB (peak RSS of the process)"
-
-
-def _check_count(name: str, value, low: int) -> None:
+def check_count(name: str, value, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise GenerationError(f"{name}={value!r} is invalid: expected an integer >= {low}")
 
@@ -249,8 +235,8 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
     reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
     window of a bounded scheme is cropped to its last ``max_context`` tokens with a warning."""
-    _check_count("max_new_tokens", max_new_tokens, 0)
-    _check_count("num_samples", num_samples, 1)
+    check_count("max_new_tokens", max_new_tokens, 0)
+    check_count("num_samples", num_samples, 1)
     sampling.check()
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
@@ -415,142 +401,3 @@ def generate_text(model, tokenizer, prompt, **options) -> List[str]:
     for piece in generate(model, tokenizer, prompt, **options):
         texts[piece.sample] += piece.text
     return texts
-
-
-# --------------------------------------------------------------------------- command line
-
-SEPARATOR = "---------------"
-
-
-class SamplePrinter:
-    """Writes samples one after another: the first streams live, the others are buffered
-    until it ends, then each in turn continues live. Every sample ends with a newline."""
-
-    def __init__(self, out, num_samples: int, head: str):
-        self.out, self.head = out, head
-        self.buffers = [[] for _ in range(num_samples)]
-        self.done = [False] * num_samples
-        self.current = 0
-        self._write(head)
-
-    def _write(self, text: str) -> None:
-        if text:
-            self.out.write(text)
-            self.out.flush()
-
-    def add(self, sample: int, text: str, done: bool) -> None:
-        if sample == self.current:
-            self._write(text)
-        else:
-            self.buffers[sample].append(text)
-        self.done[sample] = self.done[sample] or done
-        self._advance()
-
-    def _advance(self) -> None:
-        while self.current < len(self.done) and self.done[self.current]:
-            self._write("\n")
-            self.current += 1
-            if self.current < len(self.done):
-                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers[self.current])}")
-                self.buffers[self.current] = []
-
-    def finish(self) -> None:
-        for i in range(len(self.done)):
-            self.done[i] = True
-        self._advance()
-
-
-def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str:
-    """The prompt from the argument, ``--prompt-file``, or stdin (argument ``-``, or no
-    argument while stdin is not a terminal); empty when none is given."""
-    if prompt is not None and prompt_file is not None:
-        raise GenerationError("give the prompt either as an argument or with --prompt-file, not both")
-    if prompt_file is not None:
-        try:
-            with open(prompt_file, encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise GenerationError(f"cannot read --prompt-file {prompt_file!r}: "
-                                  f"{getattr(exc, 'strerror', None) or exc}") from None
-    if prompt == "-" or (prompt is None and stdin is not None and not stdin.isatty()):
-        return stdin.read()
-    return prompt or ""
-
-
-def unescape(text: str) -> str:
-    """``\\n``, ``\\t`` and ``\\\\`` in a command-line string become a newline, a tab and a backslash."""
-    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
-
-
-def pick_device(name: str) -> str:
-    """``auto`` (CUDA when available, else CPU), cpu, cuda, cuda:N or mps, checked to exist."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name != "cpu" and not name.startswith("cuda") and name != "mps":
-        raise GenerationError(f"--device {name!r} is unknown: valid: auto, cpu, cuda, cuda:N, mps")
-    if name.startswith("cuda") and not torch.cuda.is_available() or \
-            name == "mps" and not torch.backends.mps.is_available():
-        raise GenerationError(f"--device {name}: not available on this machine; valid here: auto, cpu")
-    return name
-
-
-def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
-    """Load a checkpoint and stream continuations of a prompt: what ``generate.py`` runs with
-    its parsed arguments. User errors raise GenerationError (or CheckpointError)."""
-    from minilm.checkpoint import load_model
-    stdin = sys.stdin if stdin is None else stdin
-    stdout = sys.stdout if stdout is None else stdout
-    stderr = sys.stderr if stderr is None else stderr
-
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty).check()
-    _check_count("--max-new-tokens", args.max_new_tokens, 0)
-    _check_count("--num-samples", args.num_samples, 1)
-    if args.max_context is not None:
-        _check_count("--max-context", args.max_context, 1)
-    device = pick_device(args.device)
-    if args.threads is not None:
-        _check_count("--threads", args.threads, 1)
-        torch.set_num_threads(args.threads)
-    prompt = read_prompt(args.prompt, args.prompt_file, stdin)
-    if args.set:  # the same adapted loading as evaluate.py (scalings, interpolation, grown tables)
-        from minilm.evaluation import load_for_evaluation
-        model, tokenizer, _, _ = load_for_evaluation(args.checkpoint, args.set, device=str(device))
-    else:
-        model, tokenizer, _, _ = load_model(args.checkpoint, device=device)
-    prompt_ids = encode_prompt(tokenizer, prompt)
-    context_size(model, args.max_context)  # a bad --max-context fails before any output
-
-    stats = Stats()
-    printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
-    generated: List[List[int]] = [[] for _ in range(args.num_samples)]  # token ids of each sample
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", GenerationWarning)
-        pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                          num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
-                          max_context=args.max_context, use_cache=not args.no_cache, stats=stats)
-        first = True
-        for piece in pieces:
-            if first:
-                _show_warnings(caught, stderr)
-                first = False
-            generated[piece.sample].append(piece.token)
-            printer.add(piece.sample, piece.text, piece.done)
-        _show_warnings(caught, stderr)
-    printer.finish()
-    if args.stats:
-        mode = "no cache" if args.no_cache else "KV cache"
-        kind = model.positions.kind
-        stderr.write(f"model: {kind} positions, context {context_size(model, args.max_context)}, {mode}, "
-                     f"{device}\n")
-        for line in stats.lines():
-            stderr.write(line + "\n")
-    if args.attention_map:
-        from minilm import plots
-        path = plots.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
-        stderr.write(f"attention map of sample 1 written to {path}\n")
-
-
-def _show_warnings(caught: list, stderr) -> None:
-    for w in caught:
-        stderr.write(f"warning: {w.message}\n")
-    caught.clear()

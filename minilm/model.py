@@ -128,11 +128,11 @@ class GPT(nn.Module):
         """Trainable parameters, the tied LM head counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, batch_size: int, max_length: int, *, rolling: bool = False) -> KVCache:
-        """A KV cache for ``batch_size`` sequences of up to ``max_length`` tokens (or a rolling
-        window of that many, with ``rolling=True``)."""
+    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False) -> KVCache:
+        """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
+        tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens."""
         ref = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, self.config.n_head, self.config.head_dim, max_length,
+        return KVCache(self.config.n_layer, batch_size, self.config.n_head, self.config.head_dim, capacity,
                        rolling=rolling, dtype=ref.dtype, device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,

@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 
 import sentencepiece as spm
 
+from minilm.common import MinilmError
+
 # Bump when the trainer settings below change, so prepared data is rebuilt.
 SETTINGS_VERSION = 1
 
@@ -54,7 +56,7 @@ TRAINER_SETTINGS = dict(
 RANDOM_SEED = 1234  # sentencepiece samples lines when a corpus has more than input_sentence_size
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MinilmError):
     """A tokenizer could not be trained, loaded or used; the message is one line."""
 
 

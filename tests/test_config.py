@@ -6,9 +6,8 @@ import sys
 import pytest
 import yaml
 
-from minilm.config import Config, ConfigError, find_config_file, load_config
+from minilm.config import Config, ConfigError, find_config_file, load_config, resolve_config
 from minilm.model import GPT
-from minilm.trainer import resolve_config
 from tests.conftest import REPO
 
 CONFIGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "interpolated")

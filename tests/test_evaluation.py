@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import minilm.model
-from minilm import GPT, checkpoint, evaluation, passkey
+from minilm import GPT, checkpoint, evaluation, passkey, scoring
+from minilm.checkpoint import CheckpointError
+from minilm.config import ConfigError
+from minilm.loading import load_model
 from minilm.config import build_config
 from minilm.data import prepare
 
@@ -70,9 +73,9 @@ def direct_nll(model, tokens, length):
 
 @pytest.mark.parametrize("n,length,stride", [(64, 16, None), (70, 16, 5), (64, 64, None), (10, 16, 3)])
 def test_windows_score_every_target_once(n, length, stride):
-    for mode in evaluation.MODES:
+    for mode in scoring.MODES:
         scored = []
-        for begin, end, count in evaluation.windows(n, length, mode, stride):
+        for begin, end, count in scoring.windows(n, length, mode, stride):
             assert 0 <= begin < end <= n and end - begin <= length and 1 <= count <= end - begin
             scored += list(range(end - count, end))
             if mode == "sliding" and begin > 0:  # every token after the first window sees >= T - stride context
@@ -84,32 +87,32 @@ def test_nonoverlapping_score_matches_direct_cross_entropy(corpus):
     _, model = tiny_checkpoint(corpus, "rope")
     tokens = torch.randint(0, 340, (97,), generator=torch.Generator().manual_seed(0))
     for length in (8, 16, 40):
-        got = evaluation.score(model, tokens, length, "nonoverlapping", batch_tokens=32)
+        got = scoring.score(model, tokens, length, "nonoverlapping", batch_tokens=32)
         assert got == pytest.approx(direct_nll(model, tokens, length), rel=1e-5)
 
 
 def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
     _, model = tiny_checkpoint(corpus, "alibi")
     tokens = torch.randint(0, 340, (65,), generator=torch.Generator().manual_seed(1))
-    a = evaluation.score(model, tokens, 16, "nonoverlapping")
-    b = evaluation.score(model, tokens, 16, "sliding", stride=16)
+    a = scoring.score(model, tokens, 16, "nonoverlapping")
+    b = scoring.score(model, tokens, 16, "sliding", stride=16)
     assert a == pytest.approx(b, rel=1e-6)
     total = 0.0
     with torch.no_grad():
-        for begin, end, count in evaluation.windows(64, 16, "sliding", 5):
+        for begin, end, count in scoring.windows(64, 16, "sliding", 5):
             logits = model(tokens[None, begin:end])[0, -count:]
             total += F.cross_entropy(logits, tokens[end - count + 1:end + 1], reduction="sum").item()
-    assert evaluation.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
+    assert scoring.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
 
 
 @pytest.mark.parametrize("kind", ["alibi", "t5", "rope", "learned"])
 def test_chunked_paths_give_the_same_perplexity(corpus, kind, monkeypatch):
     _, model = tiny_checkpoint(corpus, kind, block_size=64)
     tokens = torch.randint(0, 340, (129,), generator=torch.Generator().manual_seed(2))
-    whole = evaluation.score(model, tokens, 64, "sliding", stride=16)
+    whole = scoring.score(model, tokens, 64, "sliding", stride=16)
     monkeypatch.setattr(minilm.model, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
-    monkeypatch.setattr(evaluation, "LOSS_CHUNK", 7)
-    chunked = evaluation.score(model, tokens, 64, "sliding", stride=16, batch_tokens=64)
+    monkeypatch.setattr(scoring, "LOSS_CHUNK", 7)
+    chunked = scoring.score(model, tokens, 64, "sliding", stride=16, batch_tokens=64)
     assert chunked == pytest.approx(whole, rel=1e-5)
 
 
@@ -147,8 +150,8 @@ def test_evaluation_time_scaling_factor_one_changes_nothing(corpus):
     assert [r.nll for r in yarn1] == pytest.approx([r.nll for r in plain], rel=1e-6)
     assert pi4[0].nll != pytest.approx(plain[0].nll, rel=1e-4)
     assert pi4[0].position == "rope+linear x4" and "[rope+linear x4]" in pi4[0].label
-    model, *_ = evaluation.load_for_evaluation(rope, ["model.position.scaling.type=yarn",
-                                                      "model.position.scaling.factor=4", "model.block_size=64"])
+    model, *_ = load_model(rope, ["model.position.scaling.type=yarn",
+                                     "model.position.scaling.factor=4", "model.block_size=64"])
     assert model.positions.scaling["original_max_positions"] == 16  # the checkpoint's length, not the new one
 
 
@@ -159,22 +162,22 @@ def test_zero_shot_interpolation_of_a_learned_table(corpus):
                                                          "model.position.factor=4"])
     assert [r.status for r in results] == ["ok", "ok", "bounded"]  # 15 * 4 + 1 = 61 positions
     assert results[0].position == "interpolated(learned max_positions=16) x4"
-    model, *_ = evaluation.load_for_evaluation(learned, ["model.position.kind=interpolated", "model.block_size=64"])
+    model, *_ = load_model(learned, ["model.position.kind=interpolated", "model.block_size=64"])
     assert model.positions.factor == pytest.approx(63 / 15)  # the last position on the last trained row
     assert torch.equal(model.positions.inner.table.weight, src.positions.table.weight)
-    with pytest.raises(evaluation.EvaluationError, match="trained with 'learned' positions, not 'alibi'"):
-        evaluation.load_for_evaluation(learned, ["model.position.kind=alibi"])
+    with pytest.raises(CheckpointError, match="trained with 'learned' positions, not 'alibi'"):
+        load_model(learned, ["model.position.kind=alibi"])
 
 
 def test_bad_requests_are_one_line_errors(corpus):
     rope, _ = tiny_checkpoint(corpus, "rope")
-    with pytest.raises(evaluation.EvaluationError, match="not allowed at evaluation time"):
+    with pytest.raises(ConfigError, match="not allowed at evaluation time"):
         evaluation.evaluate_checkpoints([rope], overrides=["model.d_model=32"], quiet=True)
     with pytest.raises(evaluation.EvaluationError, match="fewer than the longest length"):
         evaluation.evaluate_checkpoints([rope], lengths=[10 ** 6], quiet=True)
-    with pytest.raises(evaluation.EvaluationError, match="stride=99 is invalid"):
+    with pytest.raises(scoring.ScoringError, match="stride=99 is invalid"):
         evaluation.evaluate_checkpoints([rope], lengths=[16], mode="sliding", stride=99, quiet=True)
-    with pytest.raises(evaluation.EvaluationError, match="scaling.type"):
+    with pytest.raises(ConfigError, match="scaling.type"):
         evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling.type=bogus"], quiet=True)
 
 
@@ -241,7 +244,7 @@ def test_passkey_scoring_with_a_generator_that_knows_the_key(corpus):
     assert all(r["accuracy"] == 0 for r in passkey.accuracy(model, tokenizer, [120], [0.5], 3, generate=liar))
     assert passkey.is_correct(" 12345.", "12345") and not passkey.is_correct(" 123456", "12345")
     learned, _ = tiny_checkpoint(corpus, "learned", block_size=128)
-    model_l, *_ = checkpoint.load_model(learned)
+    model_l, *_ = load_model(learned)
     rows = passkey.accuracy(model_l, tokenizer, [100, 200], [0.5], 1, generate=oracle)
     assert [r["accuracy"] for r in rows] == [1.0, None] and "n/a (bounded)" in passkey.markdown(rows)
 

@@ -1,13 +1,22 @@
-"""Context extension (minilm.extension): the source's weights move into the extended model."""
+"""Context extension (minilm.extension, through minilm.loading and train.init_from): the
+source's weights move into the extended model."""
 import pytest
 import torch
 
 from minilm import GPT, checkpoint
 from minilm.checkpoint import CheckpointError
 from minilm.config import ConfigError, build_config
-from minilm.extension import complete_position, load_source_weights, prepare_extension
+from minilm.extension import complete_position, load_source_weights
+from minilm.trainer import source_model
 
 MODEL = {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16}
+TOKENIZER = {}
+
+
+@pytest.fixture(autouse=True)
+def tokenizer_bytes(gen_tokenizer):
+    """Checkpoints carry a real tokenizer: the loader reads it."""
+    TOKENIZER["bytes"] = gen_tokenizer.to_bytes()
 
 
 def source(tmp_path, kind, block_size=16, **position):
@@ -19,7 +28,7 @@ def source(tmp_path, kind, block_size=16, **position):
         for name, p in model.named_parameters():
             if name.startswith("positions") or name.endswith("qkv.weight"):
                 p.normal_(0, 0.5)
-    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": b"unused"},
+    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": TOKENIZER["bytes"]},
                            config.out_dir)
     return path, model
 
@@ -27,10 +36,8 @@ def source(tmp_path, kind, block_size=16, **position):
 def extend(path, block_size, position, **model):
     config = build_config({"model": {**MODEL, **model, "block_size": block_size, "position": position},
                            "train": {"init_from": path}})
-    config, state = prepare_extension(config, path)
-    new = GPT(config.model).eval()
-    load_source_weights(new, state)
-    return config, new
+    config, source = source_model(config)
+    return config, source.model
 
 
 def same_weights(a, b, skip=()):
@@ -85,7 +92,7 @@ def test_any_kind_to_interpolated_of_the_same_kind(tmp_path, kind):
     path, src = source(tmp_path, kind)
     config, new = extend(path, 64, {"kind": "interpolated"})
     position = config.model.position
-    assert position["base"]["kind"] == kind
+    assert position["inner"]["kind"] == kind
     expected = 63 / 15 if kind == "learned" else 4.0  # learned: the last new position lands on the last row
     assert position["factor"] == pytest.approx(expected)
     src_state, new_state = src.state_dict(), new.state_dict()
@@ -109,10 +116,10 @@ def test_mismatches_are_clear_errors(tmp_path):
     path, _ = source(tmp_path, "rope")
     with pytest.raises(CheckpointError, match="model.d_model=32 but the source has 16"):
         extend(path, 64, {"kind": "rope"}, d_model=32)
-    with pytest.raises(CheckpointError, match="kind 'alibi' but the source was trained with 'rope'"):
+    with pytest.raises(CheckpointError, match="trained with 'rope' positions, not 'alibi'"):
         extend(path, 64, {"kind": "alibi"})
-    with pytest.raises(CheckpointError, match="kind 'learned'"):
-        extend(path, 64, {"kind": "interpolated", "base": {"kind": "learned"}})
+    with pytest.raises(CheckpointError, match="not 'learned'"):
+        extend(path, 64, {"kind": "interpolated", "inner": {"kind": "learned"}})
     learned, _ = source(tmp_path, "learned")
     with pytest.raises(ConfigError, match="covers positions 0..60 but model.block_size=64"):
         extend(learned, 64, {"kind": "interpolated", "factor": 4})
@@ -129,7 +136,7 @@ def test_complete_position_leaves_its_input_alone():
     position = {"kind": "interpolated"}
     out = complete_position(position, {"position": {"kind": "sinusoidal", "base": 100.0}, "block_size": 8}, 32)
     assert position == {"kind": "interpolated"}
-    assert out == {"kind": "interpolated", "base": {"kind": "sinusoidal", "base": 100.0}, "factor": 4.0}
+    assert out == {"kind": "interpolated", "inner": {"kind": "sinusoidal", "base": 100.0}, "factor": 4.0}
 
 
 @pytest.mark.parametrize("name,source_config", [
@@ -140,19 +147,18 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
     src = load_config(source_config, [f"out_dir={tmp_path / 'src'}", "model.vocab_size=4096"])
     torch.manual_seed(0)
     src_model = GPT(src.model)
-    path = checkpoint.save({"model": src_model.state_dict(), "config": src.to_dict(), "tokenizer": b"unused"},
+    path = checkpoint.save({"model": src_model.state_dict(), "config": src.to_dict(), "tokenizer": TOKENIZER["bytes"]},
                            src.out_dir)
     config = load_config(f"{name}.yaml", [f"train.init_from={path}"])
     assert config.model.block_size == 4 * src.model.block_size and config.train.lr < src.train.lr
     assert config.train.max_steps < src.train.max_steps
-    config, state = prepare_extension(config, path)
-    new = GPT(config.model)
-    load_source_weights(new, state)
+    config, source = source_model(config)
+    new = source.model
     position = config.model.position
     if position["kind"] == "rope":
         assert position["scaling"]["factor"] == 4
         assert new.positions.scaling["original_max_positions"] == src.model.block_size
     else:
-        assert position["base"]["kind"] == src.model.position["kind"]
+        assert position["inner"]["kind"] == src.model.position["kind"]
         assert new.positions.position_limit() is None or new.positions.position_limit() >= config.model.block_size
     assert same_weights(src_model, new) or position["kind"] == "interpolated"

@@ -44,8 +44,7 @@ def checkpoints(tmp_path_factory, gen_tokenizer, random_gpt):
 def run(capsys, *argv):
     """generate.py in-process: (exit status, stdout, stderr)."""
     try:
-        generate_script.main(list(argv))
-        status = 0
+        status = generate_script.main(list(argv))
     except SystemExit as exc:
         status = exc.code
     captured = capsys.readouterr()
@@ -86,7 +85,7 @@ class Recorder(io.StringIO):
 
 
 def test_every_piece_is_flushed_as_soon_as_it_is_decoded(checkpoints):
-    from minilm.generation import run_cli
+    from minilm.cli.generate import run_cli
     args = generate_script.parse_args(list(greedy(checkpoints["rope"], "--max-new-tokens", "60", "ROMEO:")))
     out, err = Recorder(), io.StringIO()
     run_cli(args, stdin=io.StringIO(), stdout=out, stderr=err)
@@ -139,7 +138,7 @@ def test_stop_string_ends_the_output_before_it(checkpoints, capsys):
 
 
 def test_stop_strings_understand_newline_and_tab_escapes():
-    from minilm.generation import unescape
+    from minilm.cli.generate import unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb"
     assert unescape(r"c:\\new") == r"c:\new" and unescape(r"\q é") == r"\q é"
 

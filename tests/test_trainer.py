@@ -16,7 +16,9 @@ from minilm import checkpoint, trainer
 from minilm.checkpoint import CheckpointError
 from minilm.config import ConfigError, TrainConfig
 from minilm.model import GPT
-from minilm.trainer import TrainingError, lr_at, make_optimizer, resolve_dtype, train
+from minilm.common import cpu_has_fast_bf16, resolve_dtype
+from minilm.loading import load_model
+from minilm.trainer import TrainingError, lr_at, make_optimizer, train
 from tests.conftest import REPO, tiny_overrides
 
 
@@ -63,7 +65,7 @@ def test_dtype_auto_follows_the_hardware():
     cpu = torch.device("cpu")
     assert resolve_dtype("float32", cpu) == torch.float32
     assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
-    expected = torch.bfloat16 if trainer.cpu_has_fast_bf16() else torch.float32
+    expected = torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     assert resolve_dtype("auto", cpu) == expected
 
 
@@ -75,7 +77,7 @@ def test_tiny_run_writes_checkpoint_metrics_and_summary(tiny_config):
     for key in ("checkpoint", "steps", "tokens", "seconds", "best_val_bpc", "final_val_loss"):
         assert key in summary
     assert summary["steps"] == 12 and summary["tokens"] == 12 * 4 * 32
-    model, tokenizer, loaded, state = checkpoint.load_model(summary["checkpoint"])
+    model, tokenizer, loaded, state = load_model(summary["checkpoint"])
     assert state["step"] == 12 and loaded.model.vocab_size == tokenizer.vocab_size == 400
     assert state["tokenizer"] == minilm.data.prepare(config.data, quiet=True).tokenizer.to_bytes()
     train_log = read_metrics(config.out_dir)
@@ -181,7 +183,7 @@ def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     result = cli(["train.py", *tiny_overrides(tiny_corpus, out)])
     assert result.returncode == 0, result.stderr
     assert "done: 12 steps" in result.stderr and "bits/char" in result.stderr and "--- sample" in result.stderr
-    model, tokenizer, config, state = checkpoint.load_model(str(out))
+    model, tokenizer, config, state = load_model(str(out))
     assert state["step"] == 12 and isinstance(model, GPT)
 
     # SIGTERM in the middle of a long run: a checkpoint is saved, exit status 143, no traceback

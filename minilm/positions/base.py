@@ -14,28 +14,27 @@ length without a cache, the cache capacity with one); only dynamic NTK reads it.
 """
 from __future__ import annotations
 
-import difflib
+import copy
 import numbers
 from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
+from minilm.common import MinilmError, suggest
+
 _REGISTRY: Dict[str, type] = {}
 
 
-def _choices(name: str, valid) -> str:
-    valid = sorted(valid)
-    close = difflib.get_close_matches(str(name), valid, n=2, cutoff=0.5)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    return f"{hint}valid: {', '.join(valid)}"
+class PositionError(MinilmError):
+    """Position settings that cannot be built; the message is one line for the user."""
 
 
 def register(name: str) -> Callable[[type], type]:
     """Class decorator: make a PositionScheme subclass buildable as ``{"kind": name}``."""
     def wrap(cls: type) -> type:
         if name in _REGISTRY:
-            raise ValueError(f"position kind {name!r} is registered twice")
+            raise PositionError(f"position kind {name!r} is registered twice")
         cls.kind = name
         _REGISTRY[name] = cls
         return cls
@@ -49,33 +48,50 @@ def available() -> list:
 
 def scheme_class(kind: Any) -> type:
     if kind not in _REGISTRY:
-        raise ValueError(f"unknown position kind {kind!r}: {_choices(kind, _REGISTRY)}")
+        raise PositionError(f"unknown position kind {kind!r}: {suggest(kind, _REGISTRY)}")
     return _REGISTRY[kind]
+
+
+def canonical(position: Any) -> Any:
+    """``position`` with every renamed option under its current name (a new dict; nested
+    settings included). This is the one translation of old settings: each scheme lists its
+    old names in ``renamed_options`` (``interpolated``: ``base`` is now ``inner``)."""
+    if not isinstance(position, dict) or position.get("kind") not in _REGISTRY:
+        return copy.deepcopy(position)
+    cls = _REGISTRY[position["kind"]]
+    out = {}
+    for key, value in position.items():
+        new = cls.renamed_options.get(key, key)
+        if new != key and new in position:
+            raise PositionError(f"{cls.kind}: give {new!r} only ({key!r} is its old name)")
+        out[new] = canonical(value) if isinstance(value, dict) else copy.deepcopy(value)
+    return out
 
 
 def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "PositionScheme":
     """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``."""
     if not isinstance(position, dict) or "kind" not in position:
-        raise ValueError(f"position settings {position!r} must be a mapping with a 'kind' ({', '.join(available())})")
+        raise PositionError(f"position settings {position!r} must be a mapping with a 'kind' ({', '.join(available())})")
     cls = scheme_class(position["kind"])
+    position = canonical(position)
     options = {k: v for k, v in position.items() if k != "kind"}
     for key in options:
         if key not in cls.options:
-            raise ValueError(f"unknown option {key!r} for position kind {cls.kind!r}: "
-                             f"{_choices(key, cls.options) if cls.options else 'it takes no options'}")
+            raise PositionError(f"unknown option {key!r} for position kind {cls.kind!r}: "
+                             f"{suggest(key, cls.options) if cls.options else 'it takes no options'}")
     merged = {**cls.options, **options}
     return cls(d_model=d_model, n_head=n_head, block_size=block_size, **merged)
 
 
 def validate(position: dict, model_config) -> None:
-    """Raise ValueError when ``position`` cannot be built for this model shape."""
+    """Raise PositionError when ``position`` cannot be built for this model shape."""
     build(position, d_model=model_config.d_model, n_head=model_config.n_head,
           block_size=model_config.block_size)
 
 
 def check_number(kind: str, name: str, value: Any, *, low: float = None, high: float = None,
                  low_open: bool = True, integer: bool = False) -> None:
-    """One-line ValueError unless ``value`` is a number in the stated range."""
+    """One-line PositionError unless ``value`` is a number in the stated range."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if ok and integer:
         ok = float(value).is_integer()
@@ -88,7 +104,7 @@ def check_number(kind: str, name: str, value: Any, *, low: float = None, high: f
         hi = "" if high is None else f"<= {high}"
         what = "an integer" if integer else "a number"
         rng = " and ".join(p for p in (lo, hi) if p)
-        raise ValueError(f"{kind}: {name}={value!r} is invalid: expected {what}{' ' + rng if rng else ''}")
+        raise PositionError(f"{kind}: {name}={value!r} is invalid: expected {what}{' ' + rng if rng else ''}")
 
 
 class PositionScheme(nn.Module):
@@ -97,6 +113,7 @@ class PositionScheme(nn.Module):
     kind: str = "?"
     description: str = ""
     options: Dict[str, Any] = {}
+    renamed_options: Dict[str, str] = {}  # old option name -> current name, for old configs and checkpoints
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
 
     def __init__(self, *, d_model: int, n_head: int, block_size: int):
@@ -108,10 +125,10 @@ class PositionScheme(nn.Module):
         return None
 
     def check_positions(self, pos: torch.Tensor) -> None:
-        """Raise a clear ValueError before any indexing when ``pos`` is out of range."""
+        """Raise a clear PositionError before any indexing when ``pos`` is out of range."""
         limit = self.position_limit()
         if limit is not None and pos.numel() and float(pos.max()) > limit - 1:
-            raise ValueError(
+            raise PositionError(
                 f"position {float(pos.max()):g} is past the {self.kind} position table "
                 f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
                 f"relative scheme (rope, alibi, t5, none) or interpolated")

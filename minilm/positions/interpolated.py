@@ -3,6 +3,9 @@ Language Models via Positional Interpolation"): it holds another scheme and hand
 positions divided by ``factor``, so a model trained on L positions sees L*factor tokens
 inside its familiar range. Works for rope (same as linear scaling), sinusoidal, learned
 (linear interpolation between table rows) and alibi / t5 (scaled distances).
+
+The wrapped scheme is the option ``inner`` (it was called ``base`` before, a name that read
+like rope's base frequency; old settings are translated by ``positions.canonical``).
 """
 import torch
 
@@ -12,17 +15,18 @@ from minilm.positions.base import PositionScheme, build, check_number, register
 @register("interpolated")
 class Interpolated(PositionScheme):
     description = "wraps another kind and divides its positions by factor (position interpolation)"
-    options = {"base": {"kind": "rope"}, "factor": 2.0}
+    options = {"inner": {"kind": "rope"}, "factor": 2.0}
+    renamed_options = {"base": "inner"}
 
-    def __init__(self, *, base: dict, factor: float, d_model: int, n_head: int, block_size: int):
+    def __init__(self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int):
         check_number("interpolated", "factor", factor, low=0)
         super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
         self.factor = float(factor)
-        if isinstance(base, str):
-            base = {"kind": base}
+        if isinstance(inner, str):
+            inner = {"kind": inner}
         # the wrapped scheme was trained at block_size / factor positions
         inner_block = max(1, int(round(block_size / self.factor)))
-        self.inner = build(base, d_model=d_model, n_head=n_head, block_size=inner_block)
+        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block)
         self.has_bias = self.inner.has_bias
         self._memo = None
 

@@ -2,7 +2,6 @@
 the token embedding. Fractional positions (from ``interpolated``) interpolate linearly
 between neighbouring rows. Positions past the table are a clear error, never an index error.
 """
-import torch
 from torch import nn
 
 from minilm.positions.base import PositionScheme, check_number, register

@@ -13,7 +13,7 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
 * ``dynamic`` (dynamic NTK, emozilla 2023): base' = base * (s*T/L - (s-1))^(d/(d-2)) when the
   current length T > L, else base. T is the length the sequence is processed at: the full
   length without a cache, and the cache capacity with one, so the scale is fixed for a whole
-  cached generation and cached keys never go stale (DESIGN.md pitfall 2).
+  cached generation and cached keys never go stale (docs/design.md, "Dynamic scaling and the cache").
 * ``yarn`` (Peng et al. 2023): corr(r) = d ln(L / (2 pi r)) / (2 ln base); low = floor(corr(32)),
   high = ceil(corr(1)), clamped to [0, d-1]; ramp g_i = clamp((i-low)/(high-low), 0, 1);
   inv_i = inv_i/s * g_i + inv_i * (1 - g_i); cos and sin both scaled by 0.1 ln(s) + 1.
@@ -25,7 +25,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from minilm.positions.base import PositionScheme, _choices, check_number, register
+from minilm.common import suggest
+from minilm.positions.base import PositionError, PositionScheme, check_number, register
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn")
 SCALING_KEYS = ("type", "factor", "original_max_positions")
@@ -88,11 +89,11 @@ class RoPE(PositionScheme):
         check_number("rope", "rotary_fraction", rotary_fraction, low=0, high=1)
         head_dim = self.d_model // self.n_head
         if rotary_fraction == 1 and head_dim % 2:
-            raise ValueError(f"rope: head dimension {head_dim} (d_model/n_head) is odd: rotation needs pairs; "
+            raise PositionError(f"rope: head dimension {head_dim} (d_model/n_head) is odd: rotation needs pairs; "
                              f"choose d_model/n_head even")
         self.rot = int(head_dim * rotary_fraction) // 2 * 2
         if self.rot < 2:
-            raise ValueError(f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
+            raise PositionError(f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
                              f"it must rotate at least 2")
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
@@ -102,17 +103,17 @@ class RoPE(PositionScheme):
         if scaling is None:
             scaling = {}
         if not isinstance(scaling, dict):
-            raise ValueError(f"rope: scaling={scaling!r} must be a mapping with keys {', '.join(SCALING_KEYS)}")
+            raise PositionError(f"rope: scaling={scaling!r} must be a mapping with keys {', '.join(SCALING_KEYS)}")
         for key in scaling:
             if key not in SCALING_KEYS:
-                raise ValueError(f"rope: unknown scaling option {key!r}: {_choices(key, SCALING_KEYS)}")
+                raise PositionError(f"rope: unknown scaling option {key!r}: {suggest(key, SCALING_KEYS)}")
         kind = scaling.get("type", "none") or "none"
         if kind not in SCALING_TYPES:
-            raise ValueError(f"rope: scaling.type={kind!r} is unknown: {_choices(kind, SCALING_TYPES)}")
+            raise PositionError(f"rope: scaling.type={kind!r} is unknown: {suggest(kind, SCALING_TYPES)}")
         factor = scaling.get("factor")
         if factor is None:
             if kind in ("linear", "ntk", "yarn"):
-                raise ValueError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
+                raise PositionError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
                                  f"a number > 0")
             factor = 1.0
         check_number("rope", "scaling.factor", factor, low=0)

@@ -5,7 +5,7 @@ token embedding. Computed on the fly in float32, so any (fractional) position wo
 """
 import torch
 
-from minilm.positions.base import PositionScheme, check_number, register
+from minilm.positions.base import PositionError, PositionScheme, check_number, register
 
 
 def sinusoidal_table(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -24,7 +24,7 @@ class Sinusoidal(PositionScheme):
     def __init__(self, *, base: float, d_model: int, **kw):
         check_number("sinusoidal", "base", base, low=1)
         if d_model % 2:
-            raise ValueError(f"sinusoidal: d_model={d_model} is odd: sin/cos pairs need an even d_model")
+            raise PositionError(f"sinusoidal: d_model={d_model} is odd: sin/cos pairs need an even d_model")
         super().__init__(d_model=d_model, **kw)
         self.base = float(base)
 

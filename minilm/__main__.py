@@ -1,0 +1,29 @@
+"""``python -m minilm <command> ...``: the package's command-line tools.
+
+    python -m minilm positions list|plot ...     the position registry: list it, draw a scheme
+    python -m minilm passkey eval|make-corpus ...  passkey retrieval
+    python -m minilm experiment length-generalization [--quick] ...
+
+Each command lives in ``minilm/cli/``; ``--help`` after a command shows its options.
+"""
+import sys
+
+from minilm.cli import experiment, passkey, positions
+
+COMMANDS = {"positions": positions.main, "passkey": passkey.main, "experiment": experiment.main}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}: valid: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return COMMANDS[command](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The command-line home: everything that parses arguments, reads stdin or prints for a user.
+
+``python -m minilm <command>`` dispatches to the modules here (``minilm/__main__.py``);
+``train.py``, ``generate.py`` and ``evaluate.py`` at the top of the repository parse their
+own arguments and call into them. The library below never prints for a command line.
+
+Every command ends the same way, through ``run_command``: a ``MinilmError`` is one line
+``error: <message>`` on stderr with exit status 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Optional
+
+from minilm.common import MinilmError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line ``error: ...`` with exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def run_command(body: Callable[[], Optional[int]], *, on_interrupt: Optional[str] = None) -> int:
+    """Run a command's ``body`` and turn what ends it into an exit status: its own return value
+    (None is 0); 2 with one ``error:`` line for a MinilmError; 130 for Ctrl-C (with
+    ``on_interrupt`` as an error line, when given); 0 when stdout was closed early (``| head``)."""
+    try:
+        return body() or 0
+    except MinilmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if on_interrupt:
+            print(f"error: {on_interrupt}", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into e.g. head, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,135 @@
+"""What ``generate.py`` does with its parsed arguments: load a checkpoint, read the prompt
+(argument, ``--prompt-file`` or stdin), stream the samples to stdout one after another,
+and write warnings, ``--stats`` and the attention map note to stderr."""
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from typing import List, Optional
+
+import torch
+
+from minilm import plots
+from minilm.common import resolve_device
+from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size,
+                               encode_prompt, generate)
+from minilm.loading import load_model
+
+SEPARATOR = "---------------"
+
+
+class SamplePrinter:
+    """Writes samples one after another: the first streams live, the others are buffered
+    until it ends, then each in turn continues live. Every sample ends with a newline."""
+
+    def __init__(self, out, num_samples: int, head: str):
+        self.out, self.head = out, head
+        self.buffers = [[] for _ in range(num_samples)]
+        self.done = [False] * num_samples
+        self.current = 0
+        self._write(head)
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.out.write(text)
+            self.out.flush()
+
+    def add(self, sample: int, text: str, done: bool) -> None:
+        if sample == self.current:
+            self._write(text)
+        else:
+            self.buffers[sample].append(text)
+        self.done[sample] = self.done[sample] or done
+        self._advance()
+
+    def _advance(self) -> None:
+        while self.current < len(self.done) and self.done[self.current]:
+            self._write("\n")
+            self.current += 1
+            if self.current < len(self.done):
+                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers[self.current])}")
+                self.buffers[self.current] = []
+
+    def finish(self) -> None:
+        for i in range(len(self.done)):
+            self.done[i] = True
+        self._advance()
+
+
+def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str:
+    """The prompt from the argument, ``--prompt-file``, or stdin (argument ``-``, or no
+    argument while stdin is not a terminal); empty when none is given."""
+    if prompt is not None and prompt_file is not None:
+        raise GenerationError("give the prompt either as an argument or with --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            with open(prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GenerationError(f"cannot read --prompt-file {prompt_file!r}: "
+                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+    if prompt == "-" or (prompt is None and stdin is not None and not stdin.isatty()):
+        return stdin.read()
+    return prompt or ""
+
+
+def unescape(text: str) -> str:
+    """``\\n``, ``\\t`` and ``\\\\`` in a command-line string become a newline, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
+
+
+def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
+    """Load a checkpoint and stream continuations of a prompt: what ``generate.py`` runs with
+    its parsed arguments. User errors raise a MinilmError (GenerationError, CheckpointError, ...)."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty).check()
+    check_count("--max-new-tokens", args.max_new_tokens, 0)
+    check_count("--num-samples", args.num_samples, 1)
+    if args.max_context is not None:
+        check_count("--max-context", args.max_context, 1)
+    device = resolve_device(args.device, setting="--device")
+    if args.threads is not None:
+        check_count("--threads", args.threads, 1)
+        torch.set_num_threads(args.threads)
+    prompt = read_prompt(args.prompt, args.prompt_file, stdin)
+    model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device)
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    context_size(model, args.max_context)  # a bad --max-context fails before any output
+
+    stats = Stats()
+    printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
+    generated: List[List[int]] = [[] for _ in range(args.num_samples)]  # token ids of each sample
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GenerationWarning)
+        pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                          num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
+                          max_context=args.max_context, use_cache=not args.no_cache, stats=stats)
+        first = True
+        for piece in pieces:
+            if first:
+                _show_warnings(caught, stderr)
+                first = False
+            generated[piece.sample].append(piece.token)
+            printer.add(piece.sample, piece.text, piece.done)
+        _show_warnings(caught, stderr)
+    printer.finish()
+    if args.stats:
+        mode = "no cache" if args.no_cache else "KV cache"
+        kind = model.positions.kind
+        stderr.write(f"model: {kind} positions, context {context_size(model, args.max_context)}, {mode}, "
+                     f"{device}\n")
+        for line in stats.lines():
+            stderr.write(line + "\n")
+    if args.attention_map:
+        path = plots.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
+        stderr.write(f"attention map of sample 1 written to {path}\n")
+
+
+def _show_warnings(caught: list, stderr) -> None:
+    for w in caught:
+        stderr.write(f"warning: {w.message}\n")
+    caught.clear()

@@ -1,0 +1,160 @@
+"""Helpers every layer shares: the one error class users see, closest-name suggestions,
+atomic writes, device and dtype resolution, autocast, peak memory and markdown tables.
+
+This module imports nothing else from minilm, so any module may import it
+(docs/design.md, "Layers").
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None
+
+
+class MinilmError(ValueError):
+    """A problem the user can fix. The message is one line that names the bad value and what
+    would be valid; every command line catches this class, prints ``error: <message>`` and
+    exits with status 2. Each module subclasses it (ConfigError, CheckpointError, ...)."""
+
+
+# --------------------------------------------------------------------------- names
+
+def suggest(name, valid: Iterable) -> str:
+    """'did you mean X? valid: ...' for the closest valid names, else 'valid: ...'."""
+    valid = sorted(str(v) for v in valid)
+    close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(close)}? valid: {', '.join(valid)}"
+    return f"valid: {', '.join(valid)}"
+
+
+# --------------------------------------------------------------------------- files
+
+def temporary_path(path: Union[str, Path]) -> Path:
+    """A unique temporary name next to ``path``: ``.<name>.<pid>.<random>.tmp``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Callable]) -> Path:
+    """Write ``data`` to ``path`` so that a crash never leaves a half-written file there.
+
+    The bytes go to a temporary file in the same directory, are fsynced, and the file is
+    renamed over ``path`` (then the directory is fsynced too). ``data`` is bytes, text
+    (UTF-8), a numpy array (raw, as ``tofile``) or a function that writes to the open
+    binary file. On any failure the temporary file is removed and the old ``path`` stays.
+    """
+    path = Path(path)
+    tmp = temporary_path(path)
+    try:
+        with open(tmp, "xb") as f:
+            if callable(data):
+                data(f)
+            elif isinstance(data, np.ndarray):
+                data.tofile(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+# --------------------------------------------------------------------------- hardware
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def resolve_device(name: str, *, setting: str = "device", local_rank: int = 0) -> torch.device:
+    """``auto`` is CUDA (this process's ``local_rank``), then MPS, then the CPU; an explicit
+    device must exist on this machine. ``setting`` names the option in error messages."""
+    name = str(name)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        return torch.device("mps") if _mps_available() else torch.device("cpu")
+    known = name in ("cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
+    if not known:
+        raise MinilmError(f"{setting} {name!r} is unknown: valid: {', '.join(DEVICES)}")
+    if (name.startswith("cuda") and not torch.cuda.is_available()) or (name == "mps" and not _mps_available()):
+        raise MinilmError(f"{setting} {name!r} is not available on this machine: use auto or cpu")
+    return torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU has native bf16 matrix instructions (AVX512-BF16 or AMX tiles)."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def resolve_dtype(name: str, device: torch.device, *, setting: str = "dtype") -> torch.dtype:
+    """The compute dtype for ``name``: float32, bfloat16, or auto = bfloat16 on CUDA with bf16
+    support and on CPUs with native bf16 units, else float32 (emulated bf16 is far slower)."""
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name != "auto":
+        raise MinilmError(f"{setting} {name!r} is unknown: valid: {', '.join(DTYPES)}")
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu":
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    return torch.float32
+
+
+def autocast(device: torch.device, dtype: Optional[torch.dtype]):
+    """Mixed precision in ``dtype`` on ``device``; nothing for float32 (or None)."""
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def peak_memory(device: Union[str, torch.device] = "cpu") -> str:
+    """Peak CUDA memory allocated by torch on a CUDA device, else the process's peak RSS."""
+    if str(device).startswith("cuda"):
+        return f"{torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB (torch.cuda.max_memory_allocated)"
+    if resource is None:
+        return "n/a (no resource module)"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    rss = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    return f"{rss:.1f} MiB (peak RSS of the process)"
+
+
+# --------------------------------------------------------------------------- text
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str = "") -> str:
+    """A markdown table; ``align`` has one letter per column, ``l`` (the default) or ``r``."""
+    align = align.ljust(len(header), "l")
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""The one way to rebuild a model from a checkpoint: ``load_model(path, overrides)``.
+
+generate.py, evaluate.py, passkey, the position plots and ``train.init_from`` all load
+through here. ``overrides`` are ``key=value`` settings applied to the checkpoint's config
+before the model is built; only what can change after training may change:
+
+* ``model.position...``: a RoPE scaling (``original_max_positions`` defaults to the
+  checkpoint's training length), or ``interpolated`` around the trained kind (its table or
+  bias buckets included). The kind itself cannot change.
+* ``model.block_size``: a new training length (a learned table is stretched to it).
+* ``model.dropout`` and ``data...``.
+
+How the weights move is ``minilm.extension``. Checkpoints written before ``interpolated``'s
+option ``base`` was renamed ``inner`` load through ``positions.canonical``. A mismatch is
+an error, never a partial load.
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from minilm.checkpoint import CheckpointError, load
+from minilm.config import Config, ConfigError, apply_overrides, build_config
+from minilm.extension import base_kind, complete_position, load_source_weights
+from minilm.model import GPT
+from minilm.positions import canonical
+from minilm.tokenizer import Tokenizer
+
+CHANGEABLE = ("model.position", "model.block_size", "model.dropout", "data.")
+
+
+class Loaded(NamedTuple):
+    model: GPT
+    tokenizer: Tokenizer
+    config: Config
+    state: dict  # the checkpoint as read (``state["path"]`` is the file)
+
+
+def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
+               dtype: Optional[torch.dtype] = None) -> Loaded:
+    """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file or an out_dir),
+    with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
+    given). Raises CheckpointError or ConfigError with one-line messages."""
+    state = load(path)
+    state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
+    trained = state["config"]["model"]
+    tree = apply_overrides(copy.deepcopy(state["config"]), overrides, allowed=CHANGEABLE,
+                           what="at evaluation time, in generation or for fine-tuning (after training)")
+    model_tree = tree["model"]
+    model_tree["position"] = complete_position(canonical(model_tree["position"]), trained,
+                                               model_tree["block_size"])
+    try:
+        config = build_config(tree)
+    except ConfigError as exc:
+        raise ConfigError(f"{state['path']}: {exc}") from None
+    was, asked = base_kind(trained["position"]), base_kind(config.model.position)
+    if was != asked:
+        raise CheckpointError(f"{state['path']} was trained with {was!r} positions, not {asked!r}: a loaded model "
+                              f"can scale its positions or interpolate them (interpolated around {was}), not "
+                              f"change their kind")
+    model = GPT(config.model)
+    limit = model.positions.position_limit()
+    if limit is not None and limit < config.model.block_size - 1e-6:
+        raise ConfigError(f"model.position={config.model.position} covers positions 0..{limit - 1:g} but "
+                          f"model.block_size={config.model.block_size} needs 0..{config.model.block_size - 1}: "
+                          f"leave out the factor of interpolated to have it computed, or give the learned "
+                          f"table more rows")
+    load_source_weights(model, state)
+    model.to(device=device, dtype=dtype).eval()
+    return Loaded(model, Tokenizer.from_bytes(state["tokenizer"]), config, state)
