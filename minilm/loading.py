@@ -61,12 +61,6 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                               f"can scale its positions or interpolate them (interpolated around {was}), not "
                               f"change their kind")
     model = GPT(config.model)
-    limit = model.positions.position_limit()
-    if limit is not None and limit < config.model.block_size - 1e-6:
-        raise ConfigError(f"model.position={config.model.position} covers positions 0..{limit - 1:g} but "
-                          f"model.block_size={config.model.block_size} needs 0..{config.model.block_size - 1}: "
-                          f"leave out the factor of interpolated to have it computed, or give the learned "
-                          f"table more rows")
     load_source_weights(model, state)
     model.to(device=device, dtype=dtype).eval()
     return Loaded(model, Tokenizer.from_bytes(state["tokenizer"]), config, state)

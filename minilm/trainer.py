@@ -65,7 +65,7 @@ from minilm.common import MinilmError, autocast, resolve_device, resolve_dtype
 from minilm.config import Config, resolve_config
 from minilm.data import Prepared, get_batch, prepare
 from minilm.distributed import Dist, init_distributed
-from minilm.extension import ARCHITECTURE
+from minilm.extension import ARCHITECTURE, check_reach
 from minilm.generation import Sampling, generate_text
 from minilm.interruption import StopFlag, check_resumable, rng_state, set_rng_state, truncate_metrics
 from minilm.loading import Loaded, load_model
@@ -235,19 +235,13 @@ def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
     run = setup(config, resume=resume, quiet=quiet)
     val_set = eval_batches(run.prepared.val, run.config)
     start_step, loop_started, interrupted = run.step, time.time(), None
-    bar = tqdm(total=run.config.train.max_steps, initial=run.step, disable=not run.talk, dynamic_ncols=True,
-               unit="step", file=sys.stderr)
     meter = {"tokens": 0, "since": time.time()}  # tokens/s over the steps since the last log line
-    with StopFlag() as stop:
+    with tqdm(total=run.config.train.max_steps, initial=run.step, disable=not run.talk, dynamic_ncols=True,
+              unit="step", file=sys.stderr) as bar, StopFlag() as stop:
         while run.step < run.config.train.max_steps and interrupted is None:
-            try:
-                loss, grad_norm, lr, stop_requested = train_step(run, stop)
-            except TrainingError:
-                bar.close()
-                raise
+            loss, grad_norm, lr, stop_requested = train_step(run, stop)
             bar.update(1)
             interrupted = after_step(run, bar, meter, val_set, loss, grad_norm, lr, stop_requested, stop)
-    bar.close()
     return finish(run, val_set, interrupted, start_step, time.time() - loop_started)
 
 
@@ -262,6 +256,7 @@ def source_model(config: Config) -> tuple:
         if trained.get(name) != getattr(config.model, name):
             raise CheckpointError(f"train.init_from={path!r}: model.{name}={getattr(config.model, name)} but the "
                                   f"source has {trained.get(name)}; an extended model keeps the source architecture")
+    check_reach(source.model.positions, source.config.model)
     config = dataclasses.replace(config, model=source.config.model)
     return resolve_config(config, tokenizer=source.tokenizer), source
 

@@ -162,3 +162,34 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
         assert position["inner"]["kind"] == src.model.position["kind"]
         assert new.positions.position_limit() is None or new.positions.position_limit() >= config.model.block_size
     assert same_weights(src_model, new) or position["kind"] == "interpolated"
+
+
+def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path):
+    """Before 'inner', interpolated called its wrapped scheme 'base': both keep loading."""
+    from minilm.config import load_config
+    from minilm.loading import load_model
+
+    config = build_config({"model": {**MODEL, "block_size": 31,
+                                     "position": {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}},
+                           "out_dir": str(tmp_path / "old")})
+    assert config.model.position == {"kind": "interpolated", "inner": {"kind": "learned"}, "factor": 2}
+    torch.manual_seed(0)
+    model = GPT(config.model).eval()
+    old_tree = config.to_dict()
+    old_tree["model"]["position"] = {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}  # as written then
+    path = checkpoint.save({"model": model.state_dict(), "config": old_tree, "tokenizer": TOKENIZER["bytes"]},
+                           config.out_dir)
+    loaded = load_model(path)
+    assert loaded.config.model.position["inner"] == {"kind": "learned"}
+    idx = torch.randint(0, 53, (1, 31), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(idx), model(idx))
+    rescaled = load_model(path, ["model.position.inner.kind=learned"])  # overrides use the new name
+    assert rescaled.model.positions.factor == 2.0
+    assert torch.equal(rescaled.model.positions.inner.table.weight, model.positions.inner.table.weight)
+    yaml_file = tmp_path / "old.yaml"
+    yaml_file.write_text("model:\n  position:\n    kind: interpolated\n    base: {kind: alibi}\n")
+    assert load_config(str(yaml_file)).model.position["inner"] == {"kind": "alibi"}
+    with pytest.raises(ConfigError, match="give 'inner' only"):
+        build_config({"model": {"position": {"kind": "interpolated", "base": {"kind": "rope"},
+                                             "inner": {"kind": "rope"}}}})
