@@ -92,7 +92,6 @@ def describe_position(position: dict) -> str:
     kind = position.get("kind")
     if kind == "interpolated":
         inner = position.get("inner", {"kind": "rope"})
-        inner = inner if isinstance(inner, dict) else {"kind": inner}
         return f"interpolated({describe_position(inner)}) x{float(position.get('factor', 2.0)):.3g}"
     text = kind
     if kind == "rope" and isinstance(position.get("scaling"), dict):

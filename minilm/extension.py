@@ -37,8 +37,7 @@ ARCHITECTURE = ("n_layer", "n_head", "d_model", "d_ff", "bias")  # what an exten
 def base_kind(position: dict) -> str:
     """The kind that carries the weights: the wrapped kind of ``interpolated``, else the kind."""
     if position.get("kind") == "interpolated":
-        inner = position.get("inner", {"kind": "rope"})
-        return base_kind(inner if isinstance(inner, dict) else {"kind": inner})
+        return base_kind(position.get("inner", {"kind": "rope"}))
     return position.get("kind")
 
 
@@ -50,7 +49,8 @@ def _table_rows(position: dict, block_size: int):
 
 
 def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
-    """Fill what the source determines (see the module docstring); returns a new dict."""
+    """Fill what the source determines (see the module docstring); returns a new dict.
+    ``position`` is in canonical form (``positions.canonical``)."""
     position = copy.deepcopy(position)
     src_position, src_block = src_model["position"], src_model["block_size"]
     scaling = position.get("scaling")
@@ -60,7 +60,7 @@ def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
     if position.get("kind") == "interpolated":
         if "inner" not in position:
             position["inner"] = copy.deepcopy(src_position)
-        inner = position["inner"] if isinstance(position["inner"], dict) else {"kind": position["inner"]}
+        inner = position["inner"]
         rows = _table_rows(src_position, src_block)
         if inner.get("kind") == "learned" and rows is not None and inner.get("max_positions") is None:
             inner = {**inner, "max_positions": rows}  # the wrapped table keeps the source's rows

@@ -53,9 +53,11 @@ def scheme_class(kind: Any) -> type:
 
 
 def canonical(position: Any) -> Any:
-    """``position`` with every renamed option under its current name (a new dict; nested
-    settings included). This is the one translation of old settings: each scheme lists its
-    old names in ``renamed_options`` (``interpolated``: ``base`` is now ``inner``)."""
+    """``position`` with every renamed option under its current name and every wrapped scheme
+    as a mapping (a new dict; nested settings included). This is the one translation of old
+    and short settings: each scheme lists its old names in ``renamed_options``
+    (``interpolated``: ``base`` is now ``inner``) and the options that hold another scheme's
+    settings in ``setting_options`` (``inner: alibi`` means ``inner: {kind: alibi}``)."""
     if not isinstance(position, dict) or position.get("kind") not in _REGISTRY:
         return copy.deepcopy(position)
     cls = _REGISTRY[position["kind"]]
@@ -64,6 +66,8 @@ def canonical(position: Any) -> Any:
         new = cls.renamed_options.get(key, key)
         if new != key and new in position:
             raise PositionError(f"{cls.kind}: give {new!r} only ({key!r} is its old name)")
+        if new in cls.setting_options and isinstance(value, str):
+            value = {"kind": value}  # a wrapped scheme may be named by its kind alone
         out[new] = canonical(value) if isinstance(value, dict) else copy.deepcopy(value)
     return out
 
@@ -114,6 +118,7 @@ class PositionScheme(nn.Module):
     description: str = ""
     options: Dict[str, Any] = {}
     renamed_options: Dict[str, str] = {}  # old option name -> current name, for old configs and checkpoints
+    setting_options: tuple = ()  # options that hold another scheme's settings (a mapping with a kind)
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
 
     def __init__(self, *, d_model: int, n_head: int, block_size: int):

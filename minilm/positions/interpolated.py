@@ -17,13 +17,12 @@ class Interpolated(PositionScheme):
     description = "wraps another kind and divides its positions by factor (position interpolation)"
     options = {"inner": {"kind": "rope"}, "factor": 2.0}
     renamed_options = {"base": "inner"}
+    setting_options = ("inner",)
 
     def __init__(self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int):
         check_number("interpolated", "factor", factor, low=0)
         super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
         self.factor = float(factor)
-        if isinstance(inner, str):
-            inner = {"kind": inner}
         # the wrapped scheme was trained at block_size / factor positions
         inner_block = max(1, int(round(block_size / self.factor)))
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block)
