@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from minilm import data, tokenizer as tokenizer_module
+from minilm import data, shakespeare as plays, tokenizer as tokenizer_module
 from minilm.config import DataConfig
 from minilm.data import DataError, get_batch, prepare
 from minilm.tokenizer import Tokenizer, TokenizerError
@@ -32,7 +32,7 @@ def make_text(n_lines: int, seed: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def shakespeare():
-    return data.shakespeare_documents()
+    return plays.shakespeare_documents()
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +69,9 @@ def test_shakespeare_split_is_hamlet_and_tempest_only(shakespeare):
     assert 0.04 < fraction < 0.07
     assert "HAMLET:\nTo be, or not to be" in val_text
     assert "To be, or not to be" not in data.join_documents(train)
-    files = {os.path.basename(rel)[:-3]: path for rel, path in data.shakespeare_files()}
+    files = {os.path.basename(rel)[:-3]: path for rel, path in plays.shakespeare_files()}
     assert sorted(files) == sorted(train_names + val_names)
-    assert data.play_to_text(files["hamlet"].read_text(), "Hamlet") == dict(val)["hamlet"]  # deterministic
+    assert plays.play_to_text(files["hamlet"].read_text(), "Hamlet") == dict(val)["hamlet"]  # deterministic
 
 
 def test_shakespeare_text_format(shakespeare):
@@ -100,13 +100,13 @@ def test_play_to_text_handles_the_markdown_quirks():
         "**JULIET**  ", "Ay me.  ", "BISHOP", "", "**OF WINCHESTER**  ", "Peace.", "",
         "A PLAY", "", "*Exeunt.*", "",
     ]) + "\n"
-    assert data.play_to_text(markdown) == (
+    assert plays.play_to_text(markdown) == (
         "A Play\n\nACT I\n\nSCENE I. A wood. TITANIA lying asleep.\n\n[Enter ROMEO, with a torch]\n\n"
         "ROMEO:\nBut soft!\n[Aside]\nWhat light --\n\n[Exit JULIET]\n\nROMEO:\nThrough yonder window.\n\n"
         "JULIET:\nAy me.\n\nBISHOP OF WINCHESTER:\nPeace.\n\n[Exeunt.]\n")
-    assert data.play_to_text("## ACT I\n\n**A**  \nHi.\n", "measure-for-measure") \
+    assert plays.play_to_text("## ACT I\n\n**A**  \nHi.\n", "measure-for-measure") \
         .startswith("measure-for-measure\n\nACT I")
-    assert data.title_from_name("measure-for-measure") == "Measure for Measure"
+    assert plays.title_from_name("measure-for-measure") == "Measure for Measure"
 
 
 # =========================================================================== tokenizer
@@ -327,7 +327,7 @@ def test_get_batch_shapes_and_determinism():
 
 def test_prepare_shakespeare_with_real_vocab(tmp_path, monkeypatch, shakespeare):
     """One full preparation of the default corpus (about 5 s; the plays are converted once per module)."""
-    monkeypatch.setattr(data, "shakespeare_documents", lambda: shakespeare)
+    monkeypatch.setattr(plays, "shakespeare_documents", lambda: shakespeare)
     p = prepare(DataConfig(vocab_size=4096, dir=str(tmp_path)), quiet=True)
     assert p.dir.name == "shakespeare-4096" and p.tokenizer.vocab_size == 4096
     assert p.manifest["val"]["documents"] == ["the-tempest", "hamlet"]
