@@ -21,20 +21,22 @@ checkpoint's tokenizer, random depths) and, with ``--mix F``, windows of the che
 training split making up the fraction F of the characters, as .txt files of a corpus
 directory. ``train.init_from`` encodes that directory with the source's tokenizer::
 
-    python -m minilm.passkey make-corpus data/passkey-128 --checkpoint out/rope --length 128 --mix 0.5
+    python -m minilm passkey make-corpus data/passkey-128 --checkpoint out/rope --length 128 --mix 0.5
     python train.py --config rope.yaml train.init_from=out/rope data.corpus=data/passkey-128 \
         model.block_size=128 train.max_steps=300 out_dir=out/rope-passkey
-    python -m minilm.passkey eval out/rope-passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
+    python -m minilm passkey eval out/rope-passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
 """
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+from minilm.common import MinilmError, markdown_table
+from minilm.generation import Sampling, generate_ids
 
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -45,7 +47,7 @@ DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 MAX_NEW_TOKENS = 8  # " 12345." is at most 7 pieces
 
 
-class PasskeyError(ValueError):
+class PasskeyError(MinilmError):
     """A passkey prompt cannot be built or scored; the message is one line."""
 
 
@@ -117,7 +119,6 @@ def is_correct(text: str, key: str) -> bool:
 def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list:
     """Greedy continuation of ``ids`` (minilm.generation: prefill once, then decode from the KV
     cache), with a context that holds the whole prompt, so attention is never windowed."""
-    from minilm.generation import Sampling, generate_ids
     steps = generate_ids(model, ids, max_new_tokens=max_new_tokens, sampling=Sampling(temperature=0.0, top_k=None),
                          max_context=len(ids) + max_new_tokens, seed=0)
     return [int(token[0]) for token in steps]
@@ -157,17 +158,15 @@ def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] =
 def markdown(rows: Sequence[dict]) -> str:
     """Accuracy table: one row per length, one column per depth, plus the mean."""
     depths = sorted({r["depth"] for r in rows})
-    lines = ["| length | " + " | ".join(f"depth {d:g}" for d in depths) + " | mean |",
-             "|" + "---|" * (len(depths) + 2)]
+    body = []
     for length in sorted({r["length"] for r in rows}):
         cells = {r["depth"]: r for r in rows if r["length"] == length}
         values = [cells[d]["accuracy"] for d in depths]
         if any(v is None for v in values):
-            lines.append(f"| {length} | " + " | ".join("n/a (bounded)" for _ in depths) + " | n/a |")
-            continue
-        lines.append(f"| {length} | " + " | ".join(f"{v:.0%}" for v in values)
-                     + f" | {sum(values) / len(values):.0%} |")
-    return "\n".join(lines)
+            body.append([length] + ["n/a (bounded)" for _ in depths] + ["n/a"])
+        else:
+            body.append([length] + [f"{v:.0%}" for v in values] + [f"{sum(values) / len(values):.0%}"])
+    return markdown_table(["length"] + [f"depth {d:g}" for d in depths] + ["mean"], body)
 
 
 # --------------------------------------------------------------------------- training data
@@ -222,77 +221,6 @@ def _write_documents(out_dir: str, prefix: str, docs: list, per_file: int) -> li
     return paths
 
 
-# --------------------------------------------------------------------------- command line
-
-def _make_corpus(args) -> list:
-    """make-corpus: the checkpoint's tokenizer measures the lengths; its training split is the mix text."""
-    from minilm.checkpoint import load
-    from minilm.tokenizer import Tokenizer
-    if args.checkpoint.endswith(".model"):
-        if args.mix:
-            raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
-                               f"not the tokenizer file {args.checkpoint!r}")
-        return write_corpus(args.out_dir, Tokenizer.load(args.checkpoint), args.n, args.length, args.seed)
-    state = load(args.checkpoint)
-    text = ""
-    if args.mix:
-        from minilm.data import corpus_documents, join_documents
-        text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
-    return write_corpus(args.out_dir, Tokenizer.from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
-                        mix_text=text, mix=args.mix)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minilm.passkey", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
-    ev.add_argument("checkpoints", nargs="+")
-    ev.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
-    ev.add_argument("--depths", default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS))
-    ev.add_argument("--trials", type=int, default=5)
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="evaluation-time override, e.g. model.position.scaling.type=dynamic")
-    mk = sub.add_parser("make-corpus", help="write passkey documents as a text corpus directory")
-    mk.add_argument("out_dir")
-    mk.add_argument("--checkpoint", required=True,
-                    help="checkpoint (or tokenizer.model) whose tokenizer measures the lengths")
-    mk.add_argument("--n", type=int, default=2000)
-    mk.add_argument("--length", type=int, required=True, help="longest document in tokens")
-    mk.add_argument("--mix", type=float, default=0.0,
-                    help="fraction of the characters taken from the checkpoint's training text (default 0)")
-    mk.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-
-    from tqdm import tqdm
-
-    from minilm.checkpoint import CheckpointError
-    from minilm.data import DataError
-    from minilm.evaluation import EvaluationError, load_for_evaluation
-    from minilm.tokenizer import TokenizerError
-    try:
-        if args.command == "make-corpus":
-            paths = _make_corpus(args)
-            print(f"wrote {args.n} passkey documents ({len(paths)} files, mix {args.mix:g}) under {args.out_dir}")
-            return 0
-        try:
-            depths = [float(d) for d in args.depths.split(",")]
-            lengths = None if args.lengths is None else [int(t) for t in args.lengths.split(",")]
-        except ValueError:
-            raise PasskeyError(f"--depths {args.depths!r} / --lengths {args.lengths!r} must be "
-                               f"comma-separated numbers") from None
-        for path in args.checkpoints:
-            model, tokenizer, config, _ = load_for_evaluation(path, args.set)
-            these = lengths or [config.model.block_size * m for m in (1, 2, 4)]
-            with tqdm(total=len(these) * len(depths) * args.trials, desc=f"passkey {path}", file=sys.stderr,
-                      leave=False) as bar:
-                rows = accuracy(model, tokenizer, these, depths, args.trials, args.seed, progress=bar)
-            print(f"\npasskey accuracy of {path} ({args.trials} trials per cell)\n\n{markdown(rows)}")
-    except (PasskeyError, CheckpointError, DataError, EvaluationError, TokenizerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    print("error: this command moved: use python -m minilm passkey ...", file=sys.stderr)
+    sys.exit(2)

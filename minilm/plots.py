@@ -1,4 +1,4 @@
-"""Figures that show what a position scheme does, and what a model's attention looks at.
+"""Figures that show what a position scheme does.
 
 * ``scheme_figure(scheme, position)`` draws the figure suited to a scheme, always through the
   scheme's own hooks (``embed``, ``inv_freq``/``rotate``, ``bias``) so a figure cannot drift
@@ -8,8 +8,7 @@
   every scaling (linear / PI, NTK, dynamic NTK, YaRN) and q.k against relative distance;
   bias schemes (alibi, t5) show each head's bias against distance; ``interpolated`` shows the
   wrapped scheme's figure with positions divided by its factor; none explains itself in text.
-* ``attention_map(model, token_ids, tokenizer, path)`` draws the attention weights of every
-  head of the last layer, recomputed exactly from the input of that layer's attention.
+* attention maps of a model are ``minilm.attention_maps``; both share ``save_figure``.
 
 matplotlib is an optional extra (``pip install -e ".[plot]"``). Figures are built with the
 object-oriented API (``matplotlib.figure.Figure`` rendered by Agg), never pyplot, so nothing
@@ -17,7 +16,6 @@ needs a display and no global backend is switched.
 """
 from __future__ import annotations
 
-import inspect
 import io
 import math
 import os
@@ -26,15 +24,16 @@ from typing import NamedTuple, Optional
 import torch
 import yaml
 
-from minilm.positions import PositionScheme, build
+from minilm.common import MinilmError
+from minilm.positions import PositionScheme, build, scheme_class
+from minilm.positions.t5 import t5_bucket
 
 DPI = 100
-MAX_ATTENTION_TOKENS = 64  # attention maps show at most the last this many tokens
 COMPARE_FACTOR = 4.0  # rope scalings are compared at this factor when the scheme has none
 INSTALL_HINT = 'plotting needs matplotlib: pip install -e ".[plot]"'
 
 
-class PlotError(ValueError):
+class PlotError(MinilmError):
     """A figure cannot be drawn or written; the message is one line for the user."""
 
 
@@ -79,7 +78,6 @@ def _overrides(cls, method: str) -> bool:
 
 def settings_line(position: dict) -> str:
     """The scheme's options, defaults included, as one line of YAML."""
-    from minilm.positions import scheme_class
     options = {**scheme_class(position["kind"]).options, **{k: v for k, v in position.items() if k != "kind"}}
     if not options:
         return f"{position['kind']} (no options)"
@@ -169,14 +167,24 @@ def _additive_figure(scheme, position, source):
     return fig
 
 
-def _rope_figure(scheme, position, source):
-    """Wavelength of each dimension pair before/after every scaling, their ratio to unscaled
-    rope, and q.k against relative distance for the selected scheme vs unscaled rope."""
-    Figure = require_matplotlib()
+class RopeCurves(NamedTuple):
+    """What the rope figure draws: every scaling's inverse frequencies at one factor."""
+    rope: PositionScheme  # the rotary scheme itself (inside interpolated, if wrapped)
+    pos_factor: float  # interpolated's position divisor (1 without it)
+    factor: float  # the scaling factor compared
+    length: int  # L, the original training length
+    extended: int  # factor * L
+    plain: PositionScheme  # the same rope without scaling
+    reference: torch.Tensor  # its inverse frequencies
+    curves: list  # (label, scaling type, inverse frequencies)
+    selected: torch.Tensor  # the frequencies the selected scheme rotates with at the extended length
+    selected_label: str
+
+
+def _rope_curves(scheme, position) -> RopeCurves:
+    """Every scaling of the scheme's rope at one factor, through the scheme's own inv_freq."""
     rope, pos_factor = _unwrap(scheme)
-    rope_position = position.get("base", "rope") if scheme.kind == "interpolated" else position
-    if isinstance(rope_position, str):
-        rope_position = {"kind": rope_position}
+    rope_position = position.get("inner", {"kind": "rope"}) if scheme.kind == "interpolated" else position
     selected_type = rope.scaling["type"]
     length = rope.scaling["original_max_positions"]  # L, the original training length
     if selected_type != "none" or rope.scaling["factor"] != 1.0:
@@ -199,10 +207,6 @@ def _rope_figure(scheme, position, source):
     dynamic = variant("dynamic")
     for times in (2, 4):
         curves.append((f"dynamic NTK \u00d7{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
-
-    def effective(context_len):  # the frequencies the selected scheme rotates with (positions / factor)
-        return rope.inv_freq(max(1, int(round(context_len / pos_factor)))) / pos_factor
-
     if scheme.kind == "interpolated":
         inner_scaling = "" if selected_type == "none" else f" over {selected_type} \u00d7{factor:g}"
         selected_label = f"selected: interpolated, positions / {pos_factor:g}{inner_scaling}"
@@ -211,34 +215,38 @@ def _rope_figure(scheme, position, source):
     else:
         at = f" at T={extended}" if selected_type == "dynamic" else ""
         selected_label = f"selected: {selected_type} \u00d7{factor:g}{at}"
-    selected = effective(extended)
+    # the frequencies the selected scheme rotates with (positions / factor)
+    selected = rope.inv_freq(max(1, int(round(extended / pos_factor)))) / pos_factor
+    return RopeCurves(rope, pos_factor, factor, length, extended, plain, reference, curves, selected,
+                      selected_label)
 
-    fig = Figure(figsize=(14.5, 5.6), layout="constrained")
-    ax_wave, ax_ratio, ax_qk = fig.subplots(1, 3)
-    pairs = torch.arange(len(reference)).numpy()
+
+def _draw_frequencies(fig, ax_wave, ax_ratio, c: RopeCurves) -> None:
+    """Left: each pair's wavelength per scaling; middle: its frequency relative to plain rope."""
+    pairs = torch.arange(len(c.reference)).numpy()
     colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple"}
-    for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / reference)):
-        ax.plot(pairs, transform(selected).numpy(), color="gold", lw=7, alpha=0.6, solid_capstyle="round",
-                label=selected_label, zorder=1)
+    for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / c.reference)):
+        ax.plot(pairs, transform(c.selected).numpy(), color="gold", lw=7, alpha=0.6, solid_capstyle="round",
+                label=c.selected_label, zorder=1)
         dynamic_styles = iter(("--", ":"))
-        for label, kind, inv in curves:
+        for label, kind, inv in c.curves:
             style = next(dynamic_styles) if kind == "dynamic" else "-"
             ax.plot(pairs, transform(inv).numpy(), style, color=colors[kind], lw=1.6, label=label, zorder=2)
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        ax.set_xlabel(f"dimension pair i (dims i, i+{rope.rot // 2} of the {rope.rot} rotated)")
+        ax.set_xlabel(f"dimension pair i (dims i, i+{c.rope.rot // 2} of the {c.rope.rot} rotated)")
     right = pairs[-1]
-    for value, style, text in ((length, "--", f"training length L={length} "),
-                               (extended, ":", f"extended length {extended} ")):
+    for value, style, text in ((c.length, "--", f"training length L={c.length} "),
+                               (c.extended, ":", f"extended length {c.extended} ")):
         ax_wave.axhline(value, color="red", lw=1, ls=style)
         ax_wave.text(right, value, text, color="red", va="bottom", ha="right", fontsize=9)
     ax_wave.set(title="wavelength 2\u03c0/\u03b8\u1d62 of each pair (tokens per turn)",
                 ylabel="wavelength (tokens, log scale)")
-    ax_ratio.axhline(1 / factor, color="grey", lw=0.8, ls=":")
+    ax_ratio.axhline(1 / c.factor, color="grey", lw=0.8, ls=":")
     ax_ratio.set(title="scaled / original frequency (1 = kept, 1/s = interpolated)",
                  ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)")
-    ratios = torch.cat([inv / reference for _, _, inv in curves] + [selected / reference])
-    low, high = min(float(ratios.min()), 1 / factor) * 0.8, max(float(ratios.max()), 1 / factor) * 1.6
+    ratios = torch.cat([inv / c.reference for _, _, inv in c.curves] + [c.selected / c.reference])
+    low, high = min(float(ratios.min()), 1 / c.factor) * 0.8, max(float(ratios.max()), 1 / c.factor) * 1.6
     ax_ratio.set_ylim(low, high)
     powers = range(math.floor(math.log2(low)) + 1, math.ceil(math.log2(high)))
     ax_ratio.set_yticks([2.0 ** e for e in powers], [f"1/{2 ** -e}" if e < 0 else f"{2 ** e}" for e in powers])
@@ -246,27 +254,40 @@ def _rope_figure(scheme, position, source):
     handles, labels = ax_ratio.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9)
 
-    # q.k of the same content at two positions: q = k = 1, which is also the mean over random q = k
-    distance = torch.arange(extended, dtype=torch.float32)
-    ones = torch.ones(1, 1, extended, rope.d_model // rope.n_head)
+
+def _draw_rope_dot(ax_qk, scheme, c: RopeCurves) -> None:
+    """q.k of the same content at two positions: q = k = 1, which is also the mean over random q = k."""
+    distance = torch.arange(c.extended, dtype=torch.float32)
+    ones = torch.ones(1, 1, c.extended, c.rope.d_model // c.rope.n_head)
 
     def dot_at_distance(s):
-        q, k = s.rotate(ones, ones, distance, extended)
+        q, k = s.rotate(ones, ones, distance, c.extended)
         return (q[0, 0] * k[0, 0, :1]).sum(-1).float()
-    base_dot = dot_at_distance(plain)
+    base_dot = dot_at_distance(c.plain)
     norm = float(base_dot[0])
     ax_qk.plot(distance.numpy(), (base_dot / norm).numpy(), color="black", lw=0.8, label="none (original rope)")
-    if scheme.kind == "interpolated" or selected_type != "none":
+    if scheme.kind == "interpolated" or c.rope.scaling["type"] != "none":
         ax_qk.plot(distance.numpy(), (dot_at_distance(scheme) / norm).numpy(), color="goldenrod", lw=0.9,
-                   label=selected_label)
-    ax_qk.axvline(length, color="red", lw=1, ls="--", label=f"training length L={length}")
+                   label=c.selected_label)
+    ax_qk.axvline(c.length, color="red", lw=1, ls="--", label=f"training length L={c.length}")
     ax_qk.axhline(0, color="grey", lw=0.6)
     ax_qk.set(title="q\u00b7k of the same content at distance m - n", xlabel="relative distance m - n (tokens)",
               ylabel="q\u00b7k / |q|\u00b2  (q = k = 1, the mean over random q = k)")
     ax_qk.legend(loc="upper right", fontsize=8)
     ax_qk.grid(alpha=0.3)
-    note = "" if selected_type != "none" or pos_factor != 1.0 else \
-        f"no scaling selected: scalings compared at factor {factor:g}"
+
+
+def _rope_figure(scheme, position, source):
+    """Wavelength of each dimension pair before/after every scaling, their ratio to unscaled
+    rope, and q.k against relative distance for the selected scheme vs unscaled rope."""
+    Figure = require_matplotlib()
+    curves = _rope_curves(scheme, position)
+    fig = Figure(figsize=(14.5, 5.6), layout="constrained")
+    ax_wave, ax_ratio, ax_qk = fig.subplots(1, 3)
+    _draw_frequencies(fig, ax_wave, ax_ratio, curves)
+    _draw_rope_dot(ax_qk, scheme, curves)
+    unscaled = curves.rope.scaling["type"] == "none" and curves.pos_factor == 1.0
+    note = f"no scaling selected: scalings compared at factor {curves.factor:g}" if unscaled else ""
     extra = "; ".join(p for p in (_scaled_note(scheme), note) if p)
     _title(fig, scheme, position, source, extra)
     return fig
@@ -311,7 +332,6 @@ def _bias_figure(scheme, position, source):
     for ax in (ax_bias, ax_prior):
         ax.grid(alpha=0.3)
     if is_t5:
-        from minilm.positions.t5 import t5_bucket
         ax_bucket = axes[2]
         buckets = t5_bucket(torch.as_tensor(distance) / factor, inner.num_buckets, inner.max_distance)
         ax_bucket.step(distance, buckets.numpy(), where="post", color="tab:blue")
@@ -328,7 +348,6 @@ def _bias_figure(scheme, position, source):
 def _text_figure(scheme, position, source):
     """Schemes with nothing to draw (none): say why, beside the causal mask that orders tokens."""
     Figure = require_matplotlib()
-    from minilm.positions import scheme_class
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_text, ax_mask = fig.subplots(1, 2, width_ratios=[2.6, 1])
     ax_text.axis("off")
@@ -347,130 +366,4 @@ def _text_figure(scheme, position, source):
     ax_mask.set_xticks(range(n))
     ax_mask.set_yticks(range(n))
     _title(fig, scheme, position, source)
-    return fig
-
-
-# --------------------------------------------------------------------------- attention maps
-
-class AttentionCapture(NamedTuple):
-    """The last layer's attention, recomputed: ``weights`` (heads, T, T) for the first sequence,
-    and what the attention module actually saw and returned (``x``, ``pos``, ``output``)."""
-    weights: torch.Tensor
-    x: torch.Tensor
-    pos: torch.Tensor
-    output: torch.Tensor
-
-
-def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -> AttentionCapture:
-    """Run ``model`` on ``token_ids`` (1-D) without a cache and recompute the softmax weights of
-    every head of its last layer exactly: hooks capture the input of the last block's attention,
-    then q, k come from its ``qkv``, the scheme's ``rotate`` and ``bias`` and the causal mask (the
-    model itself calls SDPA, which returns no weights). ``last_queries`` keeps only the rows of
-    the last that many queries, (heads, last_queries, T), so long sequences stay cheap."""
-    ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(1, -1)
-    attn = model.blocks[-1].attn
-    signature = inspect.signature(attn.forward)
-    seen = {}
-
-    def before(module, args, kwargs):
-        seen["call"] = signature.bind(*args, **kwargs).arguments
-
-    def after(module, args, kwargs, output):
-        seen["output"] = output
-
-    hooks = [attn.register_forward_pre_hook(before, with_kwargs=True),
-             attn.register_forward_hook(after, with_kwargs=True)]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(ids.to(next(model.parameters()).device))
-            call = seen["call"]
-            x, pos, scheme = call["x"], call["pos"], call["scheme"]
-            B, T, _ = x.shape
-            q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-            q, k = scheme.rotate(q, k, pos, call["context_len"])
-            rows = slice(T - min(T, last_queries or T), T)
-            q, q_pos = q[0, :, rows].float(), pos[rows]
-            scores = (q @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
-            if scheme.has_bias:
-                scores = scores + scheme.bias(q_pos, pos).float()
-            distance = q_pos[:, None] - pos[None, :]
-            allowed = distance >= 0
-            if call.get("window") is not None:
-                allowed &= distance < call["window"]
-            weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was_training)
-    return AttentionCapture(weights.cpu(), x, pos, seen["output"])
-
-
-def _token_label(tokenizer, token_id: int, width: int = 8) -> str:
-    text = tokenizer.decode([token_id])
-    if not text.strip("\ufffd") and hasattr(tokenizer, "id_to_piece"):  # a lone byte of a character
-        text = tokenizer.id_to_piece(token_id)
-    text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "\u2423") or f"#{token_id}"
-    return text if len(text) <= width else text[: width - 1] + "\u2026"
-
-
-def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = MAX_ATTENTION_TOKENS) -> str:
-    """Draw the attention weights of each head in the last layer of ``model`` over ``token_ids``
-    (prompt plus generated tokens), ticks labelled with ``tokenizer.decode`` of each token; write
-    the figure to ``path`` and return it. The model sees the whole sequence (its last
-    position_limit() tokens for bounded schemes); the figure shows the last ``max_tokens``."""
-    return save_figure(attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens), path)
-
-
-def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTENTION_TOKENS):
-    """The figure of ``attention_map``, not yet written."""
-    Figure = require_matplotlib()
-    ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
-    if not ids:
-        raise PlotError("attention_map needs at least one token")
-    if max_tokens < 1:
-        raise PlotError(f"max_tokens={max_tokens} is invalid: expected at least 1")
-    notes, total = [], len(ids)
-    limit = model.positions.position_limit()
-    if limit is not None and len(ids) > int(limit):
-        notes.append(f"model run on the last {int(limit)} of {len(ids)} tokens ({model.positions.kind} table limit)")
-        ids = ids[-int(limit):]
-    shown = min(len(ids), max_tokens)
-    weights = attention_weights(model, ids, last_queries=shown).weights[:, :, -shown:]
-    if shown < len(ids):
-        notes.append(f"showing the last {shown} of {len(ids)} tokens (rows may sum to < 1: earlier keys hidden)")
-    labels = [_token_label(tokenizer, t) for t in ids[-shown:]]
-
-    heads = weights.shape[0]
-    cols = math.ceil(math.sqrt(heads))
-    rows = math.ceil(heads / cols)
-    cell = 2.0 + 0.11 * shown  # inches per head: room for one token label per row / column
-    fig = Figure(figsize=(cols * cell + 1.2, rows * cell + 1.0), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    import matplotlib
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e8e8e8")
-    causal = torch.ones(shown, shown, dtype=torch.bool).tril()
-    vmax = float(weights.max())  # shared by all heads, so heads compare; see the colorbar
-    fontsize = 9 if shown <= 24 else 7
-    image = None
-    for h, ax in enumerate(axes.flat):
-        if h >= heads:
-            ax.axis("off")
-            continue
-        shown_weights = weights[h].masked_fill(~causal, float("nan"))  # future keys: masked, grey
-        image = ax.imshow(shown_weights.numpy(), cmap=cmap, vmin=0, vmax=vmax, interpolation="nearest")
-        ax.set_title(f"head {h}", fontsize=11)
-        bottom, left = h + cols >= heads, h % cols == 0  # token labels on the outer edges only
-        ax.set_xticks(range(shown), labels if bottom else [], rotation=90, fontsize=fontsize)
-        ax.set_yticks(range(shown), labels if left else [], fontsize=fontsize)
-        if bottom:
-            ax.set_xlabel("key (attended to)")
-        if left:
-            ax.set_ylabel("query")
-    fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
-    layers = len(model.blocks)
-    title = (f"attention of each head in the last layer (layer {layers} of {layers}), position {model.positions.kind}: "
-             f"tokens {total - shown}..{total - 1} of {total}")
-    fig.suptitle("\n".join([title] + notes), fontsize=12)
     return fig

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import minilm.model
 from minilm import GPT, checkpoint, evaluation, passkey, scoring
 from minilm.checkpoint import CheckpointError
+from minilm.cli import passkey as passkey_cli
 from minilm.config import ConfigError
 from minilm.loading import load_model
 from minilm.config import build_config
@@ -284,13 +285,13 @@ def test_passkey_corpus_documents_end_with_the_answer_and_mix_in_text(corpus):
 
 def test_passkey_command_line(corpus, tmp_path, capsys):
     rope, _ = tiny_checkpoint(corpus, "rope")
-    assert passkey.main(["eval", rope, "--lengths", "100,140", "--depths", "0,1", "--trials", "2"]) == 0
+    assert passkey_cli.main(["eval", rope, "--lengths", "100,140", "--depths", "0,1", "--trials", "2"]) == 0
     out = capsys.readouterr().out
     assert "| length | depth 0 | depth 1 | mean |" in out and "| 140 | " in out
-    assert passkey.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
+    assert passkey_cli.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
     assert len(os.listdir(tmp_path / "pk")) == 1
-    assert passkey.main(["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120",
+    assert passkey_cli.main(["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120",
                          "--mix", "0.5"]) == 0
     assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(tmp_path / "mix")
-    assert passkey.main(["eval", rope, "--lengths", "5"]) == 2
+    assert passkey_cli.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""The length-generalization experiment (minilm.experiments): --quick end to end, the plan, the checks."""
+"""The length-generalization experiment (minilm.experiments, minilm.report, python -m minilm experiment):
+--quick end to end, the plan, the checks."""
 import csv
 import os
 
@@ -6,11 +7,13 @@ import pytest
 import yaml
 
 from minilm import evaluation, experiments
+from minilm.report import checks
+from minilm.cli import experiment as experiment_cli
 
 
 def test_quick_run_end_to_end(tiny_corpus, tmp_path):
     out = tmp_path / "lg"
-    code = experiments.main(["length-generalization", "--quick", "--out", str(out), "--seed", "7", "--quiet",
+    code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seed", "7", "--quiet",
                              f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
                              f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
     assert code == 0
@@ -50,7 +53,7 @@ def test_plan_overrides_and_errors(capsys):
     assert experiments.FULL["data"]["corpus"] == "shakespeare"  # the defaults are untouched
     with pytest.raises(experiments.ExperimentError, match="unknown section 'modle'"):
         experiments.make_plan(False, None, ["modle.d_model=3"])
-    assert experiments.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
+    assert experiment_cli.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
     assert "error: experiment settings: model.d_model=32 is not divisible by model.n_head=3" in capsys.readouterr().err
 
 
@@ -71,7 +74,7 @@ def test_checks_read_the_published_ordering_from_the_numbers():
                  cell("linear, fine-tuned at 32", 32, 18), cell("yarn, fine-tuned at 32", 32, 22),
                  cell("no scaling, fine-tuned at 32", 32, 20)]
     ablation = [cell("base 1000", 16, 80), cell("base 10000", 16, 60), cell("base 100000", 16, 50)]
-    got = {claim: ok for claim, _, ok in experiments.checks(
+    got = {claim: ok for claim, _, ok in checks(
         {"scratch": scratch, "extension": extension, "ablation": ablation}, 8, 4)}
     assert got["past L (16 = 2x), sinusoidal degrades faster than rope"] == "yes"
     assert got["alibi stays near its L perplexity up to 4x (within 10%)"] == "yes"

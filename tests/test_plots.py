@@ -1,4 +1,4 @@
-"""Figures of the position schemes (python -m minilm.positions) and attention maps (minilm.plots)."""
+"""Figures of the position schemes (python -m minilm positions) and attention maps (minilm.attention_maps)."""
 import os
 import subprocess
 import sys
@@ -9,9 +9,10 @@ import torch
 pytest.importorskip("matplotlib")
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm import checkpoint, plots  # noqa: E402
+from minilm import attention_maps, checkpoint, plots  # noqa: E402
 from minilm.config import Config  # noqa: E402
-from minilm.positions import __main__ as cli  # noqa: E402
+from minilm.loading import load_model  # noqa: E402
+from minilm.cli import positions as cli  # noqa: E402
 from minilm.positions import available, build, scheme_class  # noqa: E402
 from minilm.positions.alibi import alibi_slopes  # noqa: E402
 from minilm.positions.t5 import t5_bucket  # noqa: E402
@@ -57,7 +58,7 @@ def test_every_registered_kind_plots_a_png(kind, tmp_path):
 
 @pytest.mark.parametrize("inner", [k for k in available() if k != "interpolated"])
 def test_interpolated_draws_the_wrapped_schemes_figure(inner):
-    settings = cli.position_settings("interpolated", [("base.kind", inner), ("factor", "2")])
+    settings = cli.position_settings("interpolated", [("inner.kind", inner), ("factor", "2")])
     fig = plots.scheme_figure(build(settings, **SHAPE), settings)
     plain = plots.scheme_figure(build(position(inner), **SHAPE), position(inner))
     assert [ax.get_xlabel() for ax in fig.axes] == [ax.get_xlabel() for ax in plain.axes]
@@ -200,18 +201,25 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
     assert cli.main(["plot", "rope", "--out", str(tmp_path / "x.png")]) == 2
     assert capsys.readouterr().err == 'error: plotting needs matplotlib: pip install -e ".[plot]"\n'
     with pytest.raises(plots.PlotError, match="plotting needs matplotlib"):
-        plots.attention_map(object(), [1], object(), str(tmp_path / "a.png"))
+        attention_maps.attention_map(object(), [1], object(), str(tmp_path / "a.png"))
 
 
 def test_cli_subprocess_writes_the_png(tmp_path):
     out = tmp_path / "figs" / "alibi_pi.png"
     result = subprocess.run(
-        [sys.executable, "-m", "minilm.positions", "plot", "interpolated", "--base.kind", "alibi", "--factor=3",
+        [sys.executable, "-m", "minilm", "positions", "plot", "interpolated", "--inner.kind", "alibi", "--factor=3",
          "--d-model", "64", "--n-head", "2", "--block-size", "64", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"wrote {out}: interpolated {{base: {{kind: alibi}}, factor: 3}}\n"
+    assert result.stdout == f"wrote {out}: interpolated {{inner: {{kind: alibi}}, factor: 3}}\n"
     assert_png(out)
+
+
+def test_the_old_invocation_names_the_new_one():
+    result = subprocess.run([sys.executable, "-m", "minilm.positions", "list"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == "error: this command moved: use python -m minilm positions ...\n"
 
 
 # --------------------------------------------------------------------------- checkpoints and attention
@@ -249,7 +257,7 @@ def test_checkpoint_figure_shows_the_trained_biases(tokenizer, tmp_path, capsys)
     assert cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "--num_buckets", "4", "--out", str(out)]) == 2
     assert "drop --num_buckets" in capsys.readouterr().err
 
-    loaded, _, loaded_config, _ = checkpoint.load_model(str(tmp_path / "run"))
+    loaded, _, loaded_config, _ = load_model(str(tmp_path / "run"))
     fig = plots.scheme_figure(loaded.positions, loaded_config.model.position, source="run")
     weights = model.positions.relative_bias.weight.detach()
     for h, line in enumerate(fig.axes[0].lines):
@@ -275,7 +283,7 @@ def test_recomputed_attention_reproduces_the_layer_output(settings):
     """weights @ v, projected, must equal what the model's own (SDPA) attention returned."""
     model = tiny_model(settings, vocab_size=50)
     ids = torch.randint(0, 50, (20,), generator=torch.Generator().manual_seed(1))
-    capture = plots.attention_weights(model, ids)
+    capture = attention_maps.attention_weights(model, ids)
     attn = model.blocks[-1].attn
     T = len(ids)
     weights = capture.weights
@@ -286,7 +294,7 @@ def test_recomputed_attention_reproduces_the_layer_output(settings):
         v = attn.qkv(capture.x).view(1, T, 3, attn.n_head, attn.head_dim)[:, :, 2].transpose(1, 2)[0]
         y = attn.proj((weights @ v).transpose(0, 1).reshape(1, T, -1))
     assert torch.allclose(y, capture.output, atol=1e-5), (y - capture.output).abs().max()
-    tail = plots.attention_weights(model, ids, last_queries=5).weights  # only the last queries' rows
+    tail = attention_maps.attention_weights(model, ids, last_queries=5).weights  # only the last queries' rows
     assert tail.shape == (4, 5, T) and torch.allclose(tail, weights[:, -5:], atol=1e-6)
     # and the check has teeth: uniform causal attention does not reproduce it
     uniform = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
@@ -298,12 +306,12 @@ def test_recomputed_attention_reproduces_the_layer_output(settings):
 def test_attention_map_labels_tokens_and_caps_length(tokenizer, tmp_path):
     model = tiny_model(position("alibi"), tokenizer.vocab_size)
     ids = tokenizer.encode("the cat sat on the mat\nthe dog")
-    fig = plots.attention_figure(model, ids, tokenizer, max_tokens=6)
+    fig = attention_maps.attention_figure(model, ids, tokenizer, max_tokens=6)
     assert f"showing the last 6 of {len(ids)} tokens" in suptitle(fig)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    expected = [plots._token_label(tokenizer, t) for t in ids[-6:]]
+    expected = [attention_maps._token_label(tokenizer, t) for t in ids[-6:]]
     assert labels == expected and "dog" in "".join(labels)
-    path = plots.attention_map(model, ids, tokenizer, str(tmp_path / "attention.png"))
+    path = attention_maps.attention_map(model, ids, tokenizer, str(tmp_path / "attention.png"))
     assert_png(path)
 
 
@@ -311,6 +319,6 @@ def test_attention_map_crops_to_a_learned_table(tokenizer):
     model = tiny_model(position("learned"), tokenizer.vocab_size, block_size=16, n_layer=1)
     ids = tokenizer.encode("the cat sat on the mat, and the dog saw the cat. " * 3)
     assert len(ids) > 16
-    fig = plots.attention_figure(model, ids, tokenizer)
+    fig = attention_maps.attention_figure(model, ids, tokenizer)
     assert f"model run on the last 16 of {len(ids)} tokens" in suptitle(fig)
     assert len(fig.axes[0].get_yticklabels()) == 16

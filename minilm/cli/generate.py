@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import torch
 
-from minilm import plots
+from minilm import attention_maps
 from minilm.common import resolve_device
 from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size,
                                encode_prompt, generate)
@@ -125,7 +125,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
-        path = plots.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
+        path = attention_maps.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 

@@ -1,0 +1,76 @@
+"""``python -m minilm passkey eval|make-corpus ...``: passkey retrieval accuracy of checkpoints,
+and fine-tuning corpora of passkey documents (``minilm.passkey``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tqdm import tqdm
+
+from minilm import passkey
+from minilm.checkpoint import load
+from minilm.cli import run_command
+from minilm.data import corpus_documents, join_documents
+from minilm.loading import load_model
+from minilm.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
+from minilm.tokenizer import Tokenizer
+
+
+def _make_corpus(args) -> list:
+    """make-corpus: the checkpoint's tokenizer measures the lengths; its training split is the mix text."""
+    if args.checkpoint.endswith(".model"):
+        if args.mix:
+            raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
+                               f"not the tokenizer file {args.checkpoint!r}")
+        return write_corpus(args.out_dir, Tokenizer.load(args.checkpoint), args.n, args.length, args.seed)
+    state = load(args.checkpoint)
+    text = ""
+    if args.mix:
+        text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
+    return write_corpus(args.out_dir, Tokenizer.from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
+                        mix_text=text, mix=args.mix)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minilm passkey", description=passkey.__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
+    ev.add_argument("checkpoints", nargs="+")
+    ev.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
+    ev.add_argument("--depths", default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS))
+    ev.add_argument("--trials", type=int, default=5)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="evaluation-time override, e.g. model.position.scaling.type=dynamic")
+    mk = sub.add_parser("make-corpus", help="write passkey documents as a text corpus directory")
+    mk.add_argument("out_dir")
+    mk.add_argument("--checkpoint", required=True,
+                    help="checkpoint (or tokenizer.model) whose tokenizer measures the lengths")
+    mk.add_argument("--n", type=int, default=2000)
+    mk.add_argument("--length", type=int, required=True, help="longest document in tokens")
+    mk.add_argument("--mix", type=float, default=0.0,
+                    help="fraction of the characters taken from the checkpoint's training text (default 0)")
+    mk.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+def run(args) -> int:
+    if args.command == "make-corpus":
+        paths = _make_corpus(args)
+        print(f"wrote {args.n} passkey documents ({len(paths)} files, mix {args.mix:g}) under {args.out_dir}")
+        return 0
+    try:
+        depths = [float(d) for d in args.depths.split(",")]
+        lengths = None if args.lengths is None else [int(t) for t in args.lengths.split(",")]
+    except ValueError:
+        raise PasskeyError(f"--depths {args.depths!r} / --lengths {args.lengths!r} must be "
+                           f"comma-separated numbers") from None
+    for path in args.checkpoints:
+        model, tokenizer, config, _ = load_model(path, args.set)
+        these = lengths or [config.model.block_size * m for m in (1, 2, 4)]
+        with tqdm(total=len(these) * len(depths) * args.trials, desc=f"passkey {path}", file=sys.stderr,
+                  leave=False) as bar:
+            rows = accuracy(model, tokenizer, these, depths, args.trials, args.seed, progress=bar)
+        print(f"\npasskey accuracy of {path} ({args.trials} trials per cell)\n\n{markdown(rows)}")
+    return 0

@@ -1,0 +1,160 @@
+"""``python -m minilm positions``: inspect the position schemes of the registry.
+
+usage:
+  python -m minilm positions list
+  python -m minilm positions plot KIND [--OPTION VALUE ...] [--d-model N] [--n-head N] [--block-size N] --out FILE.png
+  python -m minilm positions plot [KIND] --checkpoint OUT_DIR_OR_CKPT --out FILE.png
+
+``list`` prints every registered kind with its description and options (defaults).
+``plot`` draws the figure suited to a kind (see minilm/plots.py). Options are the kind's
+options from the registry, values parsed as YAML; nested ones take dots:
+  plot rope --scaling.type yarn --scaling.factor 4 --out rope_yarn.png
+  plot interpolated --inner.kind alibi --factor 2 --out alibi_pi.png
+With --checkpoint the kind, options and model shape come from the checkpoint and the
+figure shows its trained values (a KIND that disagrees is an error).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+
+import yaml
+
+from minilm import plots
+from minilm.cli import run_command
+from minilm.common import MinilmError
+from minilm.config import ModelConfig, apply_overrides
+from minilm.loading import load_model
+from minilm.positions import available, build, canonical, scheme_class
+
+SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
+DEFAULT_SHAPE = {name: getattr(ModelConfig(), name) for name in SHAPE.values()}  # the model's own defaults
+
+
+class UsageError(MinilmError):
+    pass
+
+
+def format_options(options: dict) -> str:
+    """``name=default`` pairs, values written as YAML (as they are given on the command line)."""
+    if not options:
+        return "(no options)"
+
+    def value(v):
+        return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+    return "  ".join(f"{k}={value(v)}" for k, v in options.items())
+
+
+def list_schemes() -> str:
+    """One line per registered kind (description), then its options with their defaults."""
+    kinds = available()
+    width = max(len(k) for k in kinds)
+    lines = []
+    for kind in kinds:
+        cls = scheme_class(kind)
+        lines.append(f"{kind:<{width}}  {cls.description}")
+        lines.append(f"{'':<{width}}    options: {format_options(cls.options)}")
+    lines.append("set options with --name value (nested: --scaling.type yarn), e.g. "
+                 "python -m minilm positions plot rope --scaling.type yarn --scaling.factor 4 --out rope.png")
+    return "\n".join(lines)
+
+
+def parse_plot_args(argv) -> dict:
+    """Split ``plot`` arguments into kind, --out, --checkpoint, model shape and scheme options."""
+    parsed = {"kind": None, "out": None, "checkpoint": None, "shape": {}, "options": []}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            if parsed["kind"] is not None:
+                raise UsageError(f"unexpected argument {token!r}: give one KIND, and options as --name value")
+            parsed["kind"] = token
+            i += 1
+            continue
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise UsageError(f"--{name} needs a value")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if name in ("out", "checkpoint"):
+            parsed[name] = value
+        elif name in SHAPE:
+            number = _yaml(name, value)
+            if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+                raise UsageError(f"--{name}={value!r} is invalid: expected a positive integer")
+            parsed["shape"][SHAPE[name]] = number
+        elif name == "kind" or name == "":
+            raise UsageError(f"give the position kind as the first argument (valid: {', '.join(available())})")
+        else:
+            parsed["options"].append((name.replace("-", "_"), value))
+    if parsed["out"] is None:
+        raise UsageError("plot needs --out FILE.png")
+    return parsed
+
+
+def _yaml(name, value):
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise UsageError(f"--{name}={value!r} is not a valid value") from None
+
+
+def position_settings(kind: str, options) -> dict:
+    """The registry's defaults for ``kind`` with ``--name value`` options applied on top."""
+    cls = scheme_class(kind)
+    tree = {"kind": kind, **copy.deepcopy(cls.options)}
+    renamed = [(cls.renamed_options.get(name.split(".")[0], name.split(".")[0]) + name[len(name.split(".")[0]):],
+                value) for name, value in options]  # --base.kind is the old name of --inner.kind
+    return canonical(apply_overrides(tree, [f"{name}={value}" for name, value in renamed]))
+
+
+def plot(argv) -> str:
+    args = parse_plot_args(argv)
+    plots.require_matplotlib()  # fail early, before any model is loaded, when matplotlib is missing
+    kind, source = args["kind"], args["checkpoint"]
+    if source is not None:
+        if args["options"] or args["shape"]:
+            given = [f"--{n}" for n, _ in args["options"]] + [f"--{k.replace('_', '-')}" for k in args["shape"]]
+            raise UsageError(f"with --checkpoint the options and model shape come from the checkpoint: "
+                             f"drop {' '.join(given)}")
+        model, _tokenizer, config, _state = load_model(source)
+        position = config.model.position
+        if kind is not None and kind != position["kind"]:
+            raise UsageError(f"checkpoint {source!r} has position kind {position['kind']!r}, not {kind!r}: "
+                             f"omit KIND or give {position['kind']}")
+        scheme = model.positions
+    else:
+        if kind is None:
+            raise UsageError(f"give a position kind (valid: {', '.join(available())}) or --checkpoint")
+        position = position_settings(kind, args["options"])
+        shape = {**DEFAULT_SHAPE, **args["shape"]}
+        if shape["d_model"] % shape["n_head"]:
+            raise UsageError(f"--d-model={shape['d_model']} is not divisible by --n-head={shape['n_head']}")
+        scheme = build(position, **shape)
+    path = plots.plot_scheme(scheme, position, args["out"], source=source)
+    return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    if argv and (argv[0] in ("-h", "--help") or "--help" in argv or "-h" in argv):
+        print(__doc__.strip())
+        return 0
+    if not argv:
+        print("error: give a command: list or plot (see python -m minilm positions --help)", file=sys.stderr)
+        return 2
+    return run_command(lambda: _run(argv[0], argv[1:]))
+
+
+def _run(command: str, rest: list) -> int:
+    if command == "list":
+        if rest:
+            raise UsageError(f"list takes no arguments, got {' '.join(rest)}")
+        print(list_schemes())
+    elif command == "plot":
+        print(plot(rest))
+    else:
+        raise UsageError(f"unknown command {command!r}: valid: list, plot")
+    return 0
