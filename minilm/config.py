@@ -9,6 +9,7 @@ are applied on top, their values parsed as YAML. Every mistake is a one-line
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -22,7 +23,18 @@ from minilm.positions import canonical, validate
 
 
 class YAMLLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)."""
+    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)
+    and refusing a key given twice in one mapping (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 YAMLLoader.add_implicit_resolver(
@@ -33,6 +45,14 @@ YAMLLoader.add_implicit_resolver(
 
 def parse_yaml(text):
     return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """'line L, column C: what is wrong' of a YAML error, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
 
 
 class ConfigError(MinilmError):
@@ -185,6 +205,8 @@ def from_dict(cls, data: Any, prefix: str = ""):
             raise ConfigError(f"{prefix}{key}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or hint == Optional[float]:
             value = float(value) if value is not None else None
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{prefix}{key}={value!r} is invalid: expected a finite number")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -251,7 +273,9 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
             with open(resolved) as f:
                 tree = parse_yaml(f) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{resolved} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise ConfigError(f"{resolved} is not valid YAML: {yaml_problem(exc)}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config {resolved!r}: {getattr(exc, 'strerror', None) or exc}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{resolved} must hold a mapping with sections model, data, train")
     return build_config(apply_overrides(tree, overrides))
@@ -263,8 +287,8 @@ def build_config(tree: dict) -> Config:
         config = from_dict(Config, tree)
     except TypeError as exc:  # a dataclass got an argument it cannot take
         raise ConfigError(str(exc)) from None
-    try:
-        validate(config.model.position, config.model)
+    try:  # with init_from, what the source decides (interpolated's factor, ...) is filled in later
+        validate(config.model.position, config.model, reach=not config.train.init_from)
     except ValueError as exc:
         raise ConfigError(f"model.position: {exc}") from None
     return config

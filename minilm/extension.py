@@ -28,8 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from minilm.checkpoint import CheckpointError
-from minilm.config import ConfigError, ModelConfig
-from minilm.positions import PositionScheme
 
 ARCHITECTURE = ("n_layer", "n_head", "d_model", "d_ff", "bias")  # what an extended model keeps (and vocab_size)
 
@@ -69,15 +67,6 @@ def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
             rows = _table_rows(inner, src_block)
             position["factor"] = (block_size - 1) / (rows - 1) if rows and rows > 1 else block_size / src_block
     return position
-
-
-def check_reach(scheme: PositionScheme, model: ModelConfig) -> None:
-    """ConfigError unless ``scheme`` covers every position of the training length ``model.block_size``."""
-    limit, block = scheme.position_limit(), model.block_size
-    if limit is not None and limit < block - 1e-6:
-        raise ConfigError(f"model.position={model.position} covers positions 0..{limit - 1:g} but "
-                          f"model.block_size={block} needs 0..{block - 1}: leave out the factor of interpolated "
-                          f"to have it computed, or give the learned table more rows")
 
 
 def _stretch_rows(table: torch.Tensor, rows: int) -> torch.Tensor:

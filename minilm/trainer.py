@@ -65,11 +65,12 @@ from minilm.common import MinilmError, autocast, resolve_device, resolve_dtype
 from minilm.config import Config, resolve_config
 from minilm.data import Prepared, get_batch, prepare
 from minilm.distributed import Dist, init_distributed
-from minilm.extension import ARCHITECTURE, check_reach
+from minilm.extension import ARCHITECTURE
 from minilm.generation import Sampling, generate_text
 from minilm.interruption import StopFlag, check_resumable, rng_state, set_rng_state, truncate_metrics
 from minilm.loading import Loaded, load_model
 from minilm.model import GPT
+from minilm.positions import validate
 from minilm.scoring import token_losses
 
 SAMPLE_TEMPERATURE = 0.8
@@ -256,7 +257,7 @@ def source_model(config: Config) -> tuple:
         if trained.get(name) != getattr(config.model, name):
             raise CheckpointError(f"train.init_from={path!r}: model.{name}={getattr(config.model, name)} but the "
                                   f"source has {trained.get(name)}; an extended model keeps the source architecture")
-    check_reach(source.model.positions, source.config.model)
+    validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
     config = dataclasses.replace(config, model=source.config.model)
     return resolve_config(config, tokenizer=source.tokenizer), source
 

@@ -119,7 +119,7 @@ def test_mismatches_are_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="trained with 'rope' positions, not 'alibi'"):
         extend(path, 64, {"kind": "alibi"})
     with pytest.raises(CheckpointError, match="not 'learned'"):
-        extend(path, 64, {"kind": "interpolated", "inner": {"kind": "learned"}})
+        extend(path, 64, {"kind": "interpolated", "inner": {"kind": "learned", "max_positions": 64}})
     learned, _ = source(tmp_path, "learned")
     with pytest.raises(ConfigError, match="covers positions 0..60 but model.block_size=64"):
         extend(learned, 64, {"kind": "interpolated", "factor": 4})

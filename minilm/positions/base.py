@@ -87,10 +87,16 @@ def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "Pos
     return cls(d_model=d_model, n_head=n_head, block_size=block_size, **merged)
 
 
-def validate(position: dict, model_config) -> None:
-    """Raise PositionError when ``position`` cannot be built for this model shape."""
-    build(position, d_model=model_config.d_model, n_head=model_config.n_head,
-          block_size=model_config.block_size)
+def validate(position: dict, model_config, *, reach: bool = True) -> None:
+    """Raise PositionError when ``position`` cannot be built for this model shape, or (with
+    ``reach``) when its positions do not reach the training length ``model_config.block_size``."""
+    block = model_config.block_size
+    limit = build(position, d_model=model_config.d_model, n_head=model_config.n_head,
+                  block_size=block).position_limit()
+    if reach and limit is not None and limit < block - 1e-6:
+        raise PositionError(f"{position} covers positions 0..{limit - 1:g} but model.block_size={block} needs "
+                            f"0..{block - 1}: leave out the factor of interpolated to have it computed, or give "
+                            f"the learned table more rows")
 
 
 def check_number(kind: str, name: str, value: Any, *, low: float = None, high: float = None,
