@@ -14,6 +14,7 @@ import sys
 
 from minilm import evaluation
 from minilm.cli import run_command
+from minilm.outdir import check_writable
 
 
 def parse_numbers(text: str, kind, what: str):
@@ -61,6 +62,12 @@ def main(argv=None) -> int:
 
 def report(args, overrides) -> int:
     """Score, print the tables, write the CSV and the plot."""
+    if args.plot and not evaluation.have_matplotlib():
+        print("error: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
+        return 2
+    for option, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path and not args.no_files:  # found before the evaluation, not after it
+            check_writable(os.path.dirname(os.path.abspath(path)), option)
     results = evaluation.evaluate_checkpoints(
         args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
         max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
@@ -75,10 +82,7 @@ def report(args, overrides) -> int:
         base = os.path.dirname(os.path.abspath(first.checkpoint))
         csv_path = evaluation.write_csv(results, args.csv or os.path.join(base, f"eval-{args.mode}.csv"))
         print(f"\nwrote {csv_path}", file=sys.stderr)
-        if args.plot or evaluation.have_matplotlib():
-            if not evaluation.have_matplotlib():
-                print("error: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
-                return 2
+        if evaluation.have_matplotlib():
             png = evaluation.plot(results, args.plot or os.path.join(base, f"eval-{args.mode}.png"))
             print(f"wrote {png}", file=sys.stderr)
     return 0

@@ -24,6 +24,8 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="overrides, values parsed as YAML")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in out_dir/ckpt.pt")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start a new run in an out_dir that holds a checkpoint, replacing it")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
     args = parser.parse_args(argv)
@@ -37,7 +39,7 @@ def run(args) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
-    summary = train(config, resume=args.resume, quiet=args.quiet)
+    summary = train(config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
     if args.quiet:
         print(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
     if summary["interrupted"]:

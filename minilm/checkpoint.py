@@ -14,6 +14,9 @@ This module knows the file format only; turning a checkpoint back into a model i
 from __future__ import annotations
 
 import os
+import pickle
+import re
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -23,6 +26,7 @@ from minilm.common import MinilmError, atomic_write
 FORMAT = "minilm-checkpoint"
 VERSION = 1
 FILENAME = "ckpt.pt"
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in some torch messages
 
 
 class CheckpointError(MinilmError):
@@ -51,13 +55,36 @@ def save(state: dict, path: str) -> str:
     return path
 
 
+def remove_temporaries(directory: str) -> list:
+    """Delete the temporary files of saves that never finished (``.ckpt.pt.*.tmp``, and
+    ``.ckpt-*.tmp`` of older versions). Call it only while holding the out_dir's lock: then no
+    other save can be in progress there. Returns the removed paths."""
+    removed = []
+    for pattern in (f".{FILENAME}.*.tmp", ".ckpt-*.tmp"):
+        for path in Path(directory).glob(pattern):
+            try:
+                path.unlink()
+                removed.append(str(path))
+            except OSError:
+                pass
+    return removed
+
+
 def load(path: str, map_location: Optional[str] = "cpu") -> dict:
     """Load and check a checkpoint file or out_dir; clear errors for anything unusable."""
     path = resolve(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" ({found.group(1)})" if found else ""
+        raise CheckpointError(f"cannot read checkpoint {path!r}: it holds Python objects other than tensors and "
+                              f"plain data{what}, which minilm never loads (weights_only=True)") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path!r}: {exc.strerror or exc}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways (KeyError, struct.error, ...)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = ANSI_CODES.sub("", str(exc)).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
         raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a minilm checkpoint): "
                               f"{reason[:200]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

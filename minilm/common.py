@@ -149,6 +149,21 @@ def peak_memory(device: Union[str, torch.device] = "cpu") -> str:
     return f"{rss:.1f} MiB (peak RSS of the process)"
 
 
+def available_memory(device: Union[str, torch.device] = "cpu") -> Optional[int]:
+    """Bytes that can be allocated now: free CUDA memory, or the system's MemAvailable on Linux;
+    None where it cannot be told."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 # --------------------------------------------------------------------------- text
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str = "") -> str:

@@ -347,13 +347,17 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None
     _log(f"preparing {data_cfg.corpus!r} with {how} into {directory}", quiet)
     train_docs, val_docs = corpus_documents(data_cfg.corpus)
     created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
     try:
-        manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started, tokenizer)
-    except BaseException:
-        if created and not any(directory.iterdir()):
-            directory.rmdir()
-        raise
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started, tokenizer)
+        except BaseException:
+            if created and directory.exists() and not any(directory.iterdir()):
+                directory.rmdir()
+            raise
+    except OSError as exc:
+        raise DataError(f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): "
+                        f"{exc.strerror or exc}") from None
     return _load(directory, manifest)
 
 

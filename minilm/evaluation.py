@@ -118,6 +118,15 @@ def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
     return _VAL_CACHE[key]
 
 
+def window_length(multiple: float, block_size: int) -> int:
+    """``multiple`` x the training length in tokens; an EvaluationError when that is under one token."""
+    length = int(round(multiple * block_size))
+    if length < 1:
+        raise EvaluationError(f"multiple {multiple:g} of block_size {block_size} is {multiple * block_size:g} "
+                              f"tokens: evaluation lengths must be at least 1 token")
+    return length
+
+
 def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int]] = None,
                          multiples: Sequence[float] = DEFAULT_MULTIPLES, mode: str = "nonoverlapping",
                          stride: Optional[int] = None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
@@ -141,6 +150,12 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
     if labels is not None and len(labels) != len(paths):
         raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
+    if stride is not None and mode != "sliding":
+        raise EvaluationError(f"stride={stride} is only used with mode='sliding' (mode is {mode!r})")
+    if stride is not None and (not isinstance(stride, int) or stride < 1):
+        raise EvaluationError(f"stride={stride!r} is invalid: expected an integer >= 1 (omit it for length/2)")
+    if not isinstance(batch_tokens, int) or batch_tokens < 1:
+        raise EvaluationError(f"batch_tokens={batch_tokens!r} is invalid: expected an integer >= 1")
     device = resolve_device(device)
     if dtype not in ("float32", "bfloat16"):
         raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
@@ -151,7 +166,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         model, tokenizer, config, state = load_model(path, overrides, device=device)
         block = config.model.block_size
         these = [int(t) for t in lengths] if lengths is not None else \
-            sorted({max(1, int(round(m * block))) for m in multiples})
+            sorted({window_length(m, block) for m in multiples})
         loaded.append((state["path"], model, tokenizer, config, these))
     longest = max(t for *_, these in loaded for t in these)
 

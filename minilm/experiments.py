@@ -105,8 +105,8 @@ def run_config(plan: dict, out_dir: str, position: dict, *, block_size: Optional
 class Runner:
     """Trains and evaluates the runs of one experiment, keeping results and timings."""
 
-    def __init__(self, plan: dict, out: str, quiet: bool = False):
-        self.plan, self.out, self.quiet = plan, out, quiet
+    def __init__(self, plan: dict, out: str, quiet: bool = False, overwrite: bool = False):
+        self.plan, self.out, self.quiet, self.overwrite = plan, out, quiet, overwrite
         self.runs_dir = os.path.join(out, "runs")
         self.configs: dict = {}  # run name -> Config
         self.summaries: dict = {}  # run name -> trainer summary
@@ -123,7 +123,7 @@ class Runner:
         self.configs[name] = config
         self.say(f"training {name}: position {position}, block_size {config.model.block_size}, "
                  f"{config.train.max_steps} steps" + (f" from {kw['init_from']}" if kw.get("init_from") else ""))
-        self.summaries[name] = train(config, quiet=self.quiet)
+        self.summaries[name] = train(config, quiet=self.quiet, overwrite=self.overwrite)
         return config.out_dir
 
     def evaluate(self, name: str, label: str, multiples, *, overrides=(), table: str) -> None:

@@ -46,7 +46,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import torch
 
-from minilm.common import MinilmError, peak_memory
+from minilm.common import MinilmError, available_memory, peak_memory
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
 
@@ -133,6 +133,19 @@ def context_size(model, max_context: Optional[int] = None) -> int:
     return max_context
 
 
+def check_cache_memory(model, batch_size: int, capacity: int) -> None:
+    """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences would
+    not fit in the memory that is free now (checked before allocating, never after)."""
+    c = model.config
+    ref = model.wte.weight
+    need = 2 * c.n_layer * batch_size * c.n_head * capacity * c.head_dim * ref.element_size()
+    free = available_memory(ref.device)
+    if free is not None and need > free:
+        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs {need / 2**30:.1f} GiB "
+                              f"but {free / 2**30:.1f} GiB is free: lower --max-context, --max-new-tokens or "
+                              f"--num-samples")
+
+
 class Decoder:
     """Feeds tokens to ``model`` for ``batch_size`` sequences that share their positions and
     returns the next-token logits (B, V): ``prefill(ids)`` once, then ``step(tokens)``.
@@ -142,16 +155,22 @@ class Decoder:
     causal mask over absolute positions). See the module docstring.
     """
 
-    def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True):
+    def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
+                 total: Optional[int] = None):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
         self.max_context = context_size(model, max_context)
         self.slides = model.positions.position_limit() is not None
         self.device = model.wte.weight.device
-        self.cache = model.new_cache(batch_size, self.max_context, rolling=not self.slides) if use_cache else None
+        self.cache = None
+        if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
+            capacity = self.max_context if total is None else max(1, min(self.max_context, total))
+            check_cache_memory(model, batch_size, capacity)
+            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides)
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
+        start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
         self._history = None if (use_cache and not self.slides) else \
-            torch.empty(batch_size, 2 * self.max_context, dtype=torch.long, device=self.device)
+            torch.empty(batch_size, start, dtype=torch.long, device=self.device)
 
     def _remember(self, ids: torch.Tensor) -> None:
         if self._history is not None:
@@ -174,10 +193,10 @@ class Decoder:
         self._remember(ids)
         if self.cache is None:
             return self._recompute()
-        first = ids[:, :self.max_context]  # a rolling cache takes one token at a time once it wraps
-        logits = self.model(first, self.cache)[:, -1]
+        first = ids[:, :self.cache.capacity]  # a rolling cache takes one token at a time once it wraps
+        logits = self.model(first, self.cache, context_len=self.max_context)[:, -1]
         for t in range(first.shape[1], ids.shape[1]):
-            logits = self.model(ids[:, t:t + 1], self.cache)[:, -1]
+            logits = self.model(ids[:, t:t + 1], self.cache, context_len=self.max_context)[:, -1]
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -185,7 +204,7 @@ class Decoder:
         tokens = tokens.view(self.batch_size, 1)
         self._remember(tokens)
         if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
-            return self.model(tokens, self.cache)[:, -1]
+            return self.model(tokens, self.cache, context_len=self.max_context)[:, -1]
         return self._recompute()
 
     def _recompute(self) -> torch.Tensor:
@@ -246,7 +265,8 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
         raise GenerationError(f"prompt token id {bad[0]} is out of range: valid ids are 0..{model.config.vocab_size - 1}")
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
-    decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache)
+    decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
+                      total=len(prompt_ids) + max_new_tokens)
     if decoder.slides and len(prompt_ids) > decoder.max_context:
         warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
                       f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)

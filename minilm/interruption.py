@@ -73,6 +73,19 @@ def check_resumable(config: Config, state: dict) -> None:
                               f"use the same setting or start a new out_dir")
 
 
+TRAJECTORY = ("batch_size", "grad_accum", "max_steps", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1",
+              "beta2", "grad_clip", "dtype")  # train settings that change what the remaining steps compute
+
+
+def trajectory_changes(config: Config, state: dict) -> list:
+    """'train.KEY=NOW (was BEFORE)' for each train setting that differs from the checkpoint's
+    and changes the remaining steps (max_steps moves the cosine schedule, for one): the resumed
+    run is then no longer the one an uninterrupted run would have been."""
+    before = state["config"].get("train", {})
+    return [f"train.{key}={getattr(config.train, key)!r} (was {before.get(key)!r})" for key in TRAJECTORY
+            if key in before and before[key] != getattr(config.train, key)]
+
+
 def truncate_metrics(path: str, step: int) -> None:
     """On resume, drop log lines past the checkpoint's step (from the part of the run that was lost)."""
     if not os.path.exists(path):

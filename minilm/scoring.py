@@ -13,16 +13,20 @@ the two evaluation protocols (Press et al. 2022, "Train Short, Test Long", appen
   as in the usual sliding-window recipe). Costs T / stride times more.
 
 ``score`` runs a model over all windows of one length and returns the mean nats per
-scored token.
+scored token. The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
+(fixed random windows, the same at every evaluation) or ``split_batches`` (the whole
+validation split in non-overlapping windows).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+import torch.distributed
 import torch.nn.functional as F
 
 from minilm.common import MinilmError, autocast
+from minilm.data import get_batch
 
 MODES = ("nonoverlapping", "sliding")
 LOSS_CHUNK = 4096  # rows of hidden states turned into logits at once
@@ -90,3 +94,44 @@ def score(model, tokens: torch.Tensor, length: int, mode: str = "nonoverlapping"
             if progress is not None:
                 progress.update(len(batch))
     return float(total) / n
+
+
+@torch.no_grad()
+def heldout_loss(model, batches, device, dtype, dist) -> float:
+    """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
+    (``dist``: rank, world, enabled, see ``minilm.distributed``) each rank takes a share."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
+    for i, (x, y) in enumerate(batches):
+        if i % dist.world != dist.rank:
+            continue
+        x, y = x.to(device), y.to(device)
+        with autocast(device, dtype):
+            total[0] += token_losses(model, x, y).to(device)
+        total[1] += y.numel()
+    if dist.enabled:
+        torch.distributed.all_reduce(total)
+    model.train(was_training)
+    return float(total[0] / total[1])
+
+
+def eval_batches(val, config):
+    """The fixed validation windows of the periodic evaluation (same windows every time)."""
+    generator = torch.Generator().manual_seed(config.seed)
+    t = config.train
+    return [get_batch(val, t.batch_size, config.model.block_size, generator) for _ in range(t.eval_iters)]
+
+
+def split_batches(val, block_size: int, batch_size: int, max_tokens: int):
+    """The validation split (its first ``max_tokens + 1`` tokens) in non-overlapping windows."""
+    tokens = torch.from_numpy(val[: max_tokens + 1].astype("int64"))
+    n = (len(tokens) - 1) // block_size
+    full = tokens[: n * block_size + 1]
+    x, y = full[:-1].view(n, block_size), full[1:].view(n, block_size)
+    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+    rest = len(tokens) - 1 - n * block_size
+    if rest > 0:
+        tail = tokens[n * block_size:]
+        batches.append((tail[:-1][None], tail[1:][None]))
+    return batches

@@ -67,11 +67,13 @@ from minilm.data import Prepared, get_batch, prepare
 from minilm.distributed import Dist, init_distributed
 from minilm.extension import ARCHITECTURE
 from minilm.generation import Sampling, generate_text
-from minilm.interruption import StopFlag, check_resumable, rng_state, set_rng_state, truncate_metrics
+from minilm.interruption import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
+                                 truncate_metrics)
 from minilm.loading import Loaded, load_model
 from minilm.model import GPT
+from minilm.outdir import claim, rotate
 from minilm.positions import validate
-from minilm.scoring import token_losses
+from minilm.scoring import eval_batches, heldout_loss, split_batches
 
 SAMPLE_TEMPERATURE = 0.8
 METRICS_FILE = "metrics.jsonl"
@@ -109,46 +111,6 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- evaluation
-
-@torch.no_grad()
-def evaluate(model: GPT, batches, device, dtype, dist: Dist) -> float:
-    """Mean next-token loss (nats) over ``batches`` [(x, y), ...]; under DDP each rank takes a share."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
-    for i, (x, y) in enumerate(batches):
-        if i % dist.world != dist.rank:
-            continue
-        x, y = x.to(device), y.to(device)
-        with autocast(device, dtype):
-            total[0] += token_losses(model, x, y).to(device)
-        total[1] += y.numel()
-    if dist.enabled:
-        torch.distributed.all_reduce(total)
-    model.train(was_training)
-    return float(total[0] / total[1])
-
-
-def eval_batches(val, config: Config):
-    """The fixed validation windows of the periodic evaluation (same windows every time)."""
-    generator = torch.Generator().manual_seed(config.seed)
-    t = config.train
-    return [get_batch(val, t.batch_size, config.model.block_size, generator) for _ in range(t.eval_iters)]
-
-
-def split_batches(val, block_size: int, batch_size: int, max_tokens: int):
-    """The validation split (its first ``max_tokens + 1`` tokens) in non-overlapping windows."""
-    tokens = torch.from_numpy(val[: max_tokens + 1].astype("int64"))
-    n = (len(tokens) - 1) // block_size
-    full = tokens[: n * block_size + 1]
-    x, y = full[:-1].view(n, block_size), full[1:].view(n, block_size)
-    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
-    rest = len(tokens) - 1 - n * block_size
-    if rest > 0:
-        tail = tokens[n * block_size:]
-        batches.append((tail[:-1][None], tail[1:][None]))
-    return batches
-
 
 def val_metrics(loss: float, prepared: Prepared) -> dict:
     return {"val_loss": round(loss, 5), "val_ppl": round(math.exp(min(loss, 50.0)), 3),
@@ -211,6 +173,14 @@ class Run:
     def save(self, val: Optional[dict] = None) -> str:
         if not self.dist.main:
             return self.ckpt_path
+        try:
+            return self._save(val)
+        except OSError as exc:
+            kept = "the previous checkpoint is kept" if os.path.exists(self.ckpt_path) else "no checkpoint was written"
+            raise TrainingError(f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: "
+                                f"{exc.strerror or exc}; {kept}") from None
+
+    def _save(self, val: Optional[dict]) -> str:
         return checkpoint.save({
             "model": self.raw.state_dict(), "config": self.config.to_dict(),
             "tokenizer": self.prepared.tokenizer.to_bytes(), "optimizer": self.optimizer.state_dict(),
@@ -221,18 +191,26 @@ class Run:
         }, self.ckpt_path)
 
     def validate(self, batches) -> dict:
-        return val_metrics(evaluate(self.raw, batches, self.device, self.dtype, self.dist), self.prepared)
+        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist), self.prepared)
 
 
-def train(config: Config, *, resume: bool = False, quiet: bool = False) -> dict:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False) -> dict:
     """Train as ``config`` says; return a summary dict.
 
     Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
     tokens seen in total), seconds (wall time of this call, data preparation included),
     tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
     final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
-    Raises ConfigError, CheckpointError, DataError or TrainingError with one-line messages.
+    A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
+    serves one live run at a time (``minilm.outdir``). Raises a MinilmError (ConfigError,
+    CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
     """
+    main = int(os.environ.get("RANK", "0")) == 0
+    with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
+        return _train(config, resume=resume, quiet=quiet)
+
+
+def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
     run = setup(config, resume=resume, quiet=quiet)
     val_set = eval_batches(run.prepared.val, run.config)
     start_step, loop_started, interrupted = run.step, time.time(), None
@@ -313,23 +291,23 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Run:
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
         set_rng_state(state["rng"], device)
         run.generator.set_state(state["data_state"]["generator"])
-    _start_metrics(run, resumed=state is not None)
+    _start_metrics(run, state)
     return run
 
 
-def _start_metrics(run: Run, resumed: bool) -> None:
+def _start_metrics(run: Run, state: Optional[dict]) -> None:
     """Create out_dir, continue or restart metrics.jsonl, and say what the run is."""
-    config, dist = run.config, run.dist
+    config, dist, resumed = run.config, run.dist, state is not None
     if dist.main:
         os.makedirs(config.out_dir, exist_ok=True)
         if resumed:
             truncate_metrics(run.metrics_path, run.step)
         else:
             if os.path.exists(run.ckpt_path):
-                run.say(f"note: {run.ckpt_path} exists and will be replaced by this new run "
-                        f"(use --resume to continue it)")
-            if os.path.exists(run.metrics_path):
-                os.unlink(run.metrics_path)
+                run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
+            kept = rotate(run.metrics_path)
+            if kept:
+                run.say(f"note: the previous {METRICS_FILE} is kept as {kept}")
     m = config.model
     run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters, position {m.position}, "
             f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
@@ -338,6 +316,10 @@ def _start_metrics(run: Run, resumed: bool) -> None:
             f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
+        changed = trajectory_changes(config, state)
+        if changed:
+            run.say(f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
+                    f"the uninterrupted one (it continues exactly only with the same train settings)")
 
 
 def train_step(run: Run, stop: StopFlag) -> tuple:

@@ -26,17 +26,22 @@ class Parser(argparse.ArgumentParser):
 
 def run_command(body: Callable[[], Optional[int]], *, on_interrupt: Optional[str] = None) -> int:
     """Run a command's ``body`` and turn what ends it into an exit status: its own return value
-    (None is 0); 2 with one ``error:`` line for a MinilmError; 130 for Ctrl-C (with
-    ``on_interrupt`` as an error line, when given); 0 when stdout was closed early (``| head``)."""
+    (None is 0); 2 with one ``error:`` line for a MinilmError or an OSError (naming the path);
+    130 for Ctrl-C (with ``on_interrupt`` as an error line, when given); 0 when stdout was
+    closed early (``| head``)."""
     try:
         return body() or 0
     except MinilmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. head, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:  # a file system problem found late: say which path and why, in one line
+        where = f"{exc.filename!r}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if on_interrupt:
             print(f"error: {on_interrupt}", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into e.g. head, which stopped reading
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0

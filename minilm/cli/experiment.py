@@ -29,6 +29,7 @@ def parse_args(argv):
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
     parser.add_argument("--seed", type=int, help="seed of every run (default 1337)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier experiment in --out")
     return parser.parse_intermixed_args(argv)
 
 
@@ -46,7 +47,7 @@ def run(args, argv, out: str) -> int:
     load_start = report.load_average()
     commit = report.git_commit(REPO, exclude=out)  # the code as it is when the run starts
     plan = experiments.make_plan(args.quick, args.seed, args.overrides)
-    runner = experiments.Runner(plan, out, quiet=args.quiet)
+    runner = experiments.Runner(plan, out, quiet=args.quiet, overwrite=args.overwrite)
     runner.run()
     threads = os.environ.get("OMP_NUM_THREADS")
     command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m minilm experiment " + " ".join(argv)

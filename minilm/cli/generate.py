@@ -12,8 +12,8 @@ import torch
 
 from minilm import attention_maps
 from minilm.common import resolve_device
-from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size,
-                               encode_prompt, generate)
+from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_cache_memory, check_count,
+                               context_size, encode_prompt, generate)
 from minilm.loading import load_model
 
 SEPARATOR = "---------------"
@@ -70,8 +70,24 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
             raise GenerationError(f"cannot read --prompt-file {prompt_file!r}: "
                                   f"{getattr(exc, 'strerror', None) or exc}") from None
     if prompt == "-" or (prompt is None and stdin is not None and not stdin.isatty()):
-        return stdin.read()
-    return prompt or ""
+        source = getattr(stdin, "buffer", None)
+        data = source.read() if source is not None else stdin.read()
+        return data if isinstance(data, str) else utf8(data, "the prompt on stdin")
+    prompt = prompt or ""
+    bad = [i for i, c in enumerate(prompt) if "\udc80" <= c <= "\udcff"]  # undecodable argv bytes
+    if bad:
+        raise GenerationError(f"the prompt argument is not valid UTF-8 (byte {ord(prompt[bad[0]]) - 0xdc00:#04x} at "
+                              f"character {bad[0]}): pass UTF-8 text, or use --prompt-file")
+    return prompt
+
+
+def utf8(data: bytes, what: str) -> str:
+    """``data`` decoded as UTF-8, or a GenerationError naming the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GenerationError(f"{what} is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start}): "
+                              f"convert it to UTF-8") from None
 
 
 def unescape(text: str) -> str:
@@ -98,7 +114,9 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     prompt = read_prompt(args.prompt, args.prompt_file, stdin)
     model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device)
     prompt_ids = encode_prompt(tokenizer, prompt)
-    context_size(model, args.max_context)  # a bad --max-context fails before any output
+    context = context_size(model, args.max_context)  # a bad --max-context fails before any output
+    if not args.no_cache:  # and so does a cache that cannot fit
+        check_cache_memory(model, args.num_samples, min(context, len(prompt_ids) + args.max_new_tokens))
 
     stats = Stats()
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
