@@ -13,7 +13,7 @@ import os
 import sys
 
 from minilm import evaluation
-from minilm.cli import run_command
+from minilm.cli import Parser, run_command
 from minilm.outdir import check_writable
 
 
@@ -28,7 +28,7 @@ def parse_numbers(text: str, kind, what: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Perplexity and bits/char on the validation split at several lengths.",
         epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.")
     parser.add_argument("checkpoints", nargs="+", help="checkpoint files or out_dirs holding ckpt.pt")

@@ -10,13 +10,13 @@ import argparse
 import json
 import sys
 
-from minilm.cli import run_command
+from minilm.cli import Parser, run_command
 from minilm.config import load_config, resolve_config
 from minilm.trainer import train
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = Parser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="example: python train.py --config rope.yaml train.max_steps=200 "
                                             "model.position.kind=alibi")

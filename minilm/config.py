@@ -20,6 +20,7 @@ import yaml
 
 from minilm.common import MinilmError, suggest
 from minilm.positions import canonical, validate
+from minilm.tokenizer import TokenizerError, check_vocab_size
 
 
 class YAMLLoader(yaml.SafeLoader):
@@ -287,6 +288,10 @@ def build_config(tree: dict) -> Config:
         config = from_dict(Config, tree)
     except TypeError as exc:  # a dataclass got an argument it cannot take
         raise ConfigError(str(exc)) from None
+    try:
+        check_vocab_size(config.data.vocab_size)
+    except TokenizerError as exc:
+        raise ConfigError(f"data.{exc}") from None
     try:  # with init_from, what the source decides (interpolated's factor, ...) is filled in later
         validate(config.model.position, config.model, reach=not config.train.init_from)
     except ValueError as exc:

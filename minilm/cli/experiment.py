@@ -10,14 +10,14 @@ import sys
 import time
 
 from minilm import experiments, report
-from minilm.cli import run_command
+from minilm.cli import Parser, run_command
 
 EXPERIMENTS = ("length-generalization",)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m minilm experiment",
+    parser = Parser(prog="python -m minilm experiment",
                                      description=experiments.__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="overrides: section.key=value on the plan (sections: "

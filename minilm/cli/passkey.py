@@ -2,14 +2,13 @@
 and fine-tuning corpora of passkey documents (``minilm.passkey``)."""
 from __future__ import annotations
 
-import argparse
 import sys
 
 from tqdm import tqdm
 
 from minilm import passkey
 from minilm.checkpoint import load
-from minilm.cli import run_command
+from minilm.cli import Parser, run_command
 from minilm.data import corpus_documents, join_documents
 from minilm.loading import load_model
 from minilm.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
@@ -32,7 +31,7 @@ def _make_corpus(args) -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minilm passkey", description=passkey.__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m minilm passkey", description=passkey.__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
     ev.add_argument("checkpoints", nargs="+")
