@@ -204,9 +204,13 @@ def _rope_curves(scheme, position) -> RopeCurves:
               (f"linear / PI \u00d7{factor:g}", "linear", variant("linear").inv_freq(extended)),
               (f"NTK-aware \u00d7{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
               (f"YaRN \u00d7{factor:g}", "yarn", variant("yarn").inv_freq(extended))]
+    curves.append((f"Llama 3 \u00d7{factor:g}", "llama3", variant("llama3").inv_freq(extended)))
     dynamic = variant("dynamic")
     for times in (2, 4):
         curves.append((f"dynamic NTK \u00d7{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
+    if selected_type == "longrope":  # its factors are the scheme's own: no other variant has them
+        curves += [("LongRoPE, short factors (T <= L)", "longrope", rope.inv_freq(length)),
+                   ("LongRoPE, long factors (T > L)", "longrope", rope.inv_freq(extended))]
     if scheme.kind == "interpolated":
         inner_scaling = "" if selected_type == "none" else f" over {selected_type} \u00d7{factor:g}"
         selected_label = f"selected: interpolated, positions / {pos_factor:g}{inner_scaling}"
@@ -224,13 +228,14 @@ def _rope_curves(scheme, position) -> RopeCurves:
 def _draw_frequencies(fig, ax_wave, ax_ratio, c: RopeCurves) -> None:
     """Left: each pair's wavelength per scaling; middle: its frequency relative to plain rope."""
     pairs = torch.arange(len(c.reference)).numpy()
-    colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple"}
+    colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple",
+              "llama3": "tab:brown", "longrope": "tab:cyan"}
     for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / c.reference)):
         ax.plot(pairs, transform(c.selected).numpy(), color="gold", lw=7, alpha=0.6, solid_capstyle="round",
                 label=c.selected_label, zorder=1)
-        dynamic_styles = iter(("--", ":"))
+        styles = {"dynamic": iter(("--", ":")), "longrope": iter(("--", ":"))}  # two curves each
         for label, kind, inv in c.curves:
-            style = next(dynamic_styles) if kind == "dynamic" else "-"
+            style = next(styles[kind]) if kind in styles else "-"
             ax.plot(pairs, transform(inv).numpy(), style, color=colors[kind], lw=1.6, label=label, zorder=2)
         ax.set_yscale("log")
         ax.grid(alpha=0.3)

@@ -9,7 +9,9 @@ BASE_KINDS = [k for k in available() if k != "interpolated"]
 ALL_POSITIONS = [{"kind": k} for k in BASE_KINDS] + \
     [{"kind": "interpolated", "base": {"kind": k}, "factor": 2} for k in BASE_KINDS] + \
     [{"kind": "rope", "scaling": {"type": t, "factor": 2, "original_max_positions": 24}}
-     for t in ("linear", "ntk", "dynamic", "yarn")] + \
+     for t in ("linear", "ntk", "dynamic", "yarn", "llama3")] + \
+    [{"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 24,
+                                  "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}] + \
     [{"kind": "rope", "rotary_fraction": 0.5}]
 IDS = [str(p).replace(" ", "") for p in ALL_POSITIONS]
 T = 40

@@ -217,3 +217,97 @@ def test_odd_dimensions_rejected():
         build({"kind": "rope"}, d_model=10, n_head=2, block_size=8)
     with pytest.raises(ValueError, match="d_model=9 is odd"):
         build({"kind": "sinusoidal"}, d_model=9, n_head=1, block_size=8)
+
+
+# --------------------------------------------------------------------------- llama3 and longrope
+
+def llama3_reference(dim, base, factor, original, low, high):
+    """The Llama 3.1 rule written out pair by pair, in plain Python."""
+    out = []
+    for i in range(dim // 2):
+        inv = base ** (-2 * i / dim)
+        wavelength = 2 * math.pi / inv
+        if wavelength < original / high:
+            out.append(inv)
+        elif wavelength > original / low:
+            out.append(inv / factor)
+        else:
+            g = (original / wavelength - low) / (high - low)
+            out.append((1 - g) * inv / factor + g * inv)
+    return out
+
+
+@pytest.mark.parametrize("dim, base, factor, original, low, high", [
+    (64, 10000.0, 8.0, 8192, 1.0, 4.0), (64, 500000.0, 8.0, 8192, 1.0, 4.0), (16, 10000.0, 4.0, 128, 2.0, 8.0)])
+def test_llama3_frequencies_pair_by_pair(dim, base, factor, original, low, high):
+    scheme = make({"kind": "rope", "base": base, "scaling": {"type": "llama3", "factor": factor,
+                                                             "original_max_positions": original,
+                                                             "low_freq_factor": low, "high_freq_factor": high}},
+                  d_model=dim)
+    expected = torch.tensor(llama3_reference(dim, base, factor, original, low, high), dtype=torch.float64)
+    assert torch.allclose(scheme.inv_freq(), expected, rtol=1e-12)
+    assert scheme.attention_scale() == 1.0
+    inv, plain = scheme.inv_freq(), rope_inv_freq(dim, base)
+    assert inv[0] == plain[0] and inv[-1] == pytest.approx(plain[-1] / factor)  # fastest kept, slowest interpolated
+
+
+def test_longrope_switches_factors_at_the_original_length():
+    short, long = [1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.0]
+    scheme = make({"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 64,
+                                               "short_factor": short, "long_factor": long}}, d_model=8, block_size=256)
+    plain = rope_inv_freq(8, 10000.0)
+    assert torch.allclose(scheme.inv_freq(64), plain / torch.tensor(short, dtype=torch.float64))
+    assert torch.allclose(scheme.inv_freq(65), plain / torch.tensor(long, dtype=torch.float64))
+    assert scheme.scaling["factor"] == 4.0  # block_size / original by default
+    assert scheme.attention_scale() == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
+    given = make({"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 64, "factor": 2,
+                                              "attention_factor": 1.25, "short_factor": short, "long_factor": long}},
+                 d_model=8)
+    assert given.attention_scale() == 1.25
+    cos, _ = scheme.cos_sin(torch.zeros(1), 256, torch.float32)  # cos(0) carries the attention factor
+    assert torch.allclose(cos, torch.full_like(cos, scheme.attention_scale()))
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"type": "llama3"}, "needs scaling.factor"),
+    ({"type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, "high_freq_factor=1"),
+    ({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0] * 4}, "short_factor: a list of 4"),
+    ({"type": "yarn", "factor": 2, "short_factor": [1.0] * 4}, "not an option of scaling.type=yarn"),
+])
+def test_llama3_and_longrope_bad_settings(scaling, message):
+    with pytest.raises(ValueError, match=message):
+        make({"kind": "rope", "scaling": scaling}, d_model=8)
+
+
+HF_CASES = [  # (head_dim, theta, rope parameters)
+    (64, 10000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}),
+    (128, 500000.0, {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192}),
+    (16, 10000.0, {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                   "original_max_position_embeddings": 128}),
+    (8, 10000.0, {"rope_type": "longrope", "factor": 4.0, "short_factor": [1.0, 1.2, 1.9, 2.5],
+                  "long_factor": [1.5, 3.0, 6.0, 12.0], "original_max_position_embeddings": 64}),
+    (16, 50000.0, {"rope_type": "longrope", "factor": 16.0, "short_factor": [1.0] * 8,
+                   "long_factor": [1.0 + i for i in range(8)], "original_max_position_embeddings": 256}),
+]
+
+
+@pytest.mark.parametrize("head_dim, theta, params", HF_CASES)
+@pytest.mark.parametrize("length", ["short", "long"])
+def test_llama3_and_longrope_match_transformers(head_dim, theta, params, length):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    original = params["original_max_position_embeddings"]
+    seq_len = original if length == "short" else 2 * original
+    hf_config = transformers.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2,
+                                         max_position_embeddings=int(original * params["factor"]),
+                                         rope_parameters={**params, "rope_theta": theta})
+    hf_inv, hf_attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_config, "cpu", seq_len=seq_len)
+    scaling = {"type": params["rope_type"], "factor": params["factor"], "original_max_positions": original,
+               **{k: v for k, v in params.items() if k in ("low_freq_factor", "high_freq_factor", "short_factor",
+                                                          "long_factor")}}
+    ours = make({"kind": "rope", "base": theta, "scaling": scaling}, d_model=head_dim,
+                block_size=int(original * params["factor"]))
+    torch.testing.assert_close(ours.inv_freq(seq_len).float(), hf_inv, rtol=1e-6, atol=0)
+    assert ours.attention_scale() == pytest.approx(hf_attention, rel=1e-12)

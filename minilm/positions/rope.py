@@ -17,6 +17,16 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
 * ``yarn`` (Peng et al. 2023): corr(r) = d ln(L / (2 pi r)) / (2 ln base); low = floor(corr(32)),
   high = ceil(corr(1)), clamped to [0, d-1]; ramp g_i = clamp((i-low)/(high-low), 0, 1);
   inv_i = inv_i/s * g_i + inv_i * (1 - g_i); cos and sin both scaled by 0.1 ln(s) + 1.
+* ``llama3`` (Llama 3.1; Meta 2024, as HF transformers' ``_compute_llama3_parameters``):
+  wavelength w_i = 2 pi / inv_i; w_i > L / low_freq_factor: inv_i / s (interpolated);
+  w_i < L / high_freq_factor: inv_i (kept); between them a smooth blend with
+  g = (L / w_i - low) / (high - low): inv_i' = (1 - g) inv_i / s + g inv_i. Defaults low 1, high 4.
+* ``longrope`` (Ding et al. 2024, "LongRoPE"; HF ``_compute_longrope_parameters``):
+  inv_i = base^(-2i/d) / e_i with per-pair factors e = ``long_factor`` when the context length
+  T > L, else ``short_factor``; cos and sin scaled by ``attention_factor``, by default
+  sqrt(1 + ln s / ln L) (1 when s <= 1), s = ``factor`` (default block_size / L). The switch
+  happens at the context length, like dynamic NTK: T is fixed for a whole cached generation,
+  so a cached key never holds the other set of factors.
 """
 from __future__ import annotations
 
@@ -28,8 +38,11 @@ import torch
 from minilm.common import suggest
 from minilm.positions.base import PositionError, PositionScheme, check_number, register
 
-SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn")
-SCALING_KEYS = ("type", "factor", "original_max_positions")
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_KEYS = ("type", "factor", "original_max_positions", "low_freq_factor", "high_freq_factor", "short_factor",
+                "long_factor", "attention_factor")
+EXTRA_KEYS = {"llama3": ("low_freq_factor", "high_freq_factor"),
+              "longrope": ("short_factor", "long_factor", "attention_factor")}  # keys only these types take
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -73,6 +86,22 @@ def yarn_inv_freq(dim: int, base: float, factor: float, original: int) -> torch.
     return inv / factor * ramp + inv * (1 - ramp)
 
 
+def llama3_inv_freq(dim: int, base: float, factor: float, original: int, low_freq_factor: float = 1.0,
+                    high_freq_factor: float = 4.0) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths interpolated, short ones kept, a smooth blend between."""
+    inv = rope_inv_freq(dim, base)
+    wavelength = 2 * math.pi / inv
+    smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    return torch.where(wavelength > original / low_freq_factor, inv / factor,
+                       torch.where(wavelength < original / high_freq_factor, inv, blended))
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's default attention factor on cos and sin: sqrt(1 + ln s / ln L), 1 when s <= 1."""
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -80,7 +109,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @register("rope")
 class RoPE(PositionScheme):
-    description = "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn"
+    description = ("rotary embedding of q and k in every layer (Su et al. 2021); "
+                   "scalings linear/ntk/dynamic/yarn/llama3/longrope")
     options = {"base": 10000.0, "rotary_fraction": 1.0, "scaling": None}
 
     def __init__(self, *, base: float, rotary_fraction: float, scaling: Optional[dict], **kw):
@@ -110,16 +140,51 @@ class RoPE(PositionScheme):
         kind = scaling.get("type", "none") or "none"
         if kind not in SCALING_TYPES:
             raise PositionError(f"rope: scaling.type={kind!r} is unknown: {suggest(kind, SCALING_TYPES)}")
-        factor = scaling.get("factor")
-        if factor is None:
-            if kind in ("linear", "ntk", "yarn"):
-                raise PositionError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
-                                 f"a number > 0")
-            factor = 1.0
-        check_number("rope", "scaling.factor", factor, low=0)
+        for key in scaling:
+            if any(key in keys for keys in EXTRA_KEYS.values()) and key not in EXTRA_KEYS.get(kind, ()):
+                raise PositionError(f"rope: scaling.{key} is not an option of scaling.type={kind}")
         original = scaling.get("original_max_positions") or self.block_size
         check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True)
-        return {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+        factor = scaling.get("factor")
+        if factor is None:
+            if kind in ("linear", "ntk", "yarn", "llama3"):
+                raise PositionError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
+                                 f"a number > 0")
+            factor = self.block_size / original if kind == "longrope" else 1.0
+        check_number("rope", "scaling.factor", factor, low=0)
+        out = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+        if kind == "llama3":
+            out.update(self._check_llama3(scaling))
+        if kind == "longrope":
+            out.update(self._check_longrope(scaling, out["factor"], out["original_max_positions"]))
+        return out
+
+    @staticmethod
+    def _check_llama3(scaling: dict) -> dict:
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        check_number("rope", "scaling.low_freq_factor", low, low=0)
+        check_number("rope", "scaling.high_freq_factor", high, low=0)
+        if high <= low:
+            raise PositionError(f"rope: scaling.high_freq_factor={high} must be larger than low_freq_factor={low}")
+        return {"low_freq_factor": float(low), "high_freq_factor": float(high)}
+
+    def _check_longrope(self, scaling: dict, factor: float, original: int) -> dict:
+        pairs = self.rot // 2
+        out = {}
+        for key in ("short_factor", "long_factor"):
+            values = scaling.get(key)
+            if not isinstance(values, (list, tuple)) or len(values) != pairs:
+                raise PositionError(f"rope: scaling.type=longrope needs scaling.{key}: a list of {pairs} numbers "
+                                    f"(one per rotated pair), got {values!r}")
+            for value in values:
+                check_number("rope", f"scaling.{key} entry", value, low=0)
+            out[key] = [float(v) for v in values]
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = longrope_attention_factor(factor, original)
+        check_number("rope", "scaling.attention_factor", attention, low=0)
+        out["attention_factor"] = float(attention)
+        return out
 
     # ------------------------------------------------------------------ frequencies
     def inv_freq(self, context_len: Optional[int] = None) -> torch.Tensor:
@@ -134,11 +199,19 @@ class RoPE(PositionScheme):
             return rope_inv_freq(d, dynamic_ntk_base(self.base, s, d, context_len or L, L))
         if kind == "yarn":
             return yarn_inv_freq(d, self.base, s, L)
+        if kind == "llama3":
+            return llama3_inv_freq(d, self.base, s, L, self.scaling["low_freq_factor"],
+                                   self.scaling["high_freq_factor"])
+        if kind == "longrope":
+            factors = self.scaling["long_factor" if (context_len or L) > L else "short_factor"]
+            return rope_inv_freq(d, self.base) / torch.tensor(factors, dtype=torch.float64)
         return rope_inv_freq(d, self.base)
 
     def attention_scale(self) -> float:
-        """Factor on cos and sin (YaRN's mscale; 1 otherwise)."""
-        return yarn_mscale(self.scaling["factor"]) if self.scaling["type"] == "yarn" else 1.0
+        """Factor on cos and sin (YaRN's mscale, LongRoPE's attention factor; 1 otherwise)."""
+        if self.scaling["type"] == "yarn":
+            return yarn_mscale(self.scaling["factor"])
+        return self.scaling.get("attention_factor", 1.0)
 
     def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
