@@ -311,3 +311,27 @@ def test_llama3_and_longrope_match_transformers(head_dim, theta, params, length)
                 block_size=int(original * params["factor"]))
     torch.testing.assert_close(ours.inv_freq(seq_len).float(), hf_inv, rtol=1e-6, atol=0)
     assert ours.attention_scale() == pytest.approx(hf_attention, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- kerple
+
+def test_kerple_log_and_power_kernels():
+    log = make({"kind": "kerple"}, d_model=8, n_head=4)
+    with torch.no_grad():
+        log.r1.copy_(torch.tensor([0.5, 1.0, 2.0, 3.0]))
+        log.r2.copy_(torch.tensor([0.1, 0.2, 0.5, 1.0]))
+    q, k = torch.tensor([5.0]), torch.arange(6, dtype=torch.float32)
+    bias = log.bias(q, k)
+    for h, (r1, r2) in enumerate([(0.5, 0.1), (1.0, 0.2), (2.0, 0.5), (3.0, 1.0)]):
+        for j in range(6):
+            assert float(bias[h, 0, j]) == pytest.approx(-r1 * math.log(1 + r2 * (5 - j)), rel=1e-6)
+    power = make({"kind": "kerple", "variant": "power"}, d_model=8, n_head=4)
+    alibi = make({"kind": "alibi"}, d_model=8, n_head=4)
+    assert torch.allclose(power.bias(q, k), alibi.bias(q, k))  # power with r2 = 1 starts as ALiBi
+    with torch.no_grad():
+        power.r2.fill_(1.5)
+    assert float(power.bias(q, k)[0, 0, 1]) == pytest.approx(-float(power.r1[0]) * 4 ** 1.5, rel=1e-6)
+    power.bias(q, k).sum().backward()  # distance 0 included: gradients stay finite
+    assert torch.isfinite(power.r2.grad).all() and torch.isfinite(power.r1.grad).all()
+    with pytest.raises(ValueError, match="variant='cubic'"):
+        make({"kind": "kerple", "variant": "cubic"}, d_model=8, n_head=4)
