@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from minilm.positions import available, build
+from minilm.positions import fire as fire_module
 from minilm.positions.alibi import alibi_slopes
 from minilm.positions.rope import (dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq,
                                    yarn_mscale)
@@ -335,3 +336,28 @@ def test_kerple_log_and_power_kernels():
     assert torch.isfinite(power.r2.grad).all() and torch.isfinite(power.r1.grad).all()
     with pytest.raises(ValueError, match="variant='cubic'"):
         make({"kind": "kerple", "variant": "cubic"}, d_model=8, n_head=4)
+
+
+# --------------------------------------------------------------------------- fire
+
+def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
+    fire = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
+    with torch.no_grad():
+        fire.c.fill_(0.5)
+        fire.threshold.fill_(10.0)
+    q, k = torch.tensor([4.0, 20.0]), torch.tensor([0.0, 3.0, 4.0])
+    bias = fire.bias(q, k)
+    for row, i in enumerate((4.0, 20.0)):
+        for col, j in enumerate((0.0, 3.0, 4.0)):
+            x = math.log(0.5 * max(i - j, 0) + 1) / math.log(0.5 * max(10.0, i) + 1)
+            expected = fire.mlp(torch.tensor([[x]]))[0]
+            assert torch.allclose(bias[:, row, col], expected, atol=1e-6)
+    assert torch.all(fire.normalised_distance(q, k) <= 1) and float(fire.normalised_distance(q, k)[0, 2]) == 0.0
+
+    whole = fire.bias(torch.arange(40.0), torch.arange(40.0))
+    old = fire_module.HIDDEN_BUDGET
+    fire_module.HIDDEN_BUDGET = 40 * 32 * 3  # three query rows at a time
+    try:
+        assert torch.allclose(fire.bias(torch.arange(40.0), torch.arange(40.0)), whole)
+    finally:
+        fire_module.HIDDEN_BUDGET = old
