@@ -105,6 +105,8 @@ def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[st
     inner = scheme.inner if scheme.kind == "interpolated" else scheme
     cls = type(inner)
     with torch.no_grad():
+        if hasattr(inner, "zeta"):
+            return _xpos_figure(scheme, position, source)
         if _overrides(cls, "rotate") and hasattr(inner, "inv_freq"):
             return _rope_figure(scheme, position, source)
         if scheme.has_bias:
@@ -295,6 +297,42 @@ def _rope_figure(scheme, position, source):
     note = f"no scaling selected: scalings compared at factor {curves.factor:g}" if unscaled else ""
     extra = "; ".join(p for p in (_scaled_note(scheme), note) if p)
     _title(fig, scheme, position, source, extra)
+    return fig
+
+
+def _xpos_figure(scheme, position, source):
+    """xPos: each pair's zeta, its decay zeta^(distance / scale_base), and q.k against distance
+    next to plain rope's (through the scheme's own rotate)."""
+    Figure = require_matplotlib()
+    xpos, pos_factor = _unwrap(scheme)
+    span = max(4 * scheme.block_size, int(2 * xpos.scale_base))
+    distance = torch.arange(span, dtype=torch.float32)
+    pairs = torch.arange(len(xpos.zeta))
+    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    ax_zeta, ax_decay, ax_qk = fig.subplots(1, 3)
+    ax_zeta.plot(pairs.numpy(), xpos.zeta.numpy(), "o-", color="tab:green")
+    ax_zeta.set(title="\u03b6\u1d62 = (2i/d + \u03b3) / (1 + \u03b3) per pair", xlabel="dimension pair i",
+                ylabel="\u03b6\u1d62")
+    for i in sorted({0, len(pairs) // 4, len(pairs) // 2, len(pairs) - 1}):
+        decay = xpos.zeta[i] ** (distance / pos_factor / xpos.scale_base)
+        ax_decay.plot(distance.numpy(), decay.numpy(), lw=1.4, label=f"pair {i}: \u03b6={float(xpos.zeta[i]):.3f}")
+    ax_decay.set(title=f"decay \u03b6\u1d62^(distance / {xpos.scale_base:g}) of each pair's q\u00b7k",
+                 xlabel="distance m - n (tokens)", ylabel="factor on the pair's q\u00b7k")
+    ax_decay.legend(fontsize=8)
+    ones = torch.ones(1, 1, span, xpos.d_model // xpos.n_head)
+    plain = build({"kind": "rope", "base": xpos.base, "rotary_fraction": position.get("rotary_fraction", 1.0)},
+                  d_model=xpos.d_model, n_head=xpos.n_head, block_size=xpos.block_size)
+    for s, label, color in ((plain, "rope (no decay)", "black"), (scheme, "xpos", "goldenrod")):
+        q, k = s.rotate(ones, ones, distance, span)
+        dots = (q[0, 0, :, None, :] * k[0, 0, None, :1, :]).sum(-1)[:, 0]  # query at distance m from key 0
+        ax_qk.plot(distance.numpy(), (dots / dots[0]).numpy(), color=color, lw=0.9, label=label)
+    ax_qk.axhline(0, color="grey", lw=0.6)
+    ax_qk.set(title="q\u00b7k of the same content against distance", xlabel="distance m - n (tokens)",
+              ylabel="q\u00b7k / q\u00b7k at distance 0")
+    ax_qk.legend(fontsize=8)
+    for ax in (ax_zeta, ax_decay, ax_qk):
+        ax.grid(alpha=0.3)
+    _title(fig, scheme, position, source, _scaled_note(scheme))
     return fig
 
 

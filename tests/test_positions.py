@@ -361,3 +361,26 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
         assert torch.allclose(fire.bias(torch.arange(40.0), torch.arange(40.0)), whole)
     finally:
         fire_module.HIDDEN_BUDGET = old
+
+
+# --------------------------------------------------------------------------- xpos
+
+def test_xpos_scales_q_and_k_by_zeta_to_the_distance():
+    xpos = make({"kind": "xpos", "scale_base": 8.0}, d_model=8)
+    rope = make({"kind": "rope"}, d_model=8)
+    zeta = [(2 * i / 8 + 0.4) / 1.4 for i in range(4)]
+    assert torch.allclose(xpos.zeta, torch.tensor(zeta))
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    for n, m in ((5, 2), (30, 30), (40, 3)):
+        qx, _ = xpos.rotate(q, q, torch.tensor([float(n)]), 64)
+        _, kx = xpos.rotate(k, k, torch.tensor([float(m)]), 64)
+        qr, _ = rope.rotate(q, q, torch.tensor([float(n)]), 64)
+        _, kr = rope.rotate(k, k, torch.tensor([float(m)]), 64)
+        decay = torch.tensor([z ** ((n - m) / 8.0) for z in zeta] * 2)
+        assert float((qx * kx).sum()) == pytest.approx(float((qr * kr * decay).sum()), rel=1e-4, abs=1e-6)
+    # the reference position cancels: another context length gives the same scores
+    a = xpos.rotate(q, k, torch.tensor([7.0]), 16)
+    b = xpos.rotate(q, k, torch.tensor([7.0]), 200)
+    assert float((a[0] * a[1]).sum()) == pytest.approx(float((b[0] * b[1]).sum()), rel=1e-4)
+    with pytest.raises(ValueError, match="float32 would overflow"):
+        xpos.rotate(q, k, torch.tensor([600.0]), 64)  # scale_base 8: 510 positions of reach

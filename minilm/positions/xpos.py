@@ -1,0 +1,61 @@
+"""xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): RoPE whose rotated q and k are
+also scaled per dimension pair, so that q . k decays smoothly with distance.
+
+With zeta_i = (2i/d + gamma) / (1 + gamma) for pair i of the d rotated dims (gamma = 0.4),
+the query at position n is multiplied by zeta_i^(n / scale_base) and the key at position m by
+zeta_i^(-m / scale_base) (scale_base = 512), on top of the rotation (halves layout, as
+``rope``). Their product carries zeta_i^((n - m) / scale_base) <= 1: a decay per pair that
+depends only on the distance.
+
+Overflow, exactly with a cache: zeta_0 = 0.4 / 1.4, so zeta_0^(-m/512) passes float32's range
+(about e^88) near m = 36,000. Any common reference position r cancels in the product
+(zeta^((n - r)/b) * zeta^(-(m - r)/b) = zeta^((n - m)/b)), so the exponents are taken from
+r = context_len // 2: the context length is fixed for a whole cached generation (as for
+dynamic NTK), so keys cached at their absolute positions and queries decoded later use the
+same r, and the full forward pass uses it too. Positions farther from r than the reach,
+80 scale_base / ln(1 / zeta_0) (about 32,700 positions at the defaults, where the scales
+stay below e^80), are a clear error rather than an overflow.
+"""
+import math
+
+import torch
+
+from minilm.positions.base import PositionError, check_number, register
+from minilm.positions.rope import RoPE
+
+LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 ends near e^88
+
+
+@register("xpos")
+class XPos(RoPE):
+    description = "RoPE with a per-pair decay of q.k with distance (Sun et al. 2022)"
+    options = {"base": 10000.0, "rotary_fraction": 1.0, "scale_base": 512.0, "gamma": 0.4}
+
+    def __init__(self, *, scale_base: float, gamma: float, base: float, rotary_fraction: float, **kw):
+        super().__init__(base=base, rotary_fraction=rotary_fraction, scaling=None, **kw)
+        check_number("xpos", "scale_base", scale_base, low=0)
+        check_number("xpos", "gamma", gamma, low=0)
+        self.scale_base, self.gamma = float(scale_base), float(gamma)
+        pairs = torch.arange(0, self.rot, 2, dtype=torch.float64) / self.rot
+        self.register_buffer("zeta", ((pairs + self.gamma) / (1 + self.gamma)).float(), persistent=False)
+        self.reach = int(LOG_SCALE_LIMIT * self.scale_base / -math.log(float(self.zeta.min()))) \
+            if float(self.zeta.min()) < 1 else None
+
+    def scales(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
+        """(T, rot) factors of q and of k: zeta^((pos - r) / scale_base) and its inverse."""
+        offset = pos.to(torch.float32) - float(context_len // 2)
+        if self.reach is not None and offset.numel() and float(offset.abs().max()) > self.reach:
+            raise PositionError(f"xpos: position {float(pos.max()):g} is more than {self.reach} positions from the "
+                                f"reference {context_len // 2} (half the context length {context_len}): float32 "
+                                f"would overflow; use a shorter sequence or generation context")
+        log_scale = offset[:, None] / self.scale_base * self.zeta.log().to(pos.device)[None, :]
+        log_scale = torch.cat((log_scale, log_scale), dim=-1)  # both dims of a pair (halves layout)
+        return log_scale.exp().to(dtype), (-log_scale).exp().to(dtype)
+
+    def rotate(self, q, k, pos, context_len):
+        cos, sin = self.cos_sin(pos, context_len, q.dtype)
+        q_scale, k_scale = self.scales(pos, context_len, q.dtype)
+        return self._rotate(q, cos * q_scale, sin * q_scale), self._rotate(k, cos * k_scale, sin * k_scale)
+
+    def extra_repr(self):
+        return f"kind=xpos, scale_base={self.scale_base:g}, gamma={self.gamma:g}"
