@@ -156,6 +156,7 @@ class GPT(nn.Module):
             pos = torch.arange(T, device=idx.device, dtype=torch.float32)
             context_len = context_len or T
         self.positions.check_positions(pos)
+        self.positions.start(pos)
         x = self.drop(self.positions.embed(self.wte(idx), pos))
         for layer, block in enumerate(self.blocks):
             x = block(x, layer, pos, self.positions, cache, window, context_len)

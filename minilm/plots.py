@@ -102,7 +102,13 @@ def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[st
     """The figure suited to ``scheme`` (built from ``position``); ``source`` names the checkpoint
     its trained values came from (None: the scheme's initial values)."""
     require_matplotlib()
-    inner = scheme.inner if scheme.kind == "interpolated" else scheme
+    if scheme.kind == "randomized":  # at evaluation the wrapped scheme sees the plain positions
+        fig = scheme_figure(scheme.inner, position.get("inner", {"kind": "rope"}), source=source)
+        fig.suptitle(f"{fig.get_suptitle()}\nrandomized (max_positions={scheme.max_positions}): in training the "
+                     f"positions are a sorted sample of [0, {scheme.max_positions}); shown: the plain positions of "
+                     f"evaluation", fontsize=11)
+        return fig
+    inner = _unwrap(scheme)[0]
     cls = type(inner)
     with torch.no_grad():
         if hasattr(inner, "zeta"):
@@ -122,17 +128,26 @@ def plot_scheme(scheme: PositionScheme, position: dict, path: str, *, source: Op
 
 
 def _unwrap(scheme: PositionScheme):
-    """(wrapped scheme, position factor): ``interpolated`` divides positions by its factor."""
-    if scheme.kind == "interpolated":
-        return scheme.inner, scheme.factor
-    return scheme, 1.0
+    """(wrapped scheme, position factor): ``interpolated`` divides positions by its factor;
+    ``randomized`` hands on plain positions at evaluation, so it is looked through."""
+    factor = 1.0
+    while scheme.kind in ("interpolated", "randomized"):
+        factor *= getattr(scheme, "factor", 1.0)
+        scheme = scheme.inner
+    return scheme, factor
+
+
+def _unwrap_settings(position: dict) -> dict:
+    """The settings of the scheme ``_unwrap`` finds."""
+    while position.get("kind") in ("interpolated", "randomized"):
+        position = position.get("inner", {"kind": "rope"})
+    return position
 
 
 def _scaled_note(scheme: PositionScheme) -> str:
-    inner, factor = _unwrap(scheme)
-    if factor == 1.0:
+    if scheme.kind != "interpolated":
         return ""
-    return f"position interpolation: {inner.kind} sees every position divided by {factor:g}"
+    return f"position interpolation: {scheme.inner.kind} sees every position divided by {scheme.factor:g}"
 
 
 def _additive_figure(scheme, position, source):
@@ -186,7 +201,7 @@ class RopeCurves(NamedTuple):
 def _rope_curves(scheme, position) -> RopeCurves:
     """Every scaling of the scheme's rope at one factor, through the scheme's own inv_freq."""
     rope, pos_factor = _unwrap(scheme)
-    rope_position = position.get("inner", {"kind": "rope"}) if scheme.kind == "interpolated" else position
+    rope_position = _unwrap_settings(position)
     selected_type = rope.scaling["type"]
     length = rope.scaling["original_max_positions"]  # L, the original training length
     if selected_type != "none" or rope.scaling["factor"] != 1.0:

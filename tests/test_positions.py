@@ -18,7 +18,8 @@ def make(position, d_model=64, n_head=1, block_size=2048):
 
 
 def test_registry_lists_every_kind():
-    assert available() == sorted(["alibi", "interpolated", "learned", "none", "rope", "sinusoidal", "t5"])
+    assert available() == sorted(["alibi", "fire", "interpolated", "kerple", "learned", "none", "randomized", "rope",
+                                  "sinusoidal", "t5", "xpos"])
 
 
 # ----------------------------------------------------------------------------- sinusoidal
@@ -384,3 +385,46 @@ def test_xpos_scales_q_and_k_by_zeta_to_the_distance():
     assert float((a[0] * a[1]).sum()) == pytest.approx(float((b[0] * b[1]).sum()), rel=1e-4)
     with pytest.raises(ValueError, match="float32 would overflow"):
         xpos.rotate(q, k, torch.tensor([600.0]), 64)  # scale_base 8: 510 positions of reach
+
+
+# --------------------------------------------------------------------------- randomized
+
+def test_randomized_positions_are_random_in_training_and_plain_in_evaluation():
+    scheme = make({"kind": "randomized", "inner": {"kind": "sinusoidal"}, "max_positions": 100}, d_model=8,
+                  block_size=10)
+    plain = make({"kind": "sinusoidal"}, d_model=8)
+    pos, x = torch.arange(10, dtype=torch.float32), torch.zeros(1, 10, 8)
+    torch.manual_seed(0)
+    scheme.train()
+    samples = []
+    for _ in range(3):
+        scheme.start(pos)
+        drawn = scheme._map(pos)
+        assert len(set(drawn.tolist())) == 10 and torch.all(drawn[1:] > drawn[:-1])  # distinct, sorted
+        assert 0 <= float(drawn.min()) and float(drawn.max()) < 100 and drawn.tolist() == [int(p) for p in drawn]
+        assert torch.equal(scheme.embed(x, pos), plain.embed(x, drawn))
+        samples.append(drawn.tolist())
+    assert samples[0] != samples[1] != samples[2]  # a fresh draw every forward pass
+    scheme.eval()
+    scheme.start(pos)
+    assert torch.equal(scheme.embed(x, pos), plain.embed(x, pos))
+    with pytest.raises(ValueError, match="max_positions=5 is smaller than block_size=10"):
+        make({"kind": "randomized", "max_positions": 5}, d_model=8, block_size=10)
+
+
+def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
+    from minilm import GPT, ModelConfig
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16,
+                         position={"kind": "randomized", "inner": {"kind": "learned"}})
+    model = GPT(config)
+    assert model.positions.inner.table.num_embeddings == 128  # 8 x block_size rows
+    idx = torch.randint(0, 50, (1, 16))
+    with torch.no_grad():
+        model.train()
+        assert not torch.equal(model(idx), model(idx))  # dropout is 0: only the positions differ
+        model.eval()
+        plain = model.wte(idx) + model.positions.inner.table.weight[:16]
+        assert torch.equal(model(idx), model(idx))
+        hidden = model.positions.embed(model.wte(idx), torch.arange(16, dtype=torch.float32))
+        assert torch.equal(hidden, plain)

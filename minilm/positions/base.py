@@ -144,6 +144,10 @@ class PositionScheme(nn.Module):
                 f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
                 f"relative scheme (rope, alibi, t5, none) or interpolated")
 
+    def start(self, pos: torch.Tensor) -> None:
+        """Called once at the start of every forward pass with the new tokens' positions, before
+        any other hook (``randomized`` draws its training positions here)."""
+
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
 

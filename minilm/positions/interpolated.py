@@ -42,6 +42,9 @@ class Interpolated(PositionScheme):
         self._memo = (pos.clone(), scaled)
         return scaled
 
+    def start(self, pos):
+        self.inner.start(self._scaled(pos))
+
     def embed(self, x, pos):
         self.check_positions(pos)
         scaled, limit = self._scaled(pos), self.inner.position_limit()

@@ -1,0 +1,62 @@
+"""Randomized positional encodings (Ruoss et al. 2023, "Randomized Positional Encodings Boost
+Length Generalization of Transformers") as a wrapper, like ``interpolated``: it holds another
+scheme (``inner``) and, in training, hands it a sorted random sample of T distinct integer
+positions from [0, max_positions) instead of 0..T-1, drawn afresh for every forward pass.
+The model thus meets positions up to max_positions while training on T tokens. At evaluation
+and in generation (``model.eval()``) it hands on the ordinary positions unchanged, as the
+paper does, so the cache and every length behave as for the wrapped scheme.
+
+The paper's variants are the schemes it wraps: randomized sinusoidal, learned (a table of
+max_positions rows), rope and alibi are ``inner: {kind: ...}``. ``max_positions`` defaults to
+8 x block_size (the paper trains on at most 40 tokens with max_positions 2048). The sample
+comes from torch's global generator, whose state a checkpoint saves, so resuming continues
+exactly.
+"""
+import torch
+
+from minilm.positions.base import PositionError, PositionScheme, build, check_number, register
+
+
+@register("randomized")
+class Randomized(PositionScheme):
+    description = "wraps another kind; trains on sorted random positions from [0, max_positions) (Ruoss et al. 2023)"
+    options = {"inner": {"kind": "rope"}, "max_positions": None}  # None: 8 x block_size
+    setting_options = ("inner",)
+
+    def __init__(self, *, inner: dict, max_positions, d_model: int, n_head: int, block_size: int):
+        if max_positions is None:
+            max_positions = 8 * block_size
+        check_number("randomized", "max_positions", max_positions, low=1, low_open=False, integer=True)
+        if max_positions < block_size:
+            raise PositionError(f"randomized: max_positions={max_positions} is smaller than block_size={block_size}: "
+                                f"T distinct positions need at least T to choose from")
+        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
+        self.max_positions = int(max_positions)
+        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions)
+        self.has_bias = self.inner.has_bias
+        self._table = None  # in training: the sampled position of each position 0..T-1
+
+    def position_limit(self):
+        return self.inner.position_limit()
+
+    def start(self, pos):
+        self._table = None
+        if self.training:
+            sample = torch.randperm(self.max_positions)[:len(pos)].sort().values
+            self._table = sample.to(device=pos.device, dtype=torch.float32)
+        self.inner.start(self._map(pos))
+
+    def _map(self, pos):
+        return pos if self._table is None else self._table[pos.long()]
+
+    def embed(self, x, pos):
+        return self.inner.embed(x, self._map(pos))
+
+    def rotate(self, q, k, pos, context_len):
+        return self.inner.rotate(q, k, self._map(pos), context_len)
+
+    def bias(self, q_pos, k_pos):
+        return self.inner.bias(self._map(q_pos), self._map(k_pos))
+
+    def extra_repr(self):
+        return f"max_positions={self.max_positions}"
