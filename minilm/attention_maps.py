@@ -58,7 +58,8 @@ def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -
             q, q_pos = q[0, :, rows].float(), pos[rows]
             scores = (q @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
             if scheme.has_bias:
-                scores = scores + scheme.bias(q_pos, pos).float()
+                bias = scheme.bias(q_pos, pos, q[None]).float()  # (heads, Tq, Tk), or (1, heads, Tq, Tk)
+                scores = scores + (bias[0] if bias.dim() == 4 else bias)
             distance = q_pos[:, None] - pos[None, :]
             allowed = distance >= 0
             if call.get("window") is not None:

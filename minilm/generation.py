@@ -141,8 +141,8 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     need = 2 * c.n_layer * batch_size * c.n_head * capacity * c.head_dim * ref.element_size()
     free = available_memory(ref.device)
     if free is not None and need > free:
-        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs {need / 2**30:.1f} GiB "
-                              f"but {free / 2**30:.1f} GiB is free: lower --max-context, --max-new-tokens or "
+        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "
+                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: lower --max-context, --max-new-tokens or "
                               f"--num-samples")
 
 

@@ -34,20 +34,31 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every cached key (a rolling cache holds only its window)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    chunk = max(1, MASK_BUDGET // (q.shape[1] * Tk))
+    chunk = max(1, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk))
     outputs = []
     for start in range(0, Tq, chunk):
-        qp = q_pos[start:start + chunk]
+        qp, qc = q_pos[start:start + chunk], q[:, :, start:start + chunk]
         distance = qp[:, None] - k_pos[None, :]
         allowed = distance >= 0
         if window is not None:
             allowed &= distance < window
         mask = allowed
         if scheme.has_bias:
-            mask = scheme.bias(qp, k_pos).to(q.dtype).masked_fill(~allowed, float("-inf"))
-        outputs.append(F.scaled_dot_product_attention(q[:, :, start:start + chunk], k, v, attn_mask=mask,
-                                                      dropout_p=dropout_p))
+            mask = scheme.bias(qp, k_pos, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        if scheme.has_value_term:
+            outputs.append(attend_with_values(qc, k, v, mask, qp, k_pos, scheme, dropout_p))
+        else:
+            outputs.append(F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, dropout_p=dropout_p))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def attend_with_values(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> torch.Tensor:
+    """Attention written out, for a scheme that adds a term from the weights to the output
+    (SDPA returns no weights): softmax(q k^T / sqrt(d) + mask) v + value_term(weights)."""
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
+    return weights @ v + scheme.value_term(weights, q_pos, k_pos).to(v.dtype)
 
 
 class CausalSelfAttention(nn.Module):

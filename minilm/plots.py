@@ -362,7 +362,8 @@ def _bias_figure(scheme, position, source):
         span = max(span, int(2 * inner.max_distance * factor))
     k_pos = torch.arange(span, dtype=torch.float32)
     q_pos = torch.tensor([span - 1.0])
-    bias = scheme.bias(q_pos, k_pos)[:, 0, :].float()  # (heads, keys): the real bias hook
+    bias = scheme.bias(q_pos, k_pos)  # the real bias hook; a query-dependent one (shaw) sees a query of ones
+    bias = (bias[0] if bias.dim() == 4 else bias)[:, 0, :].float()  # (heads, keys)
     distance = (q_pos - k_pos).numpy()
     prior = torch.softmax(bias, dim=-1)
 
@@ -399,7 +400,9 @@ def _bias_figure(scheme, position, source):
                       xlabel="distance i - j (tokens)", ylabel="bucket")
         ax_bucket.legend(loc="lower right", fontsize=9)
         ax_bucket.grid(alpha=0.3)
-    _title(fig, scheme, position, source, _scaled_note(scheme))
+    reads_q = "shaw: q\u00b7a\u1d37 of a query of ones (the bias depends on each query)" \
+        if inner.kind == "shaw" else ""
+    _title(fig, scheme, position, source, "; ".join(p for p in (_scaled_note(scheme), reads_q) if p))
     return fig
 
 

@@ -59,7 +59,8 @@ def _table(results, lengths, columns_title="perplexity") -> str:
         rows.setdefault(r.label, {})[r.length] = r
     what = "ppl" if columns_title == "perplexity" else "bpc"
     body = table(["model"] + [f"{t}" for t in lengths],
-                 [[label] + [cells[t].cell(what) if t in cells else "" for t in lengths] for label, cells in rows.items()],
+                 [[label] + [cells[t].cell(what) if t in cells else "" for t in lengths]
+                  for label, cells in rows.items()],
                  "l" + "r" * len(lengths))
     return f"{columns_title} at evaluation length (tokens):\n\n{body}"
 

@@ -38,8 +38,9 @@ in-process. What it does, in order:
 7. Print a ``sample_tokens`` sample (temperature 0.8, ``minilm.generation``) and a summary line.
 
 ``train`` is four stages, each its own function: ``setup`` (1-2), ``train_step`` (3-4),
-``after_step`` (5-6 during the loop) and ``finish`` (5-7 at the end). Precision: ``train.dtype`` as ``common.resolve_dtype`` resolves it (auto: bf16 autocast
-where the hardware has native bf16 units, else float32).
+``after_step`` (5-6 during the loop) and ``finish`` (5-7 at the end). Precision: ``train.dtype``
+as ``common.resolve_dtype`` resolves it (auto: bf16 autocast where the hardware has native
+bf16 units, else float32).
 """
 from __future__ import annotations
 

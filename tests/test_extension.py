@@ -176,7 +176,7 @@ def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path)
     torch.manual_seed(0)
     model = GPT(config.model).eval()
     old_tree = config.to_dict()
-    old_tree["model"]["position"] = {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}  # as written then
+    old_tree["model"]["position"] = {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}  # the old name
     path = checkpoint.save({"model": model.state_dict(), "config": old_tree, "tokenizer": TOKENIZER["bytes"]},
                            config.out_dir)
     loaded = load_model(path)

@@ -24,6 +24,7 @@ def schemes():
     out += [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}},
             {"kind": "rope", "scaling": {"type": "yarn", "factor": 2.0, "original_max_positions": 16}},
             {"kind": "rope", "scaling": {"type": "llama3", "factor": 2.0, "original_max_positions": 16}},
+            {"kind": "shaw", "values": True, "max_distance": 6},
             {"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 16,
                                          "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}]
     return out

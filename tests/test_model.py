@@ -12,7 +12,8 @@ ALL_POSITIONS = [{"kind": k} for k in BASE_KINDS] + \
      for t in ("linear", "ntk", "dynamic", "yarn", "llama3")] + \
     [{"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 24,
                                   "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}] + \
-    [{"kind": "rope", "rotary_fraction": 0.5}]
+    [{"kind": "rope", "rotary_fraction": 0.5}, {"kind": "shaw", "values": True, "max_distance": 5},
+     {"kind": "kerple", "variant": "power"}]
 IDS = [str(p).replace(" ", "") for p in ALL_POSITIONS]
 T = 40
 

@@ -19,7 +19,7 @@ def make(position, d_model=64, n_head=1, block_size=2048):
 
 def test_registry_lists_every_kind():
     assert available() == sorted(["alibi", "fire", "interpolated", "kerple", "learned", "none", "randomized", "rope",
-                                  "sinusoidal", "t5", "xpos"])
+                                  "shaw", "sinusoidal", "t5", "xpos"])
 
 
 # ----------------------------------------------------------------------------- sinusoidal
@@ -428,3 +428,28 @@ def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
         assert torch.equal(model(idx), model(idx))
         hidden = model.positions.embed(model.wte(idx), torch.arange(16, dtype=torch.float32))
         assert torch.equal(hidden, plain)
+
+
+# --------------------------------------------------------------------------- shaw
+
+def test_shaw_keys_and_values_against_attention_written_out():
+    from minilm.model import attend
+    torch.manual_seed(0)
+    shaw = make({"kind": "shaw", "max_distance": 3, "values": True}, d_model=8, n_head=2)
+    with torch.no_grad():
+        shaw.keys.weight.normal_()
+        shaw.values.weight.normal_()
+    T, d = 6, 4
+    q, k, v = torch.randn(1, 2, T, d), torch.randn(1, 2, T, d), torch.randn(1, 2, T, d)
+    pos = torch.arange(T, dtype=torch.float32)
+    out = attend(q, k, v, pos, pos, shaw, cached=False, window=None)
+    expected = torch.zeros_like(out)
+    for h in range(2):
+        for i in range(T):
+            r = [min(i - j, 3) for j in range(i + 1)]
+            logits = torch.stack([(q[0, h, i] @ (k[0, h, j] + shaw.keys.weight[r[j]])) / math.sqrt(d)
+                                  for j in range(i + 1)])
+            w = torch.softmax(logits, dim=0)
+            expected[0, h, i] = sum(w[j] * (v[0, h, j] + shaw.values.weight[r[j]]) for j in range(i + 1))
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert shaw.buckets(torch.tensor([9.0]), torch.arange(10.0)).tolist() == [[3, 3, 3, 3, 3, 3, 3, 2, 1, 0]]

@@ -33,6 +33,6 @@ class ALiBi(PositionScheme):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32),
                              persistent=False)
 
-    def bias(self, q_pos, k_pos):
+    def bias(self, q_pos, k_pos, q=None):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # future keys are masked anyway
         return -self.slopes[:, None, None] * distance[None]

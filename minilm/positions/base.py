@@ -5,7 +5,10 @@ Every scheme answers three questions; the base class answers each with "nothing"
 * ``embed(x, pos)``            -> x + PE(pos), once after the token embedding (sinusoidal, learned)
 * ``rotate(q, k, pos, context_len)`` -> q', k' in every attention layer, before the cache
   write (rope and its scalings)
-* ``bias(q_pos, k_pos)``       -> (heads, Tq, Tk) added to the attention logits (alibi, t5)
+* ``bias(q_pos, k_pos, q)``    -> (heads, Tq, Tk) added to the attention logits (alibi, t5, kerple,
+  fire), or (B, heads, Tq, Tk) for a scheme whose bias reads the queries (shaw)
+* ``value_term(weights, q_pos, k_pos)`` -> (B, heads, Tq, head_dim) added to the attention
+  output, from the attention weights (shaw's relative values); used when ``has_value_term``
 
 Positions are explicit float32 tensors of absolute indices (shape (T,), shared by the
 batch); they are floats so that position interpolation can hand on fractions.
@@ -126,6 +129,7 @@ class PositionScheme(nn.Module):
     renamed_options: Dict[str, str] = {}  # old option name -> current name, for old configs and checkpoints
     setting_options: tuple = ()  # options that hold another scheme's settings (a mapping with a kind)
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
+    has_value_term: bool = False  # True when value_term() adds to the attention output
 
     def __init__(self, *, d_model: int, n_head: int, block_size: int):
         super().__init__()
@@ -154,7 +158,15 @@ class PositionScheme(nn.Module):
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, context_len: int):
         return q, k
 
-    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor,
+             q: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """Added to the logits of queries at ``q_pos`` over keys at ``k_pos``; ``q`` (B, heads, Tq,
+        head_dim) are the rotated queries, for a scheme whose bias depends on them."""
+        return None
+
+    def value_term(self, weights: torch.Tensor, q_pos: torch.Tensor,
+                   k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        """Added to the attention output, from its weights (B, heads, Tq, Tk); None adds nothing."""
         return None
 
     def extra_repr(self) -> str:

@@ -40,7 +40,7 @@ class Fire(PositionScheme):
         reach = torch.maximum(q_pos, threshold)[:, None]
         return torch.log1p(c * distance) / torch.log1p(c * reach)
 
-    def bias(self, q_pos, k_pos):
+    def bias(self, q_pos, k_pos, q=None):
         rows = max(1, HIDDEN_BUDGET // max(1, len(k_pos) * self.hidden))
         parts = [self.mlp(self.normalised_distance(q_pos[s:s + rows], k_pos)[..., None])
                  for s in range(0, len(q_pos), rows)]

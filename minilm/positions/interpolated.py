@@ -26,7 +26,7 @@ class Interpolated(PositionScheme):
         # the wrapped scheme was trained at block_size / factor positions
         inner_block = max(1, int(round(block_size / self.factor)))
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block)
-        self.has_bias = self.inner.has_bias
+        self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self._memo = None
 
     def position_limit(self):
@@ -55,8 +55,11 @@ class Interpolated(PositionScheme):
     def rotate(self, q, k, pos, context_len):
         return self.inner.rotate(q, k, self._scaled(pos), max(1, int(round(context_len / self.factor))))
 
-    def bias(self, q_pos, k_pos):
-        return self.inner.bias(q_pos / self.factor, k_pos / self.factor)
+    def bias(self, q_pos, k_pos, q=None):
+        return self.inner.bias(q_pos / self.factor, k_pos / self.factor, q)
+
+    def value_term(self, weights, q_pos, k_pos):
+        return self.inner.value_term(weights, q_pos / self.factor, k_pos / self.factor)
 
     def extra_repr(self):
         return f"factor={self.factor}"

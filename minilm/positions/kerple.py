@@ -37,7 +37,7 @@ class Kerple(PositionScheme):
         self.r1 = nn.Parameter(ones.clone() if variant == "log" else slopes.clone())
         self.r2 = nn.Parameter(slopes.clone() if variant == "log" else ones.clone())
 
-    def bias(self, q_pos, k_pos):
+    def bias(self, q_pos, k_pos, q=None):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)[None]  # future keys are masked anyway
         r1 = self.r1.clamp(min=MIN_PARAMETER)[:, None, None]
         if self.variant == "log":

@@ -33,7 +33,7 @@ class Randomized(PositionScheme):
         super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
         self.max_positions = int(max_positions)
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions)
-        self.has_bias = self.inner.has_bias
+        self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self._table = None  # in training: the sampled position of each position 0..T-1
 
     def position_limit(self):
@@ -55,8 +55,11 @@ class Randomized(PositionScheme):
     def rotate(self, q, k, pos, context_len):
         return self.inner.rotate(q, k, self._map(pos), context_len)
 
-    def bias(self, q_pos, k_pos):
-        return self.inner.bias(self._map(q_pos), self._map(k_pos))
+    def bias(self, q_pos, k_pos, q=None):
+        return self.inner.bias(self._map(q_pos), self._map(k_pos), q)
+
+    def value_term(self, weights, q_pos, k_pos):
+        return self.inner.value_term(weights, self._map(q_pos), self._map(k_pos))
 
     def extra_repr(self):
         return f"max_positions={self.max_positions}"

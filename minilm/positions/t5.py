@@ -36,6 +36,6 @@ class T5Bias(PositionScheme):
         self.relative_bias = nn.Embedding(self.num_buckets, self.n_head)
         nn.init.zeros_(self.relative_bias.weight)
 
-    def bias(self, q_pos, k_pos):
+    def bias(self, q_pos, k_pos, q=None):
         buckets = t5_bucket(q_pos[:, None] - k_pos[None, :], self.num_buckets, self.max_distance)
         return self.relative_bias(buckets).permute(2, 0, 1).float()  # (heads, Tq, Tk)
