@@ -36,6 +36,9 @@ def parse_args(argv=None):
                         "\\n and \\t mean newline and tab")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens the model sees at once (default: the model's block_size)")
+    p.add_argument("--sink-tokens", type=int, default=0,
+                   help="past the context, keep the first N tokens in view beside the last (attention sinks, "
+                        "StreamingLLM); for schemes that roll, not learned (default 0)")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole sequence at every step (same result, for comparison)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")

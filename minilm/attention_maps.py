@@ -63,7 +63,8 @@ def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -
             distance = q_pos[:, None] - pos[None, :]
             allowed = distance >= 0
             if call.get("window") is not None:
-                allowed &= distance < call["window"]
+                sinks = call.get("sinks", 0)
+                allowed &= (distance < call["window"] - sinks) | (pos[None, :] < sinks)
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     finally:
         for hook in hooks:

@@ -8,6 +8,11 @@ attention masks and biases are built from real positions, never from slice lengt
 A ``rolling`` cache is a ring buffer of ``capacity`` slots: once full, each new token
 overwrites the oldest one (slot = position mod capacity), which gives sliding-window
 attention over the last ``capacity`` positions with absolute positions kept.
+
+With ``sinks`` = N > 0 (attention sinks, Xiao et al. 2023, "Efficient Streaming Language
+Models with Attention Sinks") the first N slots keep positions 0..N-1 for good and the ring
+is the other capacity - N slots (slot = N + (position - N) mod (capacity - N)): every query
+sees the first N tokens and the last capacity - N.
 """
 from __future__ import annotations
 
@@ -16,14 +21,16 @@ import torch
 
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
-                 rolling: bool = False, dtype=torch.float32, device=None):
+                 rolling: bool = False, sinks: int = 0, dtype=torch.float32, device=None):
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
+        if not 0 <= sinks < capacity:
+            raise ValueError(f"sinks={sinks} is invalid for capacity {capacity}: expected 0 <= sinks < capacity")
         shape = (batch_size, n_head, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.slot_pos = torch.full((capacity,), -1.0, dtype=torch.float32, device=device)
-        self.capacity, self.rolling, self.batch_size = capacity, rolling, batch_size
+        self.capacity, self.rolling, self.batch_size, self.sinks = capacity, rolling, batch_size, sinks
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # (slots, T) of the forward pass in progress
 
@@ -37,7 +44,8 @@ class KVCache:
             raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
                              f"position {self.length} with capacity {self.capacity}")
         positions = torch.arange(self.length, end, device=self.slot_pos.device)
-        slots = positions % self.capacity
+        ring = self.capacity - self.sinks
+        slots = torch.where(positions < self.capacity, positions, self.sinks + (positions - self.sinks) % ring)
         self.slot_pos[slots] = positions.float()
         self._pending = slots
         return positions.float()

@@ -22,7 +22,9 @@ Past the context (``max_context``, default the model's block_size) generation ne
 * unbounded schemes (rope, alibi, t5, none, sinusoidal, interpolated over those) keep
   absolute positions and a rolling cache of ``max_context`` slots that evicts the oldest
   key when full: sliding-window attention, no re-encoding. A prompt longer than the
-  window is prefilled up to the window, then fed one token at a time.
+  window is prefilled up to the window, then fed one token at a time. With ``sinks`` = N
+  (attention sinks, Xiao et al. 2023) the first N tokens stay in the window for good beside
+  the last max_context - N.
 
 ``use_cache=False`` computes exactly the same thing without reusing keys: every step runs
 the whole sequence so far, ``model(idx, window=max_context)`` for the rolling schemes and
@@ -146,6 +148,18 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
                               f"--num-samples")
 
 
+def check_sinks(model, sinks, max_context: int, slides: bool) -> int:
+    """``sinks`` checked: 0 <= sinks < max_context, and only for schemes that roll."""
+    check_count("sink_tokens", sinks, 0)
+    if sinks and slides:
+        raise GenerationError(f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "
+                              f"{model.positions.kind} positions are bounded and slide their window instead")
+    if sinks >= max_context:
+        raise GenerationError(f"sink_tokens={sinks} leaves no room in a context of {max_context}: "
+                              f"expected 0 <= sink_tokens < {max_context}")
+    return sinks
+
+
 class Decoder:
     """Feeds tokens to ``model`` for ``batch_size`` sequences that share their positions and
     returns the next-token logits (B, V): ``prefill(ids)`` once, then ``step(tokens)``.
@@ -156,16 +170,18 @@ class Decoder:
     """
 
     def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
-                 total: Optional[int] = None):
+                 total: Optional[int] = None, sinks: int = 0):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
         self.max_context = context_size(model, max_context)
         self.slides = model.positions.position_limit() is not None
+        self.sinks = check_sinks(model, sinks, self.max_context, self.slides)
         self.device = model.wte.weight.device
         self.cache = None
         if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
             capacity = self.max_context if total is None else max(1, min(self.max_context, total))
             check_cache_memory(model, batch_size, capacity)
-            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides)
+            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides,
+                                         sinks=self.sinks if capacity == self.max_context else 0)
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
         start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
@@ -213,7 +229,7 @@ class Decoder:
         if self.slides:
             return self.model(self._history[:, max(0, self.length - n):self.length], context_len=n)[:, -1]
         window = n if self.length > n else None  # within the window the band changes nothing
-        return self.model(self._history[:, :self.length], window=window, context_len=n)[:, -1]
+        return self.model(self._history[:, :self.length], window=window, sinks=self.sinks, context_len=n)[:, -1]
 
 
 @dataclass
@@ -249,7 +265,7 @@ def check_count(name: str, value, low: int) -> None:
 @torch.inference_mode()
 def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
                  num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
-                 use_cache: bool = True, stats: Optional[Stats] = None) -> Iterator[torch.Tensor]:
+                 use_cache: bool = True, sinks: int = 0, stats: Optional[Stats] = None) -> Iterator[torch.Tensor]:
     """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
     (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
     reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
@@ -266,7 +282,7 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
     decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
-                      total=len(prompt_ids) + max_new_tokens)
+                      total=len(prompt_ids) + max_new_tokens, sinks=sinks)
     if decoder.slides and len(prompt_ids) > decoder.max_context:
         warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
                       f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)
@@ -389,7 +405,7 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
 
 def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
              num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
-             max_context: Optional[int] = None, use_cache: bool = True,
+             max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
              stats: Optional[Stats] = None) -> Iterator[Piece]:
     """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
     ``num_samples`` continuations are decoded together as one batch. Stops early once every
@@ -400,7 +416,7 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
     streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
     steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                          num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
-                         stats=stats)
+                         sinks=sinks, stats=stats)
     try:
         for step, tokens in enumerate(steps):
             final = step == max_new_tokens - 1

@@ -25,9 +25,10 @@ MASK_BUDGET = 1 << 24
 
 
 def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
-           dropout_p: float = 0.0) -> torch.Tensor:
+           sinks: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
     """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
-    over keys at ``k_pos``; ``window`` keeps only keys with q_pos - k_pos < window."""
+    over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
+    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
         if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
@@ -41,7 +42,7 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
         distance = qp[:, None] - k_pos[None, :]
         allowed = distance >= 0
         if window is not None:
-            allowed &= distance < window
+            allowed &= (distance < window - sinks) | (k_pos[None, :] < sinks)
         mask = allowed
         if scheme.has_bias:
             mask = scheme.bias(qp, k_pos, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
@@ -70,15 +71,15 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
 
     def forward(self, x, layer: int, pos, scheme: PositionScheme, cache: Optional[KVCache],
-                window: Optional[int], context_len: int):
+                window: Optional[int], sinks: int, context_len: int):
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = scheme.rotate(q, k, pos, context_len)
         k_pos = pos
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
-            window = cache.capacity if cache.rolling else None
-        y = attend(q, k, v, pos, k_pos, scheme, cached=cache is not None, window=window,
+            window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
+        y = attend(q, k, v, pos, k_pos, scheme, cached=cache is not None, window=window, sinks=sinks,
                    dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -102,8 +103,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, layer, pos, scheme, cache, window, context_len):
-        x = x + self.drop(self.attn(self.ln_1(x), layer, pos, scheme, cache, window, context_len))
+    def forward(self, x, layer, pos, scheme, cache, window, sinks, context_len):
+        x = x + self.drop(self.attn(self.ln_1(x), layer, pos, scheme, cache, window, sinks, context_len))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
@@ -139,20 +140,22 @@ class GPT(nn.Module):
         """Trainable parameters, the tied LM head counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False) -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
-        tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens."""
+        tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
+        first ``sinks`` of them kept for good: attention sinks)."""
         ref = self.wte.weight
         return KVCache(self.config.n_layer, batch_size, self.config.n_head, self.config.head_dim, capacity,
-                       rolling=rolling, dtype=ref.dtype, device=ref.device)
+                       rolling=rolling, sinks=sinks, dtype=ref.dtype, device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
-                context_len: Optional[int] = None, return_hidden: bool = False) -> torch.Tensor:
+                sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False) -> torch.Tensor:
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
         query to the last ``window`` positions (sliding-window attention, what a rolling cache
-        computes). With a cache they sit at cache.length.., attend to everything cached, and
+        computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
+        sinks computes). With a cache they sit at cache.length.., attend to everything cached, and
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
@@ -170,7 +173,7 @@ class GPT(nn.Module):
         self.positions.start(pos)
         x = self.drop(self.positions.embed(self.wte(idx), pos))
         for layer, block in enumerate(self.blocks):
-            x = block(x, layer, pos, self.positions, cache, window, context_len)
+            x = block(x, layer, pos, self.positions, cache, window, sinks, context_len)
         if cache is not None:
             cache.commit()
         x = self.ln_f(x)

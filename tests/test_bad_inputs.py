@@ -86,6 +86,7 @@ CASES = [
     ("max context 0", ["generate.py", "--checkpoint", "{ckpt}", "--max-context", "0", "hi"], None,
      "--max-context=0"),
     ("threads", ["generate.py", "--checkpoint", "{ckpt}", "--threads", "0", "hi"], None, "--threads=0"),
+    ("sink tokens", ["generate.py", "--checkpoint", "{ckpt}", "--sink-tokens", "40", "hi"], None, "sink_tokens=40"),
     ("huge cache", ["generate.py", "--checkpoint", "{ckpt}", "--max-context", "1000000000000", "--max-new-tokens",
                     "1000000000000", "hi"], None, "1,000,000,000,000 tokens"),
     ("prompt file missing", ["generate.py", "--checkpoint", "{ckpt}", "--prompt-file", "/nonexistent/p.txt"],

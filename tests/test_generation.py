@@ -336,3 +336,35 @@ def test_empty_prompt_without_bos_is_an_error():
             return []
     with pytest.raises(GenerationError, match="prompt is empty"):
         list(generate(None, NoBos(), "", max_new_tokens=3))
+
+
+ROLLING = [p for p in schemes() if p["kind"] != "learned" and p.get("inner", p.get("base", {})).get("kind") != "learned"]
+
+
+@pytest.mark.parametrize("position", ROLLING, ids=scheme_id)
+def test_attention_sinks_cached_equals_no_cache_far_past_the_context(random_gpt, position):
+    model = random_gpt(position, block_size=32)
+    prompt = [5, 17, 42, 8, 61, 3, 29]
+    cached = greedy_tokens(model, prompt, 200, sinks=4)
+    uncached = greedy_tokens(model, prompt, 200, use_cache=False, sinks=4)
+    assert cached == uncached and len(set(cached)) >= 5  # not vacuous: decoding wanders
+    assert cached != greedy_tokens(model, prompt, 200)  # the sinks change what is seen past the context
+
+
+def test_sinks_keep_the_first_tokens_in_view(random_gpt):
+    model = random_gpt({"kind": "rope"}, block_size=16)
+    idx = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(0))
+    other = idx.clone()
+    other[0, 1] = (idx[0, 1] + 1) % 97  # change a token that is far behind the last query
+    with torch.no_grad():
+        plain = [model(x, window=16, context_len=16)[0, -1] for x in (idx, other)]
+        sunk = [model(x, window=16, sinks=2, context_len=16)[0, -1] for x in (idx, other)]
+    assert torch.equal(plain[0], plain[1])  # out of the window: no influence
+    assert not torch.allclose(sunk[0], sunk[1])  # a sink: still seen
+
+
+def test_bad_sinks(random_gpt):
+    with pytest.raises(GenerationError, match="sink_tokens=32 leaves no room"):
+        list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=32))
+    with pytest.raises(GenerationError, match="learned positions are bounded"):
+        list(generate_ids(random_gpt({"kind": "learned"}), [1, 2], max_new_tokens=2, sinks=2))

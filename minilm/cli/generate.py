@@ -125,7 +125,8 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         warnings.simplefilter("always", GenerationWarning)
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
-                          max_context=args.max_context, use_cache=not args.no_cache, stats=stats)
+                          max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
+                          stats=stats)
         first = True
         for piece in pieces:
             if first:
