@@ -14,7 +14,7 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -56,6 +56,9 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}{problem}"
 
 
+EMBEDDING_SCALES = ("auto", "sqrt_d_model")
+
+
 class ConfigError(MinilmError):
     """A bad configuration value; the message is one line meant for the user."""
 
@@ -71,6 +74,9 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False
     position: dict = field(default_factory=lambda: {"kind": "rope"})
+    # token embedding multiplier before positions are added: auto (sqrt(d_model) where the scheme
+    # adds a unit-amplitude table, i.e. sinusoidal; else 1), sqrt_d_model, or a number
+    embedding_scale: Union[float, str] = "auto"
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -83,6 +89,10 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: "
                 f"choose n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]}")
+        scale = self.embedding_scale
+        if scale not in EMBEDDING_SCALES and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
+            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(EMBEDDING_SCALES)} "
+                              f"or a number > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
         if not isinstance(self.position, dict) or "kind" not in self.position:

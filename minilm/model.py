@@ -62,6 +62,16 @@ def attend_with_values(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, drop
     return weights @ v + scheme.value_term(weights, q_pos, k_pos).to(v.dtype)
 
 
+def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
+    """What the token embedding is multiplied by before positions are added: sqrt(d_model) as in
+    Vaswani et al. 2017 (section 3.4) for ``sqrt_d_model``, and for ``auto`` where the scheme adds
+    a unit-amplitude table (``scaled_embedding``: sinusoidal); else 1, or the number given."""
+    scale = config.embedding_scale
+    if scale == "auto":
+        scale = "sqrt_d_model" if positions.scaled_embedding else 1.0
+    return math.sqrt(config.d_model) if scale == "sqrt_d_model" else float(scale)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -120,6 +130,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
+        self.embedding_scale = embedding_multiplier(config, self.positions)
         self._init_weights()
 
     def _init_weights(self):
@@ -171,7 +182,10 @@ class GPT(nn.Module):
             context_len = context_len or T
         self.positions.check_positions(pos)
         self.positions.start(pos)
-        x = self.drop(self.positions.embed(self.wte(idx), pos))
+        x = self.wte(idx)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
+        x = self.drop(self.positions.embed(x, pos))
         for layer, block in enumerate(self.blocks):
             x = block(x, layer, pos, self.positions, cache, window, sinks, context_len)
         if cache is not None:

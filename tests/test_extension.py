@@ -193,3 +193,19 @@ def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path)
     with pytest.raises(ConfigError, match="give 'inner' only"):
         build_config({"model": {"position": {"kind": "interpolated", "base": {"kind": "rope"},
                                              "inner": {"kind": "rope"}}}})
+
+
+def test_checkpoints_from_before_embedding_scale_load_unscaled(tmp_path):
+    from minilm.loading import load_model
+    config = build_config({"model": {**MODEL, "block_size": 16, "position": {"kind": "sinusoidal"},
+                                     "embedding_scale": 1.0}, "out_dir": str(tmp_path / "old")})
+    model = GPT(config.model).eval()
+    tree = config.to_dict()
+    del tree["model"]["embedding_scale"]  # written before the option existed
+    path = checkpoint.save({"model": model.state_dict(), "config": tree, "tokenizer": TOKENIZER["bytes"]},
+                           config.out_dir)
+    loaded = load_model(path)
+    assert loaded.model.embedding_scale == 1.0
+    idx = torch.randint(0, 53, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(loaded.model(idx), model(idx))

@@ -135,3 +135,25 @@ def test_bfloat16_autocast_runs_with_cache():
         full = model(idx)
         cached = decode_in_pieces(model, idx, [4] + [1] * 6)
     assert (cached.float() - full.float()).abs().max().item() < 0.1
+
+
+def test_embedding_scale_multiplies_the_tokens_before_the_positions():
+    from minilm.config import ConfigError
+    idx = torch.randint(0, 61, (1, 8))
+    cases = [({"kind": "sinusoidal"}, "auto", 24 ** 0.5), ({"kind": "rope"}, "auto", 1.0),
+             ({"kind": "interpolated", "inner": {"kind": "sinusoidal"}}, "auto", 24 ** 0.5),
+             ({"kind": "learned"}, "sqrt_d_model", 24 ** 0.5), ({"kind": "sinusoidal"}, 2.5, 2.5)]
+    for position, scale, expected in cases:
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(vocab_size=61, n_layer=1, n_head=3, d_model=24, block_size=16, position=position,
+                                embedding_scale=scale)).eval()
+        assert model.embedding_scale == pytest.approx(expected)
+        captured = {}
+        model.drop.register_forward_hook(lambda m, args, out: captured.setdefault("x", args[0]))
+        with torch.no_grad():
+            model(idx)
+        pos = torch.arange(8, dtype=torch.float32)
+        assert torch.allclose(captured["x"], model.positions.embed(model.wte(idx) * expected, pos), atol=1e-6)
+    for bad in (0, -1.0, "sqrt", float("inf")):
+        with pytest.raises(ConfigError, match="model.embedding_scale"):
+            ModelConfig(embedding_scale=bad)

@@ -130,6 +130,7 @@ class PositionScheme(nn.Module):
     setting_options: tuple = ()  # options that hold another scheme's settings (a mapping with a kind)
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
     has_value_term: bool = False  # True when value_term() adds to the attention output
+    scaled_embedding: bool = False  # True when model.embedding_scale auto means sqrt(d_model) (a unit-amplitude table)
 
     def __init__(self, *, d_model: int, n_head: int, block_size: int):
         super().__init__()

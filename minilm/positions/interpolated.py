@@ -27,6 +27,7 @@ class Interpolated(PositionScheme):
         inner_block = max(1, int(round(block_size / self.factor)))
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
+        self.scaled_embedding = self.inner.scaled_embedding
         self._memo = None
 
     def position_limit(self):

@@ -34,6 +34,7 @@ class Randomized(PositionScheme):
         self.max_positions = int(max_positions)
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
+        self.scaled_embedding = self.inner.scaled_embedding
         self._table = None  # in training: the sampled position of each position 0..T-1
 
     def position_limit(self):

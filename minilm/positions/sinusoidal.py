@@ -2,6 +2,14 @@
 
 PE[p, 2i] = sin(p / base^(2i/d)),  PE[p, 2i+1] = cos(p / base^(2i/d)),  added to the
 token embedding. Computed on the fly in float32, so any (fractional) position works.
+
+The table has unit amplitude (norm sqrt(d/2)) while GPT-2-initialised token embeddings have
+std 0.02 (norm 0.02 sqrt(d)): added as they are, the positions drown the tokens, and such a
+model trains far worse at its own length than the other schemes. Vaswani et al. (section
+3.4) multiply the embeddings by sqrt(d_model) before adding the positions; so does minilm
+for this scheme (``scaled_embedding``: ``model.embedding_scale: auto``), which puts token
+and position on the same footing (norm 0.02 d vs sqrt(d/2): equal near d = 1250, within a
+factor 3 at the default d = 192).
 """
 import torch
 
@@ -20,6 +28,7 @@ def sinusoidal_table(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torc
 class Sinusoidal(PositionScheme):
     description = "fixed sin/cos added to the token embedding (Vaswani et al. 2017)"
     options = {"base": 10000.0}
+    scaled_embedding = True
 
     def __init__(self, *, base: float, d_model: int, **kw):
         check_number("sinusoidal", "base", base, low=1)
