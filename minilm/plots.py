@@ -93,7 +93,7 @@ def _title(fig, scheme: PositionScheme, position: dict, source: Optional[str], e
         origin = f"trained values from {source}"
     else:
         zeros = all(not bool(p.any()) for p in scheme.parameters())
-        origin = f"UNTRAINED: {'all zero' if zeros else 'random'} at init; pass --checkpoint for trained values"
+        origin = f"UNTRAINED: {'all zero' if zeros else 'initial values'} at init; pass --checkpoint for trained values"
     lines = [settings_line(position), f"{shape}; {origin}"] + ([extra] if extra else [])
     fig.suptitle("\n".join(lines), fontsize=11)
 
