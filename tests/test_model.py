@@ -8,6 +8,7 @@ from minilm.positions import available
 BASE_KINDS = [k for k in available() if k != "interpolated"]
 ALL_POSITIONS = [{"kind": k} for k in BASE_KINDS] + \
     [{"kind": "interpolated", "base": {"kind": k}, "factor": 2} for k in BASE_KINDS] + \
+    [{"kind": "randomized", "inner": {"kind": k}} for k in BASE_KINDS if k != "randomized"] + \
     [{"kind": "rope", "scaling": {"type": t, "factor": 2, "original_max_positions": 24}}
      for t in ("linear", "ntk", "dynamic", "yarn", "llama3")] + \
     [{"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 24,
