@@ -60,6 +60,7 @@ VAL_FRACTION = 0.1  # user corpora
 DOC_SEPARATOR = "\n\n\n"
 ENCODE_CHUNK_CHARS = 1 << 16
 
+
 class DataError(MinilmError):
     """A corpus or prepared data problem; the message is one line meant for the user."""
 
