@@ -355,6 +355,7 @@ def _bias_figure(scheme, position, source):
     """Each head's bias against distance, the attention a query would pay from bias alone,
     and (t5) the distance buckets."""
     Figure = require_matplotlib()
+    import matplotlib  # optional: present once require_matplotlib has passed
     inner, factor = _unwrap(scheme)
     is_t5 = hasattr(inner, "num_buckets")
     span = scheme.block_size
@@ -370,7 +371,6 @@ def _bias_figure(scheme, position, source):
     fig = Figure(figsize=(17 if is_t5 else 12.5, 5.6), layout="constrained")
     axes = fig.subplots(1, 3 if is_t5 else 2)
     ax_bias, ax_prior = axes[0], axes[1]
-    import matplotlib
     cmap = matplotlib.colormaps["viridis"]
     slopes = getattr(inner, "slopes", None)
     heads = bias.shape[0]

@@ -105,9 +105,14 @@ def position_settings(kind: str, options) -> dict:
     """The registry's defaults for ``kind`` with ``--name value`` options applied on top."""
     cls = scheme_class(kind)
     tree = {"kind": kind, **copy.deepcopy(cls.options)}
-    renamed = [(cls.renamed_options.get(name.split(".")[0], name.split(".")[0]) + name[len(name.split(".")[0]):],
-                value) for name, value in options]  # --base.kind is the old name of --inner.kind
-    return canonical(apply_overrides(tree, [f"{name}={value}" for name, value in renamed]))
+    return canonical(apply_overrides(tree, [f"{_current_name(cls, name)}={value}" for name, value in options]))
+
+
+def _current_name(cls, name: str) -> str:
+    """``name`` with its first part under the option's current name (--base.kind is --inner.kind):
+    renamed before the defaults are merged, where ``canonical`` would see both names."""
+    head, dot, rest = name.partition(".")
+    return cls.renamed_options.get(head, head) + dot + rest
 
 
 def plot(argv) -> str:
@@ -138,7 +143,7 @@ def plot(argv) -> str:
 
 
 def main(argv=None) -> int:
-    argv = list(argv or [])
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv and (argv[0] in ("-h", "--help") or "--help" in argv or "-h" in argv):
         print(__doc__.strip())
         return 0
