@@ -30,7 +30,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from minilm import evaluation
 from minilm.common import MinilmError
@@ -103,10 +103,14 @@ def run_config(plan: dict, out_dir: str, position: dict, *, block_size: Optional
 # --------------------------------------------------------------------------- the experiment
 
 class Runner:
-    """Trains and evaluates the runs of one experiment, keeping results and timings."""
+    """Trains and evaluates the runs of one experiment, keeping results and timings.
 
-    def __init__(self, plan: dict, out: str, quiet: bool = False, overwrite: bool = False):
-        self.plan, self.out, self.quiet, self.overwrite = plan, out, quiet, overwrite
+    ``log(message)`` is told what is being trained (the command line prints it); ``quiet``
+    turns off the trainer's and the evaluation's own progress output."""
+
+    def __init__(self, plan: dict, out: str, quiet: bool = False, overwrite: bool = False,
+                 log: Optional[Callable[[str], None]] = None):
+        self.plan, self.out, self.quiet, self.overwrite, self.log = plan, out, quiet, overwrite, log
         self.runs_dir = os.path.join(out, "runs")
         self.configs: dict = {}  # run name -> Config
         self.summaries: dict = {}  # run name -> trainer summary
@@ -115,8 +119,8 @@ class Runner:
         self.phases: list = []  # (phase, seconds)
 
     def say(self, message: str) -> None:
-        if not self.quiet:
-            print(f"[experiment] {message}", file=sys.stderr, flush=True)
+        if self.log is not None:
+            self.log(message)
 
     def train(self, name: str, position: dict, **kw) -> str:
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, **kw)

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from minilm import evaluation
-from minilm.common import markdown_table as table
+from minilm.common import atomic_write, markdown_table as table
 from minilm.experiments import KINDS, RUN_DEFAULTS, Runner
 from minilm.model import GPT
 
@@ -145,10 +145,7 @@ def write_report(runner: Runner, args_line: str, wall: float, started_at: str, l
     plots = _write_data(runner)
     lines = _header(runner, args_line, wall, started_at, loads, commit) + _results(runner, plots) \
         + _runs_and_configs(runner)
-    path = os.path.join(runner.out, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    return path
+    return str(atomic_write(os.path.join(runner.out, "report.md"), "\n".join(lines)))
 
 
 def _write_data(runner: Runner) -> dict:

@@ -291,7 +291,14 @@ def test_passkey_command_line(corpus, tmp_path, capsys):
     assert passkey_cli.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
     assert len(os.listdir(tmp_path / "pk")) == 1
     assert passkey_cli.main(["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120",
-                         "--mix", "0.5"]) == 0
+                             "--mix", "0.5"]) == 0
     assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(tmp_path / "mix")
     assert passkey_cli.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err
+
+
+def test_passkey_old_invocation_names_the_new_one():
+    proc = subprocess.run([sys.executable, "-m", "minilm.passkey", "eval", "out/rope"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: this command moved: use python -m minilm passkey ..."

@@ -1,23 +1,26 @@
 """The length-generalization experiment (minilm.experiments, minilm.report, python -m minilm experiment):
 --quick end to end, the plan, the checks."""
 import csv
+import math
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from minilm import evaluation, experiments
-from minilm.report import checks
 from minilm.cli import experiment as experiment_cli
+from minilm.report import checks
 
 
 def test_quick_run_end_to_end(tiny_corpus, tmp_path):
     out = tmp_path / "lg"
     code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seed", "7", "--quiet",
-                             f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
-                             f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
+                                f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
+                                f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
     assert code == 0
-    report = (out / "report.md").read_text()
+    report = (out / "report.md").read_text(encoding="utf-8")
     L = experiments.QUICK["model"]["block_size"]
     for heading in ("## 1. Trained at L",
                     "## 2. Sinusoidal base frequency", f"## 3. Extending rope from {L} to {4 * L}",
@@ -58,7 +61,6 @@ def test_plan_overrides_and_errors(capsys):
 
 
 def cell(label, length, ppl, table_status="ok"):
-    import math
     return evaluation.Result(label=label, checkpoint="c", position=label, train_length=8, length=length,
                              mode="nonoverlapping", stride=None, tokens=64, chars=200,
                              nll=None if ppl is None else math.log(ppl), status=table_status)
@@ -87,3 +89,11 @@ def test_checks_read_the_published_ordering_from_the_numbers():
     assert got["after the same fine-tuning steps, rope + linear beats rope without scaling at 32"] == "yes"
     assert got["after the same fine-tuning steps, rope + yarn beats rope without scaling at 32"] == "**no**"
     assert got["sinusoidal: a larger base extrapolates better (lower ppl at 2x)"] == "yes"
+
+
+def test_old_invocation_names_the_new_one():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "minilm.experiments", "length-generalization", "--quick"],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: this command moved: use python -m minilm experiment ..."

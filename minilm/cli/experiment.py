@@ -17,12 +17,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def parse_args(argv):
-    parser = Parser(prog="python -m minilm experiment",
-                                     description=experiments.__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="overrides: section.key=value on the plan (sections: "
-                                            + ", ".join(experiments.FULL) + "), e.g. data.corpus=texts/ "
-                                            "train.max_steps=500")
+    parser = Parser(prog="python -m minilm experiment", description=experiments.__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="overrides: section.key=value on the plan (sections: " + ", ".join(experiments.FULL)
+                           + "), e.g. data.corpus=texts/ train.max_steps=500")
     parser.add_argument("experiment", choices=EXPERIMENTS)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--quick", action="store_true", help="tiny models and budgets (a smoke test, minutes)")
@@ -41,13 +39,18 @@ def main(argv=None) -> int:
                        on_interrupt="interrupted; finished runs are kept under " + os.path.join(out, "runs"))
 
 
+def say(message: str) -> None:
+    print(f"[experiment] {message}", file=sys.stderr, flush=True)
+
+
 def run(args, argv, out: str) -> int:
     started = time.time()
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load_start = report.load_average()
     commit = report.git_commit(REPO, exclude=out)  # the code as it is when the run starts
     plan = experiments.make_plan(args.quick, args.seed, args.overrides)
-    runner = experiments.Runner(plan, out, quiet=args.quiet, overwrite=args.overwrite)
+    runner = experiments.Runner(plan, out, quiet=args.quiet, overwrite=args.overwrite,
+                                log=None if args.quiet else say)
     runner.run()
     threads = os.environ.get("OMP_NUM_THREADS")
     command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m minilm experiment " + " ".join(argv)
