@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from minilm.model import visible
 from minilm.plots import PlotError, require_matplotlib, save_figure
 
 MAX_ATTENTION_TOKENS = 64  # attention maps show at most the last this many tokens
@@ -60,11 +61,7 @@ def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -
             if scheme.has_bias:
                 bias = scheme.bias(q_pos, pos, q[None]).float()  # (heads, Tq, Tk), or (1, heads, Tq, Tk)
                 scores = scores + (bias[0] if bias.dim() == 4 else bias)
-            distance = q_pos[:, None] - pos[None, :]
-            allowed = distance >= 0
-            if call.get("window") is not None:
-                sinks = call.get("sinks", 0)
-                allowed &= (distance < call["window"] - sinks) | (pos[None, :] < sinks)
+            allowed = visible(q_pos, pos, call.get("window"), call.get("sinks", 0))
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     finally:
         for hook in hooks:

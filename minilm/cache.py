@@ -44,8 +44,11 @@ class KVCache:
             raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
                              f"position {self.length} with capacity {self.capacity}")
         positions = torch.arange(self.length, end, device=self.slot_pos.device)
-        ring = self.capacity - self.sinks
-        slots = torch.where(positions < self.capacity, positions, self.sinks + (positions - self.sinks) % ring)
+        if self.sinks:
+            ring = self.capacity - self.sinks
+            slots = torch.where(positions < self.capacity, positions, self.sinks + (positions - self.sinks) % ring)
+        else:
+            slots = positions % self.capacity
         self.slot_pos[slots] = positions.float()
         self._pending = slots
         return positions.float()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -53,21 +52,6 @@ def save(state: dict, path: str) -> str:
     state = {"format": FORMAT, "version": VERSION, **state}
     atomic_write(path, lambda f: torch.save(state, f))
     return path
-
-
-def remove_temporaries(directory: str) -> list:
-    """Delete the temporary files of saves that never finished (``.ckpt.pt.*.tmp``, and
-    ``.ckpt-*.tmp`` of older versions). Call it only while holding the out_dir's lock: then no
-    other save can be in progress there. Returns the removed paths."""
-    removed = []
-    for pattern in (f".{FILENAME}.*.tmp", ".ckpt-*.tmp"):
-        for path in Path(directory).glob(pattern):
-            try:
-                path.unlink()
-                removed.append(str(path))
-            except OSError:
-                pass
-    return removed
 
 
 def load(path: str, map_location: Optional[str] = "cpu") -> dict:

@@ -48,6 +48,25 @@ def temporary_path(path: Union[str, Path]) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+def remove_stale_temporaries(directory: Union[str, Path]) -> list:
+    """Delete the temporary files (``.*.tmp``) of writes whose process is gone: the pid in a
+    ``temporary_path`` name is not running, or the name has none (an older naming). Returns
+    the removed paths."""
+    removed = []
+    for path in Path(directory).glob(".*.tmp"):
+        try:
+            pid = int(path.name.split(".")[-3])
+            if pid != os.getpid():
+                os.kill(pid, 0)
+            continue  # that process is still running
+        except (ValueError, IndexError, ProcessLookupError):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+        except PermissionError:
+            continue
+    return removed
+
+
 def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Callable]) -> Path:
     """Write ``data`` to ``path`` so that a crash never leaves a half-written file there.
 

@@ -232,8 +232,7 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
         key = assignment.split("=", 1)[0].strip().lstrip("-")
         if allowed and ("=" not in assignment or not key.startswith(tuple(allowed))):
             raise ConfigError(f"override {assignment!r} is not allowed {what}: only "
-                              f"{', '.join(a + ('KEY' if a.endswith('.') else '') + '=VALUE' for a in allowed)} "
-                              f"can change")
+                              f"{', '.join(a + '*' if a.endswith('.') else a for a in allowed)} can change")
         if key == "model.position.kind" and isinstance(tree.get("model", {}).get("position"), dict):
             if assignment.split("=", 1)[1].strip() != tree["model"]["position"].get("kind"):
                 tree["model"]["position"] = {}

@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from minilm import shakespeare
 from minilm import tokenizer as tokenizer_module
-from minilm.common import MinilmError, atomic_write, temporary_path
+from minilm.common import MinilmError, atomic_write, remove_stale_temporaries, temporary_path
 from minilm.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
 from minilm.tokenizer import Tokenizer, TokenizerError
 
@@ -245,20 +245,6 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
     return manifest
 
 
-def _remove_stale_tmp(directory: Path) -> None:
-    """Delete temporary files left by prepare runs that died (their process is gone)."""
-    for path in directory.glob(".*.tmp"):
-        try:
-            pid = int(path.name.split(".")[-3])
-            if pid != os.getpid():
-                os.kill(pid, 0)
-            continue  # that process is still running
-        except (ValueError, IndexError, ProcessLookupError):
-            path.unlink(missing_ok=True)
-        except PermissionError:
-            continue
-
-
 def _chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
     """Pieces of about ``size`` characters that end at a newline (the tokenizer never merges across one)."""
     chunks, start = [], 0
@@ -365,7 +351,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None
 def _train_tokenizer(data_cfg, directory: Path, train_text: str, quiet: bool) -> Tokenizer:
     """A sentencepiece BPE tokenizer trained on the train split (through a temporary file)."""
     _log(f"training the tokenizer on {len(train_text):,} characters", quiet)
-    _remove_stale_tmp(directory)
+    remove_stale_temporaries(directory)
     train_file = str(temporary_path(directory / "train.txt"))
     try:
         with open(train_file, "x", encoding="utf-8") as f:

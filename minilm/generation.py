@@ -144,8 +144,8 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     free = available_memory(ref.device)
     if free is not None and need > free:
         raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "
-                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: lower --max-context, --max-new-tokens or "
-                              f"--num-samples")
+                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: lower --max-context, "
+                              f"--max-new-tokens or --num-samples")
 
 
 def check_sinks(model, sinks, max_context: int, slides: bool) -> int:

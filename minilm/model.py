@@ -24,6 +24,17 @@ from minilm.positions import PositionScheme, build
 MASK_BUDGET = 1 << 24
 
 
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
+    """(Tq, Tk) True where a query may see a key: causal, and with a ``window`` W only the last
+    W - ``sinks`` positions plus the first ``sinks`` ones."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        band = distance < window - sinks
+        allowed &= (band | (k_pos[None, :] < sinks)) if sinks else band
+    return allowed
+
+
 def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
            sinks: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
     """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
@@ -39,10 +50,7 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     outputs = []
     for start in range(0, Tq, chunk):
         qp, qc = q_pos[start:start + chunk], q[:, :, start:start + chunk]
-        distance = qp[:, None] - k_pos[None, :]
-        allowed = distance >= 0
-        if window is not None:
-            allowed &= (distance < window - sinks) | (k_pos[None, :] < sinks)
+        allowed = visible(qp, k_pos, window, sinks)
         mask = allowed
         if scheme.has_bias:
             mask = scheme.bias(qp, k_pos, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))

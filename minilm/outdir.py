@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from minilm import checkpoint
-from minilm.common import MinilmError, temporary_path
+from minilm.common import MinilmError, remove_stale_temporaries, temporary_path
 
 try:
     import fcntl
@@ -88,7 +88,7 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
         if not resume and not overwrite and os.path.exists(existing):
             raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
                               f"with --resume, replace it with --overwrite, or choose another out_dir")
-        checkpoint.remove_temporaries(out_dir)
+        remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
         yield
 
 

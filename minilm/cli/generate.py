@@ -12,7 +12,7 @@ import torch
 
 from minilm import attention_maps
 from minilm.common import resolve_device
-from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_cache_memory, check_count,
+from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count,
                                context_size, encode_prompt, generate)
 from minilm.loading import load_model
 
@@ -21,14 +21,21 @@ SEPARATOR = "---------------"
 
 class SamplePrinter:
     """Writes samples one after another: the first streams live, the others are buffered
-    until it ends, then each in turn continues live. Every sample ends with a newline."""
+    until it ends, then each in turn continues live. Every sample ends with a newline. Nothing
+    is written before the first piece arrives, so an error found while setting up generation
+    leaves stdout empty."""
 
     def __init__(self, out, num_samples: int, head: str):
         self.out, self.head = out, head
         self.buffers = [[] for _ in range(num_samples)]
         self.done = [False] * num_samples
         self.current = 0
-        self._write(head)
+        self.started = False
+
+    def _start(self) -> None:
+        if not self.started:
+            self.started = True
+            self._write(self.head)
 
     def _write(self, text: str) -> None:
         if text:
@@ -36,6 +43,7 @@ class SamplePrinter:
             self.out.flush()
 
     def add(self, sample: int, text: str, done: bool) -> None:
+        self._start()
         if sample == self.current:
             self._write(text)
         else:
@@ -52,6 +60,7 @@ class SamplePrinter:
                 self.buffers[self.current] = []
 
     def finish(self) -> None:
+        self._start()
         for i in range(len(self.done)):
             self.done[i] = True
         self._advance()
@@ -115,8 +124,6 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device)
     prompt_ids = encode_prompt(tokenizer, prompt)
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
-    if not args.no_cache:  # and so does a cache that cannot fit
-        check_cache_memory(model, args.num_samples, min(context, len(prompt_ids) + args.max_new_tokens))
 
     stats = Stats()
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
@@ -139,7 +146,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     if args.stats:
         mode = "no cache" if args.no_cache else "KV cache"
         kind = model.positions.kind
-        stderr.write(f"model: {kind} positions, context {context_size(model, args.max_context)}, {mode}, "
+        stderr.write(f"model: {kind} positions, context {context}, {mode}, "
                      f"{device}\n")
         for line in stats.lines():
             stderr.write(line + "\n")

@@ -78,7 +78,8 @@ def canonical(position: Any) -> Any:
 def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "PositionScheme":
     """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``."""
     if not isinstance(position, dict) or "kind" not in position:
-        raise PositionError(f"position settings {position!r} must be a mapping with a 'kind' ({', '.join(available())})")
+        raise PositionError(f"position settings {position!r} must be a mapping with a 'kind' "
+                            f"({', '.join(available())})")
     cls = scheme_class(position["kind"])
     position = canonical(position)
     options = {k: v for k, v in position.items() if k != "kind"}
