@@ -136,6 +136,7 @@ class TrainConfig:
     init_from: Optional[str] = None  # checkpoint file or out_dir to start from
     sample_tokens: int = 200  # sample printed at the end of training; 0 to skip
     final_eval_tokens: int = 1_000_000  # final evaluation on (up to) this many validation tokens; 0: the eval_iters batches
+    snapshot_steps: list = field(default_factory=list)  # also keep the weights at these steps: snapshots/step-N.pt
 
     def __post_init__(self):
         choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps")}
@@ -156,6 +157,10 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected 0 <= {name} < 1")
+        if not isinstance(self.snapshot_steps, list) or \
+                any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
+            raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
+                              f"between 1 and train.max_steps={self.max_steps}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 

@@ -1,27 +1,28 @@
-"""Experiments that run end to end from one command and write a self-contained report.
+"""The length-generalization study: train short, test long, then extend; every run with
+several seeds, side by side in parallel processes.
 
-    python -m minilm experiment length-generalization [--quick] [--out DIR] [--seed N] [key=value ...]
+    python -m minilm experiment length-generalization [--quick] [--seeds 1,2,3] [--workers N] [key=value ...]
 
-``length-generalization`` (train short, test long; Press et al. 2022; Chen et al. 2023; Peng et al. 2023):
+(Press et al. 2022, "Train Short, Test Long"; Chen et al. 2023, position interpolation;
+Peng et al. 2023, YaRN.) For every seed s (the same batches for every run of seed s, so
+comparisons between schemes are paired):
 
-1. From scratch, identical tiny models and budgets (same seed, same batches): one model per
-   position kind (sinusoidal, learned, rope, alibi, t5, none) at training length L.
-2. Each is evaluated at 1x .. 16x L (non-overlapping windows, the same scored tokens at
-   every length; ``minilm.evaluation``).
-3. Base-frequency ablation: sinusoidal with base 1000, 10000 (the model of step 1) and
-   100000, at L and 2L.
-4. Context extension to 4L from the rope model: position interpolation (linear), NTK-aware
-   and YaRN scaling, each fine-tuned for the same few steps at 4L with a lower learning
-   rate, plus plain rope fine-tuned at 4L without scaling (control); and the same scalings
-   zero-shot (no fine-tuning), plus dynamic NTK. All evaluated at 1x .. 16x L.
+1. **From scratch**: one model per scheme in ``KINDS`` (every kind of the registry that
+   trains from scratch; ``interpolated`` is the extension below) at training length L.
+2. **Evaluation** of each on the whole validation split at ``eval.multiples`` of L, in both
+   protocols of ``minilm.scoring`` (non-overlapping windows; sliding windows, stride = half
+   the window).
+3. **Sinusoidal base ablation**: base 1000 / 10,000 (the model of step 1) / 100,000.
+4. **Extension** of the rope model of seed s from L to ``factor`` x L with each method of
+   ``extension.methods`` (no scaling, PI = linear, NTK, YaRN, llama3): one fine-tuning run
+   per method, with snapshots at ``extension.curve_steps``; every snapshot is evaluated at
+   1L, 2L, 4L, 8L (step 0 is the source with the scaling applied), the last one in both
+   protocols; passkey accuracy at ``passkey.multiples`` of L before and after.
 
-Everything goes under ``--out``: ``report.md`` (``minilm.report``: tables, links to the
-plots, every config as YAML, git commit, machine, wall times), ``results.csv`` (every
-evaluated cell), the PNG plots (when matplotlib is installed) and ``runs/<name>/`` with the
-checkpoints (a ``.gitignore`` there keeps them out of git). The command is
-``minilm.cli.experiment``. Settings are a nested plan (``FULL`` or
-``QUICK``); ``key=value`` arguments override it, e.g. ``data.corpus=my_texts/``,
-``train.max_steps=500``, ``finetune.max_steps=50``, ``eval.max_tokens=8192``.
+The runs are ``minilm.jobs`` jobs (``workers`` processes, one torch thread each). Results are
+one row per (run, seed, step, protocol, length) in ``Study.cells``; ``minilm.report`` turns
+them into means with 95% intervals, paired verdicts, figures and ``report.md``. Checkpoints
+go under ``<out>/runs/`` (kept out of git by a ``.gitignore`` there).
 """
 from __future__ import annotations
 
@@ -29,37 +30,47 @@ import copy
 import dataclasses
 import os
 import sys
-import time
 from typing import Callable, Optional
 
-from minilm import evaluation
-from minilm.common import MinilmError
+from minilm import data, evaluation, passkey
+from minilm.common import MinilmError, resolve_device
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
+from minilm.jobs import Done, Job, run_jobs
+from minilm.loading import load_model
 from minilm.trainer import train
 
-KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
+METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "llama3"}
 
-# The full run: about 35-40 minutes on an idle 2-core CPU (float32).
+# The full study. float32: on the 2-core Xeon with AVX512-BF16 this study was built on, bf16
+# autocast trained this shape at 6.4k tokens/s per thread against 11.8k in float32 (one run
+# each, 40 steps), and float32 numbers do not depend on the CPU's bf16 support.
 FULL = {
-    "seed": 1337,
+    "seeds": [1, 2, 3],
     "model": {"n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False},
     "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data"},
-    "train": {"batch_size": 16, "max_steps": 600, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 60,
-              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "auto", "device": "auto"},
-    "finetune": {"batch_size": 4, "max_steps": 200, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 20},
-    "extension": {"factor": 4, "scalings": ["linear", "ntk", "yarn"], "control": True},
-    "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2]},
-    "eval": {"multiples": [1, 2, 4, 8, 16], "max_tokens": 16384, "batch_tokens": 8192, "mode": "nonoverlapping"},
+    "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
+              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu"},
+    "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
+    "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
+                  "curve_multiples": [1, 2, 4, 8]},
+    "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]},
+    "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding"], "max_tokens": None,
+             "batch_tokens": 8192},
+    "passkey": {"multiples": [1, 2, 3, 4], "depths": [0.0, 0.5, 1.0], "trials": 4},
 }
 
-# --quick: the same steps with tiny models, a few dozen training steps and short evaluations.
+# --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
 QUICK = copy.deepcopy(FULL)
-QUICK["model"].update({"n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32})
+QUICK["seeds"] = [1, 2]
+QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32})
 QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
-QUICK["finetune"].update({"batch_size": 2, "max_steps": 10, "warmup_steps": 2})
-QUICK["eval"].update({"multiples": [1, 2, 4], "max_tokens": 1024})
+QUICK["finetune"].update({"warmup_steps": 2})
+QUICK["extension"].update({"methods": ["none", "linear", "yarn"], "curve_steps": [0, 5, 10]})
+QUICK["eval"].update({"max_tokens": 2048})
+QUICK["passkey"].update({"multiples": [2, 4], "depths": [0.5], "trials": 1})
 
-# trainer settings every run of an experiment shares: no periodic evaluation, one checkpoint at the end
+# trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
 RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
                 "sample_tokens": 0, "final_eval_tokens": 0}
 
@@ -70,128 +81,239 @@ class ExperimentError(MinilmError):
 
 # --------------------------------------------------------------------------- plan and configs
 
-def make_plan(quick: bool = False, seed: Optional[int] = None, overrides=()) -> dict:
-    """The nested settings of a run: FULL or QUICK with ``key=value`` overrides applied."""
+def make_plan(quick: bool = False, seeds=None, overrides=()) -> dict:
+    """The nested settings of a study: FULL or QUICK with ``key=value`` overrides applied."""
     plan = copy.deepcopy(QUICK if quick else FULL)
     for assignment in overrides:
         section = assignment.split("=", 1)[0].strip().lstrip("-").split(".")[0]
-        if section not in plan:
-            raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(plan)}")
+        if section not in plan or section == "seeds":
+            valid = [s for s in plan if s != "seeds"]
+            raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} "
+                                  f"(seeds: --seeds)")
     apply_overrides(plan, overrides)
-    if seed is not None:
-        plan["seed"] = seed
+    if seeds is not None:
+        plan["seeds"] = list(seeds)
+    if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
+        raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
+    steps = plan["extension"]["curve_steps"]
+    if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
+        raise ExperimentError(f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, "
+                              f"e.g. [0, 10, 25, 50, 100, 200]")
+    unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
+    if unknown:
+        raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
     return plan
 
 
-def run_config(plan: dict, out_dir: str, position: dict, *, block_size: Optional[int] = None,
+def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
                init_from: Optional[str] = None):
-    """The Config of one run: the plan's model, data and training budget (the fine-tune budget
-    with ``init_from``), this position setting, and the shared trainer settings."""
+    """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
+    with snapshots at the curve steps, with ``init_from``), this position and seed."""
     train_settings = {**RUN_DEFAULTS, **plan["train"]}
     if init_from is not None:
-        train_settings.update(plan["finetune"])
-        train_settings["init_from"] = init_from
+        steps = plan["extension"]["curve_steps"]
+        train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
+                              snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
     tree = {"model": {**plan["model"], "position": position,
                       "block_size": block_size or plan["model"]["block_size"]},
-            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": plan["seed"]}
+            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
     try:
         return resolve_config(build_config(copy.deepcopy(tree)))
     except ConfigError as exc:
         raise ExperimentError(f"experiment settings: {exc}") from None
 
 
-# --------------------------------------------------------------------------- the experiment
+def scaling_override(method: str, factor: float) -> list:
+    """The evaluation-time override that applies extension ``method`` to a rope checkpoint."""
+    return [] if method == "none" else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
 
-class Runner:
-    """Trains and evaluates the runs of one experiment, keeping results and timings.
 
-    ``log(message)`` is told what is being trained (the command line prints it); ``quiet``
-    turns off the trainer's and the evaluation's own progress output."""
+# --------------------------------------------------------------------------- work done in the workers
 
-    def __init__(self, plan: dict, out: str, quiet: bool = False, overwrite: bool = False,
+def train_job(config_tree: dict, overwrite: bool) -> dict:
+    summary = train(build_config(config_tree), quiet=True, overwrite=overwrite)
+    return {k: v for k, v in summary.items() if k != "sample"}
+
+
+def evaluate_job(path: str, lengths: list, mode: str, overrides: list, max_tokens, batch_tokens: int,
+                 device: str) -> list:
+    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=mode, max_tokens=max_tokens,
+                                           overrides=overrides, labels=["-"], batch_tokens=batch_tokens,
+                                           device=device, quiet=True)
+
+
+def passkey_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
+                device: str) -> list:
+    model, tokenizer, _, _ = load_model(path, overrides, device=resolve_device(device))
+    return passkey.accuracy(model, tokenizer, lengths, depths, trials=trials, seed=seed)
+
+
+# --------------------------------------------------------------------------- the study
+
+@dataclasses.dataclass
+class Run:
+    """One trained model of the study (``train`` job ``key``) and what it is for."""
+
+    key: str
+    section: str  # scratch | ablation | extension
+    label: str  # the row of its table (scheme, base, method)
+    seed: int
+    config: object
+
+
+class Study:
+    """Builds the job graph of a plan, runs it, and keeps the results as flat cells.
+
+    ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
+    extension), mode, length, ppl, bpc, nll, tokens, chars, status. ``passkey``: dicts with
+    label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> Run;
+    ``done``: job key -> ``minilm.jobs.Done`` (values and times)."""
+
+    def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False,
                  log: Optional[Callable[[str], None]] = None):
-        self.plan, self.out, self.quiet, self.overwrite, self.log = plan, out, quiet, overwrite, log
+        self.plan, self.out, self.workers, self.overwrite, self.quiet, self.log = plan, out, workers, overwrite, quiet, log
         self.runs_dir = os.path.join(out, "runs")
-        self.configs: dict = {}  # run name -> Config
-        self.summaries: dict = {}  # run name -> trainer summary
-        self.tables: dict = {"scratch": [], "ablation": [], "extension": []}  # table -> [evaluation.Result]
-        self._scored: dict = {}  # (run, overrides, length) -> Result, so no cell is computed twice
-        self.phases: list = []  # (phase, seconds)
+        self.runs: dict = {}
+        self.jobs: list = []
+        self._readers: list = []  # (job key, function turning its value into cells)
+        self.cells: list = []
+        self.passkey: list = []
+        self.done: dict = {}
+        self.scored_tokens: Optional[int] = None
+        self._evaluations: dict = {}  # (checkpoint, overrides, mode) -> key of its evaluation job
 
-    def say(self, message: str) -> None:
-        if self.log is not None:
-            self.log(message)
+    @property
+    def L(self) -> int:
+        return self.plan["model"]["block_size"]
 
-    def train(self, name: str, position: dict, **kw) -> str:
-        config = run_config(self.plan, os.path.join(self.runs_dir, name), position, **kw)
-        self.configs[name] = config
-        self.say(f"training {name}: position {position}, block_size {config.model.block_size}, "
-                 f"{config.train.max_steps} steps" + (f" from {kw['init_from']}" if kw.get("init_from") else ""))
-        self.summaries[name] = train(config, quiet=self.quiet, overwrite=self.overwrite)
-        return config.out_dir
+    def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(), **kw) -> str:
+        config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
+        self.runs[name] = Run(f"train {name}", section, label, seed, config)
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
+        return f"train {name}"
 
-    def evaluate(self, name: str, label: str, multiples, *, overrides=(), table: str) -> None:
-        """Score run ``name`` at ``multiples`` of L (all at the same scored tokens: the longest
-        length of the plan fixes them) and add the cells to ``table`` under ``label``."""
-        e, L = self.plan["eval"], self.plan["model"]["block_size"]
-        lengths = [int(m * L) for m in multiples]
-        todo = [t for t in lengths if (name, tuple(overrides), t) not in self._scored]
-        if todo:
-            longest = int(max(max(e["multiples"]), max(self.plan["ablation"]["multiples"])) * L)
-            budget = e["max_tokens"] // longest * longest  # the same scored tokens for every call
-            for r in evaluation.evaluate_checkpoints(
-                    [os.path.join(self.runs_dir, name)], lengths=todo, mode=e["mode"], max_tokens=budget,
-                    overrides=overrides, labels=[label], batch_tokens=e["batch_tokens"], quiet=self.quiet):
-                self._scored[(name, tuple(overrides), r.length)] = r
-        self.tables[table] += [dataclasses.replace(self._scored[(name, tuple(overrides), t)], label=label)
-                               for t in lengths]
+    def _evaluate(self, after: str, path: str, multiples, mode: str, where: dict, overrides=(), phase="") -> None:
+        """Cells of ``where`` at ``multiples`` of L, from a new evaluation job or from one already
+        planned for the same checkpoint, overrides and protocol at (at least) those lengths."""
+        lengths = [int(m * self.L) for m in multiples]
+        what = (path, tuple(overrides), mode)
+        key = self._evaluations.get(what)
+        planned = next((j for j in self.jobs if j.key == key), None)
+        if planned is None or not set(lengths) <= set(planned.args[1]):
+            key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, mode, ",".join(map(str, lengths))])
+            args = (path, lengths, mode, list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
+                    self.plan["train"]["device"])
+            self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
+            self._evaluations[what] = key
+        self._readers.append((key, lambda results, where=where, lengths=set(lengths): [
+            {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
+             "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results if r.length in lengths]))
 
-    def phase(self, name: str, started: float) -> None:
-        self.phases.append((name, time.time() - started))
+    def _passkey(self, after: str, path: str, overrides, where: dict, seed: int) -> None:
+        p = self.plan["passkey"]
+        key = f"passkey {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
+        lengths = [int(m * self.L) for m in p["multiples"]]
+        self.jobs.append(Job(key, passkey_job, (path, list(overrides), lengths, p["depths"], p["trials"], seed,
+                                                self.plan["train"]["device"]),
+                             (after,), "passkey before and after extension"))
+        self._readers.append((key, lambda rows, where=where: [{**where, **row} for row in rows]))
+
+    def prepare_data(self) -> None:
+        """Prepare the corpus once, here, before the workers start (they would race to do it), and
+        fix ``scored_tokens``: the validation split (or eval.max_tokens) rounded down to a multiple
+        of the longest evaluation length, so every cell of the study scores the same tokens."""
+        config = run_config(self.plan, os.path.join(self.runs_dir, "-"), {"kind": "rope"}, self.plan["seeds"][0])
+        val = data.prepare(config.data, quiet=self.quiet).val
+        e, ext = self.plan["eval"], self.plan["extension"]
+        longest = int(max(max(e["multiples"]), max(ext["curve_multiples"]), max(self.plan["ablation"]["multiples"]))
+                      * self.L)
+        available = len(val) - 1 if e["max_tokens"] is None else min(e["max_tokens"], len(val) - 1)
+        if available < longest:
+            raise ExperimentError(f"the validation split has {available} scorable tokens, fewer than the longest "
+                                  f"evaluation length {longest}: use more text or shorter eval.multiples")
+        self.scored_tokens = available // longest * longest
+
+    def build(self) -> list:
+        """The job graph: training first (rope first, it unblocks the extension), then the rest."""
+        plan, L = self.plan, self.L
+        if self.scored_tokens is None:
+            self.prepare_data()
+        seeds, ext = plan["seeds"], plan["extension"]
+        long = int(ext["factor"] * L)
+        for seed in seeds:
+            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
+        for seed in seeds:
+            for method in ext["methods"]:
+                position = {"kind": "rope", **({"scaling": {"type": method, "factor": ext["factor"]}}
+                                               if method != "none" else {})}
+                self._train(f"rope-{method}-{long}-s{seed}", "extension", method, seed, position,
+                            "fine-tune the extensions", after=[f"train rope-s{seed}"], block_size=long,
+                            init_from=os.path.join(self.runs_dir, f"rope-s{seed}"))
+        for seed in seeds:
+            for kind in KINDS:
+                if kind != "rope":
+                    self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch")
+            for base in plan["ablation"]["bases"]:
+                if base != 10000:
+                    self._train(f"sinusoidal-base{base:g}-s{seed}", "ablation", f"{base:g}", seed,
+                                {"kind": "sinusoidal", "base": float(base)}, "train the base ablation")
+        self._build_evaluations(long)
+        return self.jobs
+
+    def _build_evaluations(self, long: int) -> None:
+        plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
+        for run in [r for r in self.runs.values() if r.section != "extension"]:
+            for mode in modes:
+                self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], mode,
+                               dict(section="scratch", label=run.label, seed=run.seed, step=None),
+                               phase="evaluate from scratch")
+                if run.label == "sinusoidal" or run.section == "ablation":
+                    label = "10000" if run.label == "sinusoidal" else run.label
+                    self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], mode,
+                                   dict(section="ablation", label=label, seed=run.seed, step=None),
+                                   phase="evaluate the base ablation")
+        for run in [r for r in self.runs.values() if r.section == "extension"]:
+            source = os.path.join(self.runs_dir, f"rope-s{run.seed}")
+            start = scaling_override(run.label, ext["factor"])
+            where = dict(section="extension", label=run.label, seed=run.seed)
+            for step in ext["curve_steps"]:
+                path = source if step == 0 else (run.config.out_dir if step == ext["curve_steps"][-1] else
+                                                 os.path.join(run.config.out_dir, "snapshots", f"step-{step}.pt"))
+                for mode in (modes if step == ext["curve_steps"][-1] else modes[:1]):
+                    self._evaluate(run.key, path, ext["curve_multiples"], mode, {**where, "step": step},
+                                   overrides=start if step == 0 else (), phase="evaluate the extension curves")
+            self._passkey(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed)
+            self._passkey(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed)
 
     def run(self) -> None:
-        plan = self.plan
         os.makedirs(self.runs_dir, exist_ok=True)
         with open(os.path.join(self.runs_dir, ".gitignore"), "w") as f:
-            f.write("# checkpoints of minilm.experiments runs: not for git\n*\n")
-        multiples = plan["eval"]["multiples"]
+            f.write("# checkpoints of the study's runs: not for git\n*\n")
+        if not self.jobs:
+            self.build()
+        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, log=self.log)
+        for key, read in self._readers:
+            rows = read(self.done[key].value)
+            (self.passkey if key.startswith("passkey") else self.cells).extend(rows)
 
-        started = time.time()
-        for kind in KINDS:
-            self.train(kind, {"kind": kind})
-        self.phase(f"train {len(KINDS)} schemes from scratch", started)
+    def state(self) -> dict:
+        """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
+        return {"plan": self.plan, "workers": self.workers, "cells": self.cells, "passkey": self.passkey,
+                "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
+                         for name, run in self.runs.items()},
+                "done": {key: dataclasses.asdict(done) for key, done in self.done.items()}}
 
-        started = time.time()
-        for kind in KINDS:
-            self.evaluate(kind, kind, multiples, table="scratch")
-        self.phase("evaluate them at every length", started)
+    @classmethod
+    def from_state(cls, state: dict, out: str) -> "Study":
+        study = cls(state["plan"], out, workers=state["workers"])
+        study.cells, study.passkey = state["cells"], state["passkey"]
+        study.runs = {name: Run(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
+        study.done = {key: Done(**done) for key, done in state["done"].items()}
+        return study
 
-        started = time.time()
-        for base in plan["ablation"]["bases"]:
-            name = "sinusoidal" if base == 10000 else f"sinusoidal-base{base:g}"
-            if name != "sinusoidal":
-                self.train(name, {"kind": "sinusoidal", "base": float(base)})
-            self.evaluate(name, f"base {base:g}", plan["ablation"]["multiples"], table="ablation")
-        self.phase("sinusoidal base ablation", started)
-
-        started = time.time()
-        factor = plan["extension"]["factor"]
-        long = int(factor * plan["model"]["block_size"])
-        source = os.path.join(self.runs_dir, "rope")
-        self.evaluate("rope", "rope, no scaling", multiples, table="extension")
-        for scaling in [*plan["extension"]["scalings"], "dynamic"]:
-            self.evaluate("rope", f"{scaling}, zero-shot", multiples, table="extension",
-                          overrides=[f"model.position.scaling={{type: {scaling}, factor: {factor}}}"])
-        for scaling in plan["extension"]["scalings"]:
-            name = f"rope-{scaling}-{long}"
-            self.train(name, {"kind": "rope", "scaling": {"type": scaling, "factor": factor}},
-                       block_size=long, init_from=source)
-            self.evaluate(name, f"{scaling}, fine-tuned at {long}", multiples, table="extension")
-        if plan["extension"]["control"]:
-            name = f"rope-plain-{long}"
-            self.train(name, {"kind": "rope"}, block_size=long, init_from=source)
-            self.evaluate(name, f"no scaling, fine-tuned at {long}", multiples, table="extension")
-        self.phase(f"rope extension to {long}", started)
+    def summaries(self) -> dict:
+        """Run name -> trainer summary of every finished training job."""
+        return {name: self.done[run.key].value for name, run in self.runs.items() if run.key in self.done}
 
 
 if __name__ == "__main__":

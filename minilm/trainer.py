@@ -191,6 +191,18 @@ class Run:
             "best_val_bpc": self.best_bpc, "val": val,
         }, self.ckpt_path)
 
+    def save_snapshot(self) -> str:
+        """The weights alone (no optimizer: not resumable) at this step, ``snapshots/step-N.pt``,
+        loadable by ``minilm.load_model`` like any checkpoint (``train.snapshot_steps``)."""
+        path = os.path.join(self.config.out_dir, "snapshots", f"step-{self.step}.pt")
+        try:
+            if self.dist.main:
+                checkpoint.save({"model": self.raw.state_dict(), "config": self.config.to_dict(),
+                                 "tokenizer": self.prepared.tokenizer.to_bytes(), "step": self.step}, path)
+        except OSError as exc:
+            raise TrainingError(f"cannot save the snapshot {path!r}: {exc.strerror or exc}") from None
+        return path
+
     def validate(self, batches) -> dict:
         return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist), self.prepared)
 
@@ -384,6 +396,8 @@ def after_step(run: Run, bar, meter: dict, val_set, loss: float, grad_norm, lr: 
         run.log({"event": "eval", "step": step, "tokens": step * run.tokens_per_step, **run.last_val})
         run.say(f"step {step}: val loss {run.last_val['val_loss']:.4f}, ppl {run.last_val['val_ppl']:.2f}, "
                 f"{bpc:.4f} bits/char")
+    if step in t.snapshot_steps:
+        run.save_snapshot()
     stop_now = stop_requested and step < t.max_steps  # a signal during the last step: just finish
     if (step % t.checkpoint_interval == 0 and step < t.max_steps) or stop_now:  # the end saves in finish
         run.save(run.last_val)

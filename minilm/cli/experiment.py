@@ -1,6 +1,6 @@
-"""``python -m minilm experiment length-generalization [--quick] [--out DIR] [--seed N] [key=value ...]``:
-run the whole length-generalization experiment (``minilm.experiments``) and write its report
-(``minilm.report``)."""
+"""``python -m minilm experiment length-generalization [--quick] [--out DIR] [--seeds 1,2,3]
+[--workers N] [key=value ...]``: run the whole length-generalization study
+(``minilm.experiments``) in parallel worker processes and write its report (``minilm.report``)."""
 from __future__ import annotations
 
 import argparse
@@ -25,10 +25,25 @@ def parse_args(argv):
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--quick", action="store_true", help="tiny models and budgets (a smoke test, minutes)")
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
-    parser.add_argument("--seed", type=int, help="seed of every run (default 1337)")
+    parser.add_argument("--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 3 seeds; "
+                                                         "--quick: 2)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="parallel runs, one torch thread each (default: the number of CPUs, %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write report.md again from --out's study.json (e.g. after adding discussion.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier experiment in --out")
     return parser.parse_intermixed_args(argv)
+
+
+def seed_list(text: str) -> list:
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,3") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} repeats a seed")
+    return seeds
 
 
 def main(argv=None) -> int:
@@ -44,17 +59,24 @@ def say(message: str) -> None:
 
 
 def run(args, argv, out: str) -> int:
+    if args.report_only:
+        print(f"wrote {report.rewrite_report(out)}")
+        return 0
     started = time.time()
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     load_start = report.load_average()
     commit = report.git_commit(REPO, exclude=out)  # the code as it is when the run starts
-    plan = experiments.make_plan(args.quick, args.seed, args.overrides)
-    runner = experiments.Runner(plan, out, quiet=args.quiet, overwrite=args.overwrite,
-                                log=None if args.quiet else say)
-    runner.run()
+    if args.workers < 1:
+        raise experiments.ExperimentError(f"--workers {args.workers} is invalid: expected at least 1")
+    plan = experiments.make_plan(args.quick, args.seeds, args.overrides)
+    study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
+    study.build()
+    if not args.quiet:
+        say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
+    study.run()
     threads = os.environ.get("OMP_NUM_THREADS")
     command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m minilm experiment " + " ".join(argv)
-    path = report.write_report(runner, command, time.time() - started, started_at,
+    path = report.write_report(study, command, time.time() - started, started_at,
                                (load_start, report.load_average()), commit)
     print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
     return 0

@@ -1,0 +1,129 @@
+"""Independent jobs (training runs, evaluations) in parallel worker processes.
+
+A study is a graph of jobs: a ``Job`` names the keys of the jobs it needs (``after``); a job
+starts when they are done. ``run_jobs`` keeps ``workers`` processes busy, each limited to
+``threads`` torch threads: on a small CPU, independent one-thread runs side by side use the
+cores better than one run with many threads (small matrices scale poorly across threads).
+Ready jobs start in the order given, so list the ones that unblock others first.
+
+With ``workers=1`` the jobs run in this process, one after another. Workers are started
+with ``spawn`` (a fresh interpreter each: no inherited thread pools or locks). A job's
+function and arguments must be picklable: module-level functions and plain data. A job
+that raises stops the run: the jobs still queued are cancelled, the running ones finish,
+and the first error is raised again here (a ``MinilmError`` keeps its one-line message).
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import multiprocessing
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from tqdm import tqdm
+
+
+@dataclass
+class Job:
+    key: str
+    fn: Callable
+    args: tuple = ()
+    after: tuple = ()  # keys of the jobs that must finish first
+    phase: str = ""  # the report's wall time is given per phase
+
+
+@dataclass
+class Done:
+    """A finished job: its return value and when it ran (seconds since the epoch)."""
+
+    value: Any
+    started: float
+    ended: float
+    phase: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass
+class _Timed:
+    value: Any
+    started: float
+    ended: float = field(default=0.0)
+
+
+def _limit_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _timed(fn: Callable, args: tuple) -> _Timed:
+    started = time.time()
+    value = fn(*args)
+    return _Timed(value, started, time.time())
+
+
+def check_graph(jobs: Sequence[Job]) -> None:
+    """Unique keys, and every ``after`` names an earlier job (so the graph has no cycle)."""
+    seen = set()
+    for job in jobs:
+        if job.key in seen:
+            raise ValueError(f"job {job.key!r} is listed twice")
+        missing = [k for k in job.after if k not in seen]
+        if missing:
+            raise ValueError(f"job {job.key!r} needs {missing}, which are not listed before it")
+        seen.add(job.key)
+
+
+def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: bool = False,
+             log: Optional[Callable[[str], None]] = None) -> dict:
+    """Run every job; returns {key: Done}. ``log(message)`` hears each start."""
+    check_graph(jobs)
+    if workers < 1 or threads < 1:
+        raise ValueError(f"workers={workers} and threads={threads} must be at least 1")
+    done: dict = {}
+    with tqdm(total=len(jobs), desc="jobs", unit="job", file=sys.stderr, disable=quiet) as bar:
+        if workers == 1:
+            previous = torch.get_num_threads()
+            _limit_threads(threads)
+            try:
+                for job in jobs:
+                    if log:
+                        log(f"start {job.key}")
+                    timed = _timed(job.fn, job.args)
+                    done[job.key] = Done(timed.value, timed.started, timed.ended, job.phase)
+                    bar.update(1)
+            finally:
+                torch.set_num_threads(previous)
+            return done
+        _run_parallel(jobs, workers, threads, done, bar, log)
+    return done
+
+
+def _run_parallel(jobs, workers, threads, done, bar, log) -> None:
+    pending = list(jobs)
+    running: dict = {}  # future -> job
+    context = multiprocessing.get_context("spawn")
+    pool = futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_limit_threads, initargs=(threads,))
+    try:
+        while pending or running:
+            for job in [j for j in pending if all(k in done for k in j.after)][:workers - len(running)]:
+                pending.remove(job)
+                if log:
+                    log(f"start {job.key}")
+                running[pool.submit(_timed, job.fn, job.args)] = job
+            if not running:
+                raise ValueError(f"jobs {[j.key for j in pending]} can never start")
+            finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+            for future in finished:
+                job = running.pop(future)
+                timed = future.result()  # a job's exception is raised here
+                done[job.key] = Done(timed.value, timed.started, timed.ended, job.phase)
+                bar.update(1)
+                bar.set_postfix_str(", ".join(j.key for j in running.values())[:60], refresh=False)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)

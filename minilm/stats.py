@@ -1,0 +1,128 @@
+"""Means over seeds with Student-t confidence intervals, and paired verdicts.
+
+A study cell is the mean of n per-seed values x_1..x_n with the interval
+
+    mean +- t_{(1+c)/2, n-1} * s / sqrt(n),   s the sample standard deviation (n - 1),
+
+for confidence c (0.95 by default): the usual small-sample interval (Student 1908), which
+assumes the per-seed values are roughly normal. With one seed there is no interval.
+
+A comparison is *paired*: seed s trains every scheme on the same batches, so the statistic
+is computed per seed (for example the ratio ppl_A / ppl_B of seed s) and the interval is
+taken over those per-seed values. ``verdict`` then says whether the expectation
+"statistic < threshold" (or ">") holds: ``yes`` when the whole interval is on the expected
+side, ``no`` when it is wholly on the other side, ``unresolved`` when it contains the
+threshold (or when there is only one seed).
+
+The t quantile is computed here (no SciPy): the t CDF through the regularized incomplete
+beta function (continued fraction, Numerical Recipes section 6.4), inverted by bisection.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+CONFIDENCE = 0.95
+VERDICTS = ("yes", "no", "unresolved")
+
+
+def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _incomplete_beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _incomplete_beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom: 1 - I_{df/(df+t^2)}(df/2, 1/2) / 2 for t > 0."""
+    tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t value with P(T <= t) = p (0 < p < 1), by bisection on ``t_cdf``."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2.0
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if t_cdf(middle, df) < p else (low, middle)
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of ``n`` values and the half-width of its confidence interval (None for n < 2)."""
+
+    mean: float
+    half_width: Optional[float]
+    n: int
+
+    @property
+    def low(self) -> Optional[float]:
+        return None if self.half_width is None else self.mean - self.half_width
+
+    @property
+    def high(self) -> Optional[float]:
+        return None if self.half_width is None else self.mean + self.half_width
+
+    def format(self, digits: int = 2) -> str:
+        """'43.57 ± 0.52', or the mean alone when there is no interval."""
+        if not math.isfinite(self.mean):
+            return f"{self.mean}"
+        big = abs(self.mean) >= 1e4
+        number = (lambda x: f"{x:.3g}") if big else (lambda x: f"{x:.{digits}f}")
+        return number(self.mean) if self.half_width is None else f"{number(self.mean)} ± {number(self.half_width)}"
+
+
+def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Mean and t-interval of ``values`` (one per seed)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("interval of no values")
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return Interval(mean, None, n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return Interval(mean, t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n), n)
+
+
+def verdict(paired: Sequence[float], expect: str, threshold: float, confidence: float = CONFIDENCE) -> str:
+    """Does "statistic ``expect`` threshold" hold (``expect`` '<' or '>')? ``paired`` holds the
+    statistic per seed. yes / no when the interval is wholly on one side, else unresolved."""
+    if expect not in ("<", ">"):
+        raise ValueError(f"expect={expect!r}: valid: '<', '>'")
+    ci = interval(paired, confidence)
+    if ci.half_width is None:
+        return "unresolved"
+    below, above = ci.high < threshold, ci.low > threshold
+    if below or above:
+        return "yes" if below == (expect == "<") else "no"
+    return "unresolved"
