@@ -144,8 +144,12 @@ def evaluate_job(path: str, lengths: list, mode: str, overrides: list, max_token
 
 def passkey_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
                 device: str) -> list:
+    """Passkey rows; a length too short for a prompt with this tokenizer gets accuracy None."""
     model, tokenizer, _, _ = load_model(path, overrides, device=resolve_device(device))
-    return passkey.accuracy(model, tokenizer, lengths, depths, trials=trials, seed=seed)
+    shortest = passkey.min_length(tokenizer)
+    rows = passkey.accuracy(model, tokenizer, [t for t in lengths if t >= shortest], depths, trials=trials, seed=seed)
+    return rows + [dict(length=t, depth=d, correct=0, trials=trials, accuracy=None)
+                   for t in lengths if t < shortest for d in depths]
 
 
 # --------------------------------------------------------------------------- the study
@@ -264,9 +268,10 @@ class Study:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
         for run in [r for r in self.runs.values() if r.section != "extension"]:
             for mode in modes:
-                self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], mode,
-                               dict(section="scratch", label=run.label, seed=run.seed, step=None),
-                               phase="evaluate from scratch")
+                if run.section == "scratch":
+                    self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], mode,
+                                   dict(section="scratch", label=run.label, seed=run.seed, step=None),
+                                   phase="evaluate from scratch")
                 if run.label == "sinusoidal" or run.section == "ablation":
                     label = "10000" if run.label == "sinusoidal" else run.label
                     self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], mode,

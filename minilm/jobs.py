@@ -10,7 +10,8 @@ With ``workers=1`` the jobs run in this process, one after another. Workers are 
 with ``spawn`` (a fresh interpreter each: no inherited thread pools or locks). A job's
 function and arguments must be picklable: module-level functions and plain data. A job
 that raises stops the run: the jobs still queued are cancelled, the running ones finish,
-and the first error is raised again here (a ``MinilmError`` keeps its one-line message).
+and the first error is raised again here (a ``MinilmError`` keeps its one-line message; a
+worker that dies is a ``JobError``).
 """
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ import concurrent.futures as futures
 import multiprocessing
 import sys
 import time
-from dataclasses import dataclass, field
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tqdm import tqdm
+
+from minilm.common import MinilmError
 
 
 @dataclass
@@ -48,21 +52,18 @@ class Done:
         return self.ended - self.started
 
 
-@dataclass
-class _Timed:
-    value: Any
-    started: float
-    ended: float = field(default=0.0)
+class JobError(MinilmError):
+    """A worker process died (killed, out of memory); the message is one line for the user."""
 
 
 def _limit_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _timed(fn: Callable, args: tuple) -> _Timed:
+def _timed(fn: Callable, args: tuple) -> tuple:
     started = time.time()
     value = fn(*args)
-    return _Timed(value, started, time.time())
+    return value, started, time.time()
 
 
 def check_graph(jobs: Sequence[Job]) -> None:
@@ -92,8 +93,7 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: boo
                 for job in jobs:
                     if log:
                         log(f"start {job.key}")
-                    timed = _timed(job.fn, job.args)
-                    done[job.key] = Done(timed.value, timed.started, timed.ended, job.phase)
+                    done[job.key] = Done(*_timed(job.fn, job.args), job.phase)
                     bar.update(1)
             finally:
                 torch.set_num_threads(previous)
@@ -119,8 +119,12 @@ def _run_parallel(jobs, workers, threads, done, bar, log) -> None:
             finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
             for future in finished:
                 job = running.pop(future)
-                timed = future.result()  # a job's exception is raised here
-                done[job.key] = Done(timed.value, timed.started, timed.ended, job.phase)
+                try:
+                    value, started, ended = future.result()  # a job's exception is raised here
+                except BrokenProcessPool:
+                    raise JobError(f"a worker process died while running {job.key!r} (killed, or out of memory?); "
+                                   f"finished runs are kept") from None
+                done[job.key] = Done(value, started, ended, job.phase)
                 bar.update(1)
                 bar.set_postfix_str(", ".join(j.key for j in running.values())[:60], refresh=False)
     except BaseException:

@@ -1,7 +1,7 @@
-"""The length-generalization experiment (minilm.experiments, minilm.report, python -m minilm experiment):
---quick end to end, the plan, the checks."""
+"""The length-generalization study (minilm.experiments, minilm.report, python -m minilm experiment):
+--quick end to end with 2 seeds, the extension curve's snapshots, the plan, the verdicts."""
 import csv
-import math
+import json
 import os
 import subprocess
 import sys
@@ -9,86 +9,117 @@ import sys
 import pytest
 import yaml
 
-from minilm import evaluation, experiments
+from minilm import evaluation, experiments, report
 from minilm.cli import experiment as experiment_cli
-from minilm.report import checks
 
 
-def test_quick_run_end_to_end(tiny_corpus, tmp_path):
-    out = tmp_path / "lg"
-    code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seed", "7", "--quiet",
-                                f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
-                                f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
+@pytest.fixture(scope="module")
+def quick_study(tiny_corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("study") / "lg"
+    code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seeds", "3,4",
+                                "--workers", "2", "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}",
+                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
     assert code == 0
-    report = (out / "report.md").read_text(encoding="utf-8")
-    L = experiments.QUICK["model"]["block_size"]
-    for heading in ("## 1. Trained at L",
-                    "## 2. Sinusoidal base frequency", f"## 3. Extending rope from {L} to {4 * L}",
-                    "## 4. Against the published ordering", "## Configs", "Git commit at the start: `", "Machine: "):
-        assert heading in report
+    return out
+
+
+def test_quick_study_end_to_end_with_two_seeds(quick_study):
+    out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
+    text = (out / "report.md").read_text(encoding="utf-8")
+    for heading in ("## Protocol", "## 1. Every scheme trained at L", "## 2. Sinusoidal base frequency",
+                    f"## 3. Extending rope from {L} to {4 * L}", "## 4. Expectations from the literature",
+                    "## Wall time", "## Configs", "Git commit at the start: `", "Machine: ", "Seeds: 3, 4"):
+        assert heading in text
     for kind in experiments.KINDS:
-        assert f"\n| {kind} | " in report
-    assert "| learned | " in report and "n/a (bounded)" in report
-    for row in ("linear, zero-shot", "yarn, zero-shot", "ntk, zero-shot", "dynamic, zero-shot",
-                f"linear, fine-tuned at {4 * L}", f"yarn, fine-tuned at {4 * L}", f"no scaling, fine-tuned at {4 * L}"):
-        assert f"| {row} | " in report
-    rows = list(csv.DictReader(open(out / "results.csv")))
-    assert len(rows) == 6 * 3 + 3 * 2 + 9 * 3  # scratch, ablation, extension cells
-    assert len({r["tokens"] for r in rows}) == 1  # every cell scores the same tokens
-    assert {r["status"] for r in rows if r["label"] == "learned" and int(r["length"]) > L} == {"bounded"}
-    runs = sorted(os.listdir(out / "runs"))
-    assert runs == sorted([".gitignore", *experiments.KINDS, "sinusoidal-base1000", "sinusoidal-base100000",
-                           f"rope-linear-{4 * L}", f"rope-ntk-{4 * L}", f"rope-yarn-{4 * L}", f"rope-plain-{4 * L}"])
-    blocks = [b.split("```")[0] for b in report.split("```yaml\n")[1:]]
-    plan, tuned = yaml.safe_load(blocks[0]), yaml.safe_load(blocks[-1])
-    assert plan["seed"] == 7 and plan["train"]["max_steps"] == 20
-    assert tuned["train"]["init_from"].endswith(os.path.join("runs", "rope"))
-    assert tuned["model"]["block_size"] == 4 * L
-    assert tuned["train"]["max_steps"] == experiments.QUICK["finetune"]["max_steps"]
+        assert f"\n| {kind} | " in text
+    assert " ± " in text and "n/a (bounded)" in text
+    cells = list(csv.DictReader(open(out / "results.csv")))
+    scratch = [c for c in cells if c["section"] == "scratch"]
+    modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
+    assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
+    assert {c["seed"] for c in cells} == {"3", "4"}
+    assert len({c["tokens"] for c in cells}) == 1  # every cell scores the same tokens
+    assert {c["status"] for c in scratch if c["label"] == "learned" and int(c["length"]) > L} == {"bounded"}
+    curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
+    steps = plan["extension"]["curve_steps"]
+    assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in plan["extension"]["methods"] for s in steps}
+    verdict_rows = [line for line in text.splitlines() if line.startswith("| ") and " (n=2) | " in line]
+    assert verdict_rows and all(any(v in row for v in ("| yes |", "| no |", "| unresolved |")) for row in verdict_rows)
+    plan_block = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
+    assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 20
+    passkey = list(csv.DictReader(open(out / "passkey.csv")))
+    assert {(r["label"], r["when"]) for r in passkey} == {(m, w) for m in plan["extension"]["methods"]
+                                                        for w in ("before", "after")}
     if evaluation.have_matplotlib():
-        assert "](scratch.png)" in report and os.path.getsize(out / "scratch.png") > 1000
-        assert os.path.getsize(out / "extension.png") > 1000
+        for figure in ("scratch.png", "ablation.png", "extension.png"):
+            assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
 
 
-def test_plan_overrides_and_errors(capsys):
-    plan = experiments.make_plan(True, 3, ["data.corpus=texts/", "finetune.max_steps=5"])
-    assert plan["seed"] == 3 and plan["data"]["corpus"] == "texts/" and plan["finetune"]["max_steps"] == 5
-    assert experiments.FULL["data"]["corpus"] == "shakespeare"  # the defaults are untouched
+def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
+    out, L = quick_study, experiments.QUICK["model"]["block_size"]
+    middle = experiments.QUICK["extension"]["curve_steps"][1]
+    run = out / "runs" / f"rope-linear-{4 * L}-s3"
+    snapshot = run / "snapshots" / f"step-{middle}.pt"
+    assert snapshot.is_file()
+    cells = [c for c in csv.DictReader(open(out / "results.csv")) if c["section"] == "extension"
+             and c["label"] == "linear" and c["seed"] == "3" and c["mode"] == "nonoverlapping"
+             and int(c["length"]) == 4 * L]
+    by_step = {int(c["step"]): float(c["nll"]) for c in cells}
+    tokens = int(cells[0]["tokens"])
+    again = evaluation.evaluate_checkpoints([str(snapshot)], lengths=[4 * L], max_tokens=tokens, quiet=True)[0]
+    assert by_step[middle] == pytest.approx(again.nll, rel=1e-5)  # the cell is the snapshot's, evaluated again
+    assert len(set(by_step.values())) == len(by_step)  # 0, the middle snapshot and the end all differ
+    source = evaluation.evaluate_checkpoints([str(out / "runs" / "rope-s3")], lengths=[4 * L], max_tokens=tokens,
+                                             overrides=["model.position.scaling={type: linear, factor: 4}"],
+                                             quiet=True)[0]
+    assert by_step[0] == pytest.approx(source.nll, rel=1e-5)  # step 0: the source with the scaling applied
+
+
+def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study):
+    out = quick_study
+    (out / "discussion.md").write_text("The numbers of this tiny run mean nothing.\n", encoding="utf-8")
+    state = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    assert state["run"]["command"].startswith("python -m minilm experiment length-generalization --quick")
+    assert experiment_cli.main(["length-generalization", "--out", str(out), "--report-only"]) == 0
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "## 5. Discussion" in text and "mean nothing" in text
+
+
+def test_plan_overrides_and_errors(capsys, tmp_path):
+    plan = experiments.make_plan(True, [5, 6], ["data.corpus=texts/", "finetune.lr=1e-4"])
+    assert plan["seeds"] == [5, 6] and plan["data"]["corpus"] == "texts/" and plan["finetune"]["lr"] == 1e-4
+    assert experiments.FULL["data"]["corpus"] == "shakespeare" and experiments.FULL["seeds"] == [1, 2, 3]
     with pytest.raises(experiments.ExperimentError, match="unknown section 'modle'"):
         experiments.make_plan(False, None, ["modle.d_model=3"])
+    with pytest.raises(experiments.ExperimentError, match="curve_steps"):
+        experiments.make_plan(True, None, ["extension.curve_steps=[10, 5]"])
+    with pytest.raises(experiments.ExperimentError, match="valid: none, linear, ntk, yarn, llama3"):
+        experiments.make_plan(True, None, ["extension.methods=[pi]"])
     assert experiment_cli.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
     assert "error: experiment settings: model.d_model=32 is not divisible by model.n_head=3" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        experiment_cli.main(["length-generalization", "--quick", "--seeds", "1,1"])
+    assert stop.value.code == 2 and "repeats a seed" in capsys.readouterr().err
+    assert experiment_cli.main(["length-generalization", "--out", str(tmp_path), "--report-only"]) == 2
+    assert "study.json" in capsys.readouterr().err
 
 
-def cell(label, length, ppl, table_status="ok"):
-    return evaluation.Result(label=label, checkpoint="c", position=label, train_length=8, length=length,
-                             mode="nonoverlapping", stride=None, tokens=64, chars=200,
-                             nll=None if ppl is None else math.log(ppl), status=table_status)
+def cells(section, label, length, per_seed, step=None, mode="nonoverlapping"):
+    return [dict(section=section, label=label, length=length, mode=mode, step=step, seed=seed, ppl=ppl,
+                 status="ok") for seed, ppl in enumerate(per_seed, 1)]
 
 
-def test_checks_read_the_published_ordering_from_the_numbers():
-    scratch = []
-    curves = {"sinusoidal": [20, 60, 200], "rope": [19, 25, 40], "alibi": [19.5, 19, 18.8], "t5": [19.4, 19, 19],
-              "none": [21, 22, 24], "learned": [19.6, None, None]}
-    for kind, values in curves.items():
-        scratch += [cell(kind, t, v, "ok" if v else "bounded") for t, v in zip((8, 16, 32), values)]
-    extension = [cell("rope, no scaling", 8, 19), cell("rope, no scaling", 32, 40),
-                 cell("linear, fine-tuned at 32", 32, 18), cell("yarn, fine-tuned at 32", 32, 22),
-                 cell("no scaling, fine-tuned at 32", 32, 20)]
-    ablation = [cell("base 1000", 16, 80), cell("base 10000", 16, 60), cell("base 100000", 16, 50)]
-    got = {claim: ok for claim, _, ok in checks(
-        {"scratch": scratch, "extension": extension, "ablation": ablation}, 8, 4)}
-    assert got["past L (16 = 2x), sinusoidal degrades faster than rope"] == "yes"
-    assert got["alibi stays near its L perplexity up to 4x (within 10%)"] == "yes"
-    assert got["at 4x without fine-tuning: alibi (≈ none) < rope < sinusoidal"] == "yes"
-    assert got["learned positions cannot be evaluated past L"] == "yes"
-    assert got["at the training length rope is (slightly) best"] == "yes"
-    assert got["rope + linear fine-tuned recovers at 32 (ppl at 32 <= rope's ppl at L 8)"] == "yes"
-    assert got["rope + yarn fine-tuned recovers at 32 (ppl at 32 <= rope's ppl at L 8)"] == "**no**"
-    assert got["plain rope at 32 without fine-tuning is clearly worse than at L (> 10%)"] == "yes"
-    assert got["after the same fine-tuning steps, rope + linear beats rope without scaling at 32"] == "yes"
-    assert got["after the same fine-tuning steps, rope + yarn beats rope without scaling at 32"] == "**no**"
-    assert got["sinusoidal: a larger base extrapolates better (lower ppl at 2x)"] == "yes"
+def test_verdicts_are_paired_ratios_over_seeds():
+    plan = experiments.make_plan(True, [1, 2, 3], ["eval.modes=[nonoverlapping]"])
+    L = plan["model"]["block_size"]
+    study = (cells("scratch", "rope", L, [40, 50, 45]) + cells("scratch", "rope", 4 * L, [48, 61, 53])
+             + cells("scratch", "sinusoidal", L, [41, 52, 46]) + cells("scratch", "learned", L, [40, 50, 45])
+             + cells("scratch", "alibi", L, [40, 50, 45]) + cells("scratch", "alibi", 4 * L, [41, 60, 44]))
+    rows = {row[0]: row for row in report.verdicts(study, plan)}
+    assert rows["plain rope at 4L worse than at L"][-1] == "yes"  # +20%, +22%, +18%: every seed
+    assert rows["sinusoidal at L within 15% of learned at L"][-1] == "yes"
+    assert rows["alibi at 4L within 10% of its L perplexity"][-1] == "unresolved"  # +2.5%, +20%, -2%
+    assert rows["at 4L, xpos beats rope"][-2:] == ["not run", "n/a"]
 
 
 def test_old_invocation_names_the_new_one():

@@ -93,6 +93,24 @@ def test_tiny_run_writes_checkpoint_metrics_and_summary(tiny_config):
     assert isinstance(summary["sample"], str)
 
 
+def test_snapshots_keep_the_weights_of_chosen_steps(tiny_config):
+    config = tiny_config("train.snapshot_steps=[5, 12]")
+    summary = train(config, quiet=True)
+    snapshots = os.path.join(config.out_dir, "snapshots")
+    assert sorted(os.listdir(snapshots)) == ["step-12.pt", "step-5.pt"]
+    final = load_model(summary["checkpoint"]).model.state_dict()
+    at_end = load_model(os.path.join(snapshots, "step-12.pt"))
+    assert at_end.state["step"] == 12 and "optimizer" not in at_end.state  # weights only
+    assert all(torch.equal(final[k], v) for k, v in at_end.model.state_dict().items())
+    early = load_model(os.path.join(snapshots, "step-5.pt")).model.state_dict()
+    assert not all(torch.equal(final[k], v) for k, v in early.items())
+    for bad in ("[0]", "[13]", "[true]"):
+        with pytest.raises(ConfigError, match=r"train.snapshot_steps=.* is invalid: expected a list of steps between 1"):
+            tiny_config(f"train.snapshot_steps={bad}")
+    with pytest.raises(ConfigError, match="train.snapshot_steps=5 has the wrong type: expected list"):
+        tiny_config("train.snapshot_steps=5")
+
+
 def test_resume_reproduces_the_uninterrupted_losses_exactly(tiny_config, monkeypatch):
     full = train(tiny_config(out="full"), quiet=True)
     reference = [r["loss"] for r in read_metrics(os.path.dirname(full["checkpoint"]))]

@@ -74,8 +74,7 @@ def run(args, argv, out: str) -> int:
     if not args.quiet:
         say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
     study.run()
-    threads = os.environ.get("OMP_NUM_THREADS")
-    command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m minilm experiment " + " ".join(argv)
+    command = "python -m minilm experiment " + " ".join(argv)
     path = report.write_report(study, command, time.time() - started, started_at,
                                (load_start, report.load_average()), commit)
     print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
