@@ -30,7 +30,7 @@ import copy
 import dataclasses
 import os
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 from minilm import data, evaluation, passkey
 from minilm.common import MinilmError, resolve_device
@@ -173,9 +173,8 @@ class Study:
     label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> Run;
     ``done``: job key -> ``minilm.jobs.Done`` (values and times)."""
 
-    def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False,
-                 log: Optional[Callable[[str], None]] = None):
-        self.plan, self.out, self.workers, self.overwrite, self.quiet, self.log = plan, out, workers, overwrite, quiet, log
+    def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False):
+        self.plan, self.out, self.workers, self.overwrite, self.quiet = plan, out, workers, overwrite, quiet
         self.runs_dir = os.path.join(out, "runs")
         self.runs: dict = {}
         self.jobs: list = []
@@ -184,7 +183,7 @@ class Study:
         self.passkey: list = []
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
-        self._evaluations: dict = {}  # (checkpoint, overrides, mode) -> key of its evaluation job
+        self._evaluations: dict = {}  # (checkpoint, overrides, mode) -> (key, lengths) of its evaluation job
 
     @property
     def L(self) -> int:
@@ -201,14 +200,13 @@ class Study:
         planned for the same checkpoint, overrides and protocol at (at least) those lengths."""
         lengths = [int(m * self.L) for m in multiples]
         what = (path, tuple(overrides), mode)
-        key = self._evaluations.get(what)
-        planned = next((j for j in self.jobs if j.key == key), None)
-        if planned is None or not set(lengths) <= set(planned.args[1]):
+        key, planned = self._evaluations.get(what, (None, ()))
+        if not set(lengths) <= set(planned):
             key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, mode, ",".join(map(str, lengths))])
             args = (path, lengths, mode, list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
                     self.plan["train"]["device"])
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
-            self._evaluations[what] = key
+            self._evaluations[what] = (key, lengths)
         self._readers.append((key, lambda results, where=where, lengths=set(lengths): [
             {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
              "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results if r.length in lengths]))
@@ -296,7 +294,7 @@ class Study:
             f.write("# checkpoints of the study's runs: not for git\n*\n")
         if not self.jobs:
             self.build()
-        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, log=self.log)
+        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
         for key, read in self._readers:
             rows = read(self.done[key].value)
             (self.passkey if key.startswith("passkey") else self.cells).extend(rows)

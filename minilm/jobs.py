@@ -21,7 +21,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -78,9 +78,8 @@ def check_graph(jobs: Sequence[Job]) -> None:
         seen.add(job.key)
 
 
-def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: bool = False,
-             log: Optional[Callable[[str], None]] = None) -> dict:
-    """Run every job; returns {key: Done}. ``log(message)`` hears each start."""
+def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: bool = False) -> dict:
+    """Run every job; returns {key: Done}. The progress bar names the jobs running."""
     check_graph(jobs)
     if workers < 1 or threads < 1:
         raise ValueError(f"workers={workers} and threads={threads} must be at least 1")
@@ -91,18 +90,16 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: boo
             _limit_threads(threads)
             try:
                 for job in jobs:
-                    if log:
-                        log(f"start {job.key}")
                     done[job.key] = Done(*_timed(job.fn, job.args), job.phase)
                     bar.update(1)
             finally:
                 torch.set_num_threads(previous)
             return done
-        _run_parallel(jobs, workers, threads, done, bar, log)
+        _run_parallel(jobs, workers, threads, done, bar)
     return done
 
 
-def _run_parallel(jobs, workers, threads, done, bar, log) -> None:
+def _run_parallel(jobs, workers, threads, done, bar) -> None:
     pending = list(jobs)
     running: dict = {}  # future -> job
     context = multiprocessing.get_context("spawn")
@@ -111,8 +108,6 @@ def _run_parallel(jobs, workers, threads, done, bar, log) -> None:
         while pending or running:
             for job in [j for j in pending if all(k in done for k in j.after)][:workers - len(running)]:
                 pending.remove(job)
-                if log:
-                    log(f"start {job.key}")
                 running[pool.submit(_timed, job.fn, job.args)] = job
             if not running:
                 raise ValueError(f"jobs {[j.key for j in pending]} can never start")

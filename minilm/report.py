@@ -259,7 +259,7 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
 def _protocol(study: Study) -> list:
     plan, L = study.plan, study.L
     first = next(iter(study.runs.values())).config
-    t, ft, ext, e = plan["train"], plan["finetune"], plan["extension"], plan["eval"]
+    t, ft, ext = plan["train"], plan["finetune"], plan["extension"]
     long, steps = int(ext["factor"] * L), ext["curve_steps"]
     pre_tokens = t["max_steps"] * t["batch_size"] * L
     ft_tokens = steps[-1] * ft["batch_size"] * long
@@ -361,8 +361,8 @@ def _passkey(study: Study, names: dict) -> list:
         return interval([100 * sum(v) / len(v) for v in by_seed.values()]).format(0) if by_seed else "n/a"
     body = [[names[m], when] + [acc(m, when, t) for t in lengths]
             for m in names for when in ("before", "after")]
-    return [f"Passkey accuracy (%, mean over seeds ± 95% interval), before (step 0, scaling applied zero-shot) "
-            f"and after fine-tuning:", "",
+    return ["Passkey accuracy (%, mean over seeds ± 95% interval), before (step 0, scaling applied zero-shot) "
+            "and after fine-tuning:", "",
             table(["method", "when"] + [f"{t} tokens" for t in lengths], body, "ll" + "r" * len(lengths)), ""]
 
 
