@@ -31,7 +31,8 @@ def main(argv=None) -> int:
     parser = Parser(
         description="Perplexity and bits/char on the validation split at several lengths.",
         epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.")
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or out_dirs holding ckpt.pt")
+    parser.add_argument("checkpoints", nargs="+",
+                        help="checkpoint files, out_dirs holding ckpt.pt, or Hugging Face model directories / hf:NAME")
     parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
                         help="absolute window lengths, e.g. 128,256,512 (default: multiples of each block_size)")
     parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),

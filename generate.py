@@ -21,7 +21,8 @@ def parse_args(argv=None):
     p.add_argument("prompt", nargs="?", default=None,
                    help="the prompt; '-' or no prompt with stdin not a terminal reads stdin; "
                         "empty starts from the BOS token")
-    p.add_argument("--checkpoint", required=True, help="checkpoint file, or an out_dir holding ckpt.pt")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint file, an out_dir holding ckpt.pt, or a Hugging Face model directory / hf:NAME")
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")

@@ -3,14 +3,16 @@
     python -m minilm positions list|plot ...     the position registry: list it, draw a scheme
     python -m minilm passkey eval|make-corpus ...  passkey retrieval
     python -m minilm experiment length-generalization [--quick] ...
+    python -m minilm export CHECKPOINT DIR          a checkpoint as a Hugging Face model directory
 
 Each command lives in ``minilm/cli/``; ``--help`` after a command shows its options.
 """
 import sys
 
-from minilm.cli import experiment, passkey, positions
+from minilm.cli import experiment, export, passkey, positions
 
-COMMANDS = {"positions": positions.main, "passkey": passkey.main, "experiment": experiment.main}
+COMMANDS = {"positions": positions.main, "passkey": passkey.main, "experiment": experiment.main,
+            "export": export.main}
 
 
 def main(argv=None) -> int:

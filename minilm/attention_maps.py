@@ -52,9 +52,10 @@ def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -
             model(ids.to(next(model.parameters()).device))
             call = seen["call"]
             x, pos, scheme = call["x"], call["pos"], call["scheme"]
-            B, T, _ = x.shape
-            q, k, _v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+            T = x.shape[1]
+            q, k, _v = attn.project(x)
             q, k = scheme.rotate(q, k, pos, call["context_len"])
+            k = attn.expand(k)  # grouped-query attention: each key head serves its group of query heads
             rows = slice(T - min(T, last_queries or T), T)
             q, q_pos = q[0, :, rows].float(), pos[rows]
             scores = (q @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)

@@ -57,6 +57,8 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 EMBEDDING_SCALES = ("auto", "sqrt_d_model")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "gelu_tanh", "swiglu")
 
 
 class ConfigError(MinilmError):
@@ -77,6 +79,14 @@ class ModelConfig:
     # token embedding multiplier before positions are added: auto (sqrt(d_model) where the scheme
     # adds a unit-amplitude table, i.e. sinusoidal; else 1), sqrt_d_model, or a number
     embedding_scale: Union[float, str] = "auto"
+    # architecture options (the defaults are the original minilm GPT; see minilm.model)
+    parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX) instead of one after the other
+    tie_embeddings: bool = True  # False: a separate lm_head weight
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # gelu | gelu_tanh (GPT-2's gelu_new) | swiglu
+    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None: n_head
+    qkv_bias: bool = False  # a bias on the q/k/v projection only (Qwen2); ``bias`` puts one everywhere
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -95,6 +105,7 @@ class ModelConfig:
                               f"or a number > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
+        self._check_architecture()
         if not isinstance(self.position, dict) or "kind" not in self.position:
             raise ConfigError(f"model.position={self.position!r} is invalid: expected a mapping with a 'kind'")
         try:
@@ -102,9 +113,30 @@ class ModelConfig:
         except ValueError as exc:
             raise ConfigError(f"model.position: {exc}") from None
 
+    def _check_architecture(self):
+        for name, valid in (("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in valid:
+                raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: valid: {', '.join(valid)}")
+        for name in ("parallel_residual", "tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: expected true or false")
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ConfigError(f"model.norm_eps={eps!r} is invalid: expected a number with 0 < norm_eps < 1")
+        kv = self.n_kv_head
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
+            raise ConfigError(f"model.n_kv_head={kv!r} is invalid: expected a divisor of model.n_head={self.n_head} "
+                              f"({', '.join(str(h) for h in range(1, self.n_head + 1) if self.n_head % h == 0)}) "
+                              f"or null (= n_head)")
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_head``, or ``n_head`` when it is None (no grouping)."""
+        return self.n_kv_head or self.n_head
 
 
 @dataclass

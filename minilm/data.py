@@ -25,7 +25,9 @@ rebuilt. Progress goes to stderr unless ``quiet``.
 
 ``prepare(data_cfg, tokenizer=tok)`` encodes the corpus with a given tokenizer instead of
 training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
-evaluation scores with the checkpoint's). It reuses ``<name>-<vocab_size>/`` when that
+evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
+(``minilm.hf_tokenizer.HFTokenizer``, at most 65,535 tokens to fit the uint16 files); the
+file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It reuses ``<name>-<vocab_size>/`` when that
 holds the same tokenizer, else prepares ``<name>-tok<sha256 prefix>/``, whose manifest
 records the tokenizer's hash.
 
@@ -52,6 +54,7 @@ from tqdm import tqdm
 from minilm import shakespeare
 from minilm import tokenizer as tokenizer_module
 from minilm.common import MinilmError, atomic_write, remove_stale_temporaries, temporary_path
+from minilm.hf_tokenizer import AnyTokenizer, load_tokenizer
 from minilm.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
 from minilm.tokenizer import Tokenizer, TokenizerError
 
@@ -167,7 +170,7 @@ class Prepared:
     """A tokenized corpus: the tokenizer, uint16 token arrays and character counts of both splits."""
 
     dir: Path
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer
     train: np.ndarray  # np.memmap of uint16 token ids
     val: np.ndarray
     train_chars: int
@@ -245,24 +248,38 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
     return manifest
 
 
+_BREAK = re.compile(r"(?<=\S\n)(?=\S)")  # after a newline that has a non-space character on each side
+_BREAK_PROBES = ("a\nb", "Ab.\nCd", "x:\n1", "\u00e9\n\u6771")
+
+
 def _chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
-    """Pieces of about ``size`` characters that end at a newline (the tokenizer never merges across one)."""
+    """Pieces of about ``size`` characters that end at a newline between two non-space characters
+    (minilm's tokenizer never merges across a newline; regex pre-tokenizers such as GPT-2's
+    start a new word there too)."""
     chunks, start = [], 0
     while start < len(text):
-        end = text.find("\n", start + size)
-        end = len(text) if end == -1 else end + 1
+        found = _BREAK.search(text, start + size)
+        end = found.start() if found else len(text)
         chunks.append(text[start:end])
         start = end
     return chunks
 
 
-def encode_text(tokenizer: Tokenizer, text: str, desc: str = "encode", quiet: bool = True,
+def _splits_at_newlines(tokenizer: AnyTokenizer) -> bool:
+    """Whether encoding text in ``_chunks`` gives the same ids as one ``encode``: false for a
+    tokenizer that adds something at the start of every text (a dummy-prefix space)."""
+    return all(tokenizer.encode(probe) == tokenizer.encode(probe[:cut + 1]) + tokenizer.encode(probe[cut + 1:])
+               for probe in _BREAK_PROBES for cut in [probe.index("\n")])
+
+
+def encode_text(tokenizer: AnyTokenizer, text: str, desc: str = "encode", quiet: bool = True,
                 chunk_chars: int = ENCODE_CHUNK_CHARS, batch: int = 16) -> np.ndarray:
-    """Encode a long text in newline-aligned chunks into a uint16 array (same ids as one ``encode``).
+    """Encode a long text in newline-aligned chunks into a uint16 array (same ids as one ``encode``;
+    in one piece for a tokenizer that cannot be split there).
 
     Shows a progress bar on stderr unless ``quiet``.
     """
-    chunks = _chunks(text, chunk_chars)
+    chunks = _chunks(text, chunk_chars) if _splits_at_newlines(tokenizer) else [text]
     parts = []
     with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet,
               file=sys.stderr, leave=False) as bar:
@@ -278,9 +295,14 @@ def _log(message: str, quiet: bool) -> None:
         print(f"[data] {message}", file=sys.stderr, flush=True)
 
 
-def _check_cfg(data_cfg) -> None:
+def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
     if not isinstance(data_cfg.corpus, str) or not data_cfg.corpus:
         raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
+    if tokenizer is not None:  # a given tokenizer: only its ids must fit the uint16 token files
+        if tokenizer.vocab_size > tokenizer_module.MAX_VOCAB_SIZE:
+            raise DataError(f"the tokenizer's vocab_size={tokenizer.vocab_size} is too large: token files are "
+                            f"uint16, so at most {tokenizer_module.MAX_VOCAB_SIZE} tokens")
+        return
     try:
         tokenizer_module.check_vocab_size(data_cfg.vocab_size)
     except TokenizerError as exc:
@@ -294,13 +316,13 @@ def _load(directory: Path, manifest: dict) -> Prepared:
             return np.zeros(0, dtype=np.uint16)
         return np.memmap(path, dtype=np.uint16, mode="r")
 
-    return Prepared(dir=directory, tokenizer=Tokenizer.load(str(directory / "tokenizer.model")),
+    return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
                     train=tokens("train.bin"), val=tokens("val.bin"),
                     train_chars=manifest["train"]["chars"], val_chars=manifest["val"]["chars"],
                     manifest=manifest)
 
 
-def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None) -> Prepared:
+def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None) -> Prepared:
     """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
 
     The first call trains the tokenizer on the train split and writes the token files;
@@ -313,7 +335,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[Tokenizer] = None
     if tokenizer is not None:
         data_cfg = replace(data_cfg, vocab_size=tokenizer.vocab_size)
         tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
-    _check_cfg(data_cfg)
+    _check_cfg(data_cfg, tokenizer)
     directory = prepared_dir(data_cfg)
     fingerprint = source_fingerprint(data_cfg.corpus)
     if tokenizer is not None:  # the standard directory, if it holds this very tokenizer
@@ -368,7 +390,7 @@ def _train_tokenizer(data_cfg, directory: Path, train_text: str, quiet: bool) ->
 
 
 def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document], val_docs: list[Document],
-           quiet: bool, started: float, tokenizer: Optional[Tokenizer] = None) -> dict:
+           quiet: bool, started: float, tokenizer: Optional[AnyTokenizer] = None) -> dict:
     """Train the tokenizer (unless given), encode both splits and write the files, the manifest
     last; returns the manifest."""
     train_text, val_text = join_documents(train_docs), join_documents(val_docs)

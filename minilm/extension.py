@@ -23,13 +23,17 @@ never a partial load.
 from __future__ import annotations
 
 import copy
+import json
 
 import torch
 import torch.nn.functional as F
 
 from minilm.checkpoint import CheckpointError
+from minilm.config import ModelConfig
 
-ARCHITECTURE = ("n_layer", "n_head", "d_model", "d_ff", "bias")  # what an extended model keeps (and vocab_size)
+# what an extended model keeps (and vocab_size)
+ARCHITECTURE = ("n_layer", "n_head", "d_model", "d_ff", "bias", "parallel_residual", "tie_embeddings", "norm",
+                "norm_eps", "mlp", "n_kv_head", "qkv_bias")
 
 
 def base_kind(position: dict) -> str:
@@ -37,6 +41,17 @@ def base_kind(position: dict) -> str:
     if position.get("kind") == "interpolated":
         return base_kind(position.get("inner", {"kind": "rope"}))
     return position.get("kind")
+
+
+def position_overrides(position: dict) -> list:
+    """How the run's position setting applies to the source's: key by key over the source's own
+    (its base, rotary fraction, table size stay unless set), as a whole for ``interpolated``,
+    and not at all when it is the unchanged default. JSON is YAML: one value per override."""
+    if position == ModelConfig().position:
+        return []
+    if position.get("kind") == "interpolated":
+        return [f"model.position={json.dumps(position)}"]
+    return [f"model.position.{key}={json.dumps(value)}" for key, value in position.items()]
 
 
 def _table_rows(position: dict, block_size: int):

@@ -24,26 +24,27 @@ import torch
 from minilm.checkpoint import CheckpointError, load
 from minilm.config import Config, ConfigError, apply_overrides, build_config
 from minilm.extension import base_kind, complete_position, load_source_weights
+from minilm.hf_import import is_hf_source, read_hf
+from minilm.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
 from minilm.model import GPT
 from minilm.positions import canonical
-from minilm.tokenizer import Tokenizer
 
 CHANGEABLE = ("model.position", "model.block_size", "model.dropout", "data.")
 
 
 class Loaded(NamedTuple):
     model: GPT
-    tokenizer: Tokenizer
+    tokenizer: AnyTokenizer  # minilm.tokenizer.Tokenizer or minilm.hf_tokenizer.HFTokenizer
     config: Config
     state: dict  # the checkpoint as read (``state["path"]`` is the file)
 
 
 def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                dtype: Optional[torch.dtype] = None) -> Loaded:
-    """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file or an out_dir),
-    with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
+    """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
+    Hugging Face model directory or ``hf:NAME``: ``minilm.hf_import``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
     given). Raises CheckpointError or ConfigError with one-line messages."""
-    state = load(path)
+    state = read_hf(path) if is_hf_source(path) else load(path)
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
     state["config"]["model"].setdefault("embedding_scale", 1.0)  # checkpoints from before it: unscaled
     trained = state["config"]["model"]
@@ -64,4 +65,4 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
     model = GPT(config.model)
     load_source_weights(model, state)
     model.to(device=device, dtype=dtype).eval()
-    return Loaded(model, Tokenizer.from_bytes(state["tokenizer"]), config, state)
+    return Loaded(model, tokenizer_from_bytes(state["tokenizer"]), config, state)

@@ -1,6 +1,16 @@
 """GPT: token embedding -> n_layer pre-norm blocks (LayerNorm, causal self-attention,
 GELU MLP) -> final LayerNorm -> LM head tied to the token embedding.
 
+That is the default; ``ModelConfig`` options give the variants that other model families use
+(names and weight layouts stay those of the default, so weights map across):
+
+* ``norm: rmsnorm`` (Llama) for every norm, ``norm_eps`` for both kinds;
+* ``mlp: gelu_tanh`` (GPT-2's gelu_new) or ``swiglu`` (Llama: ``fc`` holds gate and up);
+* ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
+* ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
+* ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
+* ``tie_embeddings: false``: an LM head of its own.
+
 The positional encoding is a plug-in from ``minilm.positions`` and acts through three
 hooks: ``embed`` after the token embedding, ``rotate`` on q and k in every layer (before
 the cache write) and ``bias`` on the attention logits. Positions are explicit tensors:
@@ -85,49 +95,106 @@ def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> floa
     return math.sqrt(config.d_model) if scale == "sqrt_d_model" else float(scale)
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"), as Llama has it:
+    weight * (x / sqrt(mean(x^2) + eps)), the mean over the last dimension computed in float32
+    and the result cast back to x's dtype before the weight; no bias, no mean subtracted."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """LayerNorm (with a bias where ``config.bias``) or RMSNorm, over d_model with ``norm_eps``."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
 class CausalSelfAttention(nn.Module):
+    """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
+    "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
+    head_dim wide, and key/value head j serves query heads j*g .. (j+1)*g - 1, g = n_head / n_kv_head.
+    Keys are rotated and cached with n_kv_head heads and repeated g times just before attention."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.n_head, self.head_dim = config.n_head, config.head_dim
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
+
+    def project(self, x):
+        """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model)."""
+        B, T, _ = x.shape
+        q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split((q_width, kv_width, kv_width), dim=-1)
+        return tuple(t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def expand(self, kv):
+        """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
+        groups = self.n_head // self.n_kv_head
+        return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
 
     def forward(self, x, layer: int, pos, scheme: PositionScheme, cache: Optional[KVCache],
                 window: Optional[int], sinks: int, context_len: int):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.project(x)
         q, k = scheme.rotate(q, k, pos, context_len)
         k_pos = pos
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
             window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
-        y = attend(q, k, v, pos, k_pos, scheme, cached=cache is not None, window=window, sinks=sinks,
-                   dropout_p=self.dropout if self.training else 0.0)
+        y = attend(q, self.expand(k), self.expand(v), pos, k_pos, scheme, cached=cache is not None,
+                   window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class MLP(nn.Module):
+    """proj(gelu(fc(x))), with ``mlp: gelu_tanh`` the tanh approximation of GELU (GPT-2's
+    gelu_new); with ``mlp: swiglu`` (Shazeer 2020, "GLU Variants Improve Transformer")
+    proj(silu(gate(x)) * up(x)), where ``fc`` (2 d_ff outputs) holds gate then up."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.kind = config.mlp
+        width = 2 * config.d_ff if self.kind == "swiglu" else config.d_ff
+        self.fc = nn.Linear(config.d_model, width, bias=config.bias)
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        h = self.fc(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            return self.proj(F.silu(gate) * up)
+        return self.proj(F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none"))
 
 
 class Block(nn.Module):
+    """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel_residual``
+    (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x))."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
+        self.parallel = config.parallel_residual
 
     def forward(self, x, layer, pos, scheme, cache, window, sinks, context_len):
-        x = x + self.drop(self.attn(self.ln_1(x), layer, pos, scheme, cache, window, sinks, context_len))
+        attended = self.drop(self.attn(self.ln_1(x), layer, pos, scheme, cache, window, sinks, context_len))
+        if self.parallel:
+            return x + attended + self.drop(self.mlp(self.ln_2(x)))
+        x = x + attended
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 
@@ -140,9 +207,10 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         self.embedding_scale = embedding_multiplier(config, self.positions)
         self._init_weights()
 
@@ -161,15 +229,15 @@ class GPT(nn.Module):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def num_params(self) -> int:
-        """Trainable parameters, the tied LM head counted once."""
+        """Trainable parameters, a tied LM head counted once (with the embedding)."""
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
         tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
-        first ``sinks`` of them kept for good: attention sinks)."""
+        first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads."""
         ref = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, self.config.n_head, self.config.head_dim, capacity,
+        return KVCache(self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
                        rolling=rolling, sinks=sinks, dtype=ref.dtype, device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,

@@ -63,10 +63,10 @@ from tqdm import tqdm
 from minilm import checkpoint
 from minilm.checkpoint import CheckpointError
 from minilm.common import MinilmError, autocast, resolve_device, resolve_dtype
-from minilm.config import Config, resolve_config
+from minilm.config import Config, ModelConfig, resolve_config
 from minilm.data import Prepared, get_batch, prepare
 from minilm.distributed import Dist, init_distributed
-from minilm.extension import ARCHITECTURE
+from minilm.extension import ARCHITECTURE, position_overrides
 from minilm.generation import Sampling, generate_text
 from minilm.interruption import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
                                  truncate_metrics)
@@ -240,14 +240,14 @@ def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
 def source_model(config: Config) -> tuple:
     """``train.init_from``: (config with the source's model settings and vocabulary, Loaded)."""
     path = config.train.init_from
-    position = json.dumps(config.model.position)  # JSON is YAML: the whole setting as one override
-    source = load_model(path, [f"model.position={position}", f"model.block_size={config.model.block_size}",
-                               f"model.dropout={config.model.dropout}"])
-    trained = source.state["config"]["model"]
-    for name in ARCHITECTURE:
-        if trained.get(name) != getattr(config.model, name):
-            raise CheckpointError(f"train.init_from={path!r}: model.{name}={getattr(config.model, name)} but the "
-                                  f"source has {trained.get(name)}; an extended model keeps the source architecture")
+    source = load_model(path, [*position_overrides(config.model.position),
+                               f"model.block_size={config.model.block_size}", f"model.dropout={config.model.dropout}"])
+    trained, defaults = source.config.model, ModelConfig()
+    for name in ARCHITECTURE:  # the source decides; a value set to something else is a mistake
+        asked = getattr(config.model, name)
+        if asked != getattr(trained, name) and asked != getattr(defaults, name):
+            raise CheckpointError(f"train.init_from={path!r}: model.{name}={asked} but the source has "
+                                  f"{getattr(trained, name)}; an extended model keeps the source architecture")
     validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
     config = dataclasses.replace(config, model=source.config.model)
     return resolve_config(config, tokenizer=source.tokenizer), source

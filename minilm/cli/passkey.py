@@ -10,9 +10,9 @@ from minilm import passkey
 from minilm.checkpoint import load
 from minilm.cli import Parser, run_command
 from minilm.data import corpus_documents, join_documents
+from minilm.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.loading import load_model
 from minilm.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
-from minilm.tokenizer import Tokenizer
 
 
 def _make_corpus(args) -> list:
@@ -21,12 +21,12 @@ def _make_corpus(args) -> list:
         if args.mix:
             raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
                                f"not the tokenizer file {args.checkpoint!r}")
-        return write_corpus(args.out_dir, Tokenizer.load(args.checkpoint), args.n, args.length, args.seed)
+        return write_corpus(args.out_dir, load_tokenizer(args.checkpoint), args.n, args.length, args.seed)
     state = load(args.checkpoint)
     text = ""
     if args.mix:
         text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
-    return write_corpus(args.out_dir, Tokenizer.from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
+    return write_corpus(args.out_dir, tokenizer_from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
                         mix_text=text, mix=args.mix)
 
 

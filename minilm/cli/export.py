@@ -1,0 +1,21 @@
+"""``python -m minilm export CHECKPOINT DIR``: write a minilm checkpoint as a Hugging Face
+model directory that ``transformers`` loads with no custom code (``minilm.hf_export``)."""
+from __future__ import annotations
+
+from minilm import hf_export
+from minilm.cli import Parser, run_command
+
+
+def main(argv=None) -> int:
+    parser = Parser(prog="python -m minilm export", description=hf_export.__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a checkpoint file or out_dir (or a Hugging Face directory, re-exported)")
+    parser.add_argument("directory", help="the new directory to write (absent or empty)")
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+def run(args) -> int:
+    done = hf_export.export(args.checkpoint, args.directory)
+    print(f"exported {args.checkpoint} as {done['family']} ({done['params']:,} parameters) to {done['directory']}: "
+          f"config.json, model.safetensors, tokenizer.json")
+    return 0

@@ -1,0 +1,285 @@
+"""The Hugging Face bridge: transformers models imported (GPT-2, GPT-NeoX, the Llama family)
+and minilm models exported (GPT-NeoX, Llama, GPT-2, MPT), with random weights built in
+temporary directories. Logits must agree with transformers to 1e-4 in float32, cached and
+uncached; greedy generation and tokenization must agree. Nothing is downloaded."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, tiny_text
+
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("safetensors")
+
+from minilm import GPT, ModelConfig  # noqa: E402
+from minilm.checkpoint import CheckpointError, save  # noqa: E402
+from minilm.config import Config, DataConfig  # noqa: E402
+from minilm.generation import Sampling, generate_ids  # noqa: E402
+from minilm.hf_export import ExportError, export  # noqa: E402
+from minilm.loading import load_model  # noqa: E402
+
+TOLERANCE = 1e-4
+LENGTH = 40
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE tokenizer (GPT-2 style) of about 300 tokens, saved by transformers."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([tiny_text(300)], trainer)
+    directory = tmp_path_factory.mktemp("hf_tokenizer")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                         eos_token="<|endoftext|>").save_pretrained(directory)
+    return directory
+
+
+def scramble(model, seed=0):
+    """Large random weights (norm gains near 1), so that every weight matters in the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if "norm" in name or "ln_" in name:
+                param.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+            else:
+                param.copy_(noise * (2.0 / max(param.shape[-1], 1) ** 0.5 if param.dim() > 1 else 0.1))
+    return model.eval()
+
+
+def vocab(tokenizer_dir) -> int:
+    return tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab_size()
+
+
+HF_CASES = {
+    "gpt2": lambda v: transformers.GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                              activation_function="gelu_new"),
+    "neox-parallel-untied-partial-padded": lambda v: transformers.GPTNeoXConfig(
+        vocab_size=v + 12, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, use_parallel_residual=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    "neox-sequential-tied-linear": lambda v: transformers.GPTNeoXConfig(
+        vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, use_parallel_residual=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "partial_rotary_factor": 0.25, "factor": 2.0}),
+    "llama-gqa-untied-yarn": lambda v: transformers.LlamaConfig(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 32}),
+    "llama-tied-llama3": lambda v: transformers.LlamaConfig(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "qwen2-qkv-bias-gqa": lambda v: transformers.Qwen2Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False, use_sliding_window=False),
+    "mistral": lambda v: transformers.MistralConfig(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=None, tie_word_embeddings=False),
+}
+
+
+def hf_model_dir(case: str, tokenizer_dir, root, seed=0):
+    """A random-weight transformers model of ``case`` saved with save_pretrained, plus the tokenizer."""
+    config = HF_CASES[case](vocab(tokenizer_dir))
+    torch.manual_seed(seed)
+    model = scramble(transformers.AutoModelForCausalLM.from_config(config).float(), seed)
+    directory = root / case
+    model.save_pretrained(directory)
+    for name in os.listdir(tokenizer_dir):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    return model, directory
+
+
+def tokens(n=LENGTH, vocab_size=290, seed=1):
+    return torch.randint(0, vocab_size, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+def cached_logits(model, ids, prefill):
+    """minilm logits with a KV cache: ``prefill`` tokens at once, then one token at a time."""
+    cache = model.new_cache(ids.shape[0], ids.shape[1])
+    parts = [model(ids[:, :prefill], cache)]
+    parts += [model(ids[:, t:t + 1], cache) for t in range(prefill, ids.shape[1])]
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_imported_model_matches_transformers_cached_and_uncached(case, hf_tokenizer_dir, tmp_path):
+    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    ids = tokens()
+    with torch.no_grad():
+        expected = reference(ids).logits
+        model = load_model(str(directory)).model
+        assert (model(ids) - expected).abs().max() < TOLERANCE
+        assert (cached_logits(model, ids, prefill=25) - expected).abs().max() < TOLERANCE
+
+
+def test_imported_architecture_follows_the_config(hf_tokenizer_dir, tmp_path):
+    _, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
+    loaded = load_model(str(directory))
+    m = loaded.config.model
+    assert (m.norm, m.mlp, m.n_kv_head, m.tie_embeddings, m.parallel_residual) == ("rmsnorm", "swiglu", 2, False, False)
+    assert m.position["scaling"]["type"] == "yarn" and m.position["scaling"]["original_max_positions"] == 32
+    text = "The king hath spoken."
+    reference = transformers.AutoTokenizer.from_pretrained(directory)
+    assert loaded.tokenizer.encode(text) == reference(text, add_special_tokens=False)["input_ids"]
+
+
+def test_a_minilm_scaling_applies_on_top_of_an_import(hf_tokenizer_dir, tmp_path):
+    reference, directory = hf_model_dir("neox-parallel-untied-partial-padded", hf_tokenizer_dir, tmp_path)
+    scaled = load_model(str(directory), ["model.position.scaling={type: yarn, factor: 4}"]).model
+    assert scaled.positions.scaling["type"] == "yarn" and scaled.positions.scaling["original_max_positions"] == 64
+    ids = tokens()
+    with torch.no_grad():
+        assert (scaled(ids) - reference(ids).logits).abs().max() > 1e-3  # the rotation really changed
+        assert (cached_logits(scaled, ids, 10) - scaled(ids)).abs().max() < TOLERANCE
+
+
+def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, monkeypatch):
+    _, directory = hf_model_dir("gpt2", hf_tokenizer_dir, tmp_path)
+    repo = tmp_path / "hub" / "models--someone--tiny-gpt2"
+    shutil.copytree(directory, repo / "snapshots" / "0123abc")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abc")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert load_model("hf:someone/tiny-gpt2").config.model.position["kind"] == "learned"
+    with pytest.raises(CheckpointError, match="never downloads"):
+        load_model("hf:someone/absent")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "bloom"}, "supported: gpt2, gpt_neox, llama"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "beta_fast": 16}}, "beta_fast"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "supported: default, linear"),
+    ({"hidden_act": "relu"}, "supported: silu"),
+    ({"sliding_window": 16, "model_type": "mistral"}, "sliding_window=16"),
+])
+def test_unsupported_architectures_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
+    _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(change)
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message) as info:
+        load_model(str(directory))
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- export
+
+EXPORT_CASES = {  # minilm model settings -> the family transformers loads
+    "rope-neox": (dict(position={"kind": "rope", "rotary_fraction": 0.5}, bias=True), "gpt_neox"),
+    "rope-neox-parallel-untied-ntk": (dict(position={"kind": "rope", "scaling": {"type": "ntk", "factor": 4}},
+                                           parallel_residual=True, tie_embeddings=False, mlp="gelu_tanh"), "gpt_neox"),
+    "rope-llama-gqa-yarn": (dict(position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2,
+                                                                        "original_max_positions": 16}},
+                                 norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False), "llama"),
+    "rope-qwen2": (dict(position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu", qkv_bias=True,
+                        n_kv_head=1), "qwen2"),
+    "learned-gpt2": (dict(position={"kind": "learned"}, bias=True), "gpt2"),
+    "alibi-mpt": (dict(position={"kind": "alibi"}), "mpt"),
+}
+
+
+def minilm_checkpoint(settings: dict, tokenizer, path, seed=0):
+    model_config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, d_model=32, block_size=32,
+                               **settings)
+    torch.manual_seed(seed)
+    model = scramble(GPT(model_config), seed)
+    config = Config(model=model_config, data=DataConfig(vocab_size=tokenizer.vocab_size))
+    save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": tokenizer.to_bytes()}, str(path))
+    return model
+
+
+@pytest.mark.parametrize("case", sorted(EXPORT_CASES))
+def test_exported_model_matches_in_transformers(case, gen_tokenizer, tmp_path):
+    settings, family = EXPORT_CASES[case]
+    model = minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
+    assert export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))["family"] == family
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert reference.config.model_type == family
+    ids = tokens(n=32, vocab_size=gen_tokenizer.vocab_size)
+    with torch.no_grad():
+        assert (reference(ids).logits - model(ids)).abs().max() < TOLERANCE
+        prompt = ids[0, :8].tolist()
+        ours = [int(t) for t in generate_ids(model, prompt, max_new_tokens=16, sampling=Sampling(temperature=0))]
+        reference.generation_config.eos_token_id = None  # minilm's generate_ids runs on past an end token too
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                    pad_token_id=0)[0, 8:].tolist()
+    assert ours == theirs and len(set(ours)) > 1
+
+
+def test_exported_tokenizer_tokenizes_like_minilm(gen_tokenizer, tmp_path):
+    minilm_checkpoint(EXPORT_CASES["rope-neox"][0], gen_tokenizer, tmp_path / "ckpt.pt")
+    export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = tiny_text(60) + "  two  spaces, 1234 digits, café, 東京 and an emoji 🙂\n\n end"
+    assert theirs(text, add_special_tokens=False)["input_ids"] == gen_tokenizer.encode(text)
+    assert theirs.decode(gen_tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(position={"kind": "sinusoidal"}), "no transformers equivalent"),
+    (dict(position={"kind": "t5"}), "no transformers equivalent"),
+    (dict(position={"kind": "alibi"}, bias=True), "MPT"),
+    (dict(position={"kind": "rope"}, norm="rmsnorm"), "GPT-NeoX"),
+    (dict(position={"kind": "learned"}, tie_embeddings=False), "tied head"),
+])
+def test_export_refuses_what_transformers_cannot_hold(settings, message, gen_tokenizer, tmp_path):
+    minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
+    with pytest.raises(ExportError, match=message) as info:
+        export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
+
+
+def test_export_never_writes_into_a_used_directory(gen_tokenizer, tmp_path):
+    minilm_checkpoint(EXPORT_CASES["rope-neox"][0], gen_tokenizer, tmp_path / "ckpt.pt")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not empty"):
+        export(str(tmp_path / "ckpt.pt"), str(tmp_path / "hf"))
+    assert os.listdir(tmp_path / "hf") == ["notes.txt"]
+
+
+# --------------------------------------------------------------------------- the command lines
+
+def cli(*args, cwd):
+    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corpus, tmp_path):
+    _, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
+    data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", f"data.dir={tmp_path / 'data'}"]
+    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), "The king",
+              "--max-new-tokens", "8", "--temperature", "0", cwd=tmp_path)
+    assert out.startswith("The king")
+    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--lengths", "32,128", "--max-tokens", "1024",
+              "--position.scaling.type=yarn", "--position.scaling.factor=4", "--no-files", "--quiet",
+              *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    assert "128" in out
+    cli(os.path.join(REPO, "train.py"), f"train.init_from={directory}", "model.block_size=128",
+        "model.position={kind: rope, scaling: {type: yarn, factor: 2}}", *data, "train.max_steps=3", "train.batch_size=2",
+        "train.warmup_steps=1", "train.eval_interval=3", "train.eval_iters=1", "train.sample_tokens=0",
+        "train.final_eval_tokens=0", "train.dtype=float32", "train.device=cpu", f"out_dir={tmp_path / 'tuned'}",
+        cwd=tmp_path)
+    cli("-m", "minilm", "export", str(tmp_path / "tuned"), str(tmp_path / "tuned-hf"), cwd=tmp_path)
+    tuned = load_model(str(tmp_path / "tuned")).model
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tuned-hf", dtype=torch.float32)
+    assert reference.config.max_position_embeddings == 128
+    ids = tokens(n=100)
+    with torch.no_grad():
+        assert (reference(ids).logits - tuned(ids)).abs().max() < TOLERANCE

@@ -1,0 +1,335 @@
+"""Architecture options of ModelConfig (RMSNorm, SwiGLU / tanh GELU, grouped-query attention,
+q/k/v-only bias, parallel residual, untied LM head): each against a forward pass written out
+here from the weights, GQA against MHA with duplicated k/v heads, cached == uncached, the
+default model unchanged, training, old checkpoints and one-line errors."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minilm import GPT, ModelConfig, checkpoint, generation
+from minilm.attention_maps import attention_weights
+from minilm.checkpoint import CheckpointError
+from minilm.config import ConfigError, build_config
+from minilm.loading import load_model
+from minilm.positions import available
+from minilm.trainer import source_model, train
+
+LLAMA = dict(norm="rmsnorm", mlp="swiglu", tie_embeddings=False, n_kv_head=2)
+NEOX = dict(parallel_residual=True, norm="layernorm", mlp="gelu", bias=True)
+OPTIONS = {
+    "default": {},
+    "llama": LLAMA,
+    "mqa-rms-eps": dict(norm="rmsnorm", norm_eps=0.5, n_kv_head=1),
+    "neox": NEOX,
+    "neox-eps-untied": dict(NEOX, norm_eps=0.5, tie_embeddings=False),
+    "gpt2": dict(mlp="gelu_tanh", bias=True),
+    "qwen2": dict(LLAMA, qkv_bias=True),
+    "parallel-swiglu-gqa": dict(parallel_residual=True, mlp="swiglu", n_kv_head=2, qkv_bias=True),
+}
+NORMS = ("ln_1", "ln_2", "ln_f")
+
+
+def make(position="rope", *, n_head=4, d_model=32, n_layer=2, vocab_size=61, block_size=64, seed=0, **options):
+    """A tiny model with every parameter random (norm weights around 1, biases nonzero), so that
+    no weight or bias of an option can go unused unnoticed."""
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, d_model=d_model,
+                         block_size=block_size, position={"kind": position}, **options)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0, 0.3)
+            if name.split(".")[-2] in NORMS and name.endswith("weight"):
+                param.add_(1.0)
+    return model
+
+
+def tokens(batch=2, length=20, vocab_size=61, seed=1):
+    return torch.randint(0, vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- written-out reference
+
+def norm_ref(x, sd, prefix, c):
+    """LayerNorm (x - mean) / sqrt(var + eps) * w + b, or RMSNorm x / sqrt(mean(x^2) + eps) * w."""
+    w = sd[prefix + ".weight"]
+    if c.norm == "rmsnorm":
+        return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.norm_eps) * w
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + c.norm_eps) * w + sd.get(prefix + ".bias", 0.0)
+
+
+def linear_ref(x, sd, prefix):
+    return x @ sd[prefix + ".weight"].T + sd.get(prefix + ".bias", 0.0)
+
+
+def mlp_ref(h, sd, prefix, c):
+    a = linear_ref(h, sd, prefix + ".fc")
+    if c.mlp == "swiglu":  # Shazeer 2020: silu(gate) * up, gate the first d_ff outputs of fc
+        gate, up = a[..., :c.d_ff], a[..., c.d_ff:]
+        a = gate * torch.sigmoid(gate) * up
+    elif c.mlp == "gelu_tanh":
+        a = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+    else:
+        a = 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
+    return linear_ref(a, sd, prefix + ".proj")
+
+
+def attention_ref(h, sd, prefix, c):
+    """Causal attention without positions, head by head; query head i reads k/v head i // g."""
+    H, D, T = c.n_head, c.head_dim, h.shape[1]
+    kv = c.n_kv_head or H
+    qkv = linear_ref(h, sd, prefix + ".qkv")
+    q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + kv) * D], qkv[..., (H + kv) * D:]
+    assert v.shape[-1] == kv * D
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    heads = []
+    for i in range(H):
+        j = i // (H // kv)
+        qi, kj, vj = q[..., i * D:(i + 1) * D], k[..., j * D:(j + 1) * D], v[..., j * D:(j + 1) * D]
+        scores = (qi @ kj.transpose(-1, -2) / math.sqrt(D)).masked_fill(future, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ vj)
+    return linear_ref(torch.cat(heads, dim=-1), sd, prefix + ".proj")
+
+
+def reference_logits(model, idx):
+    """The whole forward pass in float64 from the state dict (position kind 'none')."""
+    c = model.config
+    sd = {k: v.double() for k, v in model.state_dict().items()}
+    x = sd["wte.weight"][idx]
+    for layer in range(c.n_layer):
+        p = f"blocks.{layer}."
+        attended = attention_ref(norm_ref(x, sd, p + "ln_1", c), sd, p + "attn", c)
+        if c.parallel_residual:  # GPT-NeoX: both branches read the block input
+            x = x + attended + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
+        else:
+            x = x + attended
+            x = x + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
+    return norm_ref(x, sd, "ln_f", c) @ sd["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
+def test_options_match_the_written_out_forward_pass(options):
+    model = make("none", **options)
+    idx = tokens()
+    with torch.no_grad():
+        got = model(idx).double()
+    torch.testing.assert_close(got, reference_logits(model, idx), rtol=1e-4, atol=1e-4)
+
+
+def test_rmsnorm_is_computed_in_float32_and_cast_back():
+    model = make("none", norm="rmsnorm", norm_eps=1e-3)
+    norm = model.blocks[0].ln_1
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(0)).mul(4).to(torch.bfloat16)
+    h = x.float()
+    expected = norm.weight.detach() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-3)).to(torch.bfloat16)
+    with torch.no_grad():
+        got = norm(x)
+    assert torch.equal(got, expected)
+    assert "blocks.0.ln_1.bias" not in model.state_dict()  # RMSNorm has no bias
+
+
+def test_untied_head_is_its_own_parameter_and_counted():
+    tied, untied = make(), make(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.wte.weight
+    assert untied.lm_head.weight is not untied.wte.weight
+    assert untied.num_params() == tied.num_params() + 61 * 32
+    assert sorted(tied.state_dict()) == sorted(untied.state_dict())
+
+
+def test_parameter_names_and_layouts():
+    sd = make(n_kv_head=1, mlp="swiglu", qkv_bias=True, n_layer=1).state_dict()
+    assert sd["blocks.0.attn.qkv.weight"].shape == ((4 + 2 * 1) * 8, 32)  # [q: 4 heads; k: 1; v: 1] x head_dim 8
+    assert sd["blocks.0.attn.qkv.bias"].shape == (48,)
+    assert sd["blocks.0.mlp.fc.weight"].shape == (2 * 128, 32)  # [gate; up]
+    assert sd["blocks.0.mlp.proj.weight"].shape == (32, 128)
+    assert not any(k.endswith("bias") and "qkv" not in k for k in sd)  # qkv_bias puts a bias there only
+
+
+# --------------------------------------------------------------------------- grouped-query attention
+
+def as_multi_head(gqa):
+    """An MHA model with the GQA model's weights, each k/v head duplicated for its query group."""
+    c = gqa.config
+    mha = GPT(ModelConfig(**{**c.__dict__, "n_kv_head": None})).eval()
+    H, kv, D = c.n_head, c.n_kv_head, c.head_dim
+    weights = dict(gqa.state_dict())
+    for name, value in gqa.state_dict().items():
+        if ".attn.qkv." in name:
+            q, k, v = value.split((H * D, kv * D, kv * D))
+            dup = [t.reshape(kv, D, *t.shape[1:]).repeat_interleave(H // kv, dim=0).reshape(H * D, *t.shape[1:])
+                   for t in (k, v)]
+            weights[name] = torch.cat([q, *dup])
+    mha.load_state_dict(weights)
+    return mha
+
+
+@pytest.mark.parametrize("kind", [k for k in available() if k != "interpolated"])
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_gqa_equals_mha_with_duplicated_kv_heads(kind, n_kv_head):
+    gqa = make(kind, n_kv_head=n_kv_head, qkv_bias=True)
+    mha = as_multi_head(gqa)
+    idx = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gqa(idx, window=7, sinks=2), mha(idx, window=7, sinks=2), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+CACHED = {name: OPTIONS[name] for name in ("default", "llama", "mqa-rms-eps", "neox", "qwen2", "parallel-swiglu-gqa")}
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "xpos", "shaw"])
+@pytest.mark.parametrize("options", CACHED.values(), ids=CACHED.keys())
+def test_cached_equals_uncached(position, options):
+    model = make(position, **options)
+    idx = tokens(length=16)
+    cache = model.new_cache(2, 16)
+    kv = options.get("n_kv_head") or 4
+    assert all(t.shape == (2, kv, 16, 8) for t in cache.keys + cache.values)
+    with torch.no_grad():
+        full = model(idx)
+        steps = [model(idx[:, :10], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(10, 16)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_rolling_cache_with_gqa_equals_the_sliding_window(position):
+    model = make(position, **LLAMA)
+    idx = tokens(length=24)
+    cache = model.new_cache(2, 8, rolling=True, sinks=2)
+    with torch.no_grad():
+        full = model(idx, window=8, sinks=2)
+        steps = [model(idx[:, :6], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(6, 24)]
+    assert cache.keys[0].shape[1] == 2
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_memory_estimate_counts_the_kv_heads(monkeypatch):
+    model = make(n_kv_head=1)  # 2 layers x (k, v) x 1 head x head_dim 8 x 4 bytes = 128 bytes per token
+    monkeypatch.setattr(generation, "available_memory", lambda device: 128 * 100)
+    generation.check_cache_memory(model, 1, 100)
+    with pytest.raises(generation.GenerationError, match="KV cache of 101 tokens"):
+        generation.check_cache_memory(model, 1, 101)
+
+
+def test_attention_maps_recompute_gqa_attention():
+    model = make("rope", n_kv_head=2, n_layer=1)
+    ids = tokens(batch=1)[0]
+    capture = attention_weights(model, ids)
+    attn, T = model.blocks[-1].attn, len(ids)
+    with torch.no_grad():
+        v = attn.qkv(capture.x)[0, :, 48:].reshape(T, 2, 8).transpose(0, 1)  # [q: 32; k: 16; v: 16]
+        heads = capture.weights @ v.repeat_interleave(2, dim=0)  # query heads 0, 1 read v head 0; 2, 3 head 1
+        y = attn.proj(heads.transpose(0, 1).reshape(1, T, -1))
+    torch.testing.assert_close(y, capture.output, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the default is unchanged
+
+def test_default_config_has_the_original_parameters():
+    model = GPT(ModelConfig(vocab_size=61, n_layer=1, n_head=4, d_model=32, block_size=16, bias=True))
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes == {
+        "wte.weight": (61, 32), "lm_head.weight": (61, 32), "ln_f.weight": (32,), "ln_f.bias": (32,),
+        "blocks.0.ln_1.weight": (32,), "blocks.0.ln_1.bias": (32,),
+        "blocks.0.attn.qkv.weight": (96, 32), "blocks.0.attn.qkv.bias": (96,),
+        "blocks.0.attn.proj.weight": (32, 32), "blocks.0.attn.proj.bias": (32,),
+        "blocks.0.ln_2.weight": (32,), "blocks.0.ln_2.bias": (32,),
+        "blocks.0.mlp.fc.weight": (128, 32), "blocks.0.mlp.fc.bias": (128,),
+        "blocks.0.mlp.proj.weight": (32, 128), "blocks.0.mlp.proj.bias": (32,)}
+    assert model.lm_head.weight is model.wte.weight
+    assert all(getattr(model.config, k) == v for k, v in dict(
+        parallel_residual=False, tie_embeddings=True, norm="layernorm", norm_eps=1e-5, mlp="gelu", n_kv_head=None,
+        qkv_bias=False).items())
+
+
+def test_a_checkpoint_without_the_new_keys_loads_unchanged(tmp_path, gen_tokenizer):
+    config = build_config({"model": {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16, "block_size": 16},
+                           "out_dir": str(tmp_path)})
+    torch.manual_seed(0)
+    model = GPT(config.model).eval()
+    tree = config.to_dict()
+    for key in ("parallel_residual", "tie_embeddings", "norm", "norm_eps", "mlp", "n_kv_head", "qkv_bias"):
+        del tree["model"][key]
+    path = checkpoint.save({"model": model.state_dict(), "config": tree, "tokenizer": gen_tokenizer.to_bytes()},
+                           str(tmp_path))
+    loaded = load_model(path)
+    assert loaded.config.model == config.model
+    idx = tokens(vocab_size=53)
+    with torch.no_grad():
+        assert torch.equal(loaded.model(idx), model(idx))
+
+
+# --------------------------------------------------------------------------- training and extension
+
+@pytest.mark.parametrize("options", [dict(LLAMA, dropout=0.1), dict(NEOX, dropout=0.1)], ids=["llama", "neox"])
+def test_a_few_training_steps_lower_the_loss_and_reach_every_parameter(options):
+    model = make("rope", **options).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    idx = tokens(batch=4, length=17)
+    losses = []
+    for _ in range(8):
+        logits = model(idx[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_training_run_with_llama_options_saves_and_loads_them(tiny_config):
+    overrides = ["model.norm=rmsnorm", "model.mlp=swiglu", "model.tie_embeddings=false", "model.n_kv_head=1",
+                 "model.qkv_bias=true", "model.norm_eps=1e-6", "train.max_steps=3", "train.sample_tokens=0"]
+    config = tiny_config(*overrides)
+    train(config, quiet=True)
+    loaded = load_model(config.out_dir)
+    assert loaded.config.model == config.model
+    assert loaded.model.blocks[0].attn.qkv.weight.shape == ((2 + 2) * 16, 32)
+    assert loaded.model.lm_head.weight is not loaded.model.wte.weight
+
+
+def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
+    model_tree = {"vocab_size": 53, "n_layer": 1, "n_head": 4, "d_model": 16, "block_size": 16, **LLAMA}
+    config = build_config({"model": model_tree, "out_dir": str(tmp_path)})
+    model = make(vocab_size=53, n_layer=1, n_head=4, d_model=16, block_size=16, **LLAMA)
+    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
+                            "tokenizer": gen_tokenizer.to_bytes()}, str(tmp_path))
+    plain = {"vocab_size": 53, "n_layer": 1, "n_head": 4, "d_model": 16, "block_size": 32}
+    extended, source = source_model(build_config({"model": plain, "train": {"init_from": path}}))
+    assert (extended.model.norm, extended.model.mlp, extended.model.n_kv_head) == ("rmsnorm", "swiglu", 2)
+    assert not extended.model.tie_embeddings and extended.model.block_size == 32
+    idx = tokens(vocab_size=53, length=16)
+    with torch.no_grad():
+        assert torch.allclose(source.model(idx), model(idx), atol=1e-6)
+    with pytest.raises(CheckpointError, match=r"model.mlp=gelu_tanh but the source has swiglu"):
+        source_model(build_config({"model": {**plain, "mlp": "gelu_tanh"}, "train": {"init_from": path}}))
+
+
+# --------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("options, message", [
+    (dict(norm="batchnorm"), "model.norm='batchnorm' is invalid: valid: layernorm, rmsnorm"),
+    (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu"),
+    (dict(n_kv_head=3), "model.n_kv_head=3 is invalid: expected a divisor of model.n_head=4 (1, 2, 4)"),
+    (dict(n_kv_head=0), "model.n_kv_head=0 is invalid: expected a divisor of model.n_head=4"),
+    (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number with 0 < norm_eps < 1"),
+    (dict(parallel_residual="yes"), "model.parallel_residual='yes' is invalid: expected true or false"),
+])
+def test_bad_values_are_one_line_errors(options, message):
+    with pytest.raises(ConfigError) as info:
+        ModelConfig(n_head=4, d_model=32, **options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_values_from_yaml_name_the_key():
+    with pytest.raises(ConfigError, match=r"^model.mlp='relu' is invalid"):
+        build_config({"model": {"mlp": "relu"}})
+    with pytest.raises(ConfigError, match=r"^model.qkv_bias=1 has the wrong type: expected bool"):
+        build_config({"model": {"qkv_bias": 1}})
