@@ -39,12 +39,18 @@ class Loaded(NamedTuple):
     state: dict  # the checkpoint as read (``state["path"]`` is the file)
 
 
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint dict at ``path``: a minilm file or out_dir, or a Hugging Face model
+    directory or ``hf:NAME`` read through ``minilm.hf_import``."""
+    return read_hf(path) if is_hf_source(path) else load(path)
+
+
 def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                dtype: Optional[torch.dtype] = None) -> Loaded:
     """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
     Hugging Face model directory or ``hf:NAME``: ``minilm.hf_import``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
     given). Raises CheckpointError or ConfigError with one-line messages."""
-    state = read_hf(path) if is_hf_source(path) else load(path)
+    state = read_checkpoint(path)
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
     state["config"]["model"].setdefault("embedding_scale", 1.0)  # checkpoints from before it: unscaled
     trained = state["config"]["model"]

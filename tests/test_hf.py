@@ -283,3 +283,19 @@ def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corp
     ids = tokens(n=100)
     with torch.no_grad():
         assert (reference(ids).logits - tuned(ids)).abs().max() < TOLERANCE
+
+
+def test_passkey_and_position_plots_take_an_imported_directory(hf_tokenizer_dir, tmp_path, capsys):
+    from minilm.__main__ import main
+    _, directory = hf_model_dir("neox-parallel-untied-partial-padded", hf_tokenizer_dir, tmp_path)
+    assert main(["passkey", "eval", str(directory), "--lengths", "128", "--depths", "0.5", "--trials", "1"]) == 0
+    assert "128" in capsys.readouterr().out
+    assert main(["passkey", "make-corpus", str(tmp_path / "keys"), "--checkpoint", str(directory), "--n", "3",
+                 "--length", "120"]) == 0
+    assert len(os.listdir(tmp_path / "keys")) >= 1
+    assert main(["passkey", "make-corpus", str(tmp_path / "mixed"), "--checkpoint", str(directory), "--n", "3",
+                 "--length", "120", "--mix", "0.3"]) == 2
+    assert "training text" in capsys.readouterr().err
+    pytest.importorskip("matplotlib")
+    assert main(["positions", "plot", "--checkpoint", str(directory), "--out", str(tmp_path / "rope.png")]) == 0
+    assert (tmp_path / "rope.png").stat().st_size > 1000

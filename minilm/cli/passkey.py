@@ -7,11 +7,11 @@ import sys
 from tqdm import tqdm
 
 from minilm import passkey
-from minilm.checkpoint import load
 from minilm.cli import Parser, run_command
 from minilm.data import corpus_documents, join_documents
+from minilm.hf_import import is_hf_source
 from minilm.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
-from minilm.loading import load_model
+from minilm.loading import load_model, read_checkpoint
 from minilm.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
 
 
@@ -22,7 +22,10 @@ def _make_corpus(args) -> list:
             raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
                                f"not the tokenizer file {args.checkpoint!r}")
         return write_corpus(args.out_dir, load_tokenizer(args.checkpoint), args.n, args.length, args.seed)
-    state = load(args.checkpoint)
+    if args.mix and is_hf_source(args.checkpoint):
+        raise PasskeyError(f"--mix {args.mix} needs a minilm checkpoint (its training corpus is mixed in); the "
+                           f"training text of {args.checkpoint!r} is not known")
+    state = read_checkpoint(args.checkpoint)
     text = ""
     if args.mix:
         text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
