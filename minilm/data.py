@@ -27,9 +27,9 @@ rebuilt. Progress goes to stderr unless ``quiet``.
 training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
 evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
 (``minilm.hf_tokenizer.HFTokenizer``, at most 65,535 tokens to fit the uint16 files); the
-file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It reuses ``<name>-<vocab_size>/`` when that
-holds the same tokenizer, else prepares ``<name>-tok<sha256 prefix>/``, whose manifest
-records the tokenizer's hash.
+file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
+reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares
+``<name>-tok<sha256 prefix>/``, whose manifest records the tokenizer's hash.
 
 Bits per character: ``Prepared.bits_per_char(mean_loss_nats, split)`` =
 mean token loss * tokens / characters / ln 2, with the counts of that split.

@@ -55,8 +55,7 @@ def export(checkpoint: str, directory: str) -> dict:
     model, tokenizer, config, _ = load_model(checkpoint)
     m = config.model
     family, hf_config, tensors = convert(m, {k: v.detach().float().cpu() for k, v in model.state_dict().items()})
-    hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32",
-                     transformers_version="5.0.0")
+    hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".export-", dir=parent)

@@ -229,8 +229,7 @@ class Weights:
     ``done`` refuses tensors that were never used (a mapping that would silently drop weights)."""
 
     def __init__(self, tensors: dict, prefix: str, ignore: tuple = ()):
-        self.tensors = {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
-        self.tensors = {k: v for k, v in self.tensors.items() if not k.endswith(ignore)}
+        self.tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.endswith(ignore)}
         self.used = set()
 
     def take(self, name: str) -> torch.Tensor:

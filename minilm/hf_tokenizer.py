@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover - reported by _require
     tokenizers = None
 
 from minilm.common import atomic_write
-from minilm.tokenizer import Tokenizer, TokenizerError
+from minilm.tokenizer import Tokenizer, TokenizerError, checked_ids
 
 FORMAT = "minilm-hf-tokenizer"
 VERSION = 1
@@ -186,19 +186,11 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """The text for token ids (a list, tuple, numpy array or 1-D tensor of ints); special
         tokens (bos, eos, ...) decode to nothing."""
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise TokenizerError(f"token id {bad[0]} is out of range: valid ids are 0..{self.vocab_size - 1}")
-        return self._tok.decode(ids, skip_special_tokens=True)
+        return self._tok.decode(checked_ids(ids, self.vocab_size), skip_special_tokens=True)
 
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece for one id (for inspection and debugging)."""
-        if not 0 <= token_id < self.vocab_size:
-            raise TokenizerError(f"token id {token_id} is out of range: valid ids are 0..{self.vocab_size - 1}")
-        return self._tok.id_to_token(token_id) or ""
+        return self._tok.id_to_token(checked_ids([token_id], self.vocab_size)[0]) or ""
 
     def __repr__(self) -> str:
         return f"HFTokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"

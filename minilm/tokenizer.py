@@ -108,15 +108,6 @@ class Tokenizer:
             raise TokenizerError(f"not a valid sentencepiece model: {str(exc).strip()[:200]}") from None
         return cls(processor, bytes(model_bytes))
 
-    @classmethod
-    def load(cls, path: str) -> "Tokenizer":
-        """Read a ``tokenizer.model`` file."""
-        try:
-            with open(path, "rb") as f:
-                return cls.from_bytes(f.read())
-        except FileNotFoundError:
-            raise TokenizerError(f"tokenizer model file {path!r} does not exist") from None
-
     def to_bytes(self) -> bytes:
         """The serialized sentencepiece model; ``Tokenizer.from_bytes`` restores it."""
         return self._bytes
@@ -152,22 +143,26 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text for token ids (a list, tuple, numpy array or 1-D tensor of ints)."""
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise TokenizerError(f"token id {bad[0]} is out of range: valid ids are 0..{self.vocab_size - 1}")
-        return self._sp.decode(ids)
+        return self._sp.decode(checked_ids(ids, self.vocab_size))
 
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece for one id (for inspection and debugging)."""
-        if not 0 <= token_id < self.vocab_size:
-            raise TokenizerError(f"token id {token_id} is out of range: valid ids are 0..{self.vocab_size - 1}")
-        return self._sp.id_to_piece(token_id)
+        return self._sp.id_to_piece(checked_ids([token_id], self.vocab_size)[0])
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
+
+
+def checked_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """``ids`` (a list, tuple, numpy array or 1-D tensor of ints) as a list of ints, each in
+    0..vocab_size-1, else a one-line TokenizerError naming the first bad one."""
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise TokenizerError(f"token id {bad[0]} is out of range: valid ids are 0..{vocab_size - 1}")
+    return ids
 
 
 def check_vocab_size(vocab_size) -> None:
