@@ -1,9 +1,18 @@
-"""Training-speed benchmark: forward, backward and AdamW step of the trainer on a fixed shape.
+"""Training-speed benchmark: minilm's training step against a nanoGPT-style reference step.
 
-Default shape: 6 layers, d_model 384, 6 heads, block_size T = 256, batch 16, vocab 4096,
-RoPE. It prints tokens/s, achieved GFLOP/s and their fraction of this machine's measured
-matmul peak in float32 and bfloat16 (square matmuls, 2048^3; 1024^3 where a dtype is
-emulated and slow), with the same optimiser, loss and autocast as ``minilm.trainer``.
+Default shape: 6 layers, d_model 384, 6 heads, block_size T = 256, batch 16, vocab 4096.
+In one run it measures this machine's matmul peak (square matmuls, 2048^3; 1024^3 where a
+dtype is emulated and slow), then for each dtype tokens/s and GFLOP/s of
+
+* ours with learned positions (the like-for-like comparison), and ours with ``--position``
+  (rope by default): forward, loss, backward, clipping and optimiser step exactly as
+  ``minilm.trainer`` does them (``--optimizer muon`` for Muon);
+* the reference (bench/reference_gpt.py): the same shape, learned positions, a standard
+  attention block and nanoGPT's step;
+
+and prints ours / reference. Steps of the three alternate, and the median step time of each
+counts, so a noisy machine slows all of them alike. bfloat16 (autocast) is measured where
+the CPU has native bf16 units or on CUDA, float32 always.
 
 FLOPs per trained token (nanoGPT's estimate, PaLM appendix B):
 
@@ -15,14 +24,16 @@ layer forward, tripled for forward + backward. The attention term counts the ful
 matrix; a causal kernel that skips masked blocks does about half of it, so the figure is
 the conventional one, not an exact count.
 
-    python bench/bench_train.py                      # the default shape, dtype auto
-    python bench/bench_train.py --dtype float32 --steps 5
-    python bench/bench_train.py --compile            # torch.compile (compile time reported)
+    python bench/bench_train.py                      # the default shape, float32 (+ bfloat16 where native)
+    python bench/bench_train.py --dtype float32 --steps 9
+    python bench/bench_train.py --n-layer 4 --d-model 192 --n-head 4 --batch-size 8   # the main job's shape
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import time
 
@@ -32,8 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
 from minilm.config import TrainConfig  # noqa: E402
-from minilm.common import autocast, resolve_device, resolve_dtype  # noqa: E402
-from minilm.trainer import loss_fn, make_optimizer  # noqa: E402
+from minilm.common import autocast, cpu_has_fast_bf16, resolve_device  # noqa: E402
+from minilm.optim import make_optimizer  # noqa: E402
+from minilm.trainer import loss_fn  # noqa: E402
+from reference_gpt import ReferenceGPT, reference_optimizer, reference_step  # noqa: E402
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, min_seconds: float = 2.0) -> tuple[float, int]:
@@ -65,6 +78,51 @@ def flops_per_token(model: GPT) -> int:
     return 6 * model.num_params() + 12 * c.n_layer * c.d_model * c.block_size
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y):
+    """(model, step function) of minilm's training step on this shape and position kind."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
+                         d_model=args.d_model, block_size=args.block_size, position={"kind": position})
+    model = GPT(config).to(device)
+    optimizer = make_optimizer(model, TrainConfig(optimizer=args.optimizer), device)
+
+    def step():
+        with autocast(device, dtype):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model, step
+
+
+def reference(args, device: torch.device, dtype: torch.dtype, x, y):
+    torch.manual_seed(0)
+    model = ReferenceGPT(args.vocab_size, args.n_layer, args.n_head, args.d_model, args.block_size).to(device)
+    optimizer = reference_optimizer(model, device)
+    ctx = contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+    return model, lambda: reference_step(model, optimizer, x, y, ctx)
+
+
+def median_seconds(steps: dict, rounds: int, device: torch.device) -> dict:
+    """Median seconds per step of each named step function, run in alternation after 2 warm-ups."""
+    times = {name: [] for name in steps}
+    for round_ in range(rounds + 2):
+        for name, step in steps.items():
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            if round_ >= 2:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-layer", type=int, default=6)
@@ -73,83 +131,50 @@ def main(argv=None) -> None:
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--vocab-size", type=int, default=4096)
-    parser.add_argument("--position", default="rope", help="position kind (default rope)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--position", default="rope", help="our second position kind (default rope)")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="our optimiser")
+    parser.add_argument("--dtype", default="all", choices=("all", "float32", "bfloat16"),
+                        help="all: float32, and bfloat16 where it is native (default)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (after 2 warm-up steps)")
+    parser.add_argument("--steps", type=int, default=7, help="timed steps of each (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
-                         block_size=args.block_size, position={"kind": args.position})
-    raw = GPT(config).to(device)
-    optimizer = make_optimizer(raw, TrainConfig(), device)
-    compile_s = None
-    model = raw
-    if args.compile:
-        model = torch.compile(raw)
+    native_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+    dtypes = {"all": [torch.float32] + ([torch.bfloat16] if native_bf16 else []),
+              "float32": [torch.float32], "bfloat16": [torch.bfloat16]}[args.dtype]
     B, T = args.batch_size, args.block_size
     x = torch.randint(0, args.vocab_size, (B, T), device=device)
     y = torch.randint(0, args.vocab_size, (B, T), device=device)
-    phases = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    peaks = {d: matmul_peak(d, device) for d in (torch.float32, torch.bfloat16)}
+    print(f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}; matmul peak: " +
+          ", ".join(f"{str(d).replace('torch.', '')} {gflops:.1f} GFLOP/s ({n}^3)" for d, (gflops, n) in peaks.items()))
+    if not native_bf16 and args.dtype == "all":
+        print("bfloat16 is not measured: this CPU has no native bf16 units (emulated; dtype auto trains in float32)")
+    for dtype in dtypes:
+        name = str(dtype).replace("torch.", "")
+        ours_learned, learned_step = our_step(args, "learned", device, dtype, x, y)
+        ours_other, other_step = our_step(args, args.position, device, dtype, x, y)
+        ref, ref_step = reference(args, device, dtype, x, y)
+        seconds = median_seconds({"learned": learned_step, args.position: other_step, "reference": ref_step},
+                                 args.steps, device)
+        print(f"{name}: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, "
+              f"vocab {args.vocab_size}; optimiser {args.optimizer}; median of {args.steps} steps each")
+        rates = {}
+        for label, model, key in ((f"ours, learned", ours_learned, "learned"),
+                                  (f"ours, {args.position}", ours_other, args.position),
+                                  ("nanoGPT-style reference", ours_learned, "reference")):
+            rates[key] = B * T / seconds[key]
+            gflops = flops_per_token(model) * rates[key] / 1e9
+            print(f"  {label:26s} {seconds[key] * 1000:7.0f} ms/step {rates[key]:9,.0f} tokens/s "
+                  f"{gflops:7.1f} GFLOP/s ({gflops / peaks[dtype][0]:.0%} of the {name} peak)")
+        print(f"  ours / reference: {rates['learned'] / rates['reference']:.2f}x (learned), "
+              f"{rates[args.position] / rates['reference']:.2f}x ({args.position})")
+        del ref
 
-    def step(record: bool) -> None:
-        t0 = time.perf_counter()
-        with autocast(device, dtype):
-            loss = loss_fn(model(x), y)
-        sync()
-        t1 = time.perf_counter()
-        loss.backward()
-        sync()
-        t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        t3 = time.perf_counter()
-        if record:
-            phases["forward"] += t1 - t0
-            phases["backward"] += t2 - t1
-            phases["optimizer"] += t3 - t2
-
-    start = time.perf_counter()
-    step(False)
-    if args.compile:
-        compile_s = time.perf_counter() - start
-    step(False)
-    for _ in range(args.steps):
-        step(True)
-    seconds = sum(phases.values()) / args.steps
-    tokens_per_s = B * T / seconds
-    gflops = flops_per_token(raw) * tokens_per_s / 1e9
-
-    print(f"shape: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, vocab "
-          f"{args.vocab_size}, {args.position}; {raw.num_params() / 1e6:.2f}M params; {flops_per_token(raw) / 1e6:.1f} "
-          f"MFLOP/token")
-    print(f"device {device}, autocast {str(dtype).replace('torch.', '')}, {torch.get_num_threads()} threads"
-          f"{f', compiled in {compile_s:.1f}s' if compile_s is not None else ''}")
-    print(f"step {seconds * 1000:.0f} ms (forward {phases['forward'] / args.steps * 1000:.0f}, backward "
-          f"{phases['backward'] / args.steps * 1000:.0f}, clip+optimizer {phases['optimizer'] / args.steps * 1000:.0f})")
-    print(f"throughput: {tokens_per_s:,.0f} tokens/s, {gflops:.1f} GFLOP/s")
-    peaks = {}
-    for peak_dtype in (torch.float32, torch.bfloat16):
-        peaks[peak_dtype], n = matmul_peak(peak_dtype, device)
-        print(f"matmul peak {str(peak_dtype).replace('torch.', '')}: {peaks[peak_dtype]:.1f} GFLOP/s ({n}^3)")
-    print(f"fraction of peak: {gflops / peaks[torch.float32]:.0%} of float32, "
-          f"{gflops / peaks[torch.bfloat16]:.0%} of bfloat16")
-    if peaks[torch.bfloat16] < peaks[torch.float32]:
-        print("note: bfloat16 matmuls are slower than float32 here (no native bf16 units: emulated), so "
-              "dtype auto trains in float32")
 
 if __name__ == "__main__":
     main()

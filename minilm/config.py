@@ -157,6 +157,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
+    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest; minilm.optim)
     grad_clip: float = 1.0
     eval_interval: int = 250
     eval_iters: int = 20
@@ -171,7 +172,8 @@ class TrainConfig:
     snapshot_steps: list = field(default_factory=list)  # also keep the weights at these steps: snapshots/step-N.pt
 
     def __post_init__(self):
-        choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps")}
+        choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps"),
+                   "optimizer": ("adamw", "muon")}
         for name, valid in choices.items():
             value = getattr(self, name)
             if value not in valid and not (name == "device" and str(value).startswith("cuda:")):

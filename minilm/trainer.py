@@ -72,6 +72,7 @@ from minilm.interruption import (StopFlag, check_resumable, rng_state, set_rng_s
                                  truncate_metrics)
 from minilm.loading import Loaded, load_model
 from minilm.model import GPT
+from minilm.optim import Optimizers, lr_at, make_optimizer
 from minilm.outdir import claim, rotate
 from minilm.positions import validate
 from minilm.scoring import eval_batches, heldout_loss, split_batches
@@ -85,27 +86,6 @@ class TrainingError(MinilmError):
 
 
 # --------------------------------------------------------------------------- settings
-
-def lr_at(step: int, t) -> float:
-    """Linear warmup to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    if step >= t.max_steps:
-        return t.min_lr
-    progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
-    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (t.lr - t.min_lr)
-
-
-def make_optimizer(model: GPT, t, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; weight decay on 2-D weight matrices only, never on the position scheme's parameters."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (decay if param.dim() >= 2 and not name.startswith("positions.") else no_decay).append(param)
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type in ("cpu", "cuda"))
-
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
@@ -142,7 +122,7 @@ class Run:
     prepared: Prepared
     raw: GPT  # the model itself (``model`` may be its DDP or compiled wrapper)
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizers
     generator: torch.Generator
     started: float
     step: int = 0

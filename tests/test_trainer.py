@@ -18,7 +18,8 @@ from minilm.config import ConfigError, TrainConfig
 from minilm.model import GPT
 from minilm.common import cpu_has_fast_bf16, resolve_dtype
 from minilm.loading import load_model
-from minilm.trainer import TrainingError, lr_at, make_optimizer, train
+from minilm.optim import lr_at, make_optimizer
+from minilm.trainer import TrainingError, train
 from tests.conftest import REPO, tiny_overrides
 
 
@@ -111,11 +112,12 @@ def test_snapshots_keep_the_weights_of_chosen_steps(tiny_config):
         tiny_config("train.snapshot_steps=5")
 
 
-def test_resume_reproduces_the_uninterrupted_losses_exactly(tiny_config, monkeypatch):
-    full = train(tiny_config(out="full"), quiet=True)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_reproduces_the_uninterrupted_losses_exactly(tiny_config, monkeypatch, optimizer):
+    full = train(tiny_config(f"train.optimizer={optimizer}", out="full"), quiet=True)
     reference = [r["loss"] for r in read_metrics(os.path.dirname(full["checkpoint"]))]
 
-    config = tiny_config(out="cut")
+    config = tiny_config(f"train.optimizer={optimizer}", out="cut")
     handler = signal.getsignal(signal.SIGINT)
 
     def lr_then_interrupt(step, t):  # a real SIGINT during step 5
@@ -141,6 +143,8 @@ def test_resume_errors(tiny_config):
     train(tiny_config("train.max_steps=2"), quiet=True)
     with pytest.raises(ConfigError, match="model.d_model=48"):
         train(tiny_config("model.d_model=48"), resume=True, quiet=True)
+    with pytest.raises(ConfigError, match="train.optimizer='muon' but the checkpoint was trained with 'adamw'"):
+        train(tiny_config("train.optimizer=muon"), resume=True, quiet=True)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypatch):

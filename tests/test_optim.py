@@ -1,0 +1,55 @@
+"""The optimisers: Muon's orthogonalisation and update against hand computations, which
+parameters go where, the schedule's shape, and a bad optimizer name."""
+import math
+
+import pytest
+import torch
+
+from minilm import GPT, ModelConfig
+from minilm.config import ConfigError, TrainConfig
+from minilm.optim import Muon, make_optimizer, orthogonalize
+
+
+@pytest.mark.parametrize("shape", [(16, 48), (48, 16), (3, 24, 24)])
+def test_orthogonalize_keeps_the_singular_vectors_and_brings_singular_values_near_one(shape):
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = orthogonalize(g)
+    u, s, vh = torch.linalg.svd(g, full_matrices=False)
+    inner = u.mT @ out @ vh.mT  # diagonal when out = U S' V^T
+    diagonal = torch.diagonal(inner, dim1=-2, dim2=-1)
+    off = inner - torch.diag_embed(diagonal)
+    assert off.abs().max() < 1e-6
+    # the quintic iteration (5 steps) leaves every singular value in roughly (0.5, 1.5), not at 1
+    assert diagonal.min() > 0.5 and diagonal.max() < 1.5
+
+
+def test_muon_first_step_by_hand():
+    torch.manual_seed(0)
+    weight = torch.randn(6, 10)
+    grad = torch.randn(6, 10)
+    param = torch.nn.Parameter(weight.clone())
+    param.grad = grad.clone()
+    lr, wd, mu = 0.01, 0.1, 0.95
+    Muon([param], lr=lr, weight_decay=wd, momentum=mu).step()
+    # buffer = g, Nesterov update = g + mu g; scale 0.2 sqrt(max(6, 10))
+    expected = weight * (1 - lr * wd) - lr * 0.2 * math.sqrt(10) * orthogonalize(grad + mu * grad)
+    assert torch.allclose(param.detach(), expected, atol=1e-6)
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = GPT(ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, block_size=8, bias=True,
+                            position={"kind": "learned"}))
+    opt = make_optimizer(model, TrainConfig(optimizer="muon"), torch.device("cpu"))
+    muon, adamw = opt.parts
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    assert in_muon == {f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert {"wte.weight", "positions.table.weight", "ln_f.weight", "blocks.0.attn.qkv.bias"} <= in_adamw
+    assert not in_muon & in_adamw
+
+
+def test_a_bad_optimizer_name_is_one_line():
+    with pytest.raises(ConfigError, match="train.optimizer='sgd' is invalid: valid: adamw, muon"):
+        TrainConfig(optimizer="sgd")
