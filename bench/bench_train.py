@@ -45,7 +45,7 @@ from minilm import GPT, ModelConfig  # noqa: E402
 from minilm.config import TrainConfig  # noqa: E402
 from minilm.common import autocast, cpu_has_fast_bf16, resolve_device  # noqa: E402
 from minilm.optim import make_optimizer  # noqa: E402
-from minilm.trainer import loss_fn  # noqa: E402
+from minilm.losses import lm_loss  # noqa: E402
 from reference_gpt import ReferenceGPT, reference_optimizer, reference_step  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y
 
     def step():
         with autocast(device, dtype):
-            loss = loss_fn(model(x), y)
+            loss = lm_loss(model(x, return_hidden=True), model.lm_head.weight, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -56,7 +56,6 @@ from typing import Optional
 
 import torch
 import torch.distributed
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -71,6 +70,7 @@ from minilm.generation import Sampling, generate_text
 from minilm.interruption import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
                                  truncate_metrics)
 from minilm.loading import Loaded, load_model
+from minilm.losses import lm_loss
 from minilm.model import GPT
 from minilm.optim import Optimizers, lr_at, make_optimizer
 from minilm.outdir import claim, rotate
@@ -86,10 +86,6 @@ class TrainingError(MinilmError):
 
 
 # --------------------------------------------------------------------------- settings
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
-
 
 # --------------------------------------------------------------------------- evaluation
 
@@ -332,7 +328,7 @@ def train_step(run: Run, stop: StopFlag) -> tuple:
         sync = contextlib.nullcontext() if (not dist.enabled or micro == A - 1) else run.model.no_sync()
         with sync:
             with autocast(device, run.dtype):
-                loss = loss_fn(run.model(x), y) / A
+                loss = lm_loss(run.model(x, return_hidden=True), run.raw.lm_head.weight, y) / A
             loss.backward()
         loss_sum += loss.detach().double().cpu()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip) if t.grad_clip > 0 else None

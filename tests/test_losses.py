@@ -1,0 +1,42 @@
+"""The fused LM-head cross-entropy against the unfused one: value and both gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minilm import losses
+from minilm.losses import lm_loss
+
+
+def unfused(hidden, weight, targets):
+    logits = hidden @ weight.t()
+    return F.cross_entropy(logits.reshape(-1, weight.shape[0]), targets.reshape(-1))  # float32 under autocast
+
+
+@pytest.mark.parametrize("rows", [7, 2 * losses.CHUNK_ROWS + 5])  # one chunk, and three with a short last one
+def test_value_and_gradients_equal_the_unfused_loss(rows):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, rows, 24, generator=g, dtype=torch.float64)
+    weight = torch.randn(50, 24, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 50, (1, rows), generator=g)
+    results = []
+    for fn in (unfused, lm_loss):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = fn(h, w, targets)
+        (3.0 * loss).backward()  # a non-unit upstream gradient
+        results.append((loss.detach(), h.grad, w.grad))
+    for ours, reference in zip(results[1], results[0]):
+        assert torch.allclose(ours, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_under_bfloat16_autocast_it_matches_the_unfused_loss_closely():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2, 16, 32, generator=g).requires_grad_()
+    weight = torch.randn(64, 32, generator=g).requires_grad_()
+    targets = torch.randint(0, 64, (2, 16), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = lm_loss(hidden, weight, targets)
+        reference = unfused(hidden, weight, targets)
+    assert fused.dtype == torch.float32
+    assert torch.allclose(fused, reference, rtol=1e-3, atol=1e-3)
+    fused.backward()
+    assert hidden.grad.dtype == hidden.dtype and weight.grad.dtype == weight.dtype
