@@ -158,6 +158,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest; minilm.optim)
+    muon_lr_scale: float = 1.0  # with optimizer muon: Muon's learning rate is this times the schedule's
     grad_clip: float = 1.0
     eval_interval: int = 250
     eval_iters: int = 20
@@ -195,6 +196,8 @@ class TrainConfig:
                 any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
             raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
                               f"between 1 and train.max_steps={self.max_steps}")
+        if not self.muon_lr_scale > 0:
+            raise ConfigError(f"train.muon_lr_scale={self.muon_lr_scale} is invalid: expected a number > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 

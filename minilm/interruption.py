@@ -74,7 +74,7 @@ def check_resumable(config: Config, state: dict) -> None:
 
 
 TRAJECTORY = ("batch_size", "grad_accum", "max_steps", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1",
-              "beta2", "optimizer", "grad_clip", "dtype")  # train settings that change what the remaining steps compute
+              "beta2", "optimizer", "muon_lr_scale", "grad_clip", "dtype")  # train settings that change what the remaining steps compute
 
 
 def trajectory_changes(config: Config, state: dict) -> list:

@@ -317,8 +317,7 @@ def train_step(run: Run, stop: StopFlag) -> tuple:
     t, dist, device = run.config.train, run.dist, run.device
     B, T, A = t.batch_size, run.config.model.block_size, t.grad_accum
     lr = lr_at(run.step, t)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
+    run.optimizer.set_lr(lr)
     x_all, y_all = get_batch(run.prepared.train, B * A * dist.world, T, run.generator)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for micro in range(A):

@@ -36,6 +36,28 @@ def test_muon_first_step_by_hand():
     assert torch.allclose(param.detach(), expected, atol=1e-6)
 
 
+def test_muon_batches_tall_and_wide_matrices_each_by_its_own_orthogonalisation():
+    torch.manual_seed(1)
+    wide, tall = torch.nn.Parameter(torch.randn(6, 10)), torch.nn.Parameter(torch.randn(10, 6))
+    grads = [torch.randn(6, 10), torch.randn(10, 6)]
+    before = [wide.detach().clone(), tall.detach().clone()]
+    for param, grad in zip((wide, tall), grads):
+        param.grad = grad.clone()
+    Muon([wide, tall], lr=0.01, momentum=0.0, nesterov=False).step()
+    for param, start, grad in zip((wide, tall), before, grads):
+        assert torch.allclose(param.detach(), start - 0.01 * 0.2 * math.sqrt(10) * orthogonalize(grad), atol=1e-6)
+
+
+def test_muon_lr_scale_multiplies_the_schedules_rate_for_muon_only():
+    model = GPT(ModelConfig(vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8))
+    opt = make_optimizer(model, TrainConfig(optimizer="muon", muon_lr_scale=3.0), torch.device("cpu"))
+    opt.set_lr(0.002)
+    muon, adamw = opt.parts
+    assert {g["lr"] for g in muon.param_groups} == {0.006} and {g["lr"] for g in adamw.param_groups} == {0.002}
+    with pytest.raises(ConfigError, match="train.muon_lr_scale=0 is invalid: expected a number > 0"):
+        TrainConfig(muon_lr_scale=0)
+
+
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     model = GPT(ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, block_size=8, bias=True,
                             position={"kind": "learned"}))
