@@ -1,5 +1,6 @@
-"""Decode speed of KV-cached generation: ours with the cache, ours without (--no-cache), and
-Hugging Face transformers' ``generate`` on a LlamaForCausalLM of the same shape, side by side.
+"""Decode speed of KV-cached generation against the weights-only floor: ours with the cache,
+ours with the compiled step (``--compile``), ours without a cache (--no-cache), and Hugging
+Face transformers' ``generate`` on a LlamaForCausalLM of the same shape, in one run.
 
     python bench/bench_generate.py                      # 6 layers x 384 x 6 heads, vocab 4096
     python bench/bench_generate.py --threads 1 --repeats 5
@@ -10,7 +11,8 @@ of ``--new`` tokens after a ``--prompt``-token prompt, all forced (HF: min_new_t
 Decode tokens/s = (new tokens - 1) / time from the first new token to the last one (the
 first comes out of the prefill), measured through the public API (``generate_ids``; for
 HF a streamer timestamps the first token), by the wall clock and per CPU-second of this
-process. Best of ``--repeats`` runs, ours and HF interleaved.
+process. Best of ``--repeats`` runs. HF runs last: its generate, run between ours, was seen
+to slow the runs of both on a 2-core CPU.
 The HF model is LLaMA-style (RMSNorm, SwiGLU MLP with intermediate size 8/3 * d_model so
 it has the same parameter count as our 4 * d_model GELU MLP, untied heads off: tied like
 ours, SDPA attention). transformers is optional (``pip install -e ".[bench]"``).
@@ -43,10 +45,10 @@ class Rate(tuple):
         return super().__new__(cls, (tokens / wall_seconds, tokens / max(cpu_seconds, 1e-9)))
 
 
-def ours(model, prompt, new, *, use_cache=True, max_context=None) -> Rate:
+def ours(model, prompt, new, *, use_cache=True, max_context=None, compile=False) -> Rate:
     """Decode rate of ``generate_ids``: from the first new token to the last."""
     for step, _ in enumerate(generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
-                                          max_context=max_context)):
+                                          max_context=max_context, compile=compile)):
         if step == 0:
             wall, cpu = time.perf_counter(), time.process_time()
     return Rate(new - 1, time.perf_counter() - wall, time.process_time() - cpu)
@@ -130,6 +132,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--growth", default="1,4,16", help="cache lengths as multiples of prompt + new")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled step (ours, --compile)")
     p.add_argument("--no-uncached", action="store_true", help="skip the slow --no-cache measurement")
     args = p.parse_args(argv)
     if args.threads:
@@ -147,40 +150,48 @@ def main(argv=None):
           f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"batch 1, greedy, {args.new} new tokens after a {args.prompt}-token prompt; best of {args.repeats}")
 
-    hf = None
-    if not args.no_hf:
-        hf = hf_model(args)
-        if hf is None:
-            print("transformers is not installed: skipping the HF comparison (pip install -e \".[bench]\")")
+    floor = [weights_floor(model, args.new) for _ in range(args.repeats)]
+    show("matmuls alone (floor):", floor, "   (weights read once per token)")
+    floor_wall = best(floor)[0]
     ours(model, prompt, 8, max_context=total)  # warm-up
-    if hf is not None:
-        hf_decode_rate(hf, prompt, 8)
-    cached, reference = [], []
-    for _ in range(args.repeats):
-        cached.append(ours(model, prompt, args.new, max_context=total))
-        if hf is not None:
-            reference.append(hf_decode_rate(hf, prompt, args.new))
+    cached = [ours(model, prompt, args.new, max_context=total) for _ in range(args.repeats)]
     ours_wall, ours_cpu = best(cached)
-    show("matmuls alone (floor):", [weights_floor(model, args.new) for _ in range(args.repeats)],
-         "   (weights read once per token)")
-    show("ours, KV cache:", cached)
+    show("ours, KV cache:", cached, f"   -> {ours_wall / floor_wall:.0%} of the floor")
+    if not args.no_compile:
+        start = time.perf_counter()
+        ours(model, prompt, 8, max_context=total, compile=True)  # compiles
+        note = f"   -> {{:.0%}} of the floor (compiled in {time.perf_counter() - start:.0f} s)"
+        compiled = [ours(model, prompt, args.new, max_context=total, compile=True) for _ in range(args.repeats)]
+        show("ours, --compile:", compiled, note.format(best(compiled)[0] / floor_wall))
     if not args.no_uncached:
         uncached = [ours(model, prompt, args.new, use_cache=False, max_context=total)]
         wall, cpu = best(uncached)
         show("ours, --no-cache:", uncached, f"   -> the cache is {ours_wall / wall:.1f}x faster "
                                             f"({ours_cpu / cpu:.1f}x per CPU-second)")
-    if reference:
+    hf = None if args.no_hf else hf_model(args)
+    if hf is None and not args.no_hf:
+        print("transformers is not installed: skipping the HF comparison (pip install -e \".[bench]\")")
+    if hf is not None:
+        hf_decode_rate(hf, prompt, 8)  # warm-up
+        reference = [hf_decode_rate(hf, prompt, args.new) for _ in range(args.repeats)]
         wall, cpu = best(reference)
         show("HF LlamaForCausalLM:", reference, f"   -> ours is {ours_wall / wall:.1f}x faster "
-                                               f"({ours_cpu / cpu:.1f}x per CPU-second)")
+                                               f"({ours_cpu / cpu:.1f}x per CPU-second), {wall / floor_wall:.0%} "
+                                               f"of the floor")
 
     print(f"decode tokens/s as the cache grows ({args.new} new tokens, cache ending at the length shown):")
     for m in multiples:
         length = total * m
         long_prompt = torch.randint(0, args.vocab, (length - args.new,),
                                     generator=torch.Generator().manual_seed(m)).tolist()
-        wall, cpu = best([ours(model, long_prompt, args.new, max_context=length) for _ in range(args.repeats)])
-        print(f"  {m:3d}x  cache length {length:6d}: {wall:8.1f} tokens/s  ({cpu:7.1f} per CPU-second)")
+        line = f"  {m:3d}x  cache length {length:6d}:"
+        for compile in (False, True)[:1 if args.no_compile else 2]:
+            if compile:  # a new cache size is a new compiled step: compile it before timing
+                ours(model, long_prompt, 2, max_context=length, compile=True)
+            wall, cpu = best([ours(model, long_prompt, args.new, max_context=length, compile=compile)
+                              for _ in range(args.repeats)])
+            line += f"  {'compiled' if compile else 'eager'} {wall:7.1f} tokens/s ({cpu:6.1f} per CPU-second)"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,20 @@ With ``sinks`` = N > 0 (attention sinks, Xiao et al. 2023, "Efficient Streaming 
 Models with Attention Sinks") the first N slots keep positions 0..N-1 for good and the ring
 is the other capacity - N slots (slot = N + (position - N) mod (capacity - N)): every query
 sees the first N tokens and the last capacity - N.
+
+A ``static`` cache always hands attention all ``capacity`` slots, the empty ones at position
+``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
+same shapes, which is what a compiled step needs (``minilm.compiled``, as in gpt-fast).
 """
 from __future__ import annotations
 
 import torch
 
+EMPTY = float(2 ** 24)  # the position of an empty slot of a static cache: later than any query
 
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
-                 rolling: bool = False, sinks: int = 0, dtype=torch.float32, device=None):
+                 rolling: bool = False, sinks: int = 0, static: bool = False, dtype=torch.float32, device=None):
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
@@ -29,8 +34,9 @@ class KVCache:
         shape = (batch_size, n_head, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.slot_pos = torch.full((capacity,), -1.0, dtype=torch.float32, device=device)
+        self.slot_pos = torch.full((capacity,), EMPTY if static else -1.0, dtype=torch.float32, device=device)
         self.capacity, self.rolling, self.batch_size, self.sinks = capacity, rolling, batch_size, sinks
+        self.static = static
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # (slots, T) of the forward pass in progress
 
@@ -56,6 +62,10 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this layer's new keys/values; return all held keys, values and their positions."""
         slots = self._pending
+        if self.static:  # every slot, the empty ones included; tensors only, nothing for a compiler to guard on
+            self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
+            self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
+            return self.keys[layer], self.values[layer], self.slot_pos
         n = min(self.length + len(slots), self.capacity)
         if len(slots) == 1 and slots.device.type == "cpu":  # decode step: a plain slice write is cheapest
             i = int(slots[0])

@@ -31,6 +31,7 @@ the whole sequence so far, ``model(idx, window=max_context)`` for the rolling sc
 the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
 dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
 fixed for a whole generation (docs/design.md, "Dynamic scaling and the cache").
+``compile=True`` decodes with a static cache and a compiled step (``minilm.compiled``).
 
 Text: a stop string ends a sample and is not part of its text (the text ends just before
 it); the token that completed it is the sample's last token. Pieces are only handed out
@@ -49,6 +50,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 import torch
 
 from minilm.common import MinilmError, available_memory, peak_memory
+from minilm.compiled import compiled_body
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
 
@@ -170,8 +172,10 @@ class Decoder:
     """
 
     def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
-                 total: Optional[int] = None, sinks: int = 0):
+                 total: Optional[int] = None, sinks: int = 0, compile: bool = False):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
+        if compile and not use_cache:
+            raise GenerationError("compile=True compiles the cached decode step: it needs use_cache=True")
         self.max_context = context_size(model, max_context)
         self.slides = model.positions.position_limit() is not None
         self.sinks = check_sinks(model, sinks, self.max_context, self.slides)
@@ -180,8 +184,9 @@ class Decoder:
         if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
             capacity = self.max_context if total is None else max(1, min(self.max_context, total))
             check_cache_memory(model, batch_size, capacity)
-            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides,
+            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
                                          sinks=self.sinks if capacity == self.max_context else 0)
+        self.body = compiled_body(model) if compile else None
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
         start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
@@ -220,7 +225,7 @@ class Decoder:
         tokens = tokens.view(self.batch_size, 1)
         self._remember(tokens)
         if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
-            return self.model(tokens, self.cache, context_len=self.max_context)[:, -1]
+            return self.model(tokens, self.cache, context_len=self.max_context, body=self.body)[:, -1]
         return self._recompute()
 
     def _recompute(self) -> torch.Tensor:
@@ -265,7 +270,8 @@ def check_count(name: str, value, low: int) -> None:
 @torch.inference_mode()
 def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
                  num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
-                 use_cache: bool = True, sinks: int = 0, stats: Optional[Stats] = None) -> Iterator[torch.Tensor]:
+                 use_cache: bool = True, sinks: int = 0, stats: Optional[Stats] = None,
+                 compile: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
     (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
     reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
@@ -282,7 +288,7 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
     decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
-                      total=len(prompt_ids) + max_new_tokens, sinks=sinks)
+                      total=len(prompt_ids) + max_new_tokens, sinks=sinks, compile=compile)
     if decoder.slides and len(prompt_ids) > decoder.max_context:
         warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
                       f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)
@@ -406,7 +412,7 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
 def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
              num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
              max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
-             stats: Optional[Stats] = None) -> Iterator[Piece]:
+             stats: Optional[Stats] = None, compile: bool = False) -> Iterator[Piece]:
     """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
     ``num_samples`` continuations are decoded together as one batch. Stops early once every
     sample has hit a stop string. ``prompt`` is a string or token ids."""
@@ -416,7 +422,7 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
     streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
     steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                          num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
-                         sinks=sinks, stats=stats)
+                         sinks=sinks, stats=stats, compile=compile)
     try:
         for step, tokens in enumerate(steps):
             final = step == max_new_tokens - 1

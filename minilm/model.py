@@ -47,15 +47,16 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = No
 
 
 def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
-           sinks: int = 0, dropout_p: float = 0.0) -> torch.Tensor:
+           sinks: int = 0, dropout_p: float = 0.0, padded: bool = False) -> torch.Tensor:
     """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
     over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
-    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions."""
+    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
+    ``padded``: the keys include a static cache's empty slots, which only the mask hides."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
         if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        if cached and Tq == 1:  # one new token sees every cached key (a rolling cache holds only its window)
+        if cached and Tq == 1 and not padded:  # one new token sees every cached key (a rolling cache holds only its window)
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     chunk = max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
     outputs = []
@@ -153,7 +154,8 @@ class CausalSelfAttention(nn.Module):
             k, v, k_pos = cache.update(layer, k, v)
             window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         y = attend(q, self.expand(k), self.expand(v), pos, k_pos, scheme, cached=cache is not None,
-                   window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0)
+                   window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0,
+                   padded=cache is not None and cache.static)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -232,16 +234,19 @@ class GPT(nn.Module):
         """Trainable parameters, a tied LM head counted once (with the embedding)."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0) -> KVCache:
+    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0,
+                  static: bool = False) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
         tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
-        first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads."""
+        first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads.
+        ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
         ref = self.wte.weight
         return KVCache(self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
-                       rolling=rolling, sinks=sinks, dtype=ref.dtype, device=ref.device)
+                       rolling=rolling, sinks=sinks, static=static, dtype=ref.dtype, device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
-                sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False) -> torch.Tensor:
+                sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False,
+                body=None) -> torch.Tensor:
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
@@ -251,6 +256,7 @@ class GPT(nn.Module):
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
+        ``body`` replaces ``self.body`` (a compiled one: ``minilm.compiled``).
         """
         B, T = idx.shape
         if cache is not None:
@@ -263,13 +269,21 @@ class GPT(nn.Module):
             context_len = context_len or T
         self.positions.check_positions(pos)
         self.positions.start(pos)
+        out = (body or self.body)(idx, pos, cache, window, sinks, context_len, return_hidden)
+        if cache is not None:
+            cache.commit()
+        return out
+
+    def body(self, idx, pos, cache: Optional[KVCache], window: Optional[int], sinks: int, context_len: int,
+             return_hidden: bool) -> torch.Tensor:
+        """The computation of ``forward`` once positions are known: embedding, blocks, final norm
+        and (unless ``return_hidden``) the LM head. No Python state changes here, so that a
+        compiler can take it whole."""
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
         x = self.drop(self.positions.embed(x, pos))
         for layer, block in enumerate(self.blocks):
             x = block(x, layer, pos, self.positions, cache, window, sinks, context_len)
-        if cache is not None:
-            cache.commit()
         x = self.ln_f(x)
         return x if return_hidden else self.lm_head(x)

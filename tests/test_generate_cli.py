@@ -152,6 +152,14 @@ def test_runs_far_past_the_context_and_no_cache_agrees(checkpoints, capsys, name
     assert status == 0 and cached == uncached
 
 
+def test_compile_gives_the_same_text_past_the_context(checkpoints, capsys):
+    argv = greedy(checkpoints["rope"], "--max-new-tokens", "60", "--max-context", "24", "ROMEO:")
+    status, eager, err = run(capsys, *argv)
+    assert status == 0, err
+    status, compiled, err = run(capsys, *argv, "--compile", "--stats")
+    assert status == 0 and compiled == eager and "compiled step, static KV cache" in err, err
+
+
 def test_learned_prompt_longer_than_the_context_is_cropped_with_a_warning(checkpoints, capsys):
     status, out, err = run(capsys, *greedy(checkpoints["learned"], "--max-new-tokens", "5"), "the king " * 30)
     assert status == 0
@@ -197,6 +205,7 @@ def test_attention_map(checkpoints, capsys, tmp_path):
     (("--set", "model.position.kind=bogus", "hi"), "bogus"),
     (("--device", "tpu", "hi"), "--device 'tpu'"),
     (("--max-new-tokens", "ten", "hi"), "invalid int value"),
+    (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),
 ])
 def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
     if "--checkpoint" not in argv:

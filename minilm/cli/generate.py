@@ -133,7 +133,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
-                          stats=stats)
+                          stats=stats, compile=args.compile)
         first = True
         for piece in pieces:
             if first:
@@ -144,7 +144,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         _show_warnings(caught, stderr)
     printer.finish()
     if args.stats:
-        mode = "no cache" if args.no_cache else "KV cache"
+        mode = "no cache" if args.no_cache else "compiled step, static KV cache" if args.compile else "KV cache"
         kind = model.positions.kind
         stderr.write(f"model: {kind} positions, context {context}, {mode}, "
                      f"{device}\n")
