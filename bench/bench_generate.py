@@ -159,7 +159,7 @@ def main(argv=None):
     show("ours, KV cache:", cached, f"   -> {ours_wall / floor_wall:.0%} of the floor")
     if not args.no_compile:
         start = time.perf_counter()
-        ours(model, prompt, 8, max_context=total, compile=True)  # compiles
+        ours(model, prompt, args.new, max_context=total, compile=True)  # compiles (for this cache size)
         note = f"   -> {{:.0%}} of the floor (compiled in {time.perf_counter() - start:.0f} s)"
         compiled = [ours(model, prompt, args.new, max_context=total, compile=True) for _ in range(args.repeats)]
         show("ours, --compile:", compiled, note.format(best(compiled)[0] / floor_wall))
@@ -187,7 +187,7 @@ def main(argv=None):
         line = f"  {m:3d}x  cache length {length:6d}:"
         for compile in (False, True)[:1 if args.no_compile else 2]:
             if compile:  # a new cache size is a new compiled step: compile it before timing
-                ours(model, long_prompt, 2, max_context=length, compile=True)
+                ours(model, long_prompt, args.new, max_context=length, compile=True)
             wall, cpu = best([ours(model, long_prompt, args.new, max_context=length, compile=compile)
                               for _ in range(args.repeats)])
             line += f"  {'compiled' if compile else 'eager'} {wall:7.1f} tokens/s ({cpu:6.1f} per CPU-second)"
