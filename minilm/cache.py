@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import torch
 
-EMPTY = float(2 ** 24)  # the position of an empty slot of a static cache: later than any query
+EMPTY = float(2 ** 24)  # the position of an empty slot: later than any query
+
 
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
@@ -34,7 +35,7 @@ class KVCache:
         shape = (batch_size, n_head, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.slot_pos = torch.full((capacity,), EMPTY if static else -1.0, dtype=torch.float32, device=device)
+        self.slot_pos = torch.full((capacity,), EMPTY, dtype=torch.float32, device=device)
         self.capacity, self.rolling, self.batch_size, self.sinks = capacity, rolling, batch_size, sinks
         self.static = static
         self.length = 0  # tokens seen = position of the next token

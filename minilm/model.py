@@ -56,10 +56,9 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     if not scheme.has_bias:
         if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        if cached and Tq == 1 and not padded:  # one new token sees every cached key (a rolling cache holds only its window)
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        if padded and Tq == 1:  # a static cache: the mask hides only its empty slots
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible(q_pos, k_pos), dropout_p=dropout_p)
+        if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
+            mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     chunk = max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
     outputs = []
     for start in range(0, Tq, chunk):

@@ -26,9 +26,6 @@ from torch import nn
 
 from minilm.config import ConfigError
 
-OPTIMIZERS = ("adamw", "muon")
-
-
 def lr_at(step: int, t) -> float:
     """Linear warmup to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
     if step < t.warmup_steps:

@@ -215,7 +215,8 @@ class RoPE(PositionScheme):
 
     def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
-        memo = None if torch.compiler.is_compiling() else self._memo  # a compiled graph computes them once anyway
+        compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
+        memo = None if compiling else self._memo
         if (memo is not None and memo[1] == context_len and memo[2] == dtype
                 and memo[0].shape == pos.shape and memo[0].device == pos.device and torch.equal(memo[0], pos)):
             return memo[3], memo[4]
@@ -224,7 +225,7 @@ class RoPE(PositionScheme):
         angles = torch.cat((angles, angles), dim=-1)
         scale = self.attention_scale()
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
-        if not torch.compiler.is_compiling():
+        if not compiling:
             self._memo = (pos.clone(), context_len, dtype, cos, sin)
         return cos, sin
 
