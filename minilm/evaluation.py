@@ -43,7 +43,7 @@ from tqdm import tqdm
 from minilm import data
 from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
 from minilm.loading import load_model
-from minilm.scoring import MODES, score, windows
+from minilm.scoring import MODES, score_many, windows
 
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 65536
@@ -135,12 +135,14 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
                          quiet: bool = False) -> list:
     """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
 
-    ``lengths`` are absolute window lengths shared by every checkpoint; without them each
+    ``mode`` is a protocol of ``minilm.scoring.MODES`` or a list of them; every (protocol,
+    length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are absolute window lengths shared by every checkpoint; without them each
     checkpoint is scored at ``multiples`` of its own block_size. ``overrides`` are
     ``key=value`` settings applied to every checkpoint's config (position scaling at
     evaluation time, another corpus); ``labels`` name the rows (default: the checkpoint
     directory, plus the overridden position)."""
-    if mode not in MODES:
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    if not modes or any(m not in MODES for m in modes):
         raise EvaluationError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
     if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
         raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
@@ -150,7 +152,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
     if labels is not None and len(labels) != len(paths):
         raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
-    if stride is not None and mode != "sliding":
+    if stride is not None and "sliding" not in modes:
         raise EvaluationError(f"stride={stride} is only used with mode='sliding' (mode is {mode!r})")
     if stride is not None and (not isinstance(stride, int) or stride < 1):
         raise EvaluationError(f"stride={stride!r} is invalid: expected an integer >= 1 (omit it for length/2)")
@@ -186,23 +188,24 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         label = labels[index] if labels is not None else _default_label(path, overrides, position)
         limit = model.positions.position_limit()
         runnable = [t for t in these if limit is None or t <= limit]
-        total = sum(len(windows(n, t, mode, stride)) for t in runnable)
+        requests = [(t, m, stride if m == "sliding" else None) for m in modes for t in runnable]
+        total = sum(len(windows(n, *request)) for request in requests)
         started = time.time()
         with tqdm(total=total, desc=f"eval {label}", unit="window", file=sys.stderr, disable=quiet,
                   leave=False) as bar:
+            nll = dict(zip(requests, score_many(model, tokens, requests, batch_tokens=batch_tokens,
+                                                dtype=compute_dtype, progress=bar)))
+        for m in modes:
             for t in these:
                 common = dict(label=label, checkpoint=path, position=describe_position(position),
-                              train_length=config.model.block_size, length=t, mode=mode,
-                              stride=(stride or max(1, t // 2)) if mode == "sliding" else None,
+                              train_length=config.model.block_size, length=t, mode=m,
+                              stride=(stride or max(1, t // 2)) if m == "sliding" else None,
                               tokens=n, chars=chars)
-                if t not in runnable:
-                    results.append(Result(nll=None, status="bounded", **common))
-                    continue
-                nll = score(model, tokens, t, mode, stride, batch_tokens=batch_tokens,
-                            dtype=compute_dtype, progress=bar)
-                results.append(Result(nll=nll, **common))
+                request = (t, m, stride if m == "sliding" else None)
+                results.append(Result(nll=nll[request], **common) if request in nll else
+                               Result(nll=None, status="bounded", **common))
         if not quiet:
-            print(f"[eval] {label}: {len(runnable)} lengths x {n:,} tokens in {time.time() - started:.1f}s; "
+            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in {time.time() - started:.1f}s; "
                   f"peak memory so far {peak_memory(device)}", file=sys.stderr, flush=True)
     return results
 

@@ -135,9 +135,9 @@ def train_job(config_tree: dict, overwrite: bool) -> dict:
     return {k: v for k, v in summary.items() if k != "sample"}
 
 
-def evaluate_job(path: str, lengths: list, mode: str, overrides: list, max_tokens, batch_tokens: int,
+def evaluate_job(path: str, lengths: list, modes: list, overrides: list, max_tokens, batch_tokens: int,
                  device: str) -> list:
-    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=mode, max_tokens=max_tokens,
+    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=max_tokens,
                                            overrides=overrides, labels=["-"], batch_tokens=batch_tokens,
                                            device=device, quiet=True)
 
@@ -183,7 +183,7 @@ class Study:
         self.passkey: list = []
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
-        self._evaluations: dict = {}  # (checkpoint, overrides, mode) -> (key, lengths) of its evaluation job
+        self._evaluations: dict = {}  # (checkpoint, overrides) -> (key, {(mode, length)}) of its evaluation job
 
     @property
     def L(self) -> int:
@@ -195,21 +195,25 @@ class Study:
         self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
         return f"train {name}"
 
-    def _evaluate(self, after: str, path: str, multiples, mode: str, where: dict, overrides=(), phase="") -> None:
-        """Cells of ``where`` at ``multiples`` of L, from a new evaluation job or from one already
-        planned for the same checkpoint, overrides and protocol at (at least) those lengths."""
+    def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="") -> None:
+        """Cells of ``where`` at ``multiples`` of L in ``modes``, from a new evaluation job (all
+        its cells in one ``score_many`` pass) or from one already planned for the same checkpoint
+        and overrides with (at least) those cells."""
         lengths = [int(m * self.L) for m in multiples]
-        what = (path, tuple(overrides), mode)
-        key, planned = self._evaluations.get(what, (None, ()))
-        if not set(lengths) <= set(planned):
-            key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, mode, ",".join(map(str, lengths))])
-            args = (path, lengths, mode, list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
+        cells = {(mode, t) for mode in modes for t in lengths}
+        what = (path, tuple(overrides))
+        key, planned = self._evaluations.get(what, (None, set()))
+        if not cells <= planned:
+            key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, ",".join(modes),
+                            ",".join(map(str, lengths))])
+            args = (path, lengths, list(modes), list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
                     self.plan["train"]["device"])
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
-            self._evaluations[what] = (key, lengths)
-        self._readers.append((key, lambda results, where=where, lengths=set(lengths): [
+            self._evaluations[what] = (key, cells)
+        self._readers.append((key, lambda results, where=where, cells=cells: [
             {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
-             "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results if r.length in lengths]))
+             "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results
+            if (r.mode, r.length) in cells]))
 
     def _passkey(self, after: str, path: str, overrides, where: dict, seed: int) -> None:
         p = self.plan["passkey"]
@@ -265,16 +269,15 @@ class Study:
     def _build_evaluations(self, long: int) -> None:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
         for run in [r for r in self.runs.values() if r.section != "extension"]:
-            for mode in modes:
-                if run.section == "scratch":
-                    self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], mode,
-                                   dict(section="scratch", label=run.label, seed=run.seed, step=None),
-                                   phase="evaluate from scratch")
-                if run.label == "sinusoidal" or run.section == "ablation":
-                    label = "10000" if run.label == "sinusoidal" else run.label
-                    self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], mode,
-                                   dict(section="ablation", label=label, seed=run.seed, step=None),
-                                   phase="evaluate the base ablation")
+            if run.section == "scratch":
+                self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
+                               dict(section="scratch", label=run.label, seed=run.seed, step=None),
+                               phase="evaluate from scratch")
+            if run.label == "sinusoidal" or run.section == "ablation":
+                label = "10000" if run.label == "sinusoidal" else run.label
+                self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], modes,
+                               dict(section="ablation", label=label, seed=run.seed, step=None),
+                               phase="evaluate the base ablation")
         for run in [r for r in self.runs.values() if r.section == "extension"]:
             source = os.path.join(self.runs_dir, f"rope-s{run.seed}")
             start = scaling_override(run.label, ext["factor"])
@@ -282,9 +285,9 @@ class Study:
             for step in ext["curve_steps"]:
                 path = source if step == 0 else (run.config.out_dir if step == ext["curve_steps"][-1] else
                                                  os.path.join(run.config.out_dir, "snapshots", f"step-{step}.pt"))
-                for mode in (modes if step == ext["curve_steps"][-1] else modes[:1]):
-                    self._evaluate(run.key, path, ext["curve_multiples"], mode, {**where, "step": step},
-                                   overrides=start if step == 0 else (), phase="evaluate the extension curves")
+                self._evaluate(run.key, path, ext["curve_multiples"],
+                               modes if step == ext["curve_steps"][-1] else modes[:1], {**where, "step": step},
+                               overrides=start if step == 0 else (), phase="evaluate the extension curves")
             self._passkey(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed)
             self._passkey(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed)
 

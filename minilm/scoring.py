@@ -12,8 +12,17 @@ the two evaluation protocols (Press et al. 2022, "Train Short, Test Long", appen
   T - stride tokens of context (except in the first window, which is scored in full,
   as in the usual sliding-window recipe). Costs T / stride times more.
 
-``score`` runs a model over all windows of one length and returns the mean nats per
-scored token. The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
+``score_many`` runs a model over the windows of several (length, protocol) requests at
+once and returns the mean nats per scored token of each; ``score`` is one request. A causal
+model's output at a token depends only on the tokens before it, and (for a scheme whose
+``prefix_invariant`` is True: all but those that read the sequence length, dynamic NTK and
+LongRoPE) not on how far the window goes on. So a window's losses are those of the same
+tokens inside any longer window that starts at the same token, and ``score_many`` runs
+each distinct window start once, as far as the longest window starting there reaches. A
+non-overlapping window of T at k*T is the start of the 2T windows there, and every sliding
+window (stride T/2) starts where a sliding window of 2T or a window of T/2 does: for
+L, 2L, 4L and 8L in both protocols the model sees 5 N token positions instead of 12 N.
+The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
 (fixed random windows, the same at every evaluation) or ``split_batches`` (the whole
 validation split in non-overlapping windows).
 """
@@ -36,19 +45,14 @@ class ScoringError(MinilmError):
     """A bad scoring request (mode, stride); the message is one line for the user."""
 
 
-def token_losses(model, x: torch.Tensor, y: torch.Tensor, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Sum (float64, on the CPU) of the next-token cross-entropies in nats of targets ``y``
-    after inputs ``x``, at the positions where ``keep`` is True (all when None)."""
-    hidden = model(x, return_hidden=True)
-    if keep is None:
-        hidden, targets = hidden.reshape(-1, hidden.shape[-1]), y.reshape(-1)
-    else:
-        hidden, targets = hidden[keep], y[keep]
-    total = torch.zeros((), dtype=torch.float64)
-    for start in range(0, hidden.shape[0], LOSS_CHUNK):
-        logits = model.lm_head(hidden[start:start + LOSS_CHUNK]).float()
-        total += F.cross_entropy(logits, targets[start:start + LOSS_CHUNK], reduction="sum").double().cpu()
-    return total
+def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """(B, T - first) float32 next-token cross-entropies in nats of targets ``y`` after inputs
+    ``x``, at positions ``first`` onwards; the logits are formed ``LOSS_CHUNK`` rows at a time."""
+    hidden = model(x, return_hidden=True)[:, first:]
+    rows, targets = hidden.reshape(-1, hidden.shape[-1]), y[:, first:].reshape(-1)
+    losses = [F.cross_entropy(model.lm_head(rows[i:i + LOSS_CHUNK]).float(), targets[i:i + LOSS_CHUNK],
+                              reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
+    return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
 
 
 def windows(n: int, length: int, mode: str, stride: Optional[int] = None) -> list:
@@ -72,28 +76,53 @@ def windows(n: int, length: int, mode: str, stride: Optional[int] = None) -> lis
 @torch.no_grad()
 def score(model, tokens: torch.Tensor, length: int, mode: str = "nonoverlapping", stride: Optional[int] = None,
           *, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, progress=None) -> float:
-    """Mean nats per target over targets 1..len(tokens)-1 with windows of ``length`` tokens,
-    computed in ``dtype`` autocast (None: float32); ``progress.update(windows)`` as it goes."""
+    """Mean nats per target over targets 1..len(tokens)-1 with windows of ``length`` tokens."""
+    return score_many(model, tokens, [(length, mode, stride)], batch_tokens=batch_tokens, dtype=dtype,
+                      progress=progress)[0]
+
+
+def _runs(n: int, requests, shared: bool) -> dict:
+    """(begin, end) of each stretch the model runs over -> the windows read from it, as
+    (request index, window end, scored targets). ``shared``: one stretch per window start,
+    to the furthest end of a window starting there; else one per distinct window."""
+    reads: dict = {}
+    for index, (length, mode, stride) in enumerate(requests):
+        for begin, end, scored in windows(n, length, mode, stride):
+            reads.setdefault(begin if shared else (begin, end), []).append((index, end, scored))
+    return {(key if shared else key[0], max(end for _, end, _ in these)): these for key, these in reads.items()}
+
+
+@torch.no_grad()
+def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
+               dtype: Optional[torch.dtype] = None, progress=None) -> list:
+    """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
+    stride), computed in ``dtype`` autocast (None: float32); ``progress.update(windows)`` as
+    it goes. Windows that start at the same token share one run of the model when the
+    scheme is ``prefix_invariant`` (module docstring)."""
     n = len(tokens) - 1
     device = next(model.parameters()).device
+    runs = _runs(n, requests, shared=model.positions.prefix_invariant)
     groups: dict = {}
-    for span in windows(n, length, mode, stride):  # windows of one input length go through the model together
-        groups.setdefault(span[1] - span[0], []).append(span)
-    per_batch = max(1, batch_tokens // length)
-    total = torch.zeros((), dtype=torch.float64)
+    for begin, end in runs:  # stretches of one length go through the model together
+        groups.setdefault(end - begin, []).append((begin, end))
+    totals = [0.0] * len(requests)
     for size, group in groups.items():
+        per_batch = max(1, batch_tokens // size)
         for i in range(0, len(group), per_batch):
             batch = group[i:i + per_batch]
-            x = torch.stack([tokens[b:e] for b, e, _ in batch]).to(device)
-            y = torch.stack([tokens[b + 1:e + 1] for b, e, _ in batch]).to(device)
-            keep = torch.zeros(x.shape, dtype=torch.bool, device=device)
-            for row, (_, _, scored) in enumerate(batch):
-                keep[row, size - scored:] = True
+            first = min(end - scored - span[0] for span in batch for _, end, scored in runs[span])
+            x = torch.stack([tokens[b:e] for b, e in batch]).to(device)
+            y = torch.stack([tokens[b + 1:e + 1] for b, e in batch]).to(device)
             with autocast(device, dtype):
-                total += token_losses(model, x, y, keep)
+                losses = token_losses(model, x, y, first)
+            sums = F.pad(losses.double().cumsum(dim=1), (1, 0)).cpu().tolist()  # sums[row][j]: positions < first + j
+            for row, (begin, stop) in enumerate(batch):
+                for index, end, scored in runs[(begin, stop)]:
+                    hi = end - begin - first
+                    totals[index] += sums[row][hi] - sums[row][hi - scored]
             if progress is not None:
-                progress.update(len(batch))
-    return float(total) / n
+                progress.update(sum(len(runs[span]) for span in batch))
+    return [total / n for total in totals]
 
 
 @torch.no_grad()
@@ -108,7 +137,7 @@ def heldout_loss(model, batches, device, dtype, dist) -> float:
             continue
         x, y = x.to(device), y.to(device)
         with autocast(device, dtype):
-            total[0] += token_losses(model, x, y).to(device)
+            total[0] += token_losses(model, x, y).double().sum().to(device)
         total[1] += y.numel()
     if dist.enabled:
         torch.distributed.all_reduce(total)

@@ -17,6 +17,7 @@ from minilm.checkpoint import CheckpointError
 from minilm.cli import passkey as passkey_cli
 from minilm.config import ConfigError
 from minilm.loading import load_model
+from minilm.positions import available
 from minilm.config import build_config
 from minilm.data import prepare
 
@@ -104,6 +105,60 @@ def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
             logits = model(tokens[None, begin:end])[0, -count:]
             total += F.cross_entropy(logits, tokens[end - count + 1:end + 1], reduction="sum").item()
     assert scoring.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
+
+
+SHARED_REQUESTS = [(t, mode, None) for mode in scoring.MODES for t in (8, 16, 32)] + [(16, "sliding", 5)]
+LENGTH_READERS = [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0}},
+                  {"kind": "interpolated", "inner": {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0}},
+                   "factor": 2.0}]
+
+
+def windows_one_by_one(model, tokens, length, mode, stride):
+    """Reference: each window through the model by itself, its scored targets summed (mean per target)."""
+    n, total = len(tokens) - 1, 0.0
+    with torch.no_grad():
+        for begin, end, count in scoring.windows(n, length, mode, stride):
+            logits = model(tokens[None, begin:end])[0, -count:]
+            total += F.cross_entropy(logits.double(), tokens[end - count + 1:end + 1], reduction="sum").item()
+    return total / n
+
+
+@pytest.mark.parametrize("position", [{"kind": k} for k in available() if k != "interpolated"] + LENGTH_READERS
+                         + [{"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0}],
+                         ids=lambda p: p["kind"] + ("-" + p.get("scaling", p.get("inner", {})).get("type", "")
+                                                    if "scaling" in p or "inner" in p else ""))
+def test_score_many_equals_every_window_scored_alone(random_gpt, position):
+    """Several lengths and both protocols in one pass (windows sharing a start share a run)
+    give each request the perplexity of its windows run one by one."""
+    model = random_gpt(position, block_size=32).eval()
+    tokens = torch.randint(0, 97, (101,), generator=torch.Generator().manual_seed(3))
+    got = scoring.score_many(model, tokens, SHARED_REQUESTS, batch_tokens=40)
+    expected = [windows_one_by_one(model, tokens, *request) for request in SHARED_REQUESTS]
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_schemes_that_read_the_sequence_length_are_not_prefix_invariant(random_gpt):
+    """Dynamic NTK rescales with the length processed, so a window's logits differ inside a
+    longer one: such a scheme must run each window alone (and says so)."""
+    for position in LENGTH_READERS:
+        model = random_gpt(position, block_size=8).eval()
+        assert not model.positions.prefix_invariant
+        tokens = torch.randint(0, 97, (1, 32), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            assert not torch.allclose(model(tokens[:, :16])[0], model(tokens)[0, :16], atol=1e-4)
+    for kind in [k for k in available() if k != "interpolated"]:
+        assert random_gpt({"kind": kind}).positions.prefix_invariant, kind
+
+
+def test_one_pass_runs_five_n_positions_for_four_lengths_in_both_protocols():
+    """L, 2L, 4L, 8L in both protocols: each window start runs once, as far as its longest
+    window reaches: 5 N token positions instead of the 12 N of running every window."""
+    L = 16
+    requests = [(t, mode, None) for mode in scoring.MODES for t in (L, 2 * L, 4 * L, 8 * L)]
+    for n in (16 * 8 * 6, 16 * 8 * 20):  # 5 N, less the last stretches cut short by the end of the text
+        assert 5 * n - 8 * L <= sum(e - b for b, e in scoring._runs(n, requests, shared=True)) <= 5 * n
+        separately = sum(e - b for t, mode, stride in requests for b, e, _ in scoring.windows(n, t, mode, stride))
+        assert 12 * n - 16 * L <= separately <= 12 * n  # each request run by itself
 
 
 @pytest.mark.parametrize("kind", ["alibi", "t5", "rope", "learned"])

@@ -141,6 +141,13 @@ class PositionScheme(nn.Module):
         """Largest usable position + 1, or None when any position works."""
         return None
 
+    @property
+    def prefix_invariant(self) -> bool:
+        """True when a token's output does not depend on the length of the sequence being
+        processed (the scheme ignores ``context_len``): its scores in a window then equal those
+        inside any longer window that starts at the same token (``minilm.scoring.score_many``)."""
+        return True
+
     def check_positions(self, pos: torch.Tensor) -> None:
         """Raise a clear PositionError before any indexing when ``pos`` is out of range."""
         limit = self.position_limit()

@@ -30,6 +30,10 @@ class Interpolated(PositionScheme):
         self.scaled_embedding = self.inner.scaled_embedding
         self._memo = None
 
+    @property
+    def prefix_invariant(self):
+        return self.inner.prefix_invariant
+
     def position_limit(self):
         limit = self.inner.position_limit()
         return None if limit is None else (limit - 1) * self.factor + 1

@@ -37,6 +37,10 @@ class Randomized(PositionScheme):
         self.scaled_embedding = self.inner.scaled_embedding
         self._table = None  # in training: the sampled position of each position 0..T-1
 
+    @property
+    def prefix_invariant(self):
+        return self.inner.prefix_invariant
+
     def position_limit(self):
         return self.inner.position_limit()
 

@@ -207,6 +207,10 @@ class RoPE(PositionScheme):
             return rope_inv_freq(d, self.base) / torch.tensor(factors, dtype=torch.float64)
         return rope_inv_freq(d, self.base)
 
+    @property
+    def prefix_invariant(self) -> bool:
+        return self.scaling["type"] not in ("dynamic", "longrope")  # these read context_len
+
     def attention_scale(self) -> float:
         """Factor on cos and sin (YaRN's mscale, LongRoPE's attention factor; 1 otherwise)."""
         if self.scaling["type"] == "yarn":
