@@ -141,9 +141,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
     ``key=value`` settings applied to every checkpoint's config (position scaling at
     evaluation time, another corpus); ``labels`` name the rows (default: the checkpoint
     directory, plus the overridden position)."""
-    modes = [mode] if isinstance(mode, str) else list(mode)
-    if not modes or any(m not in MODES for m in modes):
-        raise EvaluationError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
+    modes = _checked_modes(mode, stride)
     if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
         raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
     if lengths is None and (not multiples or any(m <= 0 for m in multiples)):
@@ -152,10 +150,6 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
     if labels is not None and len(labels) != len(paths):
         raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
-    if stride is not None and "sliding" not in modes:
-        raise EvaluationError(f"stride={stride} is only used with mode='sliding' (mode is {mode!r})")
-    if stride is not None and (not isinstance(stride, int) or stride < 1):
-        raise EvaluationError(f"stride={stride!r} is invalid: expected an integer >= 1 (omit it for length/2)")
     if not isinstance(batch_tokens, int) or batch_tokens < 1:
         raise EvaluationError(f"batch_tokens={batch_tokens!r} is invalid: expected an integer >= 1")
     device = resolve_device(device)
@@ -208,6 +202,18 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
             print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in {time.time() - started:.1f}s; "
                   f"peak memory so far {peak_memory(device)}", file=sys.stderr, flush=True)
     return results
+
+
+def _checked_modes(mode, stride) -> list:
+    """``mode`` (one protocol or a list) as a list, with a one-line error for a bad mode or stride."""
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    if not modes or any(m not in MODES for m in modes):
+        raise EvaluationError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
+    if stride is not None and "sliding" not in modes:
+        raise EvaluationError(f"stride={stride} is only used with mode='sliding' (mode is {mode!r})")
+    if stride is not None and (not isinstance(stride, int) or stride < 1):
+        raise EvaluationError(f"stride={stride!r} is invalid: expected an integer >= 1 (omit it for length/2)")
+    return modes
 
 
 def _default_label(path: str, overrides: Sequence[str], position: dict) -> str:
