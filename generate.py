@@ -45,6 +45,9 @@ def parse_args(argv=None):
     p.add_argument("--compile", action="store_true",
                    help="decode with a static cache and a step compiled by torch.compile: faster per token "
                         "after seconds to a minute of compiling (CPU: needs a C++ compiler)")
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (default), bfloat16 (the weights kept in bf16: faster on CPUs with native bf16 "
+                        "units, emulated and slow elsewhere) or auto (bfloat16 where the hardware has fast bf16)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the position settings at generation time, e.g. "

@@ -160,6 +160,16 @@ def test_compile_gives_the_same_text_past_the_context(checkpoints, capsys):
     assert status == 0 and compiled == eager and "compiled step, static KV cache" in err, err
 
 
+def test_bfloat16_generation_keeps_the_weights_in_bf16(checkpoints, capsys):
+    """--dtype bfloat16 decodes with bf16 weights (opt-in; float32 is the default and auto picks
+    bf16 only where the CPU has native bf16 units), past the context too."""
+    argv = greedy(checkpoints["rope"], "--max-new-tokens", "40", "--max-context", "24", "--stats", "--no-echo")
+    status, out, err = run(capsys, *argv, "--dtype", "bfloat16", "ROMEO:")
+    assert status == 0 and out.strip() and "cpu, bfloat16" in err and "decode: 39 tokens" in err, err
+    status, out, err = run(capsys, *argv, "ROMEO:")
+    assert status == 0 and "cpu, float32" in err, err
+
+
 def test_learned_prompt_longer_than_the_context_is_cropped_with_a_warning(checkpoints, capsys):
     status, out, err = run(capsys, *greedy(checkpoints["learned"], "--max-new-tokens", "5"), "the king " * 30)
     assert status == 0
@@ -206,6 +216,7 @@ def test_attention_map(checkpoints, capsys, tmp_path):
     (("--device", "tpu", "hi"), "--device 'tpu'"),
     (("--max-new-tokens", "ten", "hi"), "invalid int value"),
     (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),
+    (("--dtype", "float16", "hi"), "--dtype 'float16' is unknown"),
 ])
 def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
     if "--checkpoint" not in argv:

@@ -11,7 +11,7 @@ from typing import List, Optional
 import torch
 
 from minilm import attention_maps
-from minilm.common import resolve_device
+from minilm.common import resolve_device, resolve_dtype
 from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count,
                                context_size, encode_prompt, generate)
 from minilm.loading import load_model
@@ -121,7 +121,8 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         check_count("--threads", args.threads, 1)
         torch.set_num_threads(args.threads)
     prompt = read_prompt(args.prompt, args.prompt_file, stdin)
-    model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device)
+    dtype = resolve_dtype(args.dtype, device, setting="--dtype")
+    model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device, dtype=dtype)
     prompt_ids = encode_prompt(tokenizer, prompt)
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
 
@@ -147,7 +148,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         mode = "no cache" if args.no_cache else "compiled step, static KV cache" if args.compile else "KV cache"
         kind = model.positions.kind
         stderr.write(f"model: {kind} positions, context {context}, {mode}, "
-                     f"{device}\n")
+                     f"{device}, {str(dtype).replace('torch.', '')}\n")
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
