@@ -136,8 +136,8 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
     """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
 
     ``mode`` is a protocol of ``minilm.scoring.MODES`` or a list of them; every (protocol,
-    length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are absolute window lengths shared by every checkpoint; without them each
-    checkpoint is scored at ``multiples`` of its own block_size. ``overrides`` are
+    length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are
+    absolute window lengths shared by every checkpoint; without them each checkpoint is scored at ``multiples`` of its own block_size. ``overrides`` are
     ``key=value`` settings applied to every checkpoint's config (position scaling at
     evaluation time, another corpus); ``labels`` name the rows (default: the checkpoint
     directory, plus the overridden position)."""
@@ -182,25 +182,26 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         label = labels[index] if labels is not None else _default_label(path, overrides, position)
         limit = model.positions.position_limit()
         runnable = [t for t in these if limit is None or t <= limit]
-        requests = [(t, m, stride if m == "sliding" else None) for m in modes for t in runnable]
+        cells = [(m, t) for m in modes for t in runnable]
+        requests = [(t, m, stride if m == "sliding" else None) for m, t in cells]
         total = sum(len(windows(n, *request)) for request in requests)
         started = time.time()
         with tqdm(total=total, desc=f"eval {label}", unit="window", file=sys.stderr, disable=quiet,
                   leave=False) as bar:
-            nll = dict(zip(requests, score_many(model, tokens, requests, batch_tokens=batch_tokens,
-                                                dtype=compute_dtype, progress=bar)))
+            nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
+                                             dtype=compute_dtype, progress=bar)))
         for m in modes:
             for t in these:
                 common = dict(label=label, checkpoint=path, position=describe_position(position),
                               train_length=config.model.block_size, length=t, mode=m,
                               stride=(stride or max(1, t // 2)) if m == "sliding" else None,
                               tokens=n, chars=chars)
-                request = (t, m, stride if m == "sliding" else None)
-                results.append(Result(nll=nll[request], **common) if request in nll else
+                results.append(Result(nll=nll[(m, t)], **common) if (m, t) in nll else
                                Result(nll=None, status="bounded", **common))
         if not quiet:
-            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in {time.time() - started:.1f}s; "
-                  f"peak memory so far {peak_memory(device)}", file=sys.stderr, flush=True)
+            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in "
+                  f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
+                  file=sys.stderr, flush=True)
     return results
 
 
