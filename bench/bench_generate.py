@@ -105,8 +105,9 @@ def best(rates):
 def share_of_floor(rates, floor) -> str:
     """Best over best, and the median of the per-repeat shares (rates[i] / floor[i])."""
     per_repeat = sorted(r[0] / f[0] for r, f in zip(rates, floor))
-    return f"{best(rates)[0] / best(floor)[0]:.0%} of the floor (per repeat: median {statistics.median(per_repeat):.0%}, " \
-           f"{' '.join(f'{x:.0%}' for x in per_repeat)})"
+    listed = " ".join(f"{x:.0%}" for x in per_repeat)
+    return (f"{best(rates)[0] / best(floor)[0]:.0%} of the floor "
+            f"(per repeat: median {statistics.median(per_repeat):.0%}, {listed})")
 
 
 def show(name, rates, note=""):

@@ -137,10 +137,11 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
 
     ``mode`` is a protocol of ``minilm.scoring.MODES`` or a list of them; every (protocol,
     length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are
-    absolute window lengths shared by every checkpoint; without them each checkpoint is scored at ``multiples`` of its own block_size. ``overrides`` are
-    ``key=value`` settings applied to every checkpoint's config (position scaling at
-    evaluation time, another corpus); ``labels`` name the rows (default: the checkpoint
-    directory, plus the overridden position)."""
+    absolute window lengths shared by every checkpoint; without them each checkpoint is
+    scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
+    applied to every checkpoint's config (position scaling at evaluation time, another
+    corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
+    overridden position)."""
     modes = _checked_modes(mode, stride)
     if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
         raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
