@@ -49,6 +49,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 import torch
 
+from minilm.cache import cache_dtype
 from minilm.common import MinilmError, available_memory, peak_memory
 from minilm.compiled import compiled_body
 
@@ -142,7 +143,8 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     not fit in the memory that is free now (checked before allocating, never after)."""
     c = model.config
     ref = model.wte.weight
-    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * ref.element_size()  # k and v
+    itemsize = torch.empty((), dtype=cache_dtype(ref)).element_size()
+    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * itemsize  # k and v
     free = available_memory(ref.device)
     if free is not None and need > free:
         raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "

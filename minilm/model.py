@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minilm.cache import KVCache
+from minilm.cache import KVCache, cache_dtype
 from minilm.config import ModelConfig
 from minilm.positions import PositionScheme, build
 
@@ -52,6 +52,9 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
     positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
     ``padded``: the keys include a static cache's empty slots, which only the mask hides."""
+    if k.dtype != q.dtype:  # a float32 cache under a half-precision model (cache_dtype): attend in float32
+        return attend(q.to(k.dtype), k, v, q_pos, k_pos, scheme, cached=cached, window=window, sinks=sinks,
+                      dropout_p=dropout_p, padded=padded).to(q.dtype)
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
         if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
@@ -243,7 +246,7 @@ class GPT(nn.Module):
         ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
         ref = self.wte.weight
         return KVCache(self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
-                       rolling=rolling, sinks=sinks, static=static, dtype=ref.dtype, device=ref.device)
+                       rolling=rolling, sinks=sinks, static=static, dtype=cache_dtype(ref), device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
                 sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False,

@@ -138,6 +138,18 @@ def test_bfloat16_autocast_runs_with_cache():
     assert (cached.float() - full.float()).abs().max().item() < 0.1
 
 
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_a_bf16_model_on_the_cpu_caches_in_float32_and_matches_its_full_forward(kind):
+    model = tiny({"kind": kind}).to(torch.bfloat16)
+    assert model.new_cache(1, 8).keys[0].dtype == torch.float32  # attention runs in float32 over it
+    idx = torch.randint(0, 61, (1, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(idx)
+        cached = decode_in_pieces(model, idx, [4] + [1] * 6)
+    assert cached.dtype == torch.bfloat16
+    torch.testing.assert_close(cached.float(), full.float(), rtol=0.05, atol=0.05)
+
+
 def test_embedding_scale_multiplies_the_tokens_before_the_positions():
     from minilm.config import ConfigError
     idx = torch.randint(0, 61, (1, 8))
