@@ -6,7 +6,9 @@ dtype is emulated and slow), then for each dtype tokens/s and GFLOP/s of
 
 * ours with learned positions (the like-for-like comparison), and ours with ``--position``
   (rope by default): forward, loss, backward, clipping and optimiser step exactly as
-  ``minilm.trainer`` does them (``--optimizer muon`` for Muon);
+  ``minilm.trainer`` does them (``--optimizer muon`` for Muon); with ``--compile`` also
+  ours with learned positions under ``torch.compile``, as ``train.compile: true`` runs it
+  (compiled during the warm-up steps, which are not timed);
 * the reference (bench/reference_gpt.py): the same shape, learned positions, a standard
   attention block and nanoGPT's step;
 
@@ -26,6 +28,7 @@ the conventional one, not an exact count.
 
     python bench/bench_train.py                      # the default shape, float32 (+ bfloat16 where native)
     python bench/bench_train.py --dtype float32 --steps 9
+    python bench/bench_train.py --compile                # + ours compiled (train.compile: true)
     python bench/bench_train.py --n-layer 4 --d-model 192 --n-head 4 --batch-size 8   # the main job's shape
 """
 from __future__ import annotations
@@ -83,17 +86,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y):
-    """(model, step function) of minilm's training step on this shape and position kind."""
+def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y, compile: bool = False):
+    """(model, step function) of minilm's training step on this shape and position kind,
+    the forward pass compiled as the trainer does it with ``compile``."""
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
                          d_model=args.d_model, block_size=args.block_size, position={"kind": position})
     model = GPT(config).to(device)
     optimizer = make_optimizer(model, TrainConfig(optimizer=args.optimizer), device)
+    forward = torch.compile(model) if compile else model
 
     def step():
         with autocast(device, dtype):
-            loss = lm_loss(model(x, return_hidden=True), model.lm_head.weight, y)
+            loss = lm_loss(forward(x, return_hidden=True), model.lm_head.weight, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -138,6 +143,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=7, help="timed steps of each (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--compile", action="store_true", help="also ours (learned) compiled, as train.compile runs it")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -159,20 +165,24 @@ def main(argv=None) -> None:
         ours_learned, learned_step = our_step(args, "learned", device, dtype, x, y)
         ours_other, other_step = our_step(args, args.position, device, dtype, x, y)
         ref, ref_step = reference(args, device, dtype, x, y)
-        seconds = median_seconds({"learned": learned_step, args.position: other_step, "reference": ref_step},
-                                 args.steps, device)
+        steps = {"learned": learned_step, args.position: other_step, "reference": ref_step}
+        if args.compile:
+            steps["compiled"] = our_step(args, "learned", device, dtype, x, y, compile=True)[1]
+        seconds = median_seconds(steps, args.steps, device)
         print(f"{name}: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, "
               f"vocab {args.vocab_size}; optimiser {args.optimizer}; median of {args.steps} steps each")
         rates = {}
-        for label, model, key in ((f"ours, learned", ours_learned, "learned"),
-                                  (f"ours, {args.position}", ours_other, args.position),
-                                  ("nanoGPT-style reference", ours_learned, "reference")):
+        rows = [("ours, learned", ours_learned, "learned"), (f"ours, {args.position}", ours_other, args.position),
+                ("nanoGPT-style reference", ours_learned, "reference")]
+        rows += [("ours, learned, compiled", ours_learned, "compiled")] if args.compile else []
+        for label, model, key in rows:
             rates[key] = B * T / seconds[key]
             gflops = flops_per_token(model) * rates[key] / 1e9
             print(f"  {label:26s} {seconds[key] * 1000:7.0f} ms/step {rates[key]:9,.0f} tokens/s "
                   f"{gflops:7.1f} GFLOP/s ({gflops / peaks[dtype][0]:.0%} of the {name} peak)")
+        compiled = f", {rates['compiled'] / rates['reference']:.2f}x (learned, compiled)" if args.compile else ""
         print(f"  ours / reference: {rates['learned'] / rates['reference']:.2f}x (learned), "
-              f"{rates[args.position] / rates['reference']:.2f}x ({args.position})")
+              f"{rates[args.position] / rates['reference']:.2f}x ({args.position}){compiled}")
         del ref
 
 

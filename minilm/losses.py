@@ -33,9 +33,12 @@ class LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, CHUNK_ROWS):
                 rows, y = h[start:start + CHUNK_ROWS], targets[start:start + CHUNK_ROWS]
                 logits = (rows @ w.t()).to(wide)
-                lse = torch.logsumexp(logits, dim=-1)
-                total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
-                p = logits.sub_(lse[:, None]).exp_()  # softmax, in place
+                target_logit = logits.gather(1, y[:, None]).squeeze(1)
+                peak = logits.amax(dim=-1, keepdim=True)
+                p = logits.sub_(peak).exp_()  # one exponential per logit, in place
+                mass = p.sum(dim=-1, keepdim=True)
+                total += (peak + mass.log()).squeeze(1).sub_(target_logit).sum()  # logsumexp - target logit
+                p.div_(mass)  # softmax
                 p[torch.arange(len(y), device=p.device), y] -= 1.0  # P - Y
                 p = p.to(dtype)
                 grad_h[start:start + CHUNK_ROWS] = p @ w
