@@ -28,7 +28,7 @@ EMPTY = float(2 ** 24)  # the position of an empty slot: later than any query
 def cache_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype of a KV cache for a model with this ``weight``: float32 for bf16/fp16 weights on
     the CPU, else the weights' own. Attention over a wider cache runs in the cache's dtype
-    (``minilm.model.attend``): on the CPU, SDPA with one query is several times slower in bf16
+    (``CausalSelfAttention.forward``): on the CPU, SDPA with one query is several times slower in bf16
     than on float32 copies (torch 2.13, 2-core AVX512-BF16 EPYC, 6 heads of 64: 112 against
     45 us over 272 keys, 464 against 109 us over 1,088), and a float32 cache saves upcasting
     every key at every step. The values are the same: a bf16 key is exact in float32."""

@@ -143,8 +143,7 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     not fit in the memory that is free now (checked before allocating, never after)."""
     c = model.config
     ref = model.wte.weight
-    itemsize = torch.empty((), dtype=cache_dtype(ref)).element_size()
-    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * itemsize  # k and v
+    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
     free = available_memory(ref.device)
     if free is not None and need > free:
         raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "

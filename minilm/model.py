@@ -52,9 +52,6 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
     positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
     ``padded``: the keys include a static cache's empty slots, which only the mask hides."""
-    if k.dtype != q.dtype:  # a float32 cache under a half-precision model (cache_dtype): attend in float32
-        return attend(q.to(k.dtype), k, v, q_pos, k_pos, scheme, cached=cached, window=window, sinks=sinks,
-                      dropout_p=dropout_p, padded=padded).to(q.dtype)
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
         if not cached and window is None:  # the full-sequence path: SDPA's own causal kernel, no T x T mask
@@ -157,9 +154,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
             window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
-        y = attend(q, self.expand(k), self.expand(v), pos, k_pos, scheme, cached=cache is not None,
+        # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
+        y = attend(q.to(k.dtype), self.expand(k), self.expand(v), pos, k_pos, scheme, cached=cache is not None,
                    window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0,
-                   padded=cache is not None and cache.static)
+                   padded=cache is not None and cache.static).to(q.dtype)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
