@@ -11,10 +11,13 @@ of ``--new`` tokens after a ``--prompt``-token prompt, all forced (HF: min_new_t
 Decode tokens/s = (new tokens - 1) / time from the first new token to the last one (the
 first comes out of the prefill), measured through the public API (``generate_ids``; for
 HF a streamer timestamps the first token), by the wall clock and per CPU-second of this
-process. Best of ``--repeats`` runs. The floor, ours and ours compiled are measured in turn
-within each repeat (floor, cached, compiled, floor, ...), so a slow spell of a shared machine
-slows all three alike; the share of the floor is printed both as best over best and as the
-median of the per-repeat shares, the figure to quote on a noisy machine. HF runs last: its
+process. Best of ``--repeats`` runs. A second floor adds to the matmuls one query's attention
+over a full KV cache per layer (prompt + new slots, in the cache's dtype): the bytes a static
+cache's compiled step must read at every token besides the weights, so ours compiled is also
+shown as a share of it. The floors, ours and ours compiled are measured in turn within each
+repeat (floor, floor with cache, cached, compiled, floor, ...), so a slow spell of a shared
+machine slows all of them alike; the share of the floor is printed both as best over best and
+as the median of the per-repeat shares, the figure to quote on a noisy machine. HF runs last: its
 generate, run between ours, was seen to slow the runs of both on a 2-core CPU.
 The HF model is LLaMA-style (RMSNorm, SwiGLU MLP with intermediate size 8/3 * d_model so
 it has the same parameter count as our 4 * d_model GELU MLP, untied heads off: tied like
@@ -32,10 +35,12 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
+from minilm.cache import cache_dtype  # noqa: E402
 from minilm.generation import Sampling, generate_ids  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
@@ -102,12 +107,17 @@ def best(rates):
     return max(r[0] for r in rates), max(r[1] for r in rates)
 
 
+def median_share(rates, floor) -> float:
+    """The median of the per-repeat shares rates[i] / floor[i] (wall clock)."""
+    return statistics.median(r[0] / f[0] for r, f in zip(rates, floor))
+
+
 def share_of_floor(rates, floor) -> str:
     """Best over best, and the median of the per-repeat shares (rates[i] / floor[i])."""
     per_repeat = sorted(r[0] / f[0] for r, f in zip(rates, floor))
     listed = " ".join(f"{x:.0%}" for x in per_repeat)
     return (f"{best(rates)[0] / best(floor)[0]:.0%} of the floor "
-            f"(per repeat: median {statistics.median(per_repeat):.0%}, {listed})")
+            f"(per repeat: median {median_share(rates, floor):.0%}, {listed})")
 
 
 def show(name, rates, note=""):
@@ -117,16 +127,26 @@ def show(name, rates, note=""):
 
 
 @torch.inference_mode()
-def weights_floor(model, steps: int) -> Rate:
+def weights_floor(model, steps: int, cache_length: int = 0) -> Rate:
     """Tokens/s of the model's matrix-vector products alone (every nn.Linear once per token,
     the LM head included, no attention, no norms, no Python around them): with weights
-    larger than the CPU caches this is the memory-bandwidth floor of batch-1 decoding."""
+    larger than the CPU caches this is the memory-bandwidth floor of batch-1 decoding.
+    With ``cache_length`` L, also one query's attention over L cached keys and values per
+    layer, in the dtype the cache holds: the floor of a step that reads a full KV cache
+    of L slots, as the compiled step's static cache does at every token."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, 1, m.in_features, dtype=m.weight.dtype) for m in layers]
+    c, heads = model.config, model.config.n_head
+    shape = (1, heads, cache_length, c.d_model // heads)
+    dtype = cache_dtype(model.wte.weight)
+    keys = [(torch.randn(1, heads, 1, shape[-1], dtype=dtype), torch.randn(shape, dtype=dtype),
+             torch.randn(shape, dtype=dtype)) for _ in range(c.n_layer if cache_length else 0)]
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         for layer, x in zip(layers, inputs):
             layer(x)
+        for q, k, v in keys:
+            F.scaled_dot_product_attention(q, k, v)
     return Rate(steps, time.perf_counter() - wall, time.process_time() - cpu)
 
 
@@ -167,19 +187,24 @@ def main(argv=None):
         start = time.perf_counter()
         ours(model, prompt, args.new, max_context=total, compile=True)  # compiles (for this cache size)
         compile_seconds = time.perf_counter() - start
-    floor, cached, compiled = [], [], []
-    for _ in range(args.repeats):  # in turn, so that the machine's drift touches all three alike
+    floor, cache_floor, cached, compiled = [], [], [], []
+    for _ in range(args.repeats):  # in turn, so that the machine's drift touches all of them alike
         floor.append(weights_floor(model, args.new))
+        cache_floor.append(weights_floor(model, args.new, cache_length=total))
         cached.append(ours(model, prompt, args.new, max_context=total))
         if not args.no_compile:
             compiled.append(ours(model, prompt, args.new, max_context=total, compile=True))
     show("matmuls alone (floor):", floor, "   (weights read once per token)")
+    show("+ attention, full cache:", cache_floor, f"   (and a {total}-slot KV cache read per token: "
+                                                  f"{median_share(cache_floor, floor):.0%} of the matmuls' rate)")
     floor_wall = best(floor)[0]
     ours_wall, ours_cpu = best(cached)
     show("ours, KV cache:", cached, f"   -> {share_of_floor(cached, floor)}")
     if not args.no_compile:
         show("ours, --compile:", compiled, f"   -> {share_of_floor(compiled, floor)}; compiled in "
                                            f"{compile_seconds:.0f} s")
+        print(f"{'':23s} -> {median_share(compiled, cache_floor):.0%} of the floor with the full-cache attention "
+              f"(median per repeat)")
     if not args.no_uncached:
         uncached = [ours(model, prompt, args.new, use_cache=False, max_context=total)]
         wall, cpu = best(uncached)

@@ -10,9 +10,10 @@ dtype is emulated and slow), then for each dtype tokens/s and GFLOP/s of
   ours with learned positions under ``torch.compile``, as ``train.compile: true`` runs it
   (compiled during the warm-up steps, which are not timed);
 * the reference (bench/reference_gpt.py): the same shape, learned positions, a standard
-  attention block and nanoGPT's step;
+  attention block and nanoGPT's step; with ``--compile`` also the reference under
+  ``torch.compile`` (nanoGPT's own train.py compiles by default);
 
-and prints ours / reference. Steps of the three alternate, and the median step time of each
+and prints ours / reference (and, with ``--compile``, compiled / compiled). Steps of the three alternate, and the median step time of each
 counts, so a noisy machine slows all of them alike. bfloat16 (autocast) is measured where
 the CPU has native bf16 units or on CUDA, float32 always.
 
@@ -106,12 +107,13 @@ def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y
     return model, step
 
 
-def reference(args, device: torch.device, dtype: torch.dtype, x, y):
+def reference(args, device: torch.device, dtype: torch.dtype, x, y, compile: bool = False):
     torch.manual_seed(0)
     model = ReferenceGPT(args.vocab_size, args.n_layer, args.n_head, args.d_model, args.block_size).to(device)
     optimizer = reference_optimizer(model, device)
+    forward = torch.compile(model) if compile else model
     ctx = contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
-    return model, lambda: reference_step(model, optimizer, x, y, ctx)
+    return model, lambda: reference_step(forward, optimizer, x, y, ctx)
 
 
 def median_seconds(steps: dict, rounds: int, device: torch.device) -> dict:
@@ -168,19 +170,22 @@ def main(argv=None) -> None:
         steps = {"learned": learned_step, args.position: other_step, "reference": ref_step}
         if args.compile:
             steps["compiled"] = our_step(args, "learned", device, dtype, x, y, compile=True)[1]
+            steps["reference compiled"] = reference(args, device, dtype, x, y, compile=True)[1]
         seconds = median_seconds(steps, args.steps, device)
         print(f"{name}: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, "
               f"vocab {args.vocab_size}; optimiser {args.optimizer}; median of {args.steps} steps each")
         rates = {}
         rows = [("ours, learned", ours_learned, "learned"), (f"ours, {args.position}", ours_other, args.position),
                 ("nanoGPT-style reference", ours_learned, "reference")]
-        rows += [("ours, learned, compiled", ours_learned, "compiled")] if args.compile else []
+        rows += [("ours, learned, compiled", ours_learned, "compiled"),
+                 ("reference, compiled", ours_learned, "reference compiled")] if args.compile else []
         for label, model, key in rows:
             rates[key] = B * T / seconds[key]
             gflops = flops_per_token(model) * rates[key] / 1e9
             print(f"  {label:26s} {seconds[key] * 1000:7.0f} ms/step {rates[key]:9,.0f} tokens/s "
                   f"{gflops:7.1f} GFLOP/s ({gflops / peaks[dtype][0]:.0%} of the {name} peak)")
-        compiled = f", {rates['compiled'] / rates['reference']:.2f}x (learned, compiled)" if args.compile else ""
+        compiled = (f", {rates['compiled'] / rates['reference']:.2f}x (learned, compiled); compiled / compiled: "
+                    f"{rates['compiled'] / rates['reference compiled']:.2f}x") if args.compile else ""
         print(f"  ours / reference: {rates['learned'] / rates['reference']:.2f}x (learned), "
               f"{rates[args.position] / rates['reference']:.2f}x ({args.position}){compiled}")
         del ref

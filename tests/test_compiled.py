@@ -3,9 +3,11 @@ step compiled by torch.compile (minilm.compiled): the same logits and greedy tok
 eager cache, past the context too, and a fresh compile whenever the weights change."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minilm.compiled import compiled_body
 from minilm.generation import Decoder, GenerationError, Sampling, generate_ids
+from minilm.model import attend
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)
@@ -70,3 +72,20 @@ def test_compile_needs_the_cache(random_gpt):
     model = random_gpt({"kind": "rope"}, block_size=16)
     with pytest.raises(GenerationError, match="compile=True compiles the cached decode step: it needs use_cache=True"):
         greedy_tokens(model, [1, 2], 3, compile=True, use_cache=False)
+
+
+def test_compiled_half_precision_attention_is_causal_attention(random_gpt):
+    """Compiled on the CPU in bf16, the full-sequence attention is written out for inductor to
+    fuse (minilm.model.fused_by_compiler): it is still causal softmax attention, gradients too."""
+    scheme = random_gpt({"kind": "rope"}).positions
+    pos = torch.arange(24, dtype=torch.float32)
+    exact = [torch.randn(2, 3, 24, 16, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(3)]
+    half = [t.detach().to(torch.bfloat16).requires_grad_() for t in exact]
+    out = torch.compile(lambda q, k, v: attend(q, k, v, pos, pos, scheme, cached=False, window=None))(*half)
+    out.float().square().sum().backward()
+    expected = F.scaled_dot_product_attention(*exact, is_causal=True)
+    expected.square().sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    for got, want in zip(half, exact):
+        torch.testing.assert_close(got.grad.float(), want.grad, atol=5e-2, rtol=5e-2)
