@@ -271,6 +271,7 @@ class GPT(nn.Module):
         ``body`` replaces ``self.body`` (a compiled one: ``minilm.compiled``).
         """
         B, T = idx.shape
+        self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
         if cache is not None:
             if cache.batch_size != B:
                 raise ValueError(f"batch of {B} sequences does not match the cache's batch size {cache.batch_size}")
@@ -279,7 +280,6 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(T, device=idx.device, dtype=torch.float32)
             context_len = context_len or T
-        self.positions.check_positions(pos)
         self.positions.start(pos)
         out = (body or self.body)(idx, pos, cache, window, sinks, context_len, return_hidden)
         if cache is not None:

@@ -148,12 +148,14 @@ class PositionScheme(nn.Module):
         inside any longer window that starts at the same token (``minilm.scoring.score_many``)."""
         return True
 
-    def check_positions(self, pos: torch.Tensor) -> None:
-        """Raise a clear PositionError before any indexing when ``pos`` is out of range."""
+    def check_positions(self, last: float) -> None:
+        """Raise a clear PositionError before any indexing when the largest position ``last``
+        is out of range. A number, not the positions tensor: reading a tensor's maximum
+        would break a ``torch.compile`` graph in two at every forward pass."""
         limit = self.position_limit()
-        if limit is not None and pos.numel() and float(pos.max()) > limit - 1:
+        if limit is not None and last > limit - 1:
             raise PositionError(
-                f"position {float(pos.max()):g} is past the {self.kind} position table "
+                f"position {last:g} is past the {self.kind} position table "
                 f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
                 f"relative scheme (rope, alibi, t5, none) or interpolated")
 

@@ -51,7 +51,6 @@ class Interpolated(PositionScheme):
         self.inner.start(self._scaled(pos))
 
     def embed(self, x, pos):
-        self.check_positions(pos)
         scaled, limit = self._scaled(pos), self.inner.position_limit()
         if limit is not None:  # pos / factor in float32 may overshoot the last row by an ulp
             scaled = scaled.clamp(max=limit - 1)

@@ -1,6 +1,7 @@
 """Learned absolute positions (GPT-2): a trained table of ``max_positions`` rows added to
 the token embedding. Fractional positions (from ``interpolated``) interpolate linearly
-between neighbouring rows. Positions past the table are a clear error, never an index error.
+between neighbouring rows. Positions past the table are a clear error (the model checks them
+before any lookup: `PositionScheme.check_positions`), never an index error.
 """
 from torch import nn
 
@@ -24,12 +25,11 @@ class Learned(PositionScheme):
         return self.table.num_embeddings
 
     def embed(self, x, pos):
-        self.check_positions(pos)
         lower = pos.floor()
         frac = (pos - lower).to(x.dtype)[:, None]
         lower = lower.long()
         upper = (lower + 1).clamp(max=self.table.num_embeddings - 1)
-        rows = self.table(lower)
-        if bool((frac != 0).any()):
-            rows = rows * (1 - frac) + self.table(upper) * frac
+        # at whole positions frac is 0 and this is exactly the row (no data-dependent branch,
+        # which would break a compiled graph)
+        rows = self.table(lower) * (1 - frac) + self.table(upper) * frac
         return x + rows.to(x.dtype)
