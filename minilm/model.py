@@ -78,11 +78,11 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
 def fused_by_compiler(q: torch.Tensor) -> bool:
     """Whether the full-sequence causal attention should be written out (two matmuls and a masked
     softmax) rather than SDPA's causal kernel: inside a graph that ``torch.compile`` builds for
-    the CPU in bf16 or fp16. There inductor fuses the scaling, mask, softmax and casts into one
-    pass, while the CPU's flash kernel is slow in half precision: the compiled bf16 training
-    step runs 1.08-1.13x faster this way (bench/bench_train.py shape), the float32 one 0.94x,
-    so float32, eager code and CUDA keep SDPA."""
-    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    the CPU in bf16. There inductor fuses the scaling, mask, softmax and casts into one pass,
+    while the CPU's flash kernel is slow in bf16: the compiled bf16 training step runs
+    1.08-1.13x faster this way (bench/bench_train.py shape), the float32 one 0.94x, eager code
+    1.02x, so float32, eager code and CUDA keep SDPA (fp16 on the CPU was not measured)."""
+    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
 
 def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> torch.Tensor:
