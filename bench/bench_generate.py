@@ -40,7 +40,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm.cache import cache_dtype  # noqa: E402
 from minilm.generation import Sampling, generate_ids  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
@@ -126,6 +125,18 @@ def show(name, rates, note=""):
     print(f"{name:23s} {wall:8.1f} tokens/s  ({cpu:7.1f} per CPU-second)  runs: {runs}{note}")
 
 
+def show_floors(floor, cache_floor, total: int) -> None:
+    show("matmuls alone (floor):", floor, "   (weights read once per token)")
+    show("+ attention, full cache:", cache_floor, f"   (and a {total}-slot KV cache read per token: "
+                                                  f"{median_share(cache_floor, floor):.0%} of the matmuls' rate)")
+
+
+def show_compiled(compiled, floor, cache_floor, compile_seconds: float) -> None:
+    show("ours, --compile:", compiled, f"   -> {share_of_floor(compiled, floor)}; compiled in {compile_seconds:.0f} s")
+    print(f"{'':23s} -> {median_share(compiled, cache_floor):.0%} of the floor with the full-cache attention "
+          f"(median per repeat)")
+
+
 @torch.inference_mode()
 def weights_floor(model, steps: int, cache_length: int = 0) -> Rate:
     """Tokens/s of the model's matrix-vector products alone (every nn.Linear once per token,
@@ -136,16 +147,14 @@ def weights_floor(model, steps: int, cache_length: int = 0) -> Rate:
     of L slots, as the compiled step's static cache does at every token."""
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, 1, m.in_features, dtype=m.weight.dtype) for m in layers]
-    c, heads = model.config, model.config.n_head
-    shape = (1, heads, cache_length, c.d_model // heads)
-    dtype = cache_dtype(model.wte.weight)
-    keys = [(torch.randn(1, heads, 1, shape[-1], dtype=dtype), torch.randn(shape, dtype=dtype),
-             torch.randn(shape, dtype=dtype)) for _ in range(c.n_layer if cache_length else 0)]
+    cache = model.new_cache(1, cache_length) if cache_length else None  # the shape and dtype generation uses
+    held = list(zip(cache.keys, cache.values)) if cache else []
+    queries = [torch.randn_like(k[:, :, :1]) for k, _ in held]
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         for layer, x in zip(layers, inputs):
             layer(x)
-        for q, k, v in keys:
+        for q, (k, v) in zip(queries, held):
             F.scaled_dot_product_attention(q, k, v)
     return Rate(steps, time.perf_counter() - wall, time.process_time() - cpu)
 
@@ -194,17 +203,12 @@ def main(argv=None):
         cached.append(ours(model, prompt, args.new, max_context=total))
         if not args.no_compile:
             compiled.append(ours(model, prompt, args.new, max_context=total, compile=True))
-    show("matmuls alone (floor):", floor, "   (weights read once per token)")
-    show("+ attention, full cache:", cache_floor, f"   (and a {total}-slot KV cache read per token: "
-                                                  f"{median_share(cache_floor, floor):.0%} of the matmuls' rate)")
+    show_floors(floor, cache_floor, total)
     floor_wall = best(floor)[0]
     ours_wall, ours_cpu = best(cached)
     show("ours, KV cache:", cached, f"   -> {share_of_floor(cached, floor)}")
     if not args.no_compile:
-        show("ours, --compile:", compiled, f"   -> {share_of_floor(compiled, floor)}; compiled in "
-                                           f"{compile_seconds:.0f} s")
-        print(f"{'':23s} -> {median_share(compiled, cache_floor):.0%} of the floor with the full-cache attention "
-              f"(median per repeat)")
+        show_compiled(compiled, floor, cache_floor, compile_seconds)
     if not args.no_uncached:
         uncached = [ours(model, prompt, args.new, use_cache=False, max_context=total)]
         wall, cpu = best(uncached)

@@ -13,8 +13,9 @@ dtype is emulated and slow), then for each dtype tokens/s and GFLOP/s of
   attention block and nanoGPT's step; with ``--compile`` also the reference under
   ``torch.compile`` (nanoGPT's own train.py compiles by default);
 
-and prints ours / reference (and, with ``--compile``, compiled / compiled). Steps of the three alternate, and the median step time of each
-counts, so a noisy machine slows all of them alike. bfloat16 (autocast) is measured where
+and prints ours / reference (and, with ``--compile``, compiled / compiled). The steps of all
+of them alternate, and the median step time of each counts, so a noisy machine slows all of
+them alike. bfloat16 (autocast) is measured where
 the CPU has native bf16 units or on CUDA, float32 always.
 
 FLOPs per trained token (nanoGPT's estimate, PaLM appendix B):
@@ -29,7 +30,7 @@ the conventional one, not an exact count.
 
     python bench/bench_train.py                      # the default shape, float32 (+ bfloat16 where native)
     python bench/bench_train.py --dtype float32 --steps 9
-    python bench/bench_train.py --compile                # + ours compiled (train.compile: true)
+    python bench/bench_train.py --compile                # + ours and the reference compiled
     python bench/bench_train.py --n-layer 4 --d-model 192 --n-head 4 --batch-size 8   # the main job's shape
 """
 from __future__ import annotations
@@ -145,7 +146,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=7, help="timed steps of each (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true", help="also ours (learned) compiled, as train.compile runs it")
+    parser.add_argument("--compile", action="store_true",
+                        help="also ours (learned) compiled, as train.compile runs it, and the reference compiled")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

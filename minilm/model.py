@@ -29,8 +29,8 @@ from minilm.cache import KVCache, cache_dtype
 from minilm.config import ModelConfig
 from minilm.positions import PositionScheme, build
 
-# Largest number of bias/mask entries (heads x queries x keys) built at once; longer inputs
-# are processed in chunks of queries so that memory grows linearly with length.
+# Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
+# inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
 MASK_BUDGET = 1 << 24
 QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
 
@@ -54,7 +54,7 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     ``padded``: the keys include a static cache's empty slots, which only the mask hides."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
-        if not cached and window is None and not fused_by_compiler(q):  # SDPA's causal kernel, no T x T mask
+        if not cached and window is None and not fused_by_compiler(q):  # SDPA's causal kernel, no T x T scores
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
             mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
@@ -76,13 +76,19 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
 
 
 def fused_by_compiler(q: torch.Tensor) -> bool:
-    """Whether the full-sequence causal attention should be written out (two matmuls and a masked
-    softmax) rather than SDPA's causal kernel: inside a graph that ``torch.compile`` builds for
-    the CPU in bf16. There inductor fuses the scaling, mask, softmax and casts into one pass,
-    while the CPU's flash kernel is slow in bf16: the compiled bf16 training step runs
-    1.08-1.13x faster this way (bench/bench_train.py shape), the float32 one 0.94x, eager code
-    1.02x, so float32, eager code and CUDA keep SDPA (fp16 on the CPU was not measured)."""
-    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
+    """Whether the full-sequence causal attention of queries ``q`` (B, heads, T, head_dim) should
+    be written out (two matmuls and a masked softmax) rather than SDPA's causal kernel: inside a
+    graph that ``torch.compile`` builds for the CPU in bf16, when the T x T scores of the whole
+    batch fit in one chunk (MASK_BUDGET; the backward pass keeps them, where the flash kernel
+    keeps O(T)). There inductor fuses the scaling, mask, softmax and casts into one pass, while
+    the CPU's flash kernel is slow in bf16: the compiled bf16 training step runs 1.08-1.13x
+    faster this way (bench/bench_train.py shape, T=256), the float32 one 0.94x, eager code
+    1.02x, so float32, eager code and CUDA keep SDPA (fp16 on the CPU was not measured). As
+    everywhere on the written-out path, the scores are rounded to bf16 before the float32
+    softmax; the flash kernel keeps them in float32."""
+    B, heads, T = q.shape[:3]
+    return (torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
+            and T <= QUERY_CHUNK and B * heads * T * T <= MASK_BUDGET)
 
 
 def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """The static KV cache (every slot attended, empty ones masked by position) and the decode
 step compiled by torch.compile (minilm.compiled): the same logits and greedy tokens as the
-eager cache, past the context too, and a fresh compile whenever the weights change."""
+eager cache, past the context too, and a fresh compile whenever the weights change. Under
+torch.compile as training runs it: bf16 attention written out for the compiler and still
+exact causal attention, and forward passes that compile whole (no graph breaks)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -74,14 +76,27 @@ def test_compile_needs_the_cache(random_gpt):
         greedy_tokens(model, [1, 2], 3, compile=True, use_cache=False)
 
 
-def test_compiled_half_precision_attention_is_causal_attention(random_gpt):
+def test_compiled_bf16_attention_is_written_out_and_is_causal_attention(random_gpt):
     """Compiled on the CPU in bf16, the full-sequence attention is written out for inductor to
-    fuse (minilm.model.fused_by_compiler): it is still causal softmax attention, gradients too."""
+    fuse (minilm.model.fused_by_compiler): no SDPA in the graph, and still causal softmax
+    attention, gradients too."""
     scheme = random_gpt({"kind": "rope"}).positions
     pos = torch.arange(24, dtype=torch.float32)
     exact = [torch.randn(2, 3, 24, 16, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(3)]
     half = [t.detach().to(torch.bfloat16).requires_grad_() for t in exact]
-    out = torch.compile(lambda q, k, v: attend(q, k, v, pos, pos, scheme, cached=False, window=None))(*half)
+
+    def attention(q, k, v):
+        return attend(q, k, v, pos, pos, scheme, cached=False, window=None)
+
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(str(graph_module.graph))
+        return graph_module.forward
+
+    torch.compile(attention, backend=capture)(*half)
+    assert graphs and "scaled_dot_product_attention" not in graphs[0] and "softmax" in graphs[0]
+    out = torch.compile(attention)(*half)
     out.float().square().sum().backward()
     expected = F.scaled_dot_product_attention(*exact, is_causal=True)
     expected.square().sum().backward()
@@ -89,3 +104,20 @@ def test_compiled_half_precision_attention_is_causal_attention(random_gpt):
     torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
     for got, want in zip(half, exact):
         torch.testing.assert_close(got.grad.float(), want.grad, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("position", [{"kind": "learned"}, {"kind": "rope"},
+                                      {"kind": "interpolated", "inner": {"kind": "learned"}, "factor": 2.0},
+                                      {"kind": "randomized", "inner": {"kind": "learned"}}],
+                         ids=["learned", "rope", "interpolated", "randomized"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_a_forward_pass_compiles_whole(random_gpt, position, training):
+    """train.compile compiles the model's forward: the position check and the position hooks
+    leave no graph break (fullgraph=True fails on one), and the logits are the eager ones."""
+    model = random_gpt(position, block_size=16).train(training)  # dropout 0: the same function in both modes
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))  # within every table
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.manual_seed(1)
+    got = compiled(idx)
+    torch.manual_seed(1)
+    torch.testing.assert_close(got, model(idx))

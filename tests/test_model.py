@@ -95,8 +95,10 @@ def test_learned_past_table_is_a_clear_error():
         model(torch.randint(0, 61, (1, 20)))
     cache = model.new_cache(1, 40)
     model(torch.randint(0, 61, (1, 16)), cache=cache)
+    held = cache.slot_pos.clone()
     with pytest.raises(ValueError, match="position 16 is past"):
         model(torch.randint(0, 61, (1, 1)), cache=cache)
+    assert cache.length == 16 and torch.equal(cache.slot_pos, held)  # refused before the cache was touched
 
 
 def test_full_cache_is_a_clear_error():

@@ -39,6 +39,8 @@ class Interpolated(PositionScheme):
         return None if limit is None else (limit - 1) * self.factor + 1
 
     def _scaled(self, pos):
+        if torch.compiler.is_compiling():  # a compiled graph computes it once anyway; comparing breaks the graph
+            return pos / self.factor
         memo = self._memo  # one division per forward pass, shared by every layer
         if memo is not None and memo[0].shape == pos.shape and memo[0].device == pos.device \
                 and torch.equal(memo[0], pos):

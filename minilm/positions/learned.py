@@ -1,7 +1,8 @@
 """Learned absolute positions (GPT-2): a trained table of ``max_positions`` rows added to
 the token embedding. Fractional positions (from ``interpolated``) interpolate linearly
-between neighbouring rows. Positions past the table are a clear error (the model checks them
-before any lookup: `PositionScheme.check_positions`), never an index error.
+between neighbouring rows. Positions past the table are a clear error, never an index error:
+``GPT.forward`` checks them (``PositionScheme.check_positions``) before any lookup, and
+``embed`` takes positions already checked.
 """
 from torch import nn
 
