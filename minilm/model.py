@@ -54,13 +54,14 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     ``padded``: the keys include a static cache's empty slots, which only the mask hides."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias:
-        if not cached and window is None and not fused_by_compiler(q):  # SDPA's causal kernel, no T x T scores
+        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
+        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
+        if not cached and window is None and not (fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
             mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    chunk = max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
-    outputs = []
+    chunk, outputs = queries_per_chunk(q, Tk), []
     for start in range(0, Tq, chunk):
         end = min(start + chunk, Tq)
         qp, qc = q_pos[start:end], q[:, :, start:end]
@@ -75,20 +76,23 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
+    """Queries per chunk of the written-out path: at most QUERY_CHUNK, and at most MASK_BUDGET
+    mask entries for the batch and heads of ``q`` over ``Tk`` keys."""
+    return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
+
+
 def fused_by_compiler(q: torch.Tensor) -> bool:
-    """Whether the full-sequence causal attention of queries ``q`` (B, heads, T, head_dim) should
-    be written out (two matmuls and a masked softmax) rather than SDPA's causal kernel: inside a
-    graph that ``torch.compile`` builds for the CPU in bf16, when the T x T scores of the whole
-    batch fit in one chunk (MASK_BUDGET; the backward pass keeps them, where the flash kernel
-    keeps O(T)). There inductor fuses the scaling, mask, softmax and casts into one pass, while
-    the CPU's flash kernel is slow in bf16: the compiled bf16 training step runs 1.08-1.13x
-    faster this way (bench/bench_train.py shape, T=256), the float32 one 0.94x, eager code
-    1.02x, so float32, eager code and CUDA keep SDPA (fp16 on the CPU was not measured). As
-    everywhere on the written-out path, the scores are rounded to bf16 before the float32
-    softmax; the flash kernel keeps them in float32."""
-    B, heads, T = q.shape[:3]
-    return (torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
-            and T <= QUERY_CHUNK and B * heads * T * T <= MASK_BUDGET)
+    """Whether the full-sequence causal attention of queries ``q`` should be written out (two
+    matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
+    ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
+    queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
+    and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
+    training step runs 1.08-1.13x faster this way (bench/bench_train.py shape, T=256), the
+    float32 one 0.94x, eager code 1.02x, so float32, eager code and CUDA keep SDPA (fp16 on
+    the CPU was not measured). As everywhere on the written-out path, the scores are rounded
+    to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
+    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
 
 def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> torch.Tensor:
