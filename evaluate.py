@@ -12,9 +12,10 @@ import argparse
 import os
 import sys
 
-from minilm import evaluation
 from minilm.cli import Parser, run_command
-from minilm.outdir import check_writable
+from minilm.evaluation import lengths as evaluation
+from minilm.figures.canvas import have_matplotlib
+from minilm.training.outdir import check_writable
 
 
 def parse_numbers(text: str, kind, what: str):
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
 
 def report(args, overrides) -> int:
     """Score, print the tables, write the CSV and the plot."""
-    if args.plot and not evaluation.have_matplotlib():
+    if args.plot and not have_matplotlib():
         print("error: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
         return 2
     for option, path in (("--csv", args.csv), ("--plot", args.plot)):
@@ -83,7 +84,7 @@ def report(args, overrides) -> int:
         base = os.path.dirname(os.path.abspath(first.checkpoint))
         csv_path = evaluation.write_csv(results, args.csv or os.path.join(base, f"eval-{args.mode}.csv"))
         print(f"\nwrote {csv_path}", file=sys.stderr)
-        if evaluation.have_matplotlib():
+        if have_matplotlib():
             png = evaluation.plot(results, args.plot or os.path.join(base, f"eval-{args.mode}.png"))
             print(f"wrote {png}", file=sys.stderr)
     return 0

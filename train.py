@@ -12,7 +12,7 @@ import sys
 
 from minilm.cli import Parser, run_command
 from minilm.config import load_config, resolve_config
-from minilm.trainer import train
+from minilm.training.loop import train
 
 
 def main(argv=None) -> int:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm.generation import Sampling, generate_ids  # noqa: E402
+from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 

@@ -46,12 +46,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from minilm import GPT, ModelConfig  # noqa: E402
-from minilm.config import TrainConfig  # noqa: E402
-from minilm.common import autocast, cpu_has_fast_bf16, resolve_device  # noqa: E402
-from minilm.optim import make_optimizer  # noqa: E402
-from minilm.losses import lm_loss  # noqa: E402
 from reference_gpt import ReferenceGPT, reference_optimizer, reference_step  # noqa: E402
+
+from minilm import GPT, ModelConfig  # noqa: E402
+from minilm.common import autocast, cpu_has_fast_bf16, resolve_device  # noqa: E402
+from minilm.config import TrainConfig  # noqa: E402
+from minilm.training.losses import lm_loss  # noqa: E402
+from minilm.training.optim import make_optimizer  # noqa: E402
 
 
 def matmul_peak(dtype: torch.dtype, device: torch.device, min_seconds: float = 2.0) -> tuple[float, int]:

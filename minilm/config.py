@@ -19,8 +19,8 @@ from typing import Any, Optional, Union
 import yaml
 
 from minilm.common import MinilmError, suggest
+from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import canonical, validate
-from minilm.tokenizer import TokenizerError, check_vocab_size
 
 
 class YAMLLoader(yaml.SafeLoader):
@@ -56,37 +56,60 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}{problem}"
 
 
-EMBEDDING_SCALES = ("auto", "sqrt_d_model")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "gelu_tanh", "swiglu")
+EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number
 
 
 class ConfigError(MinilmError):
     """A bad configuration value; the message is one line meant for the user."""
 
 
+ARCHITECTURE = "architecture"  # fixed by the weights: an extended model keeps the source's
+AFTER_TRAINING = "after_training"  # may change when a trained model is loaded (evaluation, fine-tuning)
+TRAJECTORY = "trajectory"  # changes what the remaining steps of a resumed run compute
+
+
+def option(default=dataclasses.MISSING, *, factory=dataclasses.MISSING, role: Optional[str] = None,
+           choices: tuple = ()):
+    """A config field with what the code needs to know of it, kept beside its default: its
+    ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY) and its valid ``choices``."""
+    return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices})
+
+
+def fields_with(cls, role: str) -> tuple:
+    """The names of ``cls``'s fields that have ``role``, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("role") == role)
+
+
+def check_choices(obj, section: str) -> None:
+    """A ConfigError for a field whose value is not among its ``choices``."""
+    for f in dataclasses.fields(obj):
+        valid, value = f.metadata.get("choices"), getattr(obj, f.name)
+        if valid and value not in valid and not (f.name == "device" and str(value).startswith("cuda:")):
+            raise ConfigError(f"{section}.{f.name}={value!r} is invalid: valid: {', '.join(valid)}")
+
+
 @dataclass
 class ModelConfig:
-    vocab_size: int = 4096
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    block_size: int = 256
-    d_ff: Optional[int] = None  # defaults to 4 * d_model
-    dropout: float = 0.0
-    bias: bool = False
-    position: dict = field(default_factory=lambda: {"kind": "rope"})
+    vocab_size: int = 4096  # follows the tokenizer (resolve_config)
+    n_layer: int = option(4, role=ARCHITECTURE)
+    n_head: int = option(4, role=ARCHITECTURE)
+    d_model: int = option(256, role=ARCHITECTURE)
+    block_size: int = option(256, role=AFTER_TRAINING)  # the training length; extension changes it
+    d_ff: Optional[int] = option(None, role=ARCHITECTURE)  # defaults to 4 * d_model
+    dropout: float = option(0.0, role=AFTER_TRAINING)
+    bias: bool = option(False, role=ARCHITECTURE)
+    position: dict = option(factory=lambda: {"kind": "rope"}, role=AFTER_TRAINING)  # scalings, interpolation
     # token embedding multiplier before positions are added: auto (sqrt(d_model) where the scheme
     # adds a unit-amplitude table, i.e. sinusoidal; else 1), sqrt_d_model, or a number
-    embedding_scale: Union[float, str] = "auto"
-    # architecture options (the defaults are the original minilm GPT; see minilm.model)
-    parallel_residual: bool = False  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX) instead of one after the other
-    tie_embeddings: bool = True  # False: a separate lm_head weight
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    norm_eps: float = 1e-5
-    mlp: str = "gelu"  # gelu | gelu_tanh (GPT-2's gelu_new) | swiglu
-    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None: n_head
-    qkv_bias: bool = False  # a bias on the q/k/v projection only (Qwen2); ``bias`` puts one everywhere
+    embedding_scale: Union[float, str] = option("auto", role=ARCHITECTURE)
+    # architecture options (the defaults are the original minilm GPT; see minilm.model.gpt)
+    parallel_residual: bool = option(False, role=ARCHITECTURE)  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
+    tie_embeddings: bool = option(True, role=ARCHITECTURE)  # False: a separate lm_head weight
+    norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"))
+    norm_eps: float = option(1e-5, role=ARCHITECTURE)
+    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu"))  # gelu_tanh: GPT-2's gelu_new
+    n_kv_head: Optional[int] = option(None, role=ARCHITECTURE)  # key/value heads (grouped-query attention); None: n_head
+    qkv_bias: bool = option(False, role=ARCHITECTURE)  # a bias on the q/k/v projection only (Qwen2); ``bias``: everywhere
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -99,9 +122,9 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: "
                 f"choose n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]}")
-        scale = self.embedding_scale
-        if scale not in EMBEDDING_SCALES and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
-            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(EMBEDDING_SCALES)} "
+        scale, named = self.embedding_scale, EMBEDDING_SCALE_NAMES
+        if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
+            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} "
                               f"or a number > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
@@ -114,9 +137,7 @@ class ModelConfig:
             raise ConfigError(f"model.position: {exc}") from None
 
     def _check_architecture(self):
-        for name, valid in (("norm", NORMS), ("mlp", MLPS)):
-            if getattr(self, name) not in valid:
-                raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: valid: {', '.join(valid)}")
+        check_choices(self, "model")
         for name in ("parallel_residual", "tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: expected true or false")
@@ -148,24 +169,25 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 32
-    grad_accum: int = 1
-    max_steps: int = 2000
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest; minilm.optim)
-    muon_lr_scale: float = 1.0  # with optimizer muon: Muon's learning rate is this times the schedule's
-    grad_clip: float = 1.0
+    batch_size: int = option(32, role=TRAJECTORY)
+    grad_accum: int = option(1, role=TRAJECTORY)
+    max_steps: int = option(2000, role=TRAJECTORY)  # moves the cosine schedule
+    lr: float = option(1e-3, role=TRAJECTORY)
+    min_lr: float = option(1e-4, role=TRAJECTORY)
+    warmup_steps: int = option(100, role=TRAJECTORY)
+    weight_decay: float = option(0.1, role=TRAJECTORY)
+    beta1: float = option(0.9, role=TRAJECTORY)
+    beta2: float = option(0.95, role=TRAJECTORY)
+    # Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)
+    optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"))
+    muon_lr_scale: float = option(1.0, role=TRAJECTORY)  # with muon: Muon's learning rate is this times the schedule's
+    grad_clip: float = option(1.0, role=TRAJECTORY)
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 10
     checkpoint_interval: int = 500
-    dtype: str = "auto"  # auto | float32 | bfloat16
-    device: str = "auto"  # auto | cpu | cuda | mps
+    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16"))
+    device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"))  # or cuda:N
     compile: bool = False
     init_from: Optional[str] = None  # checkpoint file or out_dir to start from
     sample_tokens: int = 200  # sample printed at the end of training; 0 to skip
@@ -173,12 +195,7 @@ class TrainConfig:
     snapshot_steps: list = field(default_factory=list)  # also keep the weights at these steps: snapshots/step-N.pt
 
     def __post_init__(self):
-        choices = {"dtype": ("auto", "float32", "bfloat16"), "device": ("auto", "cpu", "cuda", "mps"),
-                   "optimizer": ("adamw", "muon")}
-        for name, valid in choices.items():
-            value = getattr(self, name)
-            if value not in valid and not (name == "device" and str(value).startswith("cuda:")):
-                raise ConfigError(f"train.{name}={value!r} is invalid: valid: {', '.join(valid)}")
+        check_choices(self, "train")
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
                      "eval_interval", "checkpoint_interval"):
             if getattr(self, name) < 1:

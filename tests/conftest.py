@@ -50,8 +50,7 @@ def tiny_overrides(corpus_root, out_dir, *extra) -> list:
 @pytest.fixture
 def tiny_config(tiny_corpus, tmp_path):
     """tiny_config(*overrides, out='run') -> a resolved Config for a tiny run writing under tmp_path."""
-    from minilm.config import load_config
-    from minilm.config import resolve_config
+    from minilm.config import load_config, resolve_config
 
     def make(*extra, out="run"):
         return resolve_config(load_config(None, tiny_overrides(tiny_corpus, tmp_path / out, *extra)))
@@ -62,7 +61,7 @@ def tiny_config(tiny_corpus, tmp_path):
 @pytest.fixture(scope="session")
 def gen_tokenizer(tmp_path_factory):
     """A 400-piece tokenizer trained on a little tiny_text()."""
-    from minilm.tokenizer import Tokenizer
+    from minilm.data.tokenizer import Tokenizer
     path = tmp_path_factory.mktemp("gen_tokenizer") / "text.txt"
     path.write_text(tiny_text(400))
     return Tokenizer.train(str(path), 400)

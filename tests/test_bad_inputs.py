@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from minilm import checkpoint
+from minilm.checkpoints import format as checkpoint
 from minilm.config import load_config, resolve_config
-from minilm.trainer import train
+from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
 
 PY = sys.executable

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm.compiled import compiled_body
-from minilm.generation import Decoder, GenerationError, Sampling, generate_ids
-from minilm.model import attend
+from minilm.generation.compiled import compiled_body
+from minilm.generation.decode import Decoder, GenerationError, Sampling, generate_ids
+from minilm.model.gpt import attend
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from minilm.config import Config, ConfigError, find_config_file, load_config, resolve_config
-from minilm.model import GPT
+from minilm.model.gpt import GPT
 from tests.conftest import REPO
 
 CONFIGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "interpolated")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from minilm import data, shakespeare as plays, tokenizer as tokenizer_module
 from minilm.config import DataConfig
-from minilm.data import DataError, get_batch, prepare
-from minilm.tokenizer import Tokenizer, TokenizerError
+from minilm.data import corpus as data, shakespeare as plays, tokenizer as tokenizer_module
+from minilm.data.corpus import DataError, get_batch, prepare
+from minilm.data.tokenizer import Tokenizer, TokenizerError
 
 WORDS = ("the king queen lord lady sword crown night day love death fair foul speak hear "
          "what where when why how thou thee thy art hath doth shall will would must come go").split()

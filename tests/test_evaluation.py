@@ -11,15 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minilm.model
-from minilm import GPT, checkpoint, evaluation, passkey, scoring
-from minilm.checkpoint import CheckpointError
+import minilm.model.gpt
+from minilm import GPT
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import load_model
 from minilm.cli import passkey as passkey_cli
-from minilm.config import ConfigError
-from minilm.loading import load_model
+from minilm.config import ConfigError, build_config
+from minilm.data.corpus import prepare
+from minilm.evaluation import lengths as evaluation, passkey, scoring
 from minilm.positions import available
-from minilm.config import build_config
-from minilm.data import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "the grass is green sky blue sun yellow here we go there and back again king queen night 0 1 2 3 4 5 6 7 8 9"
@@ -166,7 +167,7 @@ def test_chunked_paths_give_the_same_perplexity(corpus, kind, monkeypatch):
     _, model = tiny_checkpoint(corpus, kind, block_size=64)
     tokens = torch.randint(0, 340, (129,), generator=torch.Generator().manual_seed(2))
     whole = scoring.score(model, tokens, 64, "sliding", stride=16)
-    monkeypatch.setattr(minilm.model, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
+    monkeypatch.setattr(minilm.model.gpt, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
     monkeypatch.setattr(scoring, "LOSS_CHUNK", 7)
     chunked = scoring.score(model, tokens, 64, "sliding", stride=16, batch_tokens=64)
     assert chunked == pytest.approx(whole, rel=1e-5)
@@ -350,10 +351,3 @@ def test_passkey_command_line(corpus, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(tmp_path / "mix")
     assert passkey_cli.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err
-
-
-def test_passkey_old_invocation_names_the_new_one():
-    proc = subprocess.run([sys.executable, "-m", "minilm.passkey", "eval", "out/rope"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: this command moved: use python -m minilm passkey ..."

@@ -9,8 +9,10 @@ import sys
 import pytest
 import yaml
 
-from minilm import evaluation, experiments, report
 from minilm.cli import experiment as experiment_cli
+from minilm.evaluation import lengths as evaluation
+from minilm.figures.canvas import have_matplotlib
+from minilm.study import plan as experiments, report
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     passkey = list(csv.DictReader(open(out / "passkey.csv")))
     assert {(r["label"], r["when"]) for r in passkey} == {(m, w) for m in plan["extension"]["methods"]
                                                         for w in ("before", "after")}
-    if evaluation.have_matplotlib():
+    if have_matplotlib():
         for figure in ("scratch.png", "ablation.png", "extension.png"):
             assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
 
@@ -120,11 +122,3 @@ def test_verdicts_are_paired_ratios_over_seeds():
     assert rows["sinusoidal at L within 15% of learned at L"][-1] == "yes"
     assert rows["alibi at 4L within 10% of its L perplexity"][-1] == "unresolved"  # +2.5%, +20%, -2%
     assert rows["at 4L, xpos beats rope"][-2:] == ["not run", "n/a"]
-
-
-def test_old_invocation_names_the_new_one():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "minilm.experiments", "length-generalization", "--quick"],
-                          cwd=root, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: this command moved: use python -m minilm experiment ..."

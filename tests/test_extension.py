@@ -3,11 +3,14 @@ source's weights move into the extended model."""
 import pytest
 import torch
 
-from minilm import GPT, checkpoint
-from minilm.checkpoint import CheckpointError
-from minilm.config import ConfigError, build_config
-from minilm.extension import complete_position, load_source_weights
-from minilm.trainer import source_model
+from minilm import GPT
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.extension import complete_position, load_source_weights
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import load_model
+from minilm.config import ConfigError, build_config, load_config
+from minilm.positions import build, describe, unwrap_setting
+from minilm.training.loop import source_model
 
 MODEL = {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16}
 TOKENIZER = {}
@@ -143,7 +146,6 @@ def test_complete_position_leaves_its_input_alone():
     ("extend_rope_pi", "rope.yaml"), ("extend_rope_ntk", "rope.yaml"), ("extend_rope_yarn", "rope.yaml"),
     ("extend_learned_interp", "learned.yaml"), ("extend_sinusoidal_interp", "sinusoidal.yaml")])
 def test_shipped_extension_configs_load_their_source(tmp_path, name, source_config):
-    from minilm.config import load_config
     src = load_config(source_config, [f"out_dir={tmp_path / 'src'}", "model.vocab_size=4096"])
     torch.manual_seed(0)
     src_model = GPT(src.model)
@@ -166,8 +168,6 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
 
 def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path):
     """Before 'inner', interpolated called its wrapped scheme 'base': both keep loading."""
-    from minilm.config import load_config
-    from minilm.loading import load_model
 
     config = build_config({"model": {**MODEL, "block_size": 31,
                                      "position": {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}},
@@ -196,7 +196,6 @@ def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path)
 
 
 def test_checkpoints_from_before_embedding_scale_load_unscaled(tmp_path):
-    from minilm.loading import load_model
     config = build_config({"model": {**MODEL, "block_size": 16, "position": {"kind": "sinusoidal"},
                                      "embedding_scale": 1.0}, "out_dir": str(tmp_path / "old")})
     model = GPT(config.model).eval()
@@ -209,3 +208,26 @@ def test_checkpoints_from_before_embedding_scale_load_unscaled(tmp_path):
     idx = torch.randint(0, 53, (1, 16))
     with torch.no_grad():
         assert torch.equal(loaded.model(idx), model(idx))
+
+
+def test_a_randomized_model_loads_as_its_wrapped_scheme_with_the_same_evaluation_logits(tmp_path):
+    """randomized hands its wrapped scheme the plain positions at evaluation, so a randomized
+    learned model is the learned model its table makes: loading sees through the wrapper (the
+    kind inside it is what must match) and moves positions.inner.table.weight out of it."""
+    path, src = source(tmp_path, "randomized", inner={"kind": "learned"}, max_positions=32)
+    plain = load_model(path, ["model.position={kind: learned, max_positions: 32}"]).model
+    assert torch.equal(plain.state_dict()["positions.table.weight"], src.state_dict()["positions.inner.table.weight"])
+    idx = torch.randint(0, 53, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(plain(idx), src(idx))
+    with pytest.raises(CheckpointError, match="trained with 'learned' positions, not 'rope'"):
+        load_model(path, ["model.position={kind: randomized, inner: rope}"])
+
+
+def test_unwrap_agrees_for_settings_and_schemes():
+    setting = {"kind": "interpolated", "factor": 4.0, "inner": {"kind": "randomized", "inner": {"kind": "learned"}}}
+    scheme = build(setting, d_model=16, n_head=2, block_size=64)
+    inner, factor = scheme.unwrap()
+    assert inner.kind == unwrap_setting(setting)["kind"] == "learned" and factor == 4.0
+    assert build({"kind": "rope"}, d_model=16, n_head=2, block_size=8).unwrap()[1] == 1.0
+    assert describe(setting) == "interpolated(randomized(learned)) x4"

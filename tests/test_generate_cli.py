@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from minilm import checkpoint
+from minilm.checkpoints import format as checkpoint
 from minilm.config import Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,7 +190,7 @@ def test_set_changes_the_position_scaling_at_generation_time(checkpoints, capsys
     assert status == 0, err
     assert dynamic != plain  # context 96 > trained 32: dynamic NTK changes the rotation
     status, _, err = run(capsys, *base, "--set", "model.n_layer=3")
-    assert status == 2 and "only model.position" in err
+    assert status == 2 and "only model.block_size, model.dropout, model.position, data.* can change" in err
 
 
 def test_attention_map(checkpoints, capsys, tmp_path):

@@ -4,8 +4,8 @@ position scheme, past the context too), incremental detokenization and stop stri
 import pytest
 import torch
 
-from minilm.generation import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, TextStream,
-                               context_size, generate, generate_ids, generate_text, repetition_penalty, sample)
+from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, TextStream,
+                                      context_size, generate, generate_ids, generate_text, repetition_penalty, sample)
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from minilm import data
 from minilm.config import DataConfig
-from minilm.data import DataError, join_documents, prepare
-from minilm.shakespeare import shakespeare_documents
-from minilm.tokenizer import Tokenizer, TokenizerError
+from minilm.data import corpus as data
+from minilm.data.corpus import DataError, join_documents, prepare
+from minilm.data.shakespeare import shakespeare_documents
+from minilm.data.tokenizer import Tokenizer, TokenizerError
 from tests.conftest import REPO, tiny_text
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from minilm import hf_tokenizer  # noqa: E402
-from minilm.hf_tokenizer import (  # noqa: E402
-    HFTokenizer, load_tokenizer, save_pretrained_tokenizer, tokenizer_from_bytes)
+from minilm.data import hf_tokenizer  # noqa: E402
+from minilm.data.hf_tokenizer import (HFTokenizer, load_tokenizer, save_pretrained_tokenizer,  # noqa: E402
+                                      tokenizer_from_bytes)
 
 NASTY = [
     "", " ", "   ", " leading", "trailing ", "  both  ", "many     spaces   inside", "\t", "tab\tand \t mixed\t",
@@ -237,9 +237,9 @@ def test_saving_an_hf_tokenizer_writes_its_own_json(byte_level, tmp_path):
 def test_without_the_extra_minilm_imports_and_hf_tokenizers_say_how_to_install(byte_level, small_sp,
                                                                              monkeypatch):
     code = ("import sys; sys.modules['tokenizers'] = None; sys.modules['transformers'] = None\n"
-            "import minilm, minilm.data, minilm.loading\n"
-            "from minilm.hf_tokenizer import HFTokenizer, tokenizer_from_bytes\n"
-            "from minilm.tokenizer import TokenizerError\n"
+            "import minilm, minilm.data, minilm.checkpoints.loading\n"
+            "from minilm.data.hf_tokenizer import HFTokenizer, tokenizer_from_bytes\n"
+            "from minilm.data.tokenizer import TokenizerError\n"
             "try:\n    tokenizer_from_bytes(sys.stdin.buffer.read())\nexcept TokenizerError as exc:\n"
             "    print('error:', exc)\n")
     out = subprocess.run([sys.executable, "-c", code], input=byte_level.to_bytes(), cwd=REPO,

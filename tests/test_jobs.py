@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from minilm.jobs import Job, run_jobs
+from minilm.study.jobs import Job, run_jobs
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -1,6 +1,8 @@
-"""The shape of the package, as docs/design.md describes it: imports only run down the layer
-table, every module is placed in it, command-line code lives in minilm/cli/ only, imports of
-minilm modules sit at the top of each file, and modules and functions stay small."""
+"""The shape of the package, as docs/design.md describes it: every unit (a top-level module or
+a subpackage) has a layer and imports only run down the layers, so no two units import each
+other; inside a subpackage, modules import only those listed before them in the table; the
+package root holds few modules; command-line code lives in minilm/cli/ only; imports of
+minilm modules sit at the top of each file; and modules and functions stay small."""
 import ast
 import os
 import re
@@ -13,18 +15,21 @@ PACKAGE = os.path.join(REPO, "minilm")
 DESIGN = os.path.join(REPO, "docs", "design.md")
 MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
+MAX_ROOT_MODULES = 6  # besides the subpackages: __init__, __main__, common, config, ...
+FREE_ORDER = ("positions", "cli")  # the registry's schemes and the commands import each other freely
 
 
-def layer_table() -> dict:
-    """{unit: layer} from the '## Layers' table of docs/design.md (unit: a module or a package)."""
+def layer_table() -> tuple:
+    """({unit: layer}, {unit: [module, ...]}) from the '## Layers' table of docs/design.md."""
     with open(DESIGN, encoding="utf-8") as f:
         text = f.read()
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    layers = {}
-    for number, names in re.findall(r"^\| (\d+) \| (.+?) \|$", section, flags=re.M):
-        for name in names.split(","):
-            layers[name.strip().replace("\\_", "_")] = int(number)
-    return layers
+    layers, orders = {}, {}
+    for number, name, members in re.findall(r"^\| (\d+) \| (.+?) \| (.*?) ?\|$", section, flags=re.M):
+        name = name.strip().replace("\\_", "_")
+        layers[name] = int(number)
+        orders[name] = [m.strip().replace("\\_", "_") for m in members.split(",") if m.strip()]
+    return layers, orders
 
 
 def modules() -> dict:
@@ -40,9 +45,13 @@ def modules() -> dict:
 
 
 def unit(module: str) -> str:
-    """The layer-table entry a module belongs to: minilm.positions.rope -> positions."""
+    """The layer-table entry a module belongs to: minilm.model.gpt -> model."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def is_package(module: str) -> bool:
+    return MODULES[module].endswith("__init__.py")
 
 
 def minilm_imports(tree: ast.AST, module: str, known: dict):
@@ -61,35 +70,84 @@ def minilm_imports(tree: ast.AST, module: str, known: dict):
                 yield node.lineno, name, id(node) in top
 
 
-LAYERS = layer_table()
+LAYERS, ORDERS = layer_table()
 MODULES = modules()
 
 
-def test_the_table_places_every_module():
+def imports_of(module: str) -> list:
+    with open(MODULES[module], encoding="utf-8") as f:
+        return list(minilm_imports(ast.parse(f.read()), module, MODULES))
+
+
+def test_the_table_places_every_unit():
     units = {unit(m) for m in MODULES} - {"__init__"}
     missing = sorted(units - set(LAYERS))
-    assert not missing, f"modules missing from the layer table of docs/design.md: {missing}"
+    assert not missing, f"units missing from the layer table of docs/design.md: {missing}"
     stale = sorted(set(LAYERS) - units)
-    assert not stale, f"docs/design.md lists modules that do not exist: {stale}"
+    assert not stale, f"docs/design.md lists units that do not exist: {stale}"
+    assert len(set(LAYERS.values())) == len(LAYERS), "each unit has a layer of its own"
+
+
+def test_the_table_lists_each_subpackage_module():
+    for name, listed in ORDERS.items():
+        if name in FREE_ORDER or not listed:
+            continue
+        present = {m.split(".")[2] for m in MODULES if unit(m) == name and m.count(".") == 2}
+        assert set(listed) == present, f"docs/design.md lists {name}/ as {listed}; it holds {sorted(present)}"
+
+
+def test_the_root_holds_few_modules():
+    root = sorted(m for m in MODULES if m.count(".") <= 1 and not is_package(m) or m == "minilm")
+    assert len(root) <= MAX_ROOT_MODULES, f"minilm/ holds {len(root)} modules besides its subpackages: {root}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if unit(m) != "__init__"))
 def test_imports_only_run_down_the_layers(module):
-    with open(MODULES[module], encoding="utf-8") as f:
-        tree = ast.parse(f.read())
     mine = LAYERS[unit(module)]
-    for line, name, _ in minilm_imports(tree, module, MODULES):
+    for line, name, _ in imports_of(module):
         assert name != "minilm", f"{module}:{line} imports the package face; import from the defining module"
         theirs = LAYERS[unit(name)]
         assert theirs <= mine, (f"{module}:{line} (layer {mine}) imports {name} from the higher layer {theirs}; "
                                 f"see docs/design.md")
 
 
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.count(".") == 2 and unit(m) not in FREE_ORDER))
+def test_modules_of_a_subpackage_import_only_those_before_them(module):
+    order = ORDERS[unit(module)]
+    mine = order.index(module.split(".")[2])
+    package = f"minilm.{unit(module)}"
+    for line, name, _ in imports_of(module):
+        assert name != package, f"{module}:{line} imports its own package's face; import from the defining module"
+        if name.startswith(package + "."):
+            theirs = order.index(name.split(".")[2])
+            assert theirs < mine, (f"{module}:{line} imports {name}, listed after it in docs/design.md "
+                                   f"({', '.join(order)})")
+
+
+def test_no_import_cycles_between_units():
+    graph = {}
+    for module in MODULES:
+        for _, name, _ in imports_of(module):
+            if unit(name) != unit(module):
+                graph.setdefault(unit(module), set()).add(unit(name))
+    seen, stack = set(), []
+
+    def visit(node):
+        assert node not in stack, f"import cycle: {' -> '.join(stack[stack.index(node):] + [node])}"
+        if node in seen:
+            return
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        stack.pop()
+        seen.add(node)
+    for node in sorted(graph):
+        visit(node)
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_minilm_imports_sit_at_the_top(module):
-    with open(MODULES[module], encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    inside = [f"{module}:{line} {name}" for line, name, top in minilm_imports(tree, module, MODULES) if not top]
+    inside = [f"{module}:{line} {name}" for line, name, top in imports_of(module) if not top]
     assert not inside, f"imports inside functions: {inside}"
 
 
@@ -128,6 +186,6 @@ def test_modules_and_functions_stay_small():
 
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The layer check itself can fail: a model module importing the trainer is caught."""
-    tree = ast.parse("from minilm.trainer import train\n")
+    tree = ast.parse("from minilm.training.loop import train\n")
     (name,) = [n for _, n, _ in minilm_imports(tree, "minilm.model", MODULES)]
     assert LAYERS[unit(name)] > LAYERS[unit("minilm.model")]

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm import losses
-from minilm.losses import lm_loss
+from minilm.training import losses
+from minilm.training.losses import lm_loss
 
 
 def unfused(hidden, weight, targets):

@@ -8,13 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm import GPT, ModelConfig, checkpoint, generation
-from minilm.attention_maps import attention_weights
-from minilm.checkpoint import CheckpointError
+from minilm import GPT, ModelConfig
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import load_model
 from minilm.config import ConfigError, build_config
-from minilm.loading import load_model
+from minilm.figures.attention import attention_weights
+from minilm.generation import decode as generation
 from minilm.positions import available
-from minilm.trainer import source_model, train
+from minilm.training.loop import source_model, train
 
 LLAMA = dict(norm="rmsnorm", mlp="swiglu", tie_embeddings=False, n_kv_head=2)
 NEOX = dict(parallel_residual=True, norm="layernorm", mlp="gelu", bias=True)

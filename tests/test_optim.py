@@ -7,7 +7,7 @@ import torch
 
 from minilm import GPT, ModelConfig
 from minilm.config import ConfigError, TrainConfig
-from minilm.optim import Muon, make_optimizer, orthogonalize
+from minilm.training.optim import Muon, make_optimizer, orthogonalize
 
 
 @pytest.mark.parametrize("shape", [(16, 48), (48, 16), (3, 24, 24)])

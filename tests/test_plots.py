@@ -9,14 +9,16 @@ import torch
 pytest.importorskip("matplotlib")
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm import attention_maps, checkpoint, plots  # noqa: E402
-from minilm.config import Config  # noqa: E402
-from minilm.loading import load_model  # noqa: E402
+from minilm.checkpoints import format as checkpoint  # noqa: E402
+from minilm.checkpoints.loading import load_model  # noqa: E402
 from minilm.cli import positions as cli  # noqa: E402
+from minilm.config import Config  # noqa: E402
+from minilm.data.tokenizer import Tokenizer  # noqa: E402
+from minilm.figures import attention as attention_maps, positions as plots  # noqa: E402
+from minilm.figures.canvas import PlotError  # noqa: E402
 from minilm.positions import available, build, scheme_class  # noqa: E402
 from minilm.positions.alibi import alibi_slopes  # noqa: E402
 from minilm.positions.t5 import t5_bucket  # noqa: E402
-from minilm.tokenizer import Tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = dict(d_model=64, n_head=4, block_size=64)
@@ -200,7 +202,7 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     assert cli.main(["plot", "rope", "--out", str(tmp_path / "x.png")]) == 2
     assert capsys.readouterr().err == 'error: plotting needs matplotlib: pip install -e ".[plot]"\n'
-    with pytest.raises(plots.PlotError, match="plotting needs matplotlib"):
+    with pytest.raises(PlotError, match="plotting needs matplotlib"):
         attention_maps.attention_map(object(), [1], object(), str(tmp_path / "a.png"))
 
 

@@ -4,11 +4,9 @@ import math
 import pytest
 import torch
 
-from minilm.positions import available, build
-from minilm.positions import fire as fire_module
+from minilm.positions import available, build, fire as fire_module
 from minilm.positions.alibi import alibi_slopes
-from minilm.positions.rope import (dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq,
-                                   yarn_mscale)
+from minilm.positions.rope import dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq, yarn_mscale
 from minilm.positions.sinusoidal import sinusoidal_table
 from minilm.positions.t5 import t5_bucket
 
@@ -433,7 +431,7 @@ def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
 # --------------------------------------------------------------------------- shaw
 
 def test_shaw_keys_and_values_against_attention_written_out():
-    from minilm.model import attend
+    from minilm.model.gpt import attend
     torch.manual_seed(0)
     shaw = make({"kind": "shaw", "max_distance": 3, "values": True}, d_model=8, n_head=2)
     with torch.no_grad():

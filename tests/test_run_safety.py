@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from minilm import checkpoint
-from minilm.outdir import OutDirError, OutDirLock, rotate
-from minilm.trainer import train
+from minilm.checkpoints import format as checkpoint
+from minilm.training.loop import train
+from minilm.training.outdir import OutDirError, OutDirLock, rotate
 from tests.conftest import REPO, tiny_overrides
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}

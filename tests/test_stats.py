@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from minilm import stats
+from minilm.study import stats
 
 
 @pytest.mark.parametrize("df, expected", [(1, 12.706204736174703), (2, 4.302652729749464), (4, 2.776445105197799),

@@ -11,15 +11,16 @@ import time
 import pytest
 import torch
 
-import minilm.data
-from minilm import checkpoint, trainer
-from minilm.checkpoint import CheckpointError
-from minilm.config import ConfigError, TrainConfig
-from minilm.model import GPT
+import minilm.data.corpus
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import load_model
 from minilm.common import cpu_has_fast_bf16, resolve_dtype
-from minilm.loading import load_model
-from minilm.optim import lr_at, make_optimizer
-from minilm.trainer import TrainingError, train
+from minilm.config import ConfigError, TrainConfig
+from minilm.model.gpt import GPT
+from minilm.training import loop as trainer
+from minilm.training.loop import TrainingError, train
+from minilm.training.optim import lr_at, make_optimizer
 from tests.conftest import REPO, tiny_overrides
 
 
@@ -80,13 +81,13 @@ def test_tiny_run_writes_checkpoint_metrics_and_summary(tiny_config):
     assert summary["steps"] == 12 and summary["tokens"] == 12 * 4 * 32
     model, tokenizer, loaded, state = load_model(summary["checkpoint"])
     assert state["step"] == 12 and loaded.model.vocab_size == tokenizer.vocab_size == 400
-    assert state["tokenizer"] == minilm.data.prepare(config.data, quiet=True).tokenizer.to_bytes()
+    assert state["tokenizer"] == minilm.data.corpus.prepare(config.data, quiet=True).tokenizer.to_bytes()
     train_log = read_metrics(config.out_dir)
     assert [r["step"] for r in train_log] == list(range(1, 13))
     assert train_log[-1]["loss"] < train_log[0]["loss"]
     assert [r["step"] for r in read_metrics(config.out_dir, "eval")] == [6]
     final = read_metrics(config.out_dir, "final")[0]
-    prepared = minilm.data.prepare(config.data, quiet=True)
+    prepared = minilm.data.corpus.prepare(config.data, quiet=True)
     bpc = final["val_loss"] * len(prepared.val) / prepared.val_chars / math.log(2)
     assert final["val_bpc"] == pytest.approx(bpc, rel=1e-4)
     assert summary["final_val_bpc"] == final["val_bpc"] and summary["best_val_bpc"] <= final["val_bpc"]

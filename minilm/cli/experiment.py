@@ -9,8 +9,8 @@ import os
 import sys
 import time
 
-from minilm import experiments, report
 from minilm.cli import Parser, run_command
+from minilm.study import plan as experiments, report
 
 EXPERIMENTS = ("length-generalization",)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

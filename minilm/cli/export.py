@@ -1,9 +1,10 @@
 """``python -m minilm export CHECKPOINT DIR``: write a minilm checkpoint as a Hugging Face
-model directory that ``transformers`` loads with no custom code (``minilm.hf_export``)."""
+model directory that ``transformers`` loads with no custom code (``minilm.hf.export``)."""
 from __future__ import annotations
 
-from minilm import hf_export
+from minilm.checkpoints.loading import load_model
 from minilm.cli import Parser, run_command
+from minilm.hf import export as hf_export
 
 
 def main(argv=None) -> int:
@@ -15,7 +16,8 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    done = hf_export.export(args.checkpoint, args.directory)
+    model, tokenizer, config, _ = load_model(args.checkpoint)
+    done = hf_export.export_model(model, tokenizer, config, args.directory)
     print(f"exported {args.checkpoint} as {done['family']} ({done['params']:,} parameters) to {done['directory']}: "
           f"config.json, model.safetensors, tokenizer.json")
     return 0

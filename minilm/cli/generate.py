@@ -10,11 +10,11 @@ from typing import List, Optional
 
 import torch
 
-from minilm import attention_maps
+from minilm.checkpoints.loading import load_model
 from minilm.common import resolve_device, resolve_dtype
-from minilm.generation import (GenerationError, GenerationWarning, Sampling, Stats, check_count,
-                               context_size, encode_prompt, generate)
-from minilm.loading import load_model
+from minilm.figures import attention as attention_maps
+from minilm.generation.decode import (GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size,
+                                      encode_prompt, generate)
 
 SEPARATOR = "---------------"
 

@@ -6,13 +6,13 @@ import sys
 
 from tqdm import tqdm
 
-from minilm import passkey
+from minilm.checkpoints.loading import load_model, read_checkpoint
 from minilm.cli import Parser, run_command
-from minilm.data import corpus_documents, join_documents
-from minilm.hf_import import is_hf_source
-from minilm.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
-from minilm.loading import load_model, read_checkpoint
-from minilm.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
+from minilm.data.corpus import corpus_documents, join_documents
+from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
+from minilm.evaluation import passkey
+from minilm.evaluation.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus
+from minilm.hf.reading import is_hf_source
 
 
 def _make_corpus(args) -> list:

@@ -20,11 +20,12 @@ import sys
 
 import yaml
 
-from minilm import plots
+from minilm.checkpoints.loading import load_model
 from minilm.cli import run_command
 from minilm.common import MinilmError
 from minilm.config import ModelConfig, apply_overrides
-from minilm.loading import load_model
+from minilm.figures import positions as plots
+from minilm.figures.canvas import require_matplotlib
 from minilm.positions import available, build, canonical, scheme_class
 
 SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
@@ -117,7 +118,7 @@ def _current_name(cls, name: str) -> str:
 
 def plot(argv) -> str:
     args = parse_plot_args(argv)
-    plots.require_matplotlib()  # fail early, before any model is loaded, when matplotlib is missing
+    require_matplotlib()  # fail early, before any model is loaded, when matplotlib is missing
     kind, source = args["kind"], args["checkpoint"]
     if source is not None:
         if args["options"] or args["shape"]:

@@ -4,11 +4,12 @@ scheme needs no edit anywhere else."""
 import importlib
 import pkgutil
 
-from minilm.positions.base import (PositionError, PositionScheme, available, build, canonical, register,
-                                   scheme_class, validate)
+from minilm.positions.base import (PositionError, PositionScheme, available, build, canonical, describe, register,
+                                   scheme_class, unwrap_setting, validate)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "__main__") and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["PositionError", "PositionScheme", "available", "build", "canonical", "register", "scheme_class", "validate"]
+__all__ = ["PositionError", "PositionScheme", "available", "build", "canonical", "describe", "register", "scheme_class",
+           "unwrap_setting", "validate"]

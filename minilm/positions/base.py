@@ -75,6 +75,36 @@ def canonical(position: Any) -> Any:
     return out
 
 
+def unwrap_setting(position: dict) -> dict:
+    """The setting of the scheme inside any wrappers (``interpolated``, ``randomized``): the
+    scheme whose parameters the weights hold, as ``PositionScheme.unwrap`` finds it."""
+    while isinstance(position, dict) and "inner" in getattr(_REGISTRY.get(position.get("kind")), "setting_options", ()):
+        position = position.get("inner", _REGISTRY[position["kind"]].options["inner"])
+    return position
+
+
+def describe(position: dict) -> str:
+    """A short label of a setting: 'rope', 'rope+yarn x4', 'interpolated(learned) x4.02',
+    'randomized(rope) max_positions=1024'."""
+    kind = position.get("kind")
+    cls = _REGISTRY.get(kind)
+    text, shown = kind, {"kind", "scaling"}
+    if cls is not None and "inner" in cls.setting_options:
+        text, shown = f"{kind}({describe(position.get('inner', cls.options['inner']))})", {"kind", "inner", "factor"}
+        if "factor" in cls.options:
+            text += f" x{float(position.get('factor', cls.options['factor'])):.3g}"
+    elif kind == "rope" and isinstance(position.get("scaling"), dict):
+        scaling = position["scaling"]
+        if scaling.get("type", "none") != "none":
+            text += f"+{scaling['type']}"
+            if scaling.get("factor") is not None:
+                text += f" x{float(scaling['factor']):.3g}"
+    extras = {k: v for k, v in position.items() if k not in shown}
+    if extras:
+        text += " " + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in extras.items())
+    return text
+
+
 def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "PositionScheme":
     """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``."""
     if not isinstance(position, dict) or "kind" not in position:
@@ -158,6 +188,12 @@ class PositionScheme(nn.Module):
                 f"position {last:g} is past the {self.kind} position table "
                 f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
                 f"relative scheme (rope, alibi, t5, none) or interpolated")
+
+    def unwrap(self) -> tuple:
+        """(the scheme that acts at evaluation, the factor it divides positions by): the scheme
+        itself and 1; a wrapper answers for what it wraps (``interpolated`` multiplies the
+        factor by its own, ``randomized`` hands on plain positions at evaluation)."""
+        return self, 1.0
 
     def start(self, pos: torch.Tensor) -> None:
         """Called once at the start of every forward pass with the new tokens' positions, before

@@ -38,6 +38,10 @@ class Interpolated(PositionScheme):
         limit = self.inner.position_limit()
         return None if limit is None else (limit - 1) * self.factor + 1
 
+    def unwrap(self):
+        inner, factor = self.inner.unwrap()
+        return inner, factor * self.factor
+
     def _scaled(self, pos):
         if torch.compiler.is_compiling():  # a compiled graph computes it once anyway; comparing breaks the graph
             return pos / self.factor

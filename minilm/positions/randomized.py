@@ -44,6 +44,9 @@ class Randomized(PositionScheme):
     def position_limit(self):
         return self.inner.position_limit()
 
+    def unwrap(self):
+        return self.inner.unwrap()  # at evaluation the wrapped scheme sees the plain positions
+
     def start(self, pos):
         self._table = None
         if self.training:

@@ -1,0 +1,74 @@
+"""The one way to rebuild a model from a checkpoint: ``load_model(path, overrides)``.
+
+generate.py, evaluate.py, passkey, the position plots and ``train.init_from`` all load
+through here. ``overrides`` are ``key=value`` settings applied to the checkpoint's config
+before the model is built; only what can change after training may change:
+
+* ``model.position...``: a RoPE scaling (``original_max_positions`` defaults to the
+  checkpoint's training length), or ``interpolated`` around the trained kind (its table or
+  bias buckets included). The kind itself cannot change.
+* ``model.block_size``: a new training length (a learned table is stretched to it).
+* ``model.dropout`` and ``data...``.
+
+How the weights move is ``minilm.extension``. Checkpoints written before ``interpolated``'s
+option ``base`` was renamed ``inner`` load through ``positions.canonical``. A mismatch is
+an error, never a partial load.
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from minilm.checkpoints.extension import complete_position, load_source_weights
+from minilm.checkpoints.format import CheckpointError, load
+from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, apply_overrides, build_config, fields_with
+from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
+from minilm.hf.reading import is_hf_source, read_hf
+from minilm.model.gpt import GPT
+from minilm.positions import canonical, unwrap_setting
+
+CHANGEABLE = tuple(f"model.{name}" for name in fields_with(ModelConfig, AFTER_TRAINING)) + ("data.",)
+
+
+class Loaded(NamedTuple):
+    model: GPT
+    tokenizer: AnyTokenizer  # minilm.tokenizer.Tokenizer or minilm.hf_tokenizer.HFTokenizer
+    config: Config
+    state: dict  # the checkpoint as read (``state["path"]`` is the file)
+
+
+def read_checkpoint(path: str) -> dict:
+    """The checkpoint dict at ``path``: a minilm file or out_dir, or a Hugging Face model
+    directory or ``hf:NAME`` read through ``minilm.hf_import``."""
+    return read_hf(path) if is_hf_source(path) else load(path)
+
+
+def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
+               dtype: Optional[torch.dtype] = None) -> Loaded:
+    """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
+    Hugging Face model directory or ``hf:NAME``: ``minilm.hf_import``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
+    given). Raises CheckpointError or ConfigError with one-line messages."""
+    state = read_checkpoint(path)
+    state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
+    state["config"]["model"].setdefault("embedding_scale", 1.0)  # checkpoints from before it: unscaled
+    trained = state["config"]["model"]
+    tree = apply_overrides(copy.deepcopy(state["config"]), overrides, allowed=CHANGEABLE,
+                           what="at evaluation time, in generation or for fine-tuning (after training)")
+    model_tree = tree["model"]
+    model_tree["position"] = complete_position(canonical(model_tree["position"]), trained,
+                                               model_tree["block_size"])
+    try:
+        config = build_config(tree)
+    except ConfigError as exc:
+        raise ConfigError(f"{state['path']}: {exc}") from None
+    was, asked = unwrap_setting(trained["position"])["kind"], unwrap_setting(config.model.position)["kind"]
+    if was != asked:
+        raise CheckpointError(f"{state['path']} was trained with {was!r} positions, not {asked!r}: a loaded model "
+                              f"can scale its positions or interpolate them (interpolated around {was}), not "
+                              f"change their kind")
+    model = GPT(config.model)
+    load_source_weights(model, state)
+    model.to(device=device, dtype=dtype).eval()
+    return Loaded(model, tokenizer_from_bytes(state["tokenizer"]), config, state)

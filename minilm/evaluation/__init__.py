@@ -1,0 +1,5 @@
+"""Evaluation: held-out loss and windows (``scoring``), perplexity against length
+(``lengths``) and passkey retrieval (``passkey``)."""
+from minilm.evaluation.lengths import evaluate_checkpoints
+
+__all__ = ["evaluate_checkpoints"]

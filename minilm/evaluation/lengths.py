@@ -1,0 +1,266 @@
+"""Perplexity and bits per character on the held-out split at several lengths.
+
+A checkpoint (loaded with ``minilm.loading.load_model``, evaluation-time overrides such
+as a RoPE scaling applied) is scored on windows of T tokens cut from its validation split,
+for each length T (by default 1x, 2x, 4x, 8x and 16x its training length, the
+block_size), in one of the two protocols of ``minilm.scoring``: ``nonoverlapping`` or
+``sliding`` with a stride.
+
+Every length scores the same tokens: the first N targets of the split, where N is
+``max_tokens`` (or the whole split, if shorter) rounded down to a multiple of the longest
+requested length, so the numbers of one table differ only by the window length. The
+validation text is tokenized with the checkpoint's own tokenizer
+(``minilm.data.prepare(..., tokenizer=...)``).
+
+Perplexity = exp(mean nats per scored token); bits/char = total nats / (characters of the
+scored text * ln 2), the characters being those of the decoded scored tokens. A bounded
+scheme (``position_limit()`` not None, e.g. learned) past its table is reported as
+``n/a (bounded)``, not run.
+
+Memory stays linear in T: the model chunks masks and biases (``minilm.model.MASK_BUDGET``),
+bias-free schemes use SDPA's causal kernel, and the loss is computed from the final hidden
+states in chunks (``minilm.scoring.LOSS_CHUNK``), so the T x vocab logits never exist at once.
+
+Output: ``markdown_table``, ``write_csv`` and (with matplotlib) ``plot`` of perplexity
+against length.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from minilm.checkpoints.loading import load_model
+from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
+from minilm.data import corpus as data
+from minilm.evaluation.scoring import MODES, score_many, windows
+from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
+from minilm.positions import describe
+
+DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
+DEFAULT_MAX_TOKENS = 65536
+
+
+class EvaluationError(MinilmError):
+    """A bad evaluation request; the message is one line meant for the user."""
+
+
+@dataclass
+class Result:
+    """One cell: a model at one length. ``nll`` is the mean nats per scored token (None if not run)."""
+
+    label: str
+    checkpoint: str
+    position: str
+    train_length: int
+    length: int
+    mode: str
+    stride: Optional[int]
+    tokens: int
+    chars: int
+    nll: Optional[float]
+    status: str = "ok"  # ok | bounded
+
+    @property
+    def ppl(self) -> Optional[float]:
+        return None if self.nll is None else math.exp(min(self.nll, 700.0))
+
+    @property
+    def bpc(self) -> Optional[float]:
+        return None if self.nll is None else self.nll * self.tokens / (self.chars * math.log(2))
+
+    def cell(self, what: str = "ppl") -> str:
+        if self.status == "bounded":
+            return "n/a (bounded)"
+        if what == "bpc":
+            return f"{self.bpc:.3f}"
+        return f"{self.ppl:.2f}" if self.ppl < 1e4 else f"{self.ppl:.3g}"
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_VAL_CACHE: dict = {}
+
+
+def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
+    """The validation split of ``config.data`` as ids of ``tokenizer`` (memoised per process)."""
+    key = (config.data.corpus, config.data.dir, config.data.vocab_size,
+           hashlib.sha1(tokenizer.to_bytes()).hexdigest())
+    if key not in _VAL_CACHE:
+        _VAL_CACHE[key] = np.asarray(data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).val)
+    return _VAL_CACHE[key]
+
+
+def window_length(multiple: float, block_size: int) -> int:
+    """``multiple`` x the training length in tokens; an EvaluationError when that is under one token."""
+    length = int(round(multiple * block_size))
+    if length < 1:
+        raise EvaluationError(f"multiple {multiple:g} of block_size {block_size} is {multiple * block_size:g} "
+                              f"tokens: evaluation lengths must be at least 1 token")
+    return length
+
+
+def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int]] = None,
+                         multiples: Sequence[float] = DEFAULT_MULTIPLES, mode: str = "nonoverlapping",
+                         stride: Optional[int] = None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
+                         overrides: Sequence[str] = (), labels: Optional[Sequence[str]] = None,
+                         batch_tokens: int = 8192, dtype: str = "float32", device: str = "auto",
+                         quiet: bool = False) -> list:
+    """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
+
+    ``mode`` is a protocol of ``minilm.scoring.MODES`` or a list of them; every (protocol,
+    length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are
+    absolute window lengths shared by every checkpoint; without them each checkpoint is
+    scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
+    applied to every checkpoint's config (position scaling at evaluation time, another
+    corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
+    overridden position)."""
+    modes = _checked_modes(mode, stride)
+    if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
+        raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
+    if lengths is None and (not multiples or any(m <= 0 for m in multiples)):
+        raise EvaluationError(f"multiples={list(multiples)} are invalid: expected positive numbers")
+    if max_tokens is not None and max_tokens < 1:
+        raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
+    if labels is not None and len(labels) != len(paths):
+        raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
+    if not isinstance(batch_tokens, int) or batch_tokens < 1:
+        raise EvaluationError(f"batch_tokens={batch_tokens!r} is invalid: expected an integer >= 1")
+    device = resolve_device(device)
+    if dtype not in ("float32", "bfloat16"):
+        raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
+    compute_dtype = resolve_dtype(dtype, device)
+
+    loaded = []
+    for path in paths:
+        model, tokenizer, config, state = load_model(path, overrides, device=device)
+        block = config.model.block_size
+        these = [int(t) for t in lengths] if lengths is not None else \
+            sorted({window_length(m, block) for m in multiples})
+        loaded.append((state["path"], model, tokenizer, config, these))
+    longest = max(t for *_, these in loaded for t in these)
+
+    results = []
+    for index, (path, model, tokenizer, config, these) in enumerate(loaded):
+        val = validation_tokens(config, tokenizer, quiet=quiet)
+        available = len(val) - 1
+        budget = available if max_tokens is None else min(max_tokens, available)
+        if budget < longest:
+            limited = "" if budget == available else f" (max_tokens={max_tokens})"
+            raise EvaluationError(f"{path}: the validation split has {budget} scorable tokens{limited}, fewer than "
+                                  f"the longest length {longest}: use shorter lengths or more text")
+        n = budget // longest * longest
+        tokens = torch.from_numpy(np.asarray(val[:n + 1], dtype=np.int64))
+        chars = len(tokenizer.decode(tokens[1:].tolist()))
+        position = config.model.position
+        label = labels[index] if labels is not None else _default_label(path, overrides, position)
+        limit = model.positions.position_limit()
+        runnable = [t for t in these if limit is None or t <= limit]
+        cells = [(m, t) for m in modes for t in runnable]
+        requests = [(t, m, stride if m == "sliding" else None) for m, t in cells]
+        total = sum(len(windows(n, *request)) for request in requests)
+        started = time.time()
+        with tqdm(total=total, desc=f"eval {label}", unit="window", file=sys.stderr, disable=quiet,
+                  leave=False) as bar:
+            nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
+                                             dtype=compute_dtype, progress=bar)))
+        for m in modes:
+            for t in these:
+                common = dict(label=label, checkpoint=path, position=describe(position),
+                              train_length=config.model.block_size, length=t, mode=m,
+                              stride=(stride or max(1, t // 2)) if m == "sliding" else None,
+                              tokens=n, chars=chars)
+                results.append(Result(nll=nll[(m, t)], **common) if (m, t) in nll else
+                               Result(nll=None, status="bounded", **common))
+        if not quiet:
+            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in "
+                  f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def _checked_modes(mode, stride) -> list:
+    """``mode`` (one protocol or a list) as a list, with a one-line error for a bad mode or stride."""
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    if not modes or any(m not in MODES for m in modes):
+        raise EvaluationError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
+    if stride is not None and "sliding" not in modes:
+        raise EvaluationError(f"stride={stride} is only used with mode='sliding' (mode is {mode!r})")
+    if stride is not None and (not isinstance(stride, int) or stride < 1):
+        raise EvaluationError(f"stride={stride!r} is invalid: expected an integer >= 1 (omit it for length/2)")
+    return modes
+
+
+def _default_label(path: str, overrides: Sequence[str], position: dict) -> str:
+    path = os.path.abspath(path)
+    name = os.path.basename(os.path.dirname(path)) if path.endswith(".pt") else os.path.basename(path)
+    if any(o.lstrip("-").startswith("model.position") for o in overrides):
+        name += f" [{describe(position)}]"
+    return name
+
+
+# --------------------------------------------------------------------------- output
+
+def markdown_table(results: Sequence, what: str = "ppl") -> str:
+    """A wide markdown table: one row per label, one column per evaluated length."""
+    lengths = sorted({r.length for r in results})
+    rows: dict = {}
+    for r in results:
+        rows.setdefault(r.label, {"position": r.position, "train": r.train_length})[r.length] = r.cell(what)
+    title = "perplexity" if what == "ppl" else "bits/char"
+    return table(["model", "position", "train length"] + [f"{title} @ {t}" for t in lengths],
+                 [[label, row["position"], row["train"]] + [row.get(t, "") for t in lengths]
+                  for label, row in rows.items()])
+
+
+def write_csv(results: Sequence, path: str) -> str:
+    """One line per cell: every Result field plus ppl and bpc (empty when not run)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = None
+        for r in results:
+            row = {**asdict(r), "ppl": "" if r.ppl is None else f"{r.ppl:.6g}",
+                   "bpc": "" if r.bpc is None else f"{r.bpc:.6g}"}
+            row["nll"] = "" if r.nll is None else f"{r.nll:.6g}"
+            row["stride"] = "" if r.stride is None else r.stride
+            if writer is None:
+                writer = csv.DictWriter(f, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+    return path
+
+
+def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",
+         dashed: Sequence[str] = ()) -> str:
+    """PNG of perplexity against length (log x; log y too when it spans more than 10x), one line per label (``dashed`` labels dashed);
+    a dotted vertical line at each distinct training length. Needs matplotlib (object API, no
+    pyplot, no display)."""
+    Figure = require_matplotlib()
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    labels = list(dict.fromkeys(r.label for r in results))
+    for label in labels:
+        points = sorted((r.length, r.ppl) for r in results if r.label == label and r.ppl is not None)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
+                    linestyle="--" if label in dashed else "-")
+    for train in sorted({r.train_length for r in results}):
+        ax.axvline(train, color="grey", linestyle=":", linewidth=1)
+    values = [r.ppl for r in results if r.ppl is not None]
+    wide = bool(values) and max(values) > 10 * min(values)  # a log axis keeps blown-up curves from flattening the others
+    log2_axes(ax, [r.length for r in results], log_y=wide)
+    ax.set_xlabel("evaluation length (tokens); dotted: training length")
+    ax.set_ylabel("validation perplexity" + (" (log scale)" if wide else ""))
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -1,0 +1,166 @@
+"""Held-out scoring, shared by the trainer's evaluations and ``minilm.evaluation``.
+
+``token_losses`` is the one implementation of "sum of next-token losses": it turns the
+final hidden states into logits in chunks of ``LOSS_CHUNK`` rows, so the T x vocab logits
+of a long window never exist at once. ``windows`` cuts a token stream into the windows of
+the two evaluation protocols (Press et al. 2022, "Train Short, Test Long", appendix B):
+
+* ``nonoverlapping``: consecutive windows, each scored in full from position 0, so the
+  average token sees T/2 tokens of context. This is what the ALiBi paper reports.
+* ``sliding``: windows of T tokens that advance by ``stride`` tokens; only the last
+  ``stride`` tokens of each window are scored, so every scored token sees at least
+  T - stride tokens of context (except in the first window, which is scored in full,
+  as in the usual sliding-window recipe). Costs T / stride times more.
+
+``score_many`` runs a model over the windows of several (length, protocol) requests at
+once and returns the mean nats per scored token of each; ``score`` is one request. A causal
+model's output at a token depends only on the tokens before it, and (for a scheme whose
+``prefix_invariant`` is True: all but those that read the sequence length, dynamic NTK and
+LongRoPE) not on how far the window goes on. So a window's losses are those of the same
+tokens inside any longer window that starts at the same token, and ``score_many`` runs
+each distinct window start once, as far as the longest window starting there reaches. A
+non-overlapping window of T at k*T is the start of the 2T windows there, and every sliding
+window (stride T/2) starts where a sliding window of 2T or a window of T/2 does: for
+L, 2L, 4L and 8L in both protocols the model sees 5 N token positions instead of 12 N.
+The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
+(fixed random windows, the same at every evaluation) or ``split_batches`` (the whole
+validation split in non-overlapping windows).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed
+import torch.nn.functional as F
+
+from minilm.common import MinilmError, autocast
+from minilm.data.corpus import get_batch
+
+MODES = ("nonoverlapping", "sliding")
+LOSS_CHUNK = 4096  # rows of hidden states turned into logits at once
+
+
+class ScoringError(MinilmError):
+    """A bad scoring request (mode, stride); the message is one line for the user."""
+
+
+def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """(B, T - first) float32 next-token cross-entropies in nats of targets ``y`` after inputs
+    ``x``, at positions ``first`` onwards; the logits are formed ``LOSS_CHUNK`` rows at a time."""
+    hidden = model(x, return_hidden=True)[:, first:]
+    rows, targets = hidden.reshape(-1, hidden.shape[-1]), y[:, first:].reshape(-1)
+    losses = [F.cross_entropy(model.lm_head(rows[i:i + LOSS_CHUNK]).float(), targets[i:i + LOSS_CHUNK],
+                              reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
+    return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
+
+
+def windows(n: int, length: int, mode: str, stride: Optional[int] = None) -> list:
+    """(begin, end, scored) for the targets 1..n: inputs are tokens[begin:end], targets
+    tokens[begin+1:end+1], and the last ``scored`` of them count. Every target is scored once."""
+    if mode == "nonoverlapping":
+        return [(b, min(b + length, n), min(b + length, n) - b) for b in range(0, n, length)]
+    if mode != "sliding":
+        raise ScoringError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
+    stride = stride or max(1, length // 2)
+    if not 1 <= stride <= length:
+        raise ScoringError(f"stride={stride} is invalid for length {length}: expected 1 <= stride <= length")
+    out, previous, end = [], 0, min(length, n)
+    while True:
+        out.append((max(0, end - length), end, end - previous))
+        if end == n:
+            return out
+        previous, end = end, min(end + stride, n)
+
+
+@torch.no_grad()
+def score(model, tokens: torch.Tensor, length: int, mode: str = "nonoverlapping", stride: Optional[int] = None,
+          *, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, progress=None) -> float:
+    """Mean nats per target over targets 1..len(tokens)-1 with windows of ``length`` tokens."""
+    return score_many(model, tokens, [(length, mode, stride)], batch_tokens=batch_tokens, dtype=dtype,
+                      progress=progress)[0]
+
+
+def _runs(n: int, requests, shared: bool) -> dict:
+    """(begin, end) of each stretch the model runs over -> the windows read from it, as
+    (request index, window end, scored targets). ``shared``: one stretch per window start,
+    to the furthest end of a window starting there; else one per distinct window."""
+    reads: dict = {}
+    for index, (length, mode, stride) in enumerate(requests):
+        for begin, end, scored in windows(n, length, mode, stride):
+            reads.setdefault(begin if shared else (begin, end), []).append((index, end, scored))
+    return {(key if shared else key[0], max(end for _, end, _ in these)): these for key, these in reads.items()}
+
+
+@torch.no_grad()
+def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
+               dtype: Optional[torch.dtype] = None, progress=None) -> list:
+    """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
+    stride), computed in ``dtype`` autocast (None: float32); ``progress.update(windows)`` as
+    it goes. Windows that start at the same token share one run of the model when the
+    scheme is ``prefix_invariant`` (module docstring)."""
+    n = len(tokens) - 1
+    device = next(model.parameters()).device
+    runs = _runs(n, requests, shared=model.positions.prefix_invariant)
+    groups: dict = {}
+    for begin, end in runs:  # stretches of one length go through the model together
+        groups.setdefault(end - begin, []).append((begin, end))
+    totals = [0.0] * len(requests)
+    for size, group in groups.items():
+        per_batch = max(1, batch_tokens // size)
+        for i in range(0, len(group), per_batch):
+            batch = group[i:i + per_batch]
+            first = min(end - scored - span[0] for span in batch for _, end, scored in runs[span])
+            x = torch.stack([tokens[b:e] for b, e in batch]).to(device)
+            y = torch.stack([tokens[b + 1:e + 1] for b, e in batch]).to(device)
+            with autocast(device, dtype):
+                losses = token_losses(model, x, y, first)
+            sums = F.pad(losses.double().cumsum(dim=1), (1, 0)).cpu().tolist()  # sums[row][j]: positions < first + j
+            for row, (begin, stop) in enumerate(batch):
+                for index, end, scored in runs[(begin, stop)]:
+                    hi = end - begin - first
+                    totals[index] += sums[row][hi] - sums[row][hi - scored]
+            if progress is not None:
+                progress.update(sum(len(runs[span]) for span in batch))
+    return [total / n for total in totals]
+
+
+@torch.no_grad()
+def heldout_loss(model, batches, device, dtype, dist) -> float:
+    """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
+    (``dist``: rank, world, enabled, see ``minilm.distributed``) each rank takes a share."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
+    for i, (x, y) in enumerate(batches):
+        if i % dist.world != dist.rank:
+            continue
+        x, y = x.to(device), y.to(device)
+        with autocast(device, dtype):
+            total[0] += token_losses(model, x, y).double().sum().to(device)
+        total[1] += y.numel()
+    if dist.enabled:
+        torch.distributed.all_reduce(total)
+    model.train(was_training)
+    return float(total[0] / total[1])
+
+
+def eval_batches(val, config):
+    """The fixed validation windows of the periodic evaluation (same windows every time)."""
+    generator = torch.Generator().manual_seed(config.seed)
+    t = config.train
+    return [get_batch(val, t.batch_size, config.model.block_size, generator) for _ in range(t.eval_iters)]
+
+
+def split_batches(val, block_size: int, batch_size: int, max_tokens: int):
+    """The validation split (its first ``max_tokens + 1`` tokens) in non-overlapping windows."""
+    tokens = torch.from_numpy(val[: max_tokens + 1].astype("int64"))
+    n = (len(tokens) - 1) // block_size
+    full = tokens[: n * block_size + 1]
+    x, y = full[:-1].view(n, block_size), full[1:].view(n, block_size)
+    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+    rest = len(tokens) - 1 - n * block_size
+    if rest > 0:
+        tail = tokens[n * block_size:]
+        batches.append((tail[:-1][None], tail[1:][None]))
+    return batches

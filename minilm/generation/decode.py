@@ -1,0 +1,446 @@
+"""Text generation: prefill the prompt once, then decode one token at a time from the KV cache.
+
+Layers, each usable on its own:
+
+* ``sample(logits, sampling, generator, seen)``: repetition penalty (CTRL, Keskar et al. 2019:
+  a positive logit of an already present token is divided by the penalty, a negative one
+  multiplied), then greedy argmax (temperature 0) or temperature, top-k and top-p (nucleus,
+  Holtzman et al. 2020) sampling.
+* ``Decoder``: feeds tokens to the model and returns next-token logits, with the right
+  positions for every scheme, past the context too (see below).
+* ``generate_ids``: yields the sampled token of each sequence, step by step.
+* ``TextStream``: incremental detokenization with stop strings.
+* ``generate``: yields ``Piece(sample, token, text)`` as tokens are produced.
+
+Past the context (``max_context``, default the model's block_size) generation never stops:
+
+* bounded schemes (``position_limit()`` is not None: learned, interpolated over learned)
+  slide a window: the model sees the last ``max_context`` tokens at positions
+  0..max_context-1 (nanoGPT). With the cache the sequence is decoded from the cache while
+  it fits; once it slides every position changes, so each step re-encodes the window
+  without a cache (no cache reuse is possible).
+* unbounded schemes (rope, alibi, t5, none, sinusoidal, interpolated over those) keep
+  absolute positions and a rolling cache of ``max_context`` slots that evicts the oldest
+  key when full: sliding-window attention, no re-encoding. A prompt longer than the
+  window is prefilled up to the window, then fed one token at a time. With ``sinks`` = N
+  (attention sinks, Xiao et al. 2023) the first N tokens stay in the window for good beside
+  the last max_context - N.
+
+``use_cache=False`` computes exactly the same thing without reusing keys: every step runs
+the whole sequence so far, ``model(idx, window=max_context)`` for the rolling schemes and
+the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
+dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
+fixed for a whole generation (docs/design.md, "Dynamic scaling and the cache").
+``compile=True`` decodes with a static cache and a compiled step (``minilm.compiled``).
+
+Text: a stop string ends a sample and is not part of its text (the text ends just before
+it); the token that completed it is the sample's last token. Pieces are only handed out
+once they are complete characters and can no longer turn out to be the start of a stop
+string. Generation does not stop at the end-of-text token: the training data has none.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, List, NamedTuple, Optional, Sequence
+
+import torch
+
+from minilm.common import MinilmError, available_memory, peak_memory
+from minilm.generation.compiled import compiled_body
+from minilm.model.cache import cache_dtype
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
+
+
+class GenerationError(MinilmError):
+    """A bad generation setting or input; the message is one line for the user."""
+
+
+class GenerationWarning(UserWarning):
+    """Something was adjusted to make generation possible (e.g. a prompt cropped to the context)."""
+
+
+# --------------------------------------------------------------------------- sampling
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p unused);
+    ``top_k=None`` and ``top_p=1`` keep every token; ``repetition_penalty=1`` is off."""
+    temperature: float = 0.8
+    top_k: Optional[int] = 200
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    def check(self) -> "Sampling":
+        def number(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        if not number(self.temperature) or self.temperature < 0:
+            raise GenerationError(f"temperature={self.temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 1):
+            raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (or none)")
+        if not number(self.top_p) or not 0 < self.top_p <= 1:
+            raise GenerationError(f"top_p={self.top_p!r} is invalid: expected a number in (0, 1]")
+        if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} is invalid: "
+                                  f"expected a number > 0 (1 = off)")
+        return self
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL (Keskar et al. 2019): for tokens already present, a positive logit is divided by
+    ``penalty`` and a negative one multiplied by it (penalty > 1 makes repeats less likely)."""
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator] = None,
+           seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Next token ids (B,) from float logits (B, V). ``seen`` (B, V) bool marks the tokens
+    already present, for the repetition penalty."""
+    if sampling.repetition_penalty != 1.0 and seen is not None:
+        logits = repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above
+        sorted_logits = sorted_logits.masked_fill(before >= sampling.top_p, float("-inf"))  # rank 0 always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- the decode loop
+
+def context_size(model, max_context: Optional[int] = None) -> int:
+    """The number of tokens the model sees at once: ``max_context`` or the block_size, and at
+    most the position table of a bounded scheme."""
+    positions = model.positions
+    limit = positions.position_limit()
+    usable = None if limit is None else int(math.floor(limit))
+    if max_context is None:
+        max_context = model.config.block_size if usable is None else min(model.config.block_size, usable)
+    if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
+        raise GenerationError(f"max_context={max_context!r} is invalid: expected an integer >= 1")
+    if usable is not None and max_context > usable:
+        raise GenerationError(f"max_context={max_context} is larger than the {positions.kind} position table: "
+                              f"at most {usable} positions")
+    return max_context
+
+
+def check_cache_memory(model, batch_size: int, capacity: int) -> None:
+    """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences would
+    not fit in the memory that is free now (checked before allocating, never after)."""
+    c = model.config
+    ref = model.wte.weight
+    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
+    free = available_memory(ref.device)
+    if free is not None and need > free:
+        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "
+                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: lower --max-context, "
+                              f"--max-new-tokens or --num-samples")
+
+
+def check_sinks(model, sinks, max_context: int, slides: bool) -> int:
+    """``sinks`` checked: 0 <= sinks < max_context, and only for schemes that roll."""
+    check_count("sink_tokens", sinks, 0)
+    if sinks and slides:
+        raise GenerationError(f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "
+                              f"{model.positions.kind} positions are bounded and slide their window instead")
+    if sinks >= max_context:
+        raise GenerationError(f"sink_tokens={sinks} leaves no room in a context of {max_context}: "
+                              f"expected 0 <= sink_tokens < {max_context}")
+    return sinks
+
+
+class Decoder:
+    """Feeds tokens to ``model`` for ``batch_size`` sequences that share their positions and
+    returns the next-token logits (B, V): ``prefill(ids)`` once, then ``step(tokens)``.
+
+    ``slides`` is True for bounded schemes (the window is re-encoded from position 0 once the
+    sequence is longer than ``max_context``), False for the rest (a rolling cache / banded
+    causal mask over absolute positions). See the module docstring.
+    """
+
+    def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
+                 total: Optional[int] = None, sinks: int = 0, compile: bool = False):
+        self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
+        if compile and not use_cache:
+            raise GenerationError("compile=True compiles the cached decode step: it needs use_cache=True")
+        self.max_context = context_size(model, max_context)
+        self.slides = model.positions.position_limit() is not None
+        self.sinks = check_sinks(model, sinks, self.max_context, self.slides)
+        self.device = model.wte.weight.device
+        self.cache = None
+        if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
+            capacity = self.max_context if total is None else max(1, min(self.max_context, total))
+            check_cache_memory(model, batch_size, capacity)
+            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
+                                         sinks=self.sinks if capacity == self.max_context else 0)
+        self.body = compiled_body(model) if compile else None
+        self.length = 0  # tokens given so far
+        # the token history, needed whenever something is recomputed from tokens
+        start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
+        self._history = None if (use_cache and not self.slides) else \
+            torch.empty(batch_size, start, dtype=torch.long, device=self.device)
+
+    def _remember(self, ids: torch.Tensor) -> None:
+        if self._history is not None:
+            end = self.length + ids.shape[1]
+            if end > self._history.shape[1]:
+                grown = torch.empty(self.batch_size, max(end, 2 * self._history.shape[1]), dtype=torch.long,
+                                    device=self.device)
+                grown[:, :self.length] = self._history[:, :self.length]
+                self._history = grown
+            self._history[:, self.length:end] = ids
+        self.length += ids.shape[1]
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Take the prompt (B, P) and return the logits that follow it."""
+        if ids.dim() != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1 or self.length:
+            raise GenerationError(f"prefill takes one prompt batch ({self.batch_size}, P>=1) on a fresh decoder")
+        ids = ids.to(self.device)
+        if self.slides and ids.shape[1] > self.max_context:
+            ids = ids[:, -self.max_context:]
+        self._remember(ids)
+        if self.cache is None:
+            return self._recompute()
+        first = ids[:, :self.cache.capacity]  # a rolling cache takes one token at a time once it wraps
+        logits = self.model(first, self.cache, context_len=self.max_context)[:, -1]
+        for t in range(first.shape[1], ids.shape[1]):
+            logits = self.model(ids[:, t:t + 1], self.cache, context_len=self.max_context)[:, -1]
+        return logits
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per sequence (B,) and return the logits that follow."""
+        tokens = tokens.view(self.batch_size, 1)
+        self._remember(tokens)
+        if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
+            return self.model(tokens, self.cache, context_len=self.max_context, body=self.body)[:, -1]
+        return self._recompute()
+
+    def _recompute(self) -> torch.Tensor:
+        """Logits after the whole sequence so far, without reusing keys."""
+        n = self.max_context
+        if self.slides:
+            return self.model(self._history[:, max(0, self.length - n):self.length], context_len=n)[:, -1]
+        window = n if self.length > n else None  # within the window the band changes nothing
+        return self.model(self._history[:, :self.length], window=window, sinks=self.sinks, context_len=n)[:, -1]
+
+
+@dataclass
+class Stats:
+    """What a generation cost; ``generate_ids`` fills it in."""
+    prompt_tokens: int = 0
+    num_samples: int = 0
+    new_tokens: int = 0  # per sample
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0  # from the first new token to the last one
+    seed: Optional[int] = None
+    device: str = "cpu"
+
+    def lines(self) -> List[str]:
+        b = self.num_samples
+        decode_steps = max(self.new_tokens - 1, 0)  # the first new token comes out of the prefill
+        prefill_rate = self.prompt_tokens * b / self.prefill_seconds if self.prefill_seconds else float("nan")
+        decode_rate = decode_steps * b / self.decode_seconds if self.decode_seconds else float("nan")
+        return [
+            f"prompt: {self.prompt_tokens} tokens, new: {self.new_tokens} tokens x {b} sample{'s' * (b > 1)}, "
+            f"seed {self.seed}",
+            f"prefill: {self.prompt_tokens * b} tokens in {self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
+            f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
+            f"peak memory: {peak_memory(self.device)}",
+        ]
+
+
+def check_count(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise GenerationError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+
+
+@torch.inference_mode()
+def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
+                 num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
+                 use_cache: bool = True, sinks: int = 0, stats: Optional[Stats] = None,
+                 compile: bool = False) -> Iterator[torch.Tensor]:
+    """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
+    (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
+    reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
+    window of a bounded scheme is cropped to its last ``max_context`` tokens with a warning."""
+    check_count("max_new_tokens", max_new_tokens, 0)
+    check_count("num_samples", num_samples, 1)
+    sampling.check()
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise GenerationError("the prompt is empty: give at least one token")
+    bad = [t for t in prompt_ids if not 0 <= t < model.config.vocab_size]
+    if bad:
+        raise GenerationError(f"prompt token id {bad[0]} is out of range: valid ids are 0..{model.config.vocab_size - 1}")
+    timed = stats is not None  # on CUDA, timing each step costs a synchronisation
+    stats = stats if timed else Stats()
+    decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
+                      total=len(prompt_ids) + max_new_tokens, sinks=sinks, compile=compile)
+    if decoder.slides and len(prompt_ids) > decoder.max_context:
+        warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
+                      f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)
+        prompt_ids = prompt_ids[-decoder.max_context:]
+    device = decoder.device
+    seed = secrets.randbits(63) if seed is None else int(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = len(prompt_ids), num_samples, seed, str(device)
+    stats.new_tokens, stats.prefill_seconds, stats.decode_seconds = 0, 0.0, 0.0
+    if max_new_tokens == 0:
+        return
+    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
+    seen = None
+    if sampling.repetition_penalty != 1.0:
+        seen = torch.zeros(num_samples, model.config.vocab_size, dtype=torch.bool, device=device)
+        seen[:, ids[0]] = True
+
+    was_training = model.training
+    model.eval()
+    try:
+        start = time.perf_counter()
+        token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
+        _sync(device, timed)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        for step in range(max_new_tokens):
+            if step:
+                token = sample(decoder.step(token).float(), sampling, generator, seen)
+                _sync(device, timed)
+                stats.decode_seconds = time.perf_counter() - start
+            stats.new_tokens = step + 1
+            if seen is not None:
+                seen.scatter_(1, token[:, None], True)
+            yield token
+    finally:
+        model.train(was_training)
+
+
+def _sync(device, timed: bool) -> None:
+    if timed and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- text
+
+class TextStream:
+    """Incremental detokenization of one generated sequence, with stop strings.
+
+    ``push(token)`` returns the new text that is safe to show: each step decodes only the
+    few last tokens (from the last complete-character boundary) and hands out the new
+    suffix, holding it back while it ends in an incomplete UTF-8 character (byte-fallback
+    pieces decode to U+FFFD until the character is complete) or could still be the start
+    of a stop string. The joined pieces are exactly the decoded continuation of the prompt
+    (up to a stop string, which is cut off together with everything after it).
+    """
+
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()):
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self._longest_stop = max((len(s) for s in self.stop), default=0)
+        self._ids = [int(t) for t in prompt_ids][-CONTEXT_TOKENS:]
+        self._prefix, self._read = 0, len(self._ids)  # ids[prefix:read] is text already counted
+        self.tokens: List[int] = []  # generated ids, up to the one that completed a stop string
+        self.text = ""  # the decoded continuation so far (cut at a stop string)
+        self._shown = 0  # characters of text handed out
+        self.stopped = False
+
+    def push(self, token: int, final: bool = False) -> str:
+        """Add one generated token; ``final`` flushes everything held back."""
+        if self.stopped:
+            return ""
+        self.tokens.append(int(token))
+        self._ids.append(int(token))
+        decode = self.tokenizer.decode
+        new = decode(self._ids[self._prefix:])
+        old = decode(self._ids[self._prefix:self._read])
+        before = len(self.text)
+        if final or (len(new) > len(old) and not new.endswith("\ufffd")):
+            self.text += new[len(old):]
+            self._prefix, self._read = self._read, len(self._ids)
+        safe = len(self.text)
+        if self.stop:
+            start = max(0, before - self._longest_stop + 1)
+            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            if hits:
+                self.text, self.stopped, safe = self.text[:min(hits)], True, min(hits)
+            elif not final:
+                safe -= self._stop_prefix()
+        out = self.text[self._shown:safe]
+        self._shown = max(self._shown, safe)
+        return out
+
+    def _stop_prefix(self) -> int:
+        """Length of the longest end of the text that begins some stop string."""
+        for k in range(min(len(self.text), self._longest_stop - 1), 0, -1):
+            tail = self.text[-k:]
+            if any(s.startswith(tail) for s in self.stop):
+                return k
+        return 0
+
+
+class Piece(NamedTuple):
+    """One generated token of one sample and the text it adds (may be empty)."""
+    sample: int
+    token: int
+    text: str
+    done: bool  # the sample is finished (stop string or last token)
+
+
+def encode_prompt(tokenizer, prompt) -> List[int]:
+    """Token ids of a prompt string (or ids as given); an empty prompt starts from BOS."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not ids:
+        if tokenizer.bos_id is None:
+            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from: "
+                                  "give a prompt")
+        ids = [tokenizer.bos_id]
+    return ids
+
+
+def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
+             num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
+             max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
+             stats: Optional[Stats] = None, compile: bool = False) -> Iterator[Piece]:
+    """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
+    ``num_samples`` continuations are decoded together as one batch. Stops early once every
+    sample has hit a stop string. ``prompt`` is a string or token ids."""
+    if isinstance(stop, str):
+        stop = [stop]
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
+    steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                         num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
+                         sinks=sinks, stats=stats, compile=compile)
+    try:
+        for step, tokens in enumerate(steps):
+            final = step == max_new_tokens - 1
+            for i, token in enumerate(tokens.tolist()):
+                stream = streams[i]
+                if not stream.stopped:
+                    text = stream.push(token, final=final)
+                    yield Piece(i, token, text, final or stream.stopped)
+            if all(s.stopped for s in streams):
+                break
+    finally:
+        steps.close()
+
+
+def generate_text(model, tokenizer, prompt, **options) -> List[str]:
+    """The continuations (without the prompt) of ``generate``, one string per sample."""
+    texts = [""] * options.get("num_samples", 1)
+    for piece in generate(model, tokenizer, prompt, **options):
+        texts[piece.sample] += piece.text
+    return texts

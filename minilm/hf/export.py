@@ -1,0 +1,75 @@
+"""minilm models written as Hugging Face model directories.
+
+``export_model(model, tokenizer, config, directory)`` writes config.json, model.safetensors
+and the tokenizer files, which ``transformers.AutoModelForCausalLM`` and ``AutoTokenizer``
+load with no custom code. The family follows the position kind and the architecture
+options (the first of ``minilm.hf.families.FAMILIES`` that ``exports`` the model):
+
+* ``rope``: Llama when Llama-style (rmsnorm, swiglu, no biases; GQA allowed), Qwen2 when that
+  has ``qkv_bias``; else GPT-NeoX (layernorm, gelu or gelu_tanh, full attention heads).
+* ``learned``: GPT-2.  * ``alibi``: MPT.
+
+Biases the target has and minilm does not are written as zeros. Everything else
+(sinusoidal, t5, fire, interpolated, an embedding scale, a setting a family does not handle)
+is refused with a one-line reason. The directory is written under a temporary name and
+renamed into place, so it is complete or absent; an existing non-empty directory is never
+touched. The command line loads the checkpoint (``python -m minilm export``) and hands the
+model in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+try:  # the hf extra
+    from safetensors.torch import save_file
+except ImportError:  # pragma: no cover - reported by export_model()
+    save_file = None
+
+from minilm.data.hf_tokenizer import save_pretrained_tokenizer
+from minilm.hf.families import FAMILIES
+from minilm.hf.family import HFError, refuse_unhandled
+
+EXPORTABLE = "rope (GPT-NeoX, Llama or Qwen2), learned (GPT-2), alibi (MPT)"
+
+
+def export_model(model, tokenizer, config, directory: str) -> dict:
+    """Write a model (its ``config``: a run Config) as a transformers model directory;
+    returns {family, directory, params}."""
+    if save_file is None:
+        raise HFError('export needs safetensors and tokenizers: pip install -e ".[hf]"')
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise HFError(f"{directory!r} exists and is not empty: export into a new directory")
+    family, hf_config, tensors = convert(config.model, {k: v.detach().float().cpu()
+                                                        for k, v in model.state_dict().items()})
+    hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
+    parent = os.path.dirname(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"),
+                  metadata={"format": "pt"})
+        save_pretrained_tokenizer(tokenizer, staging)
+        if os.path.isdir(directory):
+            os.rmdir(directory)  # empty, checked above
+        os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"family": family, "directory": directory, "params": sum(t.numel() for t in tensors.values())}
+
+
+def convert(m, sd: dict) -> tuple:
+    """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict."""
+    if m.embedding_scale not in (1, 1.0, "auto"):
+        raise HFError(f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the "
+                      f"token embedding")
+    for family in FAMILIES:
+        if family.exports(m):
+            refuse_unhandled(family, m)
+            return family.write(m, sd)
+    raise HFError(f"position kind {m.position['kind']!r} has no transformers equivalent; exportable: {EXPORTABLE}")

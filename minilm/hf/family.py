@@ -1,0 +1,121 @@
+"""What a Hugging Face family is to minilm, and what the families share.
+
+A family (``Family``) maps one transformers architecture both ways: ``read_config`` and
+``read_weights`` turn a model directory's config.json and tensors into minilm's model
+settings and state dict; ``exports`` says whether a minilm model is written as this family,
+and ``write`` turns a minilm model into config.json and tensors. ``handles`` names the
+``ModelConfig`` fields that ``write`` maps or checks: ``refuse_unhandled`` refuses a model
+whose other fields are not at their defaults, so a model option added later is refused by
+every family until the family handles it, never silently dropped.
+
+Weight names: minilm's fused ``attn.qkv`` is [q; k; v] with heads contiguous; ``mlp.fc`` is
+[gate; up] for swiglu; the head is ``lm_head`` (``wte`` when tied).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from minilm.common import MinilmError
+
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # HF name -> minilm mlp
+HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # minilm mlp -> HF name
+SHARED = frozenset({"vocab_size", "n_layer", "n_head", "d_model", "block_size", "dropout", "position",
+                    "embedding_scale"})  # handled by the export itself: sizes, the kind's family, no scale
+
+
+class HFError(MinilmError):
+    """A Hugging Face directory or model minilm cannot map; the message is one line for the user."""
+
+
+class Family(NamedTuple):
+    name: str  # as messages show it: "GPT-2"
+    model_types: tuple  # config.json model_type values this family reads (none: export only)
+    handles: frozenset  # ModelConfig fields that ``write`` maps or checks, beside SHARED
+    exports: Callable  # (ModelConfig) -> bool: is a minilm model written as this family?
+    write: Callable  # (ModelConfig, state dict) -> (model_type, config.json dict, HF tensors)
+    read_config: Optional[Callable] = None  # (config.json dict, path) -> minilm model settings
+    read_weights: Optional[Callable] = None  # (HF tensors, minilm model settings) -> minilm state dict
+
+
+def refuse(path: str, what: str) -> None:
+    raise HFError(f"{path}: {what}")
+
+
+def require(ok: bool, family: str, what: str) -> None:
+    if not ok:
+        raise HFError(f"cannot export as {family}: {what}")
+
+
+def refuse_unhandled(family: Family, m) -> None:
+    """Refuse a model with a setting ``family`` does not handle and that is not at its default."""
+    for f in dataclasses.fields(m):
+        if f.name in SHARED or f.name in family.handles:
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(m, f.name)
+        require(value == default, family.name, f"model.{f.name}={value!r} has no {family.name} equivalent "
+                                               f"(exported only at its default {default!r})")
+
+
+def activation(hf: dict, key: str, path: str) -> str:
+    name = hf.get(key, "gelu")
+    if name not in ACTIVATIONS:
+        refuse(path, f"{key}={name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+class Weights:
+    """The source tensors by name, with a common prefix stripped; ``take`` marks them used, and
+    ``done`` refuses tensors that were never used (a mapping that would silently drop weights)."""
+
+    def __init__(self, tensors: dict, prefix: str, ignore: tuple = ()):
+        self.tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.endswith(ignore)}
+        self.used = set()
+
+    def take(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise HFError(f"the weights lack {name!r}")
+        self.used.add(name)
+        return self.tensors[name]
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def done(self, out: dict) -> dict:
+        left = sorted(set(self.tensors) - self.used)
+        if left:
+            raise HFError(f"weights {left[:3]} have no place in the minilm model")
+        return out
+
+
+def take_norm(out: dict, w: Weights, source: str, target: str, bias: bool = True) -> None:
+    """Read a weight (and bias) pair: norms, and linears stored as (out, in)."""
+    out[f"{target}.weight"] = w.take(f"{source}.weight")
+    if bias:
+        out[f"{target}.bias"] = w.take(f"{source}.bias")
+
+
+def take_head(out: dict, w: Weights, tied: bool, name: str) -> dict:
+    out["lm_head.weight"] = out["wte.weight"] if tied else w.take(name)
+    if tied and w.has(name):
+        w.take(name)  # a tied head saved anyway: the same tensor
+    return out
+
+
+def put_linear(sd: dict, out: dict, source: str, target: str, with_bias: bool, transpose: bool = False) -> None:
+    """Write a minilm weight (and its bias, zeros where minilm has none) under a HF name."""
+    weight = sd[f"{source}.weight"]
+    out[f"{target}.weight"] = weight.t() if transpose else weight
+    if with_bias:
+        out[f"{target}.bias"] = sd.get(f"{source}.bias", torch.zeros(weight.shape[0]))
+
+
+def require_classic_layout(m, family: str) -> None:
+    """GPT-2 and MPT: layernorm, a sequential residual, a tied head, full attention heads."""
+    require(m.norm == "layernorm" and not m.parallel_residual and m.tie_embeddings, family,
+            f"it needs layernorm, a sequential residual and a tied head (norm={m.norm}, "
+            f"parallel_residual={m.parallel_residual}, tie_embeddings={m.tie_embeddings})")
+    require(m.n_kv_head in (None, m.n_head) and not m.qkv_bias, family, "it has neither GQA nor q/k/v-only bias")

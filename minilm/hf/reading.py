@@ -1,0 +1,115 @@
+"""Hugging Face model directories read as minilm checkpoints.
+
+``read_hf(path)`` turns a ``transformers`` model directory (config.json, safetensors or torch
+weights, tokenizer files) into the dict a minilm checkpoint file holds: ``model`` (a minilm
+state dict), ``config`` (a full run config as a plain dict), ``tokenizer`` (bytes) and
+``path``. ``minilm.checkpoints.loading.load_model`` then builds the model as for any
+checkpoint, so every scaling, ``interpolated`` and ``train.init_from`` apply to imported
+models too. How each family's config and weights map is its own file (``minilm.hf.gpt2``,
+``neox``, ``llama``); the families are listed in ``minilm.hf.families``.
+
+``path`` is a directory recognised by its config.json, or ``hf:NAME``: a repo id already in
+the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
+~/.cache/huggingface/hub). Nothing is ever downloaded. Anything minilm cannot map is a
+one-line ``HFError`` naming what is supported.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+try:  # the hf extra
+    from safetensors.torch import load_file as load_safetensors
+except ImportError:  # pragma: no cover - reported when a safetensors file is read
+    load_safetensors = None
+
+from minilm.config import Config
+from minilm.data.hf_tokenizer import HFTokenizer
+from minilm.hf.families import READERS
+from minilm.hf.family import HFError
+
+PREFIX = "hf:"
+
+
+def is_hf_source(path: str) -> bool:
+    """True for ``hf:NAME`` and for a directory holding config.json (and no minilm ckpt.pt)."""
+    return str(path).startswith(PREFIX) or (
+        os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+        and not os.path.isfile(os.path.join(path, "ckpt.pt")))
+
+
+def hub_cache() -> str:
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def cached_snapshot(name: str) -> str:
+    """The directory of repo ``name`` in the local cache: the snapshot refs/main points at,
+    else the only snapshot there is."""
+    repo = os.path.join(hub_cache(), "models--" + name.replace("/", "--"))
+    snapshots = os.path.join(repo, "snapshots")
+    if not os.path.isdir(snapshots):
+        raise HFError(f"{PREFIX}{name} is not in the local Hugging Face cache ({hub_cache()}): minilm never "
+                              f"downloads; fetch it yourself (huggingface-cli download {name}) or give its directory")
+    ref = os.path.join(repo, "refs", "main")
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as f:
+            chosen = os.path.join(snapshots, f.read().strip())
+        if os.path.isdir(chosen):
+            return chosen
+    found = sorted(os.listdir(snapshots))
+    if len(found) != 1:
+        raise HFError(f"{PREFIX}{name}: {len(found)} snapshots in {snapshots} and no refs/main to choose "
+                              f"one; give the snapshot directory itself")
+    return os.path.join(snapshots, found[0])
+
+
+def read_hf(path: str) -> dict:
+    """The minilm checkpoint dict of a Hugging Face model directory or ``hf:NAME``."""
+    directory = cached_snapshot(path[len(PREFIX):]) if str(path).startswith(PREFIX) else path
+    try:
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise HFError(f"cannot read {os.path.join(directory, 'config.json')}: {exc}") from None
+    family = READERS.get(hf.get("model_type"))
+    if family is None:
+        raise HFError(f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: "
+                      f"{', '.join(sorted(READERS))}")
+    model_tree = family.read_config(hf, path)
+    state_dict = family.read_weights(read_weights(directory), model_tree)
+    tokenizer = HFTokenizer.from_directory(directory)
+    config = Config().to_dict()
+    config["model"] = {**config["model"], **model_tree}
+    config["data"]["vocab_size"] = tokenizer.vocab_size
+    if tokenizer.vocab_size > model_tree["vocab_size"]:
+        raise HFError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                      f"{model_tree['vocab_size']} embedding rows")
+    return {"model": state_dict, "config": config, "tokenizer": tokenizer.to_bytes(), "path": str(path)}
+
+
+def read_weights(directory: str) -> dict:
+    """{name: tensor} from model.safetensors / pytorch_model.bin, sharded or not."""
+    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
+                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        index = os.path.join(directory, index_name)
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+            return {k: v for name in files for k, v in _read_file(os.path.join(directory, name)).items()}
+        if os.path.isfile(os.path.join(directory, single)):
+            return _read_file(os.path.join(directory, single))
+    raise HFError(f"no weights in {directory}: expected model.safetensors or pytorch_model.bin "
+                          f"(or their sharded index)")
+
+
+def _read_file(path: str) -> dict:
+    if path.endswith(".safetensors"):
+        if load_safetensors is None:
+            raise HFError(f"reading {path} needs safetensors: pip install -e \".[hf]\"")
+        return load_safetensors(path)
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,76 @@
+"""Rope settings both ways: a config.json's ``rope_theta``, partial rotary and scaling as
+minilm's ``rope`` setting (``rope_position``), and minilm's setting as ``rope_parameters``
+(``rope_parameters``).
+
+Reading: scalings of type linear, dynamic, yarn (its default betas and attention factor
+only) and llama3; ``original_max_positions`` is the config's
+``original_max_position_embeddings``, else ``max_position_embeddings`` (always the latter
+for dynamic), as in transformers. Writing: linear, dynamic, yarn and llama3 as
+``rope_parameters``; static NTK as its changed base, theta * s^(d/(d-2)) (Bloc97 2023), the
+same rotation with no scaling at all.
+"""
+from __future__ import annotations
+
+from minilm.hf.family import refuse, require
+from minilm.positions.rope import ntk_base
+
+SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3")  # rope_type values read
+YARN_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "truncate": True}
+ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
+
+
+def rope_position(hf: dict, path: str) -> dict:
+    """minilm's rope setting for a config's rope_theta, partial rotary and scaling."""
+    params = dict(hf.get("rope_parameters") or {})
+    params.update(hf.get("rope_scaling") or {})
+    base = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
+    fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in SCALINGS:
+        refuse(path, f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
+    position = {"kind": "rope", "base": float(base), "rotary_fraction": float(fraction), "scaling": None}
+    if kind == "default":
+        return position
+    maximum = hf["max_position_embeddings"]
+    original = params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings") or maximum
+    if kind == "dynamic":  # transformers' dynamic NTK measures lengths against max_position_embeddings
+        original = maximum
+    factor = params.get("factor") or (maximum / original if kind == "yarn" else None)
+    scaling = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+    if kind == "llama3":
+        scaling.update(low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+                       high_freq_factor=float(params.get("high_freq_factor", 4.0)))
+    if kind == "yarn":
+        odd = {k: params[k] for k, v in YARN_DEFAULTS.items() if params.get(k) not in (None, v)}
+        odd.update({k: params[k] for k in ("attention_factor", "mscale", "mscale_all_dim") if params.get(k)})
+        if odd:
+            refuse(path, f"yarn settings {odd} are not supported; minilm's yarn has beta_fast 32, beta_slow 1 "
+                         f"and attention factor 0.1 ln(factor) + 1")
+    position["scaling"] = scaling
+    return position
+
+
+def rope_parameters(m) -> tuple:
+    """(rope_parameters, max_position_embeddings) of a ModelConfig's rope setting."""
+    rope = m.position
+    scaling = rope.get("scaling") or {"type": "none"}
+    kind, fraction = scaling.get("type", "none"), rope.get("rotary_fraction", 1.0)
+    rotated = int(m.head_dim * fraction)
+    require(rotated % 2 == 0, "rope", f"rotary_fraction={fraction} rotates an odd {rotated} dims")
+    params = {"rope_type": "default", "rope_theta": float(rope.get("base", 10000.0)),
+              "partial_rotary_factor": float(fraction)}  # always: GPT-NeoX's default is 0.25
+    if kind == "ntk":
+        params["rope_theta"] = ntk_base(params["rope_theta"], scaling["factor"], rotated)
+        return params, m.block_size
+    require(kind in ROPE_TYPES, "rope", f"scaling {kind!r} has no transformers equivalent here; exportable: "
+            f"{', '.join(ROPE_TYPES)}, ntk")
+    if kind == "none":
+        return params, m.block_size
+    params.update(rope_type=ROPE_TYPES[kind], factor=float(scaling["factor"]))
+    original = scaling["original_max_positions"]
+    if kind == "dynamic":  # transformers measures dynamic lengths against max_position_embeddings
+        return params, original
+    params["original_max_position_embeddings"] = original
+    if kind == "llama3":
+        params.update(low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"])
+    return params, m.block_size

@@ -1,0 +1,347 @@
+"""GPT: token embedding -> n_layer pre-norm blocks (LayerNorm, causal self-attention,
+GELU MLP) -> final LayerNorm -> LM head tied to the token embedding.
+
+That is the default; ``ModelConfig`` options give the variants that other model families use
+(names and weight layouts stay those of the default, so weights map across):
+
+* ``norm: rmsnorm`` (Llama) for every norm, ``norm_eps`` for both kinds;
+* ``mlp: gelu_tanh`` (GPT-2's gelu_new) or ``swiglu`` (Llama: ``fc`` holds gate and up);
+* ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
+* ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
+* ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
+* ``tie_embeddings: false``: an LM head of its own.
+
+The positional encoding is a plug-in from ``minilm.positions`` and acts through three
+hooks: ``embed`` after the token embedding, ``rotate`` on q and k in every layer (before
+the cache write) and ``bias`` on the attention logits. Positions are explicit tensors:
+``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minilm.config import ModelConfig
+from minilm.model.cache import KVCache, cache_dtype
+from minilm.positions import PositionScheme, build
+
+# Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
+# inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
+MASK_BUDGET = 1 << 24
+QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
+
+
+class ForwardPass(NamedTuple):
+    """What every block's attention needs to know of one forward pass: the new tokens'
+    positions, the position scheme, the KV cache (or None), the attention window and sinks,
+    the context length (what dynamic scaling reads) and the layer whose attention weights to
+    hand back (None: no layer's)."""
+    pos: torch.Tensor
+    scheme: PositionScheme
+    cache: Optional[KVCache]
+    window: Optional[int]
+    sinks: int
+    context_len: int
+    weights_of: Optional[int] = None
+
+
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
+    """(Tq, Tk) True where a query may see a key: causal, and with a ``window`` W only the last
+    W - ``sinks`` positions plus the first ``sinks`` ones."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        band = distance < window - sinks
+        allowed &= (band | (k_pos[None, :] < sinks)) if sinks else band
+    return allowed
+
+
+def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
+           sinks: int = 0, dropout_p: float = 0.0, padded: bool = False, need_weights: bool = False):
+    """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
+    over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
+    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
+    ``padded``: the keys include a static cache's empty slots, which only the mask hides.
+    ``need_weights``: (output, weights (B, heads, Tq, Tk)), written out (SDPA returns none)."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if not scheme.has_bias and not need_weights:
+        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
+        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
+        if not cached and window is None and not (fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
+            mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
+    for start in range(0, Tq, chunk):
+        end = min(start + chunk, Tq)
+        qp, qc = q_pos[start:end], q[:, :, start:end]
+        # without a cache the keys are the queries' own sequence: those after the chunk's last
+        # query are never visible, so each chunk attends to a prefix (half the work overall)
+        kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
+        allowed = visible(qp, kp, window, sinks)
+        mask = allowed
+        if scheme.has_bias:
+            mask = scheme.bias(qp, kp, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p)
+        outputs.append(out)
+        if need_weights:  # keys after a chunk's last query were never visible: weight 0
+            weights.append(F.pad(w, (0, Tk - w.shape[-1])))
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return (out, torch.cat(weights, dim=2)) if need_weights else out
+
+
+def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
+    """Queries per chunk of the written-out path: at most QUERY_CHUNK, and at most MASK_BUDGET
+    mask entries for the batch and heads of ``q`` over ``Tk`` keys."""
+    return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
+
+
+def fused_by_compiler(q: torch.Tensor) -> bool:
+    """Whether the full-sequence causal attention of queries ``q`` should be written out (two
+    matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
+    ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
+    queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
+    and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
+    training step runs 1.08-1.13x faster this way (bench/bench_train.py shape, T=256), the
+    float32 one 0.94x, eager code 1.02x, so float32, eager code and CUDA keep SDPA (fp16 on
+    the CPU was not measured). As everywhere on the written-out path, the scores are rounded
+    to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
+    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
+
+
+def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> tuple:
+    """(softmax(q k^T / sqrt(d) + mask) v, plus the scheme's ``value_term(weights)`` where it has
+    one (SDPA returns no weights); the weights). ``mask`` is boolean (True: visible) or additive (-inf: hidden).
+    Written out rather than SDPA with a mask, whose CPU fallback also checks every row for
+    being fully masked (none is here: a query always sees itself), about 1.3x slower."""
+    scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
+    weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
+    out = weights @ v
+    return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
+
+
+def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
+    """What the token embedding is multiplied by before positions are added: sqrt(d_model) as in
+    Vaswani et al. 2017 (section 3.4) for ``sqrt_d_model``, and for ``auto`` where the scheme adds
+    a unit-amplitude table (``scaled_embedding``: sinusoidal); else 1, or the number given."""
+    scale = config.embedding_scale
+    if scale == "auto":
+        scale = "sqrt_d_model" if positions.scaled_embedding else 1.0
+    return math.sqrt(config.d_model) if scale == "sqrt_d_model" else float(scale)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"), as Llama has it:
+    weight * (x / sqrt(mean(x^2) + eps)), the mean over the last dimension computed in float32
+    and the result cast back to x's dtype before the weight; no bias, no mean subtracted."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    """LayerNorm (with a bias where ``config.bias``) or RMSNorm, over d_model with ``norm_eps``."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
+    "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
+    head_dim wide, and key/value head j serves query heads j*g .. (j+1)*g - 1, g = n_head / n_kv_head.
+    Keys are rotated and cached with n_kv_head heads and repeated g times just before attention."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.dropout = config.dropout
+
+    def project(self, x):
+        """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model)."""
+        B, T, _ = x.shape
+        q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
+        q, k, v = self.qkv(x).split((q_width, kv_width, kv_width), dim=-1)
+        return tuple(t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def expand(self, kv):
+        """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
+        groups = self.n_head // self.n_kv_head
+        return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+
+    def forward(self, x, layer: int, fp: ForwardPass):
+        """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
+        (output, attention weights (B, n_head, T, keys))."""
+        B, T, C = x.shape
+        q, k, v = self.project(x)
+        q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
+        k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
+        if cache is not None:
+            k, v, k_pos = cache.update(layer, k, v)
+            window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
+        need_weights = fp.weights_of == layer
+        # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
+        y = attend(q.to(k.dtype), self.expand(k), self.expand(v), fp.pos, k_pos, fp.scheme, cached=cache is not None,
+                   window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0,
+                   padded=cache is not None and cache.static, need_weights=need_weights)
+        y, weights = y if need_weights else (y, None)
+        out = self.proj(y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
+        return (out, weights) if need_weights else out
+
+
+class MLP(nn.Module):
+    """proj(gelu(fc(x))), with ``mlp: gelu_tanh`` the tanh approximation of GELU (GPT-2's
+    gelu_new); with ``mlp: swiglu`` (Shazeer 2020, "GLU Variants Improve Transformer")
+    proj(silu(gate(x)) * up(x)), where ``fc`` (2 d_ff outputs) holds gate then up."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.kind = config.mlp
+        width = 2 * config.d_ff if self.kind == "swiglu" else config.d_ff
+        self.fc = nn.Linear(config.d_model, width, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            return self.proj(F.silu(gate) * up)
+        return self.proj(F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none"))
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel_residual``
+    (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.parallel = config.parallel_residual
+
+    def forward(self, x, layer: int, fp: ForwardPass):
+        """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""
+        attended = self.attn(self.ln_1(x), layer, fp)
+        attended, weights = attended if fp.weights_of == layer else (attended, None)
+        attended = self.drop(attended)
+        if self.parallel:
+            out = x + attended + self.drop(self.mlp(self.ln_2(x)))
+        else:
+            x = x + attended
+            out = x + self.drop(self.mlp(self.ln_2(x)))
+        return (out, weights) if fp.weights_of == layer else out
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.positions = build(config.position, d_model=config.d_model, n_head=config.n_head,
+                               block_size=config.block_size)
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = make_norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        self.embedding_scale = embedding_multiplier(config, self.positions)
+        self._init_weights()
+
+    def _init_weights(self):
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer).
+        The position scheme initialises its own parameters."""
+        for name, module in self.named_modules():
+            if name.startswith("positions"):
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, param in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self) -> int:
+        """Trainable parameters, a tied LM head counted once (with the embedding)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0,
+                  static: bool = False) -> KVCache:
+        """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
+        tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
+        first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads.
+        ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
+        ref = self.wte.weight
+        return KVCache(self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
+                       rolling=rolling, sinks=sinks, static=static, dtype=cache_dtype(ref), device=ref.device)
+
+    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
+                sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False,
+                body=None, weights_of: Optional[int] = None):
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T).
+
+        Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
+        query to the last ``window`` positions (sliding-window attention, what a rolling cache
+        computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
+        sinks computes). With a cache they sit at cache.length.., attend to everything cached, and
+        the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
+        T without a cache, the cache capacity with one). ``return_hidden`` returns the final
+        normalised hidden states instead of logits (for memory-friendly chunked losses).
+        ``body`` replaces ``self.body`` (a compiled one: ``minilm.generation.compiled``).
+        ``weights_of`` (a layer index) returns (logits, that layer's attention weights (B,
+        n_head, T, keys)), computed by the written-out attention (``minilm.figures.attention``).
+        """
+        B, T = idx.shape
+        self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
+        if cache is not None:
+            if cache.batch_size != B:
+                raise ValueError(f"batch of {B} sequences does not match the cache's batch size {cache.batch_size}")
+            pos = cache.begin(T)
+            context_len = context_len or cache.capacity
+        else:
+            pos = torch.arange(T, device=idx.device, dtype=torch.float32)
+            context_len = context_len or T
+        self.positions.start(pos)
+        if weights_of is not None and weights_of < 0:
+            weights_of += len(self.blocks)  # -1: the last layer
+        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of)
+        out = (body or self.body)(idx, fp, return_hidden)
+        if cache is not None:
+            cache.commit()
+        return out
+
+    def body(self, idx, fp: ForwardPass, return_hidden: bool):
+        """The computation of ``forward`` once positions are known: embedding, blocks, final norm
+        and (unless ``return_hidden``) the LM head. No Python state changes here, so that a
+        compiler can take it whole."""
+        x = self.wte(idx)
+        if self.embedding_scale != 1.0:
+            x = x * self.embedding_scale
+        x = self.drop(self.positions.embed(x, fp.pos))
+        weights = None
+        for layer, block in enumerate(self.blocks):
+            x = block(x, layer, fp)
+            if fp.weights_of == layer:
+                x, weights = x
+        x = self.ln_f(x)
+        out = x if return_hidden else self.lm_head(x)
+        return out if fp.weights_of is None else (out, weights)

@@ -1,0 +1,327 @@
+"""The length-generalization study: train short, test long, then extend; every run with
+several seeds, side by side in parallel processes.
+
+    python -m minilm experiment length-generalization [--quick] [--seeds 1,2,3] [--workers N] [key=value ...]
+
+(Press et al. 2022, "Train Short, Test Long"; Chen et al. 2023, position interpolation;
+Peng et al. 2023, YaRN.) For every seed s (the same batches for every run of seed s, so
+comparisons between schemes are paired):
+
+1. **From scratch**: one model per scheme in ``KINDS`` (every kind of the registry that
+   trains from scratch; ``interpolated`` is the extension below) at training length L.
+2. **Evaluation** of each on the whole validation split at ``eval.multiples`` of L, in both
+   protocols of ``minilm.scoring`` (non-overlapping windows; sliding windows, stride = half
+   the window).
+3. **Sinusoidal base ablation**: base 1000 / 10,000 (the model of step 1) / 100,000.
+4. **Extension** of the rope model of seed s from L to ``factor`` x L with each method of
+   ``extension.methods`` (no scaling, PI = linear, NTK, YaRN, llama3): one fine-tuning run
+   per method, with snapshots at ``extension.curve_steps``; every snapshot is evaluated at
+   1L, 2L, 4L, 8L (step 0 is the source with the scaling applied), the last one in both
+   protocols; passkey accuracy at ``passkey.multiples`` of L before and after.
+
+The runs are ``minilm.jobs`` jobs (``workers`` processes, one torch thread each). Results are
+one row per (run, seed, step, protocol, length) in ``Study.cells``; ``minilm.report`` turns
+them into means with 95% intervals, paired verdicts, figures and ``report.md``. Checkpoints
+go under ``<out>/runs/`` (kept out of git by a ``.gitignore`` there).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from typing import Optional
+
+from minilm.checkpoints.loading import load_model
+from minilm.common import MinilmError, resolve_device
+from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
+from minilm.data import corpus as data
+from minilm.evaluation import lengths as evaluation, passkey
+from minilm.study.jobs import Done, Job, run_jobs
+from minilm.training.loop import train
+
+KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
+METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "llama3"}
+
+# The full study. float32: on the 2-core Xeon with AVX512-BF16 this study was built on, bf16
+# autocast trained this shape at 6.4k tokens/s per thread against 11.8k in float32 (one run
+# each, 40 steps), and float32 numbers do not depend on the CPU's bf16 support.
+# 3 layers: with 4 the full study took 68.8 min on a 2-core AMD EPYC (AVX2), where a training
+# step already runs its matmuls at ~80 of the ~90 GFLOP/s one thread can do; a layer less
+# cuts training and evaluation by about a fifth and keeps the recipe (tokens, steps, the
+# 10% fine-tuning fraction) as it was.
+FULL = {
+    "seeds": [1, 2, 3],
+    "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False},
+    "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data"},
+    "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
+              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu"},
+    "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
+    "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
+                  "curve_multiples": [1, 2, 4, 8]},
+    "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]},
+    "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding"], "max_tokens": None,
+             "batch_tokens": 8192},
+    "passkey": {"multiples": [1, 2, 3, 4], "depths": [0.0, 0.5, 1.0], "trials": 4},
+}
+
+# --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
+QUICK = copy.deepcopy(FULL)
+QUICK["seeds"] = [1, 2]
+QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32})
+QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
+QUICK["finetune"].update({"warmup_steps": 2})
+QUICK["extension"].update({"methods": ["none", "linear", "yarn"], "curve_steps": [0, 5, 10]})
+QUICK["eval"].update({"max_tokens": 2048})
+QUICK["passkey"].update({"multiples": [2, 4], "depths": [0.5], "trials": 1})
+
+# trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
+RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
+                "sample_tokens": 0, "final_eval_tokens": 0}
+
+
+class ExperimentError(MinilmError):
+    """A bad experiment setting; the message is one line meant for the user."""
+
+
+# --------------------------------------------------------------------------- plan and configs
+
+def make_plan(quick: bool = False, seeds=None, overrides=()) -> dict:
+    """The nested settings of a study: FULL or QUICK with ``key=value`` overrides applied."""
+    plan = copy.deepcopy(QUICK if quick else FULL)
+    for assignment in overrides:
+        section = assignment.split("=", 1)[0].strip().lstrip("-").split(".")[0]
+        if section not in plan or section == "seeds":
+            valid = [s for s in plan if s != "seeds"]
+            raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} "
+                                  f"(seeds: --seeds)")
+    apply_overrides(plan, overrides)
+    if seeds is not None:
+        plan["seeds"] = list(seeds)
+    if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
+        raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
+    steps = plan["extension"]["curve_steps"]
+    if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
+        raise ExperimentError(f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, "
+                              f"e.g. [0, 10, 25, 50, 100, 200]")
+    unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
+    if unknown:
+        raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
+    return plan
+
+
+def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
+               init_from: Optional[str] = None):
+    """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
+    with snapshots at the curve steps, with ``init_from``), this position and seed."""
+    train_settings = {**RUN_DEFAULTS, **plan["train"]}
+    if init_from is not None:
+        steps = plan["extension"]["curve_steps"]
+        train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
+                              snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
+    tree = {"model": {**plan["model"], "position": position,
+                      "block_size": block_size or plan["model"]["block_size"]},
+            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
+    try:
+        return resolve_config(build_config(copy.deepcopy(tree)))
+    except ConfigError as exc:
+        raise ExperimentError(f"experiment settings: {exc}") from None
+
+
+def scaling_override(method: str, factor: float) -> list:
+    """The evaluation-time override that applies extension ``method`` to a rope checkpoint."""
+    return [] if method == "none" else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
+
+
+# --------------------------------------------------------------------------- work done in the workers
+
+def train_job(config_tree: dict, overwrite: bool) -> dict:
+    summary = train(build_config(config_tree), quiet=True, overwrite=overwrite)
+    return {k: v for k, v in summary.items() if k != "sample"}
+
+
+def evaluate_job(path: str, lengths: list, modes: list, overrides: list, max_tokens, batch_tokens: int,
+                 device: str) -> list:
+    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=max_tokens,
+                                           overrides=overrides, labels=["-"], batch_tokens=batch_tokens,
+                                           device=device, quiet=True)
+
+
+def passkey_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
+                device: str) -> list:
+    """Passkey rows; a length too short for a prompt with this tokenizer gets accuracy None."""
+    model, tokenizer, _, _ = load_model(path, overrides, device=resolve_device(device))
+    shortest = passkey.min_length(tokenizer)
+    rows = passkey.accuracy(model, tokenizer, [t for t in lengths if t >= shortest], depths, trials=trials, seed=seed)
+    return rows + [dict(length=t, depth=d, correct=0, trials=trials, accuracy=None)
+                   for t in lengths if t < shortest for d in depths]
+
+
+# --------------------------------------------------------------------------- the study
+
+@dataclasses.dataclass
+class Run:
+    """One trained model of the study (``train`` job ``key``) and what it is for."""
+
+    key: str
+    section: str  # scratch | ablation | extension
+    label: str  # the row of its table (scheme, base, method)
+    seed: int
+    config: object
+
+
+class Study:
+    """Builds the job graph of a plan, runs it, and keeps the results as flat cells.
+
+    ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
+    extension), mode, length, ppl, bpc, nll, tokens, chars, status. ``passkey``: dicts with
+    label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> Run;
+    ``done``: job key -> ``minilm.jobs.Done`` (values and times)."""
+
+    def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False):
+        self.plan, self.out, self.workers, self.overwrite, self.quiet = plan, out, workers, overwrite, quiet
+        self.runs_dir = os.path.join(out, "runs")
+        self.runs: dict = {}
+        self.jobs: list = []
+        self._readers: list = []  # (job key, function turning its value into cells)
+        self.cells: list = []
+        self.passkey: list = []
+        self.done: dict = {}
+        self.scored_tokens: Optional[int] = None
+        self._evaluations: dict = {}  # (checkpoint, overrides) -> (key, {(mode, length)}) of its evaluation job
+
+    @property
+    def L(self) -> int:
+        return self.plan["model"]["block_size"]
+
+    def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(), **kw) -> str:
+        config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
+        self.runs[name] = Run(f"train {name}", section, label, seed, config)
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
+        return f"train {name}"
+
+    def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="") -> None:
+        """Cells of ``where`` at ``multiples`` of L in ``modes``, from a new evaluation job (all
+        its cells in one ``score_many`` pass) or from one already planned for the same checkpoint
+        and overrides with (at least) those cells."""
+        lengths = [int(m * self.L) for m in multiples]
+        cells = {(mode, t) for mode in modes for t in lengths}
+        what = (path, tuple(overrides))
+        key, planned = self._evaluations.get(what, (None, set()))
+        if not cells <= planned:
+            key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, ",".join(modes),
+                            ",".join(map(str, lengths))])
+            args = (path, lengths, list(modes), list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
+                    self.plan["train"]["device"])
+            self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
+            self._evaluations[what] = (key, cells)
+        self._readers.append((key, lambda results, where=where, cells=cells: [
+            {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
+             "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results
+            if (r.mode, r.length) in cells]))
+
+    def _passkey(self, after: str, path: str, overrides, where: dict, seed: int) -> None:
+        p = self.plan["passkey"]
+        key = f"passkey {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
+        lengths = [int(m * self.L) for m in p["multiples"]]
+        self.jobs.append(Job(key, passkey_job, (path, list(overrides), lengths, p["depths"], p["trials"], seed,
+                                                self.plan["train"]["device"]),
+                             (after,), "passkey before and after extension"))
+        self._readers.append((key, lambda rows, where=where: [{**where, **row} for row in rows]))
+
+    def prepare_data(self) -> None:
+        """Prepare the corpus once, here, before the workers start (they would race to do it), and
+        fix ``scored_tokens``: the validation split (or eval.max_tokens) rounded down to a multiple
+        of the longest evaluation length, so every cell of the study scores the same tokens."""
+        config = run_config(self.plan, os.path.join(self.runs_dir, "-"), {"kind": "rope"}, self.plan["seeds"][0])
+        val = data.prepare(config.data, quiet=self.quiet).val
+        e, ext = self.plan["eval"], self.plan["extension"]
+        longest = int(max(max(e["multiples"]), max(ext["curve_multiples"]), max(self.plan["ablation"]["multiples"]))
+                      * self.L)
+        available = len(val) - 1 if e["max_tokens"] is None else min(e["max_tokens"], len(val) - 1)
+        if available < longest:
+            raise ExperimentError(f"the validation split has {available} scorable tokens, fewer than the longest "
+                                  f"evaluation length {longest}: use more text or shorter eval.multiples")
+        self.scored_tokens = available // longest * longest
+
+    def build(self) -> list:
+        """The job graph: training first (rope first, it unblocks the extension), then the rest."""
+        plan, L = self.plan, self.L
+        if self.scored_tokens is None:
+            self.prepare_data()
+        seeds, ext = plan["seeds"], plan["extension"]
+        long = int(ext["factor"] * L)
+        for seed in seeds:
+            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
+        for seed in seeds:
+            for method in ext["methods"]:
+                position = {"kind": "rope", **({"scaling": {"type": method, "factor": ext["factor"]}}
+                                               if method != "none" else {})}
+                self._train(f"rope-{method}-{long}-s{seed}", "extension", method, seed, position,
+                            "fine-tune the extensions", after=[f"train rope-s{seed}"], block_size=long,
+                            init_from=os.path.join(self.runs_dir, f"rope-s{seed}"))
+        for seed in seeds:
+            for kind in KINDS:
+                if kind != "rope":
+                    self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch")
+            for base in plan["ablation"]["bases"]:
+                if base != 10000:
+                    self._train(f"sinusoidal-base{base:g}-s{seed}", "ablation", f"{base:g}", seed,
+                                {"kind": "sinusoidal", "base": float(base)}, "train the base ablation")
+        self._build_evaluations(long)
+        return self.jobs
+
+    def _build_evaluations(self, long: int) -> None:
+        plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
+        for run in [r for r in self.runs.values() if r.section != "extension"]:
+            if run.section == "scratch":
+                self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
+                               dict(section="scratch", label=run.label, seed=run.seed, step=None),
+                               phase="evaluate from scratch")
+            if run.label == "sinusoidal" or run.section == "ablation":
+                label = "10000" if run.label == "sinusoidal" else run.label
+                self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], modes,
+                               dict(section="ablation", label=label, seed=run.seed, step=None),
+                               phase="evaluate the base ablation")
+        for run in [r for r in self.runs.values() if r.section == "extension"]:
+            source = os.path.join(self.runs_dir, f"rope-s{run.seed}")
+            start = scaling_override(run.label, ext["factor"])
+            where = dict(section="extension", label=run.label, seed=run.seed)
+            for step in ext["curve_steps"]:
+                path = source if step == 0 else (run.config.out_dir if step == ext["curve_steps"][-1] else
+                                                 os.path.join(run.config.out_dir, "snapshots", f"step-{step}.pt"))
+                self._evaluate(run.key, path, ext["curve_multiples"],
+                               modes if step == ext["curve_steps"][-1] else modes[:1], {**where, "step": step},
+                               overrides=start if step == 0 else (), phase="evaluate the extension curves")
+            self._passkey(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed)
+            self._passkey(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed)
+
+    def run(self) -> None:
+        os.makedirs(self.runs_dir, exist_ok=True)
+        with open(os.path.join(self.runs_dir, ".gitignore"), "w") as f:
+            f.write("# checkpoints of the study's runs: not for git\n*\n")
+        if not self.jobs:
+            self.build()
+        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
+        for key, read in self._readers:
+            rows = read(self.done[key].value)
+            (self.passkey if key.startswith("passkey") else self.cells).extend(rows)
+
+    def state(self) -> dict:
+        """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
+        return {"plan": self.plan, "workers": self.workers, "cells": self.cells, "passkey": self.passkey,
+                "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
+                         for name, run in self.runs.items()},
+                "done": {key: dataclasses.asdict(done) for key, done in self.done.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict, out: str) -> "Study":
+        study = cls(state["plan"], out, workers=state["workers"])
+        study.cells, study.passkey = state["cells"], state["passkey"]
+        study.runs = {name: Run(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
+        study.done = {key: Done(**done) for key, done in state["done"].items()}
+        return study
+
+    def summaries(self) -> dict:
+        """Run name -> trainer summary of every finished training job."""
+        return {name: self.done[run.key].value for name, run in self.runs.items() if run.key in self.done}
+

@@ -1,0 +1,418 @@
+"""The training loop: data, model, AdamW, schedule, evaluation, checkpoints, DDP, autocast.
+
+``train(config)`` runs one experiment end to end and returns a summary dict; ``train.py``
+only parses arguments and calls it, and other code (the experiment runner) can call it
+in-process. What it does, in order:
+
+1. Prepare the corpus (``minilm.data.prepare``; rank 0 first under DDP); the vocabulary
+   size follows its tokenizer (``config.resolve_config``). With ``train.init_from`` the
+   corpus is encoded with the source checkpoint's tokenizer (any corpus: a fine-tuning
+   mixture too).
+2. Build the model: fresh, from ``train.init_from`` (trained weights through
+   ``minilm.loading.load_model``; fresh optimiser and step), or with ``resume=True`` from
+   ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data state), exactly.
+3. Loop over optimizer steps. Each step draws one *global* batch of
+   ``world_size * grad_accum * batch_size`` windows from a generator seeded by
+   ``config.seed`` and identical on every rank; rank r takes its own rows of it for
+   each micro-step. Every rank therefore sees different windows, and the data a step
+   sees depends only on the global batch, not on how it is split over processes and
+   micro-steps: two DDP processes reproduce one process with ``grad_accum=2``. Micro-steps
+   before the last skip DDP's gradient all-reduce (``no_sync``).
+4. AdamW (Loshchilov & Hutter 2019) with weight decay on the 2-D weight matrices only
+   (attention, MLP, the tied token embedding / LM head); LayerNorm weights, biases and
+   the position scheme's parameters (learned tables, T5 bias buckets) are not decayed,
+   so rarely seen far positions are not pulled to zero. Learning rate: linear warmup
+   over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``. Gradients are
+   clipped to a global norm of ``grad_clip`` (0 disables).
+5. Every ``eval_interval`` steps: loss, perplexity and bits per character on a fixed set
+   of ``eval_iters`` validation batches (the same windows each time, so evaluations are
+   comparable). At the end: the same numbers over the whole validation split in
+   non-overlapping ``block_size`` windows (at most ``final_eval_tokens`` tokens).
+   Bits per character = mean nats per token * val tokens / val characters / ln 2, which
+   does not depend on the tokenizer.
+6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.checkpoint.save``) every
+   ``checkpoint_interval`` steps, at the end, and when Ctrl-C or SIGTERM stops the run.
+   It always holds the latest state (what ``--resume`` needs); the final model is the
+   last one. A NaN/inf loss or gradient stops the run before the optimizer step, without
+   saving, so the last good checkpoint stays.
+7. Print a ``sample_tokens`` sample (temperature 0.8, ``minilm.generation``) and a summary line.
+
+``train`` is four stages, each its own function: ``setup`` (1-2), ``train_step`` (3-4),
+``after_step`` (5-6 during the loop) and ``finish`` (5-7 at the end). Precision: ``train.dtype``
+as ``common.resolve_dtype`` resolves it (auto: bf16 autocast where the hardware has native
+bf16 units, else float32).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Optional
+
+import torch
+import torch.distributed
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.extension import position_overrides
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import Loaded, load_model
+from minilm.common import MinilmError, autocast, resolve_device, resolve_dtype
+from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config
+from minilm.data.corpus import Prepared, get_batch, prepare
+from minilm.evaluation.scoring import eval_batches, heldout_loss, split_batches
+from minilm.generation.decode import Sampling, generate_text
+from minilm.model.gpt import GPT
+from minilm.positions import validate
+from minilm.training.distributed import Dist, init_distributed
+from minilm.training.losses import lm_loss
+from minilm.training.optim import Optimizers, lr_at, make_optimizer
+from minilm.training.outdir import claim, rotate
+from minilm.training.resume import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
+                                    truncate_metrics)
+
+SAMPLE_TEMPERATURE = 0.8
+METRICS_FILE = "metrics.jsonl"
+
+
+class TrainingError(MinilmError):
+    """The run cannot go on (e.g. a NaN loss); the message is one line for the user."""
+
+
+# --------------------------------------------------------------------------- settings
+
+# --------------------------------------------------------------------------- evaluation
+
+def val_metrics(loss: float, prepared: Prepared) -> dict:
+    return {"val_loss": round(loss, 5), "val_ppl": round(math.exp(min(loss, 50.0)), 3),
+            "val_bpc": round(prepared.bits_per_char(loss, "val"), 5)}
+
+
+def sample_text(model: GPT, tokenizer, num_tokens: int, seed: int) -> str:
+    """A short temperature sample continuing a newline (minilm.generation, KV cache)."""
+    return generate_text(model, tokenizer, "\n", max_new_tokens=num_tokens,
+                         sampling=Sampling(temperature=SAMPLE_TEMPERATURE), seed=seed)[0]
+
+
+def _format_time(seconds: float) -> str:
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{sec:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+# --------------------------------------------------------------------------- the run
+
+@dataclasses.dataclass
+class Run:
+    """Everything one training run holds between its stages."""
+    config: Config
+    dist: Dist
+    device: torch.device
+    dtype: torch.dtype
+    talk: bool
+    prepared: Prepared
+    raw: GPT  # the model itself (``model`` may be its DDP or compiled wrapper)
+    model: torch.nn.Module
+    optimizer: Optimizers
+    generator: torch.Generator
+    started: float
+    step: int = 0
+    best_bpc: Optional[float] = None
+    last_val: Optional[dict] = None
+
+    @property
+    def ckpt_path(self) -> str:
+        return os.path.join(self.config.out_dir, checkpoint.FILENAME)
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.config.out_dir, METRICS_FILE)
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.config.train
+        return t.batch_size * self.config.model.block_size * t.grad_accum * self.dist.world
+
+    def say(self, message: str) -> None:
+        if self.talk:
+            tqdm.write(message, file=sys.stderr)
+
+    def log(self, record: dict) -> None:
+        if self.dist.main:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save(self, val: Optional[dict] = None) -> str:
+        if not self.dist.main:
+            return self.ckpt_path
+        try:
+            return self._save(val)
+        except OSError as exc:
+            kept = "the previous checkpoint is kept" if os.path.exists(self.ckpt_path) else "no checkpoint was written"
+            raise TrainingError(f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: "
+                                f"{exc.strerror or exc}; {kept}") from None
+
+    def _save(self, val: Optional[dict]) -> str:
+        return checkpoint.save({
+            "model": self.raw.state_dict(), "config": self.config.to_dict(),
+            "tokenizer": self.prepared.tokenizer.to_bytes(), "optimizer": self.optimizer.state_dict(),
+            "step": self.step, "rng": rng_state(self.device),
+            "data_state": {"generator": self.generator.get_state(), "world_size": self.dist.world,
+                           "tokens_seen": self.step * self.tokens_per_step},
+            "best_val_bpc": self.best_bpc, "val": val,
+        }, self.ckpt_path)
+
+    def save_snapshot(self) -> str:
+        """The weights alone (no optimizer: not resumable) at this step, ``snapshots/step-N.pt``,
+        loadable by ``minilm.load_model`` like any checkpoint (``train.snapshot_steps``)."""
+        path = os.path.join(self.config.out_dir, "snapshots", f"step-{self.step}.pt")
+        try:
+            if self.dist.main:
+                checkpoint.save({"model": self.raw.state_dict(), "config": self.config.to_dict(),
+                                 "tokenizer": self.prepared.tokenizer.to_bytes(), "step": self.step}, path)
+        except OSError as exc:
+            raise TrainingError(f"cannot save the snapshot {path!r}: {exc.strerror or exc}") from None
+        return path
+
+    def validate(self, batches) -> dict:
+        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist), self.prepared)
+
+
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False) -> dict:
+    """Train as ``config`` says; return a summary dict.
+
+    Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
+    tokens seen in total), seconds (wall time of this call, data preparation included),
+    tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
+    final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
+    A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
+    serves one live run at a time (``minilm.outdir``). Raises a MinilmError (ConfigError,
+    CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
+    """
+    main = int(os.environ.get("RANK", "0")) == 0
+    with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
+        return _train(config, resume=resume, quiet=quiet)
+
+
+def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
+    run = setup(config, resume=resume, quiet=quiet)
+    val_set = eval_batches(run.prepared.val, run.config)
+    start_step, loop_started, interrupted = run.step, time.time(), None
+    meter = {"tokens": 0, "since": time.time()}  # tokens/s over the steps since the last log line
+    with tqdm(total=run.config.train.max_steps, initial=run.step, disable=not run.talk, dynamic_ncols=True,
+              unit="step", file=sys.stderr) as bar, StopFlag() as stop:
+        while run.step < run.config.train.max_steps and interrupted is None:
+            loss, grad_norm, lr, stop_requested = train_step(run, stop)
+            bar.update(1)
+            interrupted = after_step(run, bar, meter, val_set, loss, grad_norm, lr, stop_requested, stop)
+    return finish(run, val_set, interrupted, start_step, time.time() - loop_started)
+
+
+def source_model(config: Config) -> tuple:
+    """``train.init_from``: (config with the source's model settings and vocabulary, Loaded)."""
+    path = config.train.init_from
+    source = load_model(path, [*position_overrides(config.model.position),
+                               f"model.block_size={config.model.block_size}", f"model.dropout={config.model.dropout}"])
+    trained, defaults = source.config.model, ModelConfig()
+    for name in fields_with(ModelConfig, ARCHITECTURE):  # the source decides; another value is a mistake
+        asked = getattr(config.model, name)
+        if asked != getattr(trained, name) and asked != getattr(defaults, name):
+            raise CheckpointError(f"train.init_from={path!r}: model.{name}={asked} but the source has "
+                                  f"{getattr(trained, name)}; an extended model keeps the source architecture")
+    validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
+    config = dataclasses.replace(config, model=source.config.model)
+    return resolve_config(config, tokenizer=source.tokenizer), source
+
+
+def _resume_state(config: Config, device: torch.device) -> dict:
+    """The checkpoint in out_dir that ``--resume`` continues, checked to fit ``config``."""
+    path = os.path.join(config.out_dir, checkpoint.FILENAME)
+    if not os.path.exists(path):
+        raise CheckpointError(f"cannot resume: no checkpoint {path!r}; run without --resume to start "
+                              f"a new run in out_dir={config.out_dir!r}")
+    state = checkpoint.load(path, map_location=str(device))
+    check_resumable(config, state)
+    for key in ("optimizer", "step", "rng", "data_state"):
+        if key not in state:
+            raise CheckpointError(f"cannot resume {path!r}: it lacks '{key}' (not a training checkpoint)")
+    return state
+
+
+def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Run:
+    """Stages 1-2: data, model, optimiser and data generator, fresh, from init_from or resumed."""
+    started, t = time.time(), config.train
+    dist = init_distributed(t)
+    device = resolve_device(t.device, setting="train.device", local_rank=dist.local_rank)
+    dtype = resolve_dtype(t.dtype, device, setting="train.dtype")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    source: Optional[Loaded] = None
+    if t.init_from:
+        config, source = source_model(config)
+    if not dist.main:  # rank 0 prepares the data, the others then reuse its files
+        dist.barrier()
+    prepared = prepare(config.data, quiet=not (dist.main and not quiet),
+                       tokenizer=source.tokenizer if source else None)
+    if dist.main:
+        dist.barrier()
+    config = resolve_config(config, tokenizer=prepared.tokenizer)
+    state = _resume_state(config, device) if resume else None
+    torch.manual_seed(config.seed)
+    raw = GPT(config.model)
+    if state is not None or source is not None:
+        raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
+    raw.to(device)
+    model = raw
+    if dist.enabled:
+        model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
+    if t.compile:
+        model = torch.compile(model)
+    run = Run(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
+              make_optimizer(raw, t, device), torch.Generator().manual_seed(config.seed), started)
+    if state is not None:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
+        set_rng_state(state["rng"], device)
+        run.generator.set_state(state["data_state"]["generator"])
+    _start_metrics(run, state)
+    return run
+
+
+def _start_metrics(run: Run, state: Optional[dict]) -> None:
+    """Create out_dir, continue or restart metrics.jsonl, and say what the run is."""
+    config, dist, resumed = run.config, run.dist, state is not None
+    if dist.main:
+        os.makedirs(config.out_dir, exist_ok=True)
+        if resumed:
+            truncate_metrics(run.metrics_path, run.step)
+        else:
+            if os.path.exists(run.ckpt_path):
+                run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
+            kept = rotate(run.metrics_path)
+            if kept:
+                run.say(f"note: the previous {METRICS_FILE} is kept as {kept}")
+    m = config.model
+    run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters, position {m.position}, "
+            f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
+            f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
+            f"{f', {dist.world} processes' if dist.enabled else ''}; "
+            f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
+    if resumed:
+        run.say(f"resuming {run.ckpt_path} at step {run.step}")
+        changed = trajectory_changes(config, state)
+        if changed:
+            run.say(f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
+                    f"the uninterrupted one (it continues exactly only with the same train settings)")
+
+
+def train_step(run: Run, stop: StopFlag) -> tuple:
+    """Stages 3-4: one optimizer step over the next global batch; returns (mean loss,
+    gradient norm or None, lr, whether any rank was asked to stop)."""
+    t, dist, device = run.config.train, run.dist, run.device
+    B, T, A = t.batch_size, run.config.model.block_size, t.grad_accum
+    lr = lr_at(run.step, t)
+    run.optimizer.set_lr(lr)
+    x_all, y_all = get_batch(run.prepared.train, B * A * dist.world, T, run.generator)
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for micro in range(A):
+        row = micro * dist.world + dist.rank
+        x, y = x_all[row * B:(row + 1) * B].to(device, non_blocking=True), \
+            y_all[row * B:(row + 1) * B].to(device, non_blocking=True)
+        sync = contextlib.nullcontext() if (not dist.enabled or micro == A - 1) else run.model.no_sync()
+        with sync:
+            with autocast(device, run.dtype):
+                loss = lm_loss(run.model(x, return_hidden=True), run.raw.lm_head.weight, y) / A
+            loss.backward()
+        loss_sum += loss.detach().double().cpu()
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+    # one small all-reduce: mean loss over ranks, and agreement on stopping
+    flags = torch.tensor([float(loss_sum), 1.0 if stop.signum is not None else 0.0], dtype=torch.float64)
+    if dist.enabled:
+        flags = flags.to(device)
+        torch.distributed.all_reduce(flags)
+        flags = flags.cpu()
+    loss_value = float(flags[0]) / dist.world
+    if not math.isfinite(loss_value) or (grad_norm is not None and not torch.isfinite(grad_norm)):
+        what = "loss" if not math.isfinite(loss_value) else "gradient norm"
+        kept = f"the last good checkpoint {run.ckpt_path} is kept" if os.path.exists(run.ckpt_path) \
+            else "no checkpoint was written"
+        raise TrainingError(f"{what} is {loss_value if what == 'loss' else float(grad_norm)} at step "
+                            f"{run.step + 1}: stopping; {kept}; try a lower train.lr or train.grad_clip")
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.step += 1
+    return loss_value, grad_norm, lr, float(flags[1]) > 0
+
+
+def after_step(run: Run, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool,
+               stop: StopFlag) -> Optional[str]:
+    """Stages 5-6 during the loop: log, evaluate and checkpoint on their intervals; returns the
+    name of the signal that stops the run, or None."""
+    t, step = run.config.train, run.step
+    meter["tokens"] += run.tokens_per_step
+    if step % t.log_interval == 0 or step == t.max_steps:
+        now = time.time()
+        speed = meter["tokens"] / max(now - meter["since"], 1e-9)
+        meter.update(tokens=0, since=now)
+        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}", refresh=False)
+        run.log({"event": "train", "step": step, "tokens": step * run.tokens_per_step, "loss": round(loss, 5),
+                 "lr": lr, "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
+                 "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2)})
+    if step % t.eval_interval == 0 and step < t.max_steps:
+        run.last_val = run.validate(val_set)
+        bpc = run.last_val["val_bpc"]
+        run.best_bpc = bpc if run.best_bpc is None else min(run.best_bpc, bpc)
+        run.log({"event": "eval", "step": step, "tokens": step * run.tokens_per_step, **run.last_val})
+        run.say(f"step {step}: val loss {run.last_val['val_loss']:.4f}, ppl {run.last_val['val_ppl']:.2f}, "
+                f"{bpc:.4f} bits/char")
+    if step in t.snapshot_steps:
+        run.save_snapshot()
+    stop_now = stop_requested and step < t.max_steps  # a signal during the last step: just finish
+    if (step % t.checkpoint_interval == 0 and step < t.max_steps) or stop_now:  # the end saves in finish
+        run.save(run.last_val)
+    if step % t.eval_interval == 0 or step % t.checkpoint_interval == 0:
+        meter.update(tokens=0, since=time.time())  # tokens/s counts training time only
+    if stop_now:
+        return signal.Signals(stop.signum).name if stop.signum else "SIGTERM"
+    return None
+
+
+def finish(run: Run, val_set, interrupted: Optional[str], start_step: int, train_seconds: float) -> dict:
+    """Stages 5-7 at the end: full validation, the last checkpoint, a sample and the summary."""
+    t, step, final, sample = run.config.train, run.step, None, None
+    if interrupted is None:
+        batches = split_batches(run.prepared.val, run.config.model.block_size, t.batch_size,
+                                t.final_eval_tokens) if t.final_eval_tokens > 0 else val_set
+        final = run.validate(batches)
+        run.best_bpc = final["val_bpc"] if run.best_bpc is None else min(run.best_bpc, final["val_bpc"])
+        run.log({"event": "final", "step": step, "tokens": step * run.tokens_per_step, **final})
+        run.save(final)
+        if run.dist.main and t.sample_tokens > 0:
+            sample = sample_text(run.raw, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
+    summary = {
+        "checkpoint": run.ckpt_path, "steps": step, "tokens": step * run.tokens_per_step,
+        "seconds": round(time.time() - run.started, 2),
+        "tokens_per_s": round((step - start_step) * run.tokens_per_step / max(train_seconds, 1e-9), 1),
+        "best_val_bpc": run.best_bpc,
+        "final_val_loss": final and final["val_loss"], "final_val_bpc": final and final["val_bpc"],
+        "final_val_ppl": final and final["val_ppl"], "interrupted": interrupted, "sample": sample,
+    }
+    if sample is not None:
+        run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---")
+    if interrupted:
+        run.say(f"interrupted by {interrupted} at step {step}: saved {run.ckpt_path}; continue with --resume")
+    else:
+        run.say(f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
+                f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
+                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}")
+    if run.dist.enabled:
+        run.dist.barrier()
+        if run.dist.owned:
+            torch.distributed.destroy_process_group()
+    return summary

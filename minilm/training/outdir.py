@@ -1,0 +1,103 @@
+"""What a training run owns in its out_dir, kept safe: one live run per out_dir (a lock that
+dies with its process), no fresh run over another run's checkpoint, the directory proved
+writable before any work starts, old metrics rotated instead of deleted, and temporary
+files of saves that never finished removed.
+
+``claim(out_dir, resume=..., overwrite=...)`` does all of it around a run; under DDP only
+rank 0 claims.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Optional
+
+from minilm.checkpoints import format as checkpoint
+from minilm.common import MinilmError, remove_stale_temporaries, temporary_path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; runs are then not protected from each other
+    fcntl = None
+
+LOCK_FILE = ".lock"
+
+
+class OutDirError(MinilmError):
+    """The out_dir cannot be used for this run; the message is one line for the user."""
+
+
+def check_writable(directory: str, setting: str) -> None:
+    """Create ``directory`` if needed and prove it writable (create and remove a file), or
+    raise OutDirError naming ``setting``, the path and the reason."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = temporary_path(Path(directory) / ".write-test")
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError as exc:
+        raise OutDirError(f"{setting}={directory!r} is not a writable directory: {exc.strerror or exc}") from None
+
+
+class OutDirLock:
+    """An exclusive ``flock`` on ``<out_dir>/.lock`` holding the owner's process id. The kernel
+    drops it when the process dies, so a lock left by a killed run is taken over at once."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK_FILE)
+        self.file = None
+
+    def __enter__(self) -> "OutDirLock":
+        if fcntl is None:
+            return self
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            owner = self.file.read().strip() or "unknown"
+            self.file.close()
+            self.file = None
+            raise OutDirError(f"out_dir={os.path.dirname(self.path)!r} is in use by another run (process {owner}): "
+                              f"wait for it to finish, or choose another out_dir") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"{os.getpid()}\n")
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+
+@contextlib.contextmanager
+def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
+    """Hold ``out_dir`` for one run: writable, locked, and not another run's checkpoint unless
+    ``resume`` (continue it) or ``overwrite`` (replace it) says so."""
+    if not main:
+        yield
+        return
+    check_writable(out_dir, "out_dir")
+    with OutDirLock(out_dir):
+        existing = os.path.join(out_dir, checkpoint.FILENAME)
+        if not resume and not overwrite and os.path.exists(existing):
+            raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
+                              f"with --resume, replace it with --overwrite, or choose another out_dir")
+        remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
+        yield
+
+
+def rotate(path: str) -> Optional[str]:
+    """Move an existing file aside as ``<path>.1`` (or the next free number); returns the new name."""
+    if not os.path.exists(path):
+        return None
+    n = 1
+    while os.path.exists(f"{path}.{n}"):
+        n += 1
+    os.replace(path, f"{path}.{n}")
+    return f"{path}.{n}"

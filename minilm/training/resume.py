@@ -1,0 +1,99 @@
+"""What lets a training run stop and continue exactly: the stop flag set by Ctrl-C / SIGTERM,
+the RNG states saved with a checkpoint, the check that a resumed run fits its checkpoint,
+and trimming the metrics log back to the checkpoint's step."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from typing import Optional
+
+import torch
+
+from minilm.config import TRAJECTORY, Config, ConfigError, TrainConfig, fields_with
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM set a flag that the loop checks after each step (a second Ctrl-C aborts)."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def rng_state(device) -> dict:
+    """The global RNG states (dropout); the data generator's state is saved as data_state."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _first_difference(a, b, prefix=""):
+    """The first dotted key where two nested dicts differ, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            diff = _first_difference(a.get(key), b.get(key), f"{prefix}{key}.")
+            if diff:
+                return diff
+        return None
+    return None if a == b else (prefix.rstrip("."), a, b)
+
+
+def check_resumable(config: Config, state: dict) -> None:
+    """Resuming needs the same model, data and seed; train settings may change (e.g. max_steps)."""
+    ours, theirs = config.to_dict(), state["config"]
+    for section in ("model", "data", "seed"):
+        diff = _first_difference(ours.get(section), theirs.get(section), f"{section}.")
+        if diff:
+            key, now, before = diff
+            raise ConfigError(f"cannot resume {state['path']}: {key}={now!r} but the checkpoint has {before!r}; "
+                              f"use the same setting or start a new out_dir")
+
+
+def trajectory_changes(config: Config, state: dict) -> list:
+    """'train.KEY=NOW (was BEFORE)' for each train setting that differs from the checkpoint's
+    and changes the remaining steps (max_steps moves the cosine schedule, for one): the resumed
+    run is then no longer the one an uninterrupted run would have been."""
+    before = state["config"].get("train", {})
+    return [f"train.{key}={getattr(config.train, key)!r} (was {before.get(key)!r})"
+            for key in fields_with(TrainConfig, TRAJECTORY) if key in before and before[key] != getattr(config.train, key)]
+
+
+def truncate_metrics(path: str, step: int) -> None:
+    """On resume, drop log lines past the checkpoint's step (from the part of the run that was lost)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    keep = []
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except ValueError:
+            continue
+    with open(path, "w") as f:
+        f.writelines(keep)
