@@ -35,11 +35,11 @@ def main(argv=None) -> int:
     parser.add_argument("checkpoints", nargs="+",
                         help="checkpoint files, out_dirs holding ckpt.pt, or Hugging Face model directories / hf:NAME")
     parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
-                        help="absolute window lengths, e.g. 128,256,512 (default: multiples of each block_size)")
+                        help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)")
     parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),
                         default=[1, 2, 4, 8, 16], help="multiples of each model's block_size (default 1,2,4,8,16)")
     parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
-    parser.add_argument("--stride", type=int, help="sliding mode: tokens each window advances (default: length/2)")
+    parser.add_argument("--stride", type=int, help="sliding mode: tokens each segment advances (default: length/2)")
     parser.add_argument("--max-tokens", type=int, default=65536,
                         help="scored validation tokens (default 65536; 0 = the whole split)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per forward pass (default 8192)")
@@ -75,7 +75,7 @@ def report(args, overrides) -> int:
         max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
         dtype=args.dtype, device=args.device, quiet=args.quiet)
     first = results[0]
-    print(f"validation perplexity, {args.mode} windows"
+    print(f"validation perplexity, {args.mode} segments"
           + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
           + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n")
     print(evaluation.markdown_table(results, "ppl") + "\n")

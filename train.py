@@ -4,7 +4,7 @@ The config is looked up as given, then in configs/. Overrides after it are dotte
 with YAML values, e.g. ``train.max_steps=200 model.position.kind=alibi``. ``--resume``
 continues the run in the config's out_dir; ``--print-config`` prints the resolved config
 and exits. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
-Everything else lives in minilm.trainer.
+Everything else lives in minilm.training.loop.
 """
 import argparse
 import json

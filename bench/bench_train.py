@@ -6,7 +6,7 @@ dtype is emulated and slow), then for each dtype tokens/s and GFLOP/s of
 
 * ours with learned positions (the like-for-like comparison), and ours with ``--position``
   (rope by default): forward, loss, backward, clipping and optimiser step exactly as
-  ``minilm.trainer`` does them (``--optimizer muon`` for Muon); with ``--compile`` also
+  ``minilm.training.loop`` does them (``--optimizer muon`` for Muon); with ``--compile`` also
   ours with learned positions under ``torch.compile``, as ``train.compile: true`` runs it
   (compiled during the warm-up steps, which are not timed);
 * the reference (bench/reference_gpt.py): the same shape, learned positions, a standard

@@ -154,10 +154,6 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads: ``n_kv_head``, or ``n_head`` when it is None (no grouping)."""
-        return self.n_kv_head or self.n_head
 
 
 @dataclass

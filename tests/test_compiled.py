@@ -1,5 +1,5 @@
 """The static KV cache (every slot attended, empty ones masked by position) and the decode
-step compiled by torch.compile (minilm.compiled): the same logits and greedy tokens as the
+step compiled by torch.compile (minilm.generation.compiled): the same logits and greedy tokens as the
 eager cache, past the context too, and a fresh compile whenever the weights change. Under
 torch.compile as training runs it: bf16 attention written out for the compiler and still
 exact causal attention, and forward passes that compile whole (no graph breaks)."""
@@ -78,7 +78,7 @@ def test_compile_needs_the_cache(random_gpt):
 
 def test_compiled_bf16_attention_is_written_out_and_is_causal_attention(random_gpt):
     """Compiled on the CPU in bf16, the full-sequence attention is written out for inductor to
-    fuse (minilm.model.fused_by_compiler): no SDPA in the graph, and still causal softmax
+    fuse (minilm.model.gpt.fused_by_compiler): no SDPA in the graph, and still causal softmax
     attention, gradients too."""
     scheme = random_gpt({"kind": "rope"}).positions
     pos = torch.arange(24, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Tests for minilm.tokenizer and minilm.data: corpus conversion and split, tokenizer, preparation, batches."""
+"""Tests for minilm.data.tokenizer and minilm.data: corpus conversion and split, tokenizer, preparation, batches."""
 import json
 import os
 import random

@@ -1,4 +1,4 @@
-"""Perplexity vs length (minilm.evaluation, evaluate.py) and passkey retrieval (minilm.passkey)."""
+"""Perplexity vs length (minilm.evaluation, evaluate.py) and passkey retrieval (minilm.evaluation.passkey)."""
 import csv
 import math
 import os
@@ -61,7 +61,7 @@ def tiny_checkpoint(corpus, kind, block_size=16, seed=0, **position):
 
 
 def direct_nll(model, tokens, length):
-    """Reference: full logits on each non-overlapping window, mean cross-entropy."""
+    """Reference: full logits on each non-overlapping segment, mean cross-entropy."""
     n = len(tokens) - 1
     total = 0.0
     with torch.no_grad():
@@ -72,16 +72,16 @@ def direct_nll(model, tokens, length):
     return total / n
 
 
-# --------------------------------------------------------------------------- windows and scores
+# --------------------------------------------------------------------------- segments and scores
 
 @pytest.mark.parametrize("n,length,stride", [(64, 16, None), (70, 16, 5), (64, 64, None), (10, 16, 3)])
 def test_windows_score_every_target_once(n, length, stride):
     for mode in scoring.MODES:
         scored = []
-        for begin, end, count in scoring.windows(n, length, mode, stride):
+        for begin, end, count in scoring.segments(n, length, mode, stride):
             assert 0 <= begin < end <= n and end - begin <= length and 1 <= count <= end - begin
             scored += list(range(end - count, end))
-            if mode == "sliding" and begin > 0:  # every token after the first window sees >= T - stride context
+            if mode == "sliding" and begin > 0:  # every token after the first segment sees >= T - stride context
                 assert end - count - begin >= length - (stride or length // 2)
         assert scored == list(range(n)), mode
 
@@ -102,7 +102,7 @@ def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
     assert a == pytest.approx(b, rel=1e-6)
     total = 0.0
     with torch.no_grad():
-        for begin, end, count in scoring.windows(64, 16, "sliding", 5):
+        for begin, end, count in scoring.segments(64, 16, "sliding", 5):
             logits = model(tokens[None, begin:end])[0, -count:]
             total += F.cross_entropy(logits, tokens[end - count + 1:end + 1], reduction="sum").item()
     assert scoring.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
@@ -115,10 +115,10 @@ LENGTH_READERS = [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0}
 
 
 def windows_one_by_one(model, tokens, length, mode, stride):
-    """Reference: each window through the model by itself, its scored targets summed (mean per target)."""
+    """Reference: each segment through the model by itself, its scored targets summed (mean per target)."""
     n, total = len(tokens) - 1, 0.0
     with torch.no_grad():
-        for begin, end, count in scoring.windows(n, length, mode, stride):
+        for begin, end, count in scoring.segments(n, length, mode, stride):
             logits = model(tokens[None, begin:end])[0, -count:]
             total += F.cross_entropy(logits.double(), tokens[end - count + 1:end + 1], reduction="sum").item()
     return total / n
@@ -129,8 +129,8 @@ def windows_one_by_one(model, tokens, length, mode, stride):
                          ids=lambda p: p["kind"] + ("-" + p.get("scaling", p.get("inner", {})).get("type", "")
                                                     if "scaling" in p or "inner" in p else ""))
 def test_score_many_equals_every_window_scored_alone(random_gpt, position):
-    """Several lengths and both protocols in one pass (windows sharing a start share a run)
-    give each request the perplexity of its windows run one by one."""
+    """Several lengths and both modes in one pass (segments sharing a start share a run)
+    give each request the perplexity of its segments run one by one."""
     model = random_gpt(position, block_size=32).eval()
     tokens = torch.randint(0, 97, (101,), generator=torch.Generator().manual_seed(3))
     got = scoring.score_many(model, tokens, SHARED_REQUESTS, batch_tokens=40)
@@ -139,8 +139,8 @@ def test_score_many_equals_every_window_scored_alone(random_gpt, position):
 
 
 def test_schemes_that_read_the_sequence_length_are_not_prefix_invariant(random_gpt):
-    """Dynamic NTK rescales with the length processed, so a window's logits differ inside a
-    longer one: such a scheme must run each window alone (and says so)."""
+    """Dynamic NTK rescales with the length processed, so a segment's logits differ inside a
+    longer one: such a scheme must run each segment alone (and says so)."""
     for position in LENGTH_READERS:
         model = random_gpt(position, block_size=8).eval()
         assert not model.positions.prefix_invariant
@@ -151,14 +151,14 @@ def test_schemes_that_read_the_sequence_length_are_not_prefix_invariant(random_g
         assert random_gpt({"kind": kind}).positions.prefix_invariant, kind
 
 
-def test_one_pass_runs_five_n_positions_for_four_lengths_in_both_protocols():
-    """L, 2L, 4L, 8L in both protocols: each window start runs once, as far as its longest
-    window reaches: 5 N token positions instead of the 12 N of running every window."""
+def test_one_pass_runs_five_n_positions_for_four_lengths_in_both_modes():
+    """L, 2L, 4L, 8L in both modes: each segment start runs once, as far as its longest
+    segment reaches: 5 N token positions instead of the 12 N of running every segment."""
     L = 16
     requests = [(t, mode, None) for mode in scoring.MODES for t in (L, 2 * L, 4 * L, 8 * L)]
     for n in (16 * 8 * 6, 16 * 8 * 20):  # 5 N, less the last stretches cut short by the end of the text
         assert 5 * n - 8 * L <= sum(e - b for b, e in scoring._runs(n, requests, shared=True)) <= 5 * n
-        separately = sum(e - b for t, mode, stride in requests for b, e, _ in scoring.windows(n, t, mode, stride))
+        separately = sum(e - b for t, mode, stride in requests for b, e, _ in scoring.segments(n, t, mode, stride))
         assert 12 * n - 16 * L <= separately <= 12 * n  # each request run by itself
 
 
@@ -258,7 +258,7 @@ def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
     out = run_cli(rope, "--mode", "sliding", "--stride", "4", "--lengths", "16", "--max-tokens", "64",
                   "--position.scaling.type=dynamic", "--no-files", "--quiet")
     assert out.returncode == 0, out.stderr
-    assert "sliding windows (stride 4)" in out.stdout and "rope+dynamic" in out.stdout
+    assert "sliding segments (stride 4)" in out.stdout and "rope+dynamic" in out.stdout
     nll = float(re.search(r"\| rope-0 \[rope\+dynamic\] \| rope\+dynamic \| 16 \| ([0-9.]+) \|", out.stdout).group(1))
     assert 1 < nll < 3000
     for bad, message in [(["--position.scaling.type=bogus"], "scaling.type='bogus'"),

@@ -1,4 +1,4 @@
-"""The length-generalization study (minilm.experiments, minilm.report, python -m minilm experiment):
+"""The length-generalization study (minilm.study.plan, minilm.study.report, python -m minilm experiment):
 --quick end to end with 2 seeds, the extension curve's snapshots, the plan, the verdicts."""
 import csv
 import json

@@ -1,4 +1,4 @@
-"""Context extension (minilm.extension, through minilm.loading and train.init_from): the
+"""Context extension (minilm.checkpoints.extension, through minilm.checkpoints.loading and train.init_from): the
 source's weights move into the extended model."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""minilm.hf_tokenizer: Hugging Face tokenizers behind minilm's tokenizer interface, and minilm's
+"""minilm.data.hf_tokenizer: Hugging Face tokenizers behind minilm's tokenizer interface, and minilm's
 sentencepiece tokenizer exported as a Hugging Face one that gives the very same ids (checked on
 the whole Shakespeare validation split, on whitespace, digits, byte-fallback and random text,
 and through transformers.AutoTokenizer)."""

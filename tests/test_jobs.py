@@ -1,4 +1,4 @@
-"""minilm.jobs: a graph of jobs in worker processes: order, values, times and errors."""
+"""minilm.study.jobs: a graph of jobs in worker processes: order, values, times and errors."""
 import math
 import operator
 import time

@@ -1,4 +1,4 @@
-"""Figures of the position schemes (python -m minilm positions) and attention maps (minilm.attention_maps)."""
+"""Figures of the position schemes (python -m minilm positions) and attention maps (minilm.figures.attention)."""
 import os
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""minilm.stats: t quantiles, confidence intervals and paired verdicts against hand computations."""
+"""minilm.study.stats: t quantiles, confidence intervals and paired verdicts against hand computations."""
 import math
 
 import pytest

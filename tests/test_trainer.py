@@ -1,4 +1,4 @@
-"""Tests for minilm.trainer and train.py: schedule, optimiser groups, a tiny run end to end,
+"""Tests for minilm.training.loop and train.py: schedule, optimiser groups, a tiny run end to end,
 exact resume, NaN stop, signals, init_from and 2-process DDP (gloo)."""
 import json
 import math

@@ -9,7 +9,7 @@ then renamed over the old file (``common.atomic_write``), so a crash mid-save ne
 the last good checkpoint. Loads use ``torch.load(weights_only=True)``.
 
 This module knows the file format only; turning a checkpoint back into a model is
-``minilm.loading.load_model``.
+``minilm.checkpoints.loading.load_model``.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ before the model is built; only what can change after training may change:
 * ``model.block_size``: a new training length (a learned table is stretched to it).
 * ``model.dropout`` and ``data...``.
 
-How the weights move is ``minilm.extension``. Checkpoints written before ``interpolated``'s
+How the weights move is ``minilm.checkpoints.extension``. Checkpoints written before ``interpolated``'s
 option ``base`` was renamed ``inner`` load through ``positions.canonical``. A mismatch is
 an error, never a partial load.
 """
@@ -34,21 +34,21 @@ CHANGEABLE = tuple(f"model.{name}" for name in fields_with(ModelConfig, AFTER_TR
 
 class Loaded(NamedTuple):
     model: GPT
-    tokenizer: AnyTokenizer  # minilm.tokenizer.Tokenizer or minilm.hf_tokenizer.HFTokenizer
+    tokenizer: AnyTokenizer  # minilm.data.tokenizer.Tokenizer or minilm.data.hf_tokenizer.HFTokenizer
     config: Config
     state: dict  # the checkpoint as read (``state["path"]`` is the file)
 
 
 def read_checkpoint(path: str) -> dict:
     """The checkpoint dict at ``path``: a minilm file or out_dir, or a Hugging Face model
-    directory or ``hf:NAME`` read through ``minilm.hf_import``."""
+    directory or ``hf:NAME`` read through ``minilm.hf.reading``."""
     return read_hf(path) if is_hf_source(path) else load(path)
 
 
 def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                dtype: Optional[torch.dtype] = None) -> Loaded:
     """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
-    Hugging Face model directory or ``hf:NAME``: ``minilm.hf_import``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
+    Hugging Face model directory or ``hf:NAME``: ``minilm.hf.reading``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
     given). Raises CheckpointError or ConfigError with one-line messages."""
     state = read_checkpoint(path)
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])

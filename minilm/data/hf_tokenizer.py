@@ -1,7 +1,7 @@
 """Hugging Face tokenizers in minilm, and minilm's tokenizer as a Hugging Face one.
 
 ``HFTokenizer`` wraps a ``tokenizers.Tokenizer`` (a tokenizer.json) behind the interface of
-``minilm.tokenizer.Tokenizer``: ``encode`` adds no special tokens and never reads special
+``minilm.data.tokenizer.Tokenizer``: ``encode`` adds no special tokens and never reads special
 tokens out of the text (``"<s>"`` in a text is text, as with sentencepiece), ``decode``
 leaves special tokens out. Its bytes (``to_bytes``) are UTF-8 JSON::
 
@@ -69,7 +69,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 class HFTokenizer:
-    """A Hugging Face tokenizer (tokenizer.json) with the interface of ``minilm.tokenizer.Tokenizer``."""
+    """A Hugging Face tokenizer (tokenizer.json) with the interface of ``minilm.data.tokenizer.Tokenizer``."""
 
     def __init__(self, tokenizer_json: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None):
         backend = _require()

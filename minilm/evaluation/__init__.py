@@ -1,4 +1,4 @@
-"""Evaluation: held-out loss and windows (``scoring``), perplexity against length
+"""Evaluation: held-out loss and evaluation segments (``scoring``), perplexity against length
 (``lengths``) and passkey retrieval (``passkey``)."""
 from minilm.evaluation.lengths import evaluate_checkpoints
 

@@ -1,14 +1,14 @@
 """Perplexity and bits per character on the held-out split at several lengths.
 
-A checkpoint (loaded with ``minilm.loading.load_model``, evaluation-time overrides such
-as a RoPE scaling applied) is scored on windows of T tokens cut from its validation split,
+A checkpoint (loaded with ``minilm.checkpoints.loading.load_model``, evaluation-time overrides such
+as a RoPE scaling applied) is scored on segments of T tokens cut from its validation split,
 for each length T (by default 1x, 2x, 4x, 8x and 16x its training length, the
-block_size), in one of the two protocols of ``minilm.scoring``: ``nonoverlapping`` or
+block_size), in one of the two modes of ``minilm.evaluation.scoring``: ``nonoverlapping`` or
 ``sliding`` with a stride.
 
 Every length scores the same tokens: the first N targets of the split, where N is
 ``max_tokens`` (or the whole split, if shorter) rounded down to a multiple of the longest
-requested length, so the numbers of one table differ only by the window length. The
+requested length, so the numbers of one table differ only by the segment length. The
 validation text is tokenized with the checkpoint's own tokenizer
 (``minilm.data.prepare(..., tokenizer=...)``).
 
@@ -17,9 +17,9 @@ scored text * ln 2), the characters being those of the decoded scored tokens. A 
 scheme (``position_limit()`` not None, e.g. learned) past its table is reported as
 ``n/a (bounded)``, not run.
 
-Memory stays linear in T: the model chunks masks and biases (``minilm.model.MASK_BUDGET``),
+Memory stays linear in T: the model chunks masks and biases (``minilm.model.gpt.MASK_BUDGET``),
 bias-free schemes use SDPA's causal kernel, and the loss is computed from the final hidden
-states in chunks (``minilm.scoring.LOSS_CHUNK``), so the T x vocab logits never exist at once.
+states in chunks (``minilm.evaluation.scoring.LOSS_CHUNK``), so the T x vocab logits never exist at once.
 
 Output: ``markdown_table``, ``write_csv`` and (with matplotlib) ``plot`` of perplexity
 against length.
@@ -42,7 +42,7 @@ from tqdm import tqdm
 from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
 from minilm.data import corpus as data
-from minilm.evaluation.scoring import MODES, score_many, windows
+from minilm.evaluation.scoring import MODES, score_many, segments
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.positions import describe
 
@@ -100,7 +100,7 @@ def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
     return _VAL_CACHE[key]
 
 
-def window_length(multiple: float, block_size: int) -> int:
+def segment_length(multiple: float, block_size: int) -> int:
     """``multiple`` x the training length in tokens; an EvaluationError when that is under one token."""
     length = int(round(multiple * block_size))
     if length < 1:
@@ -117,9 +117,9 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
                          quiet: bool = False) -> list:
     """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
 
-    ``mode`` is a protocol of ``minilm.scoring.MODES`` or a list of them; every (protocol,
+    ``mode`` is one of ``minilm.evaluation.scoring.MODES`` or a list of them; every (mode,
     length) cell of a checkpoint comes from one ``score_many`` pass. ``lengths`` are
-    absolute window lengths shared by every checkpoint; without them each checkpoint is
+    absolute segment lengths shared by every checkpoint; without them each checkpoint is
     scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
     applied to every checkpoint's config (position scaling at evaluation time, another
     corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
@@ -145,7 +145,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         model, tokenizer, config, state = load_model(path, overrides, device=device)
         block = config.model.block_size
         these = [int(t) for t in lengths] if lengths is not None else \
-            sorted({window_length(m, block) for m in multiples})
+            sorted({segment_length(m, block) for m in multiples})
         loaded.append((state["path"], model, tokenizer, config, these))
     longest = max(t for *_, these in loaded for t in these)
 
@@ -167,9 +167,9 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         runnable = [t for t in these if limit is None or t <= limit]
         cells = [(m, t) for m in modes for t in runnable]
         requests = [(t, m, stride if m == "sliding" else None) for m, t in cells]
-        total = sum(len(windows(n, *request)) for request in requests)
+        total = sum(len(segments(n, *request)) for request in requests)
         started = time.time()
-        with tqdm(total=total, desc=f"eval {label}", unit="window", file=sys.stderr, disable=quiet,
+        with tqdm(total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet,
                   leave=False) as bar:
             nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
                                              dtype=compute_dtype, progress=bar)))
@@ -182,14 +182,14 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
                 results.append(Result(nll=nll[(m, t)], **common) if (m, t) in nll else
                                Result(nll=None, status="bounded", **common))
         if not quiet:
-            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} protocol(s) x {n:,} tokens in "
+            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} mode(s) x {n:,} tokens in "
                   f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
                   file=sys.stderr, flush=True)
     return results
 
 
 def _checked_modes(mode, stride) -> list:
-    """``mode`` (one protocol or a list) as a list, with a one-line error for a bad mode or stride."""
+    """``mode`` (one mode or a list) as a list, with a one-line error for a bad mode or stride."""
     modes = [mode] if isinstance(mode, str) else list(mode)
     if not modes or any(m not in MODES for m in modes):
         raise EvaluationError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")

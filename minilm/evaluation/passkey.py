@@ -17,7 +17,7 @@ is reported as n/a.
 A tiny model trained on ordinary text cannot do this. To teach it at length L, fine-tune
 it on a mixture of passkey documents and its own training text, then test at 2L, 4L, ...:
 ``make-corpus`` writes passkey documents (prompt + answer, L/4..L tokens counted with the
-checkpoint's tokenizer, random depths) and, with ``--mix F``, windows of the checkpoint's
+checkpoint's tokenizer, random depths) and, with ``--mix F``, excerpts of the checkpoint's
 training split making up the fraction F of the characters, as .txt files of a corpus
 directory. ``train.init_from`` encodes that directory with the source's tokenizer::
 
@@ -180,7 +180,7 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
                  mix_text: str = "", mix: float = 0.0) -> list:
     """Write ``n`` passkey documents of ``length // 4 .. length`` tokens (random depths) as .txt
     files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``. With
-    ``mix`` > 0, random windows of ``mix_text`` (as long as the longest document) are written
+    ``mix`` > 0, random excerpts of ``mix_text`` (as long as the longest document) are written
     as ``text-*.txt`` files too, until they are the fraction ``mix`` of all characters."""
     if n < 1:
         raise PasskeyError(f"n={n} is invalid: expected at least 1 document")
@@ -195,17 +195,17 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
     for _ in range(n):
         doc_length = rng.randint(max(shortest, length // 4), length - MAX_NEW_TOKENS)
         docs.append(tokenizer.decode(document(tokenizer, doc_length, rng)))
-    windows = []
-    if mix > 0:  # windows of ordinary text as long as the longest document, until they are `mix` of all
-        window = max(len(d) for d in docs)
-        if len(mix_text) <= window:
+    excerpts = []
+    if mix > 0:  # excerpts of ordinary text as long as the longest document, until they are `mix` of all
+        size = max(len(d) for d in docs)
+        if len(mix_text) <= size:
             raise PasskeyError(f"the text to mix in has {len(mix_text)} characters: too short for "
-                               f"{window}-character windows")
-        for _ in range(-(-int(sum(len(d) for d in docs) * mix / (1.0 - mix)) // window)):
-            start = rng.randrange(len(mix_text) - window)
-            windows.append(mix_text[start:start + window])
+                               f"{size}-character excerpts")
+        for _ in range(-(-int(sum(len(d) for d in docs) * mix / (1.0 - mix)) // size)):
+            start = rng.randrange(len(mix_text) - size)
+            excerpts.append(mix_text[start:start + size])
     os.makedirs(out_dir, exist_ok=True)
-    return _write_documents(out_dir, "passkey", docs, per_file) + _write_documents(out_dir, "text", windows, per_file)
+    return _write_documents(out_dir, "passkey", docs, per_file) + _write_documents(out_dir, "text", excerpts, per_file)
 
 
 def _write_documents(out_dir: str, prefix: str, docs: list, per_file: int) -> list:

@@ -1,30 +1,30 @@
-"""Held-out scoring, shared by the trainer's evaluations and ``minilm.evaluation``.
+"""Held-out scoring, shared by the trainer's evaluations and ``minilm.evaluation.lengths``.
 
 ``token_losses`` is the one implementation of "sum of next-token losses": it turns the
 final hidden states into logits in chunks of ``LOSS_CHUNK`` rows, so the T x vocab logits
-of a long window never exist at once. ``windows`` cuts a token stream into the windows of
-the two evaluation protocols (Press et al. 2022, "Train Short, Test Long", appendix B):
+of a long segment never exist at once. ``segments`` cuts a token stream into the segments of
+the two evaluation modes (Press et al. 2022, "Train Short, Test Long", appendix B):
 
-* ``nonoverlapping``: consecutive windows, each scored in full from position 0, so the
+* ``nonoverlapping``: consecutive segments, each scored in full from position 0, so the
   average token sees T/2 tokens of context. This is what the ALiBi paper reports.
-* ``sliding``: windows of T tokens that advance by ``stride`` tokens; only the last
-  ``stride`` tokens of each window are scored, so every scored token sees at least
-  T - stride tokens of context (except in the first window, which is scored in full,
-  as in the usual sliding-window recipe). Costs T / stride times more.
+* ``sliding``: segments of T tokens that advance by ``stride`` tokens; only the last
+  ``stride`` tokens of each segment are scored, so every scored token sees at least
+  T - stride tokens of context (except in the first segment, which is scored in full,
+  as in the usual sliding evaluation). Costs T / stride times more.
 
-``score_many`` runs a model over the windows of several (length, protocol) requests at
+``score_many`` runs a model over the segments of several (length, mode) requests at
 once and returns the mean nats per scored token of each; ``score`` is one request. A causal
 model's output at a token depends only on the tokens before it, and (for a scheme whose
 ``prefix_invariant`` is True: all but those that read the sequence length, dynamic NTK and
-LongRoPE) not on how far the window goes on. So a window's losses are those of the same
-tokens inside any longer window that starts at the same token, and ``score_many`` runs
-each distinct window start once, as far as the longest window starting there reaches. A
-non-overlapping window of T at k*T is the start of the 2T windows there, and every sliding
-window (stride T/2) starts where a sliding window of 2T or a window of T/2 does: for
-L, 2L, 4L and 8L in both protocols the model sees 5 N token positions instead of 12 N.
+LongRoPE) not on how far the segment goes on. So a segment's losses are those of the same
+tokens inside any longer segment that starts at the same token, and ``score_many`` runs
+each distinct segment start once, as far as the longest segment starting there reaches. A
+non-overlapping segment of T at k*T is the start of the 2T segments there, and every sliding
+segment (stride T/2) starts where a sliding segment of 2T or a segment of T/2 does: for
+L, 2L, 4L and 8L in both modes the model sees 5 N token positions instead of 12 N.
 The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
-(fixed random windows, the same at every evaluation) or ``split_batches`` (the whole
-validation split in non-overlapping windows).
+(fixed random segments, the same at every evaluation) or ``split_batches`` (the whole
+validation split in non-overlapping segments).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0) -> tor
     return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
 
 
-def windows(n: int, length: int, mode: str, stride: Optional[int] = None) -> list:
+def segments(n: int, length: int, mode: str, stride: Optional[int] = None) -> list:
     """(begin, end, scored) for the targets 1..n: inputs are tokens[begin:end], targets
     tokens[begin+1:end+1], and the last ``scored`` of them count. Every target is scored once."""
     if mode == "nonoverlapping":
@@ -76,18 +76,18 @@ def windows(n: int, length: int, mode: str, stride: Optional[int] = None) -> lis
 @torch.no_grad()
 def score(model, tokens: torch.Tensor, length: int, mode: str = "nonoverlapping", stride: Optional[int] = None,
           *, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, progress=None) -> float:
-    """Mean nats per target over targets 1..len(tokens)-1 with windows of ``length`` tokens."""
+    """Mean nats per target over targets 1..len(tokens)-1 with segments of ``length`` tokens."""
     return score_many(model, tokens, [(length, mode, stride)], batch_tokens=batch_tokens, dtype=dtype,
                       progress=progress)[0]
 
 
 def _runs(n: int, requests, shared: bool) -> dict:
-    """(begin, end) of each stretch the model runs over -> the windows read from it, as
-    (request index, window end, scored targets). ``shared``: one stretch per window start,
-    to the furthest end of a window starting there; else one per distinct window."""
+    """(begin, end) of each stretch the model runs over -> the segments read from it, as
+    (request index, segment end, scored targets). ``shared``: one stretch per segment start,
+    to the furthest end of a segment starting there; else one per distinct segment."""
     reads: dict = {}
     for index, (length, mode, stride) in enumerate(requests):
-        for begin, end, scored in windows(n, length, mode, stride):
+        for begin, end, scored in segments(n, length, mode, stride):
             reads.setdefault(begin if shared else (begin, end), []).append((index, end, scored))
     return {(key if shared else key[0], max(end for _, end, _ in these)): these for key, these in reads.items()}
 
@@ -96,8 +96,8 @@ def _runs(n: int, requests, shared: bool) -> dict:
 def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
                dtype: Optional[torch.dtype] = None, progress=None) -> list:
     """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
-    stride), computed in ``dtype`` autocast (None: float32); ``progress.update(windows)`` as
-    it goes. Windows that start at the same token share one run of the model when the
+    stride), computed in ``dtype`` autocast (None: float32); ``progress.update(segments)`` as
+    it goes. Segments that start at the same token share one run of the model when the
     scheme is ``prefix_invariant`` (module docstring)."""
     n = len(tokens) - 1
     device = next(model.parameters()).device
@@ -128,7 +128,7 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
 @torch.no_grad()
 def heldout_loss(model, batches, device, dtype, dist) -> float:
     """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
-    (``dist``: rank, world, enabled, see ``minilm.distributed``) each rank takes a share."""
+    (``dist``: rank, world, enabled, see ``minilm.training.distributed``) each rank takes a share."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
@@ -146,14 +146,14 @@ def heldout_loss(model, batches, device, dtype, dist) -> float:
 
 
 def eval_batches(val, config):
-    """The fixed validation windows of the periodic evaluation (same windows every time)."""
+    """The fixed validation segments of the periodic evaluation (same segments every time)."""
     generator = torch.Generator().manual_seed(config.seed)
     t = config.train
     return [get_batch(val, t.batch_size, config.model.block_size, generator) for _ in range(t.eval_iters)]
 
 
 def split_batches(val, block_size: int, batch_size: int, max_tokens: int):
-    """The validation split (its first ``max_tokens + 1`` tokens) in non-overlapping windows."""
+    """The validation split (its first ``max_tokens + 1`` tokens) in non-overlapping segments."""
     tokens = torch.from_numpy(val[: max_tokens + 1].astype("int64"))
     n = (len(tokens) - 1) // block_size
     full = tokens[: n * block_size + 1]

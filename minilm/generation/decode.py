@@ -31,7 +31,7 @@ the whole sequence so far, ``model(idx, window=max_context)`` for the rolling sc
 the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
 dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
 fixed for a whole generation (docs/design.md, "Dynamic scaling and the cache").
-``compile=True`` decodes with a static cache and a compiled step (``minilm.compiled``).
+``compile=True`` decodes with a static cache and a compiled step (``minilm.generation.compiled``).
 
 Text: a stop string ends a sample and is not part of its text (the text ends just before
 it); the token that completed it is the sample's last token. Pieces are only handed out
@@ -143,7 +143,8 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     not fit in the memory that is free now (checked before allocating, never after)."""
     c = model.config
     ref = model.wte.weight
-    need = 2 * c.n_layer * batch_size * c.kv_heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
+    heads = model.blocks[0].attn.n_kv_head
+    need = 2 * c.n_layer * batch_size * heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
     free = available_memory(ref.device)
     if free is not None and need > free:
         raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "

@@ -16,7 +16,7 @@ sees the first N tokens and the last capacity - N.
 
 A ``static`` cache always hands attention all ``capacity`` slots, the empty ones at position
 ``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
-same shapes, which is what a compiled step needs (``minilm.compiled``, as in gpt-fast).
+same shapes, which is what a compiled step needs (``minilm.generation.compiled``, as in gpt-fast).
 """
 from __future__ import annotations
 

@@ -11,9 +11,10 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
 * ``tie_embeddings: false``: an LM head of its own.
 
-The positional encoding is a plug-in from ``minilm.positions`` and acts through three
-hooks: ``embed`` after the token embedding, ``rotate`` on q and k in every layer (before
-the cache write) and ``bias`` on the attention logits. Positions are explicit tensors:
+The position scheme is a plug-in from ``minilm.positions`` and acts through its hooks:
+``start`` once per forward pass, ``embed`` after the token embedding, ``rotate`` on q and k
+in every layer (before the cache write), ``bias`` on the attention logits and
+``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit tensors:
 ``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without.
 """
 from __future__ import annotations
@@ -107,9 +108,8 @@ def fused_by_compiler(q: torch.Tensor) -> bool:
     ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
     queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
     and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
-    training step runs 1.08-1.13x faster this way (bench/bench_train.py shape, T=256), the
-    float32 one 0.94x, eager code 1.02x, so float32, eager code and CUDA keep SDPA (fp16 on
-    the CPU was not measured). As everywhere on the written-out path, the scores are rounded
+    training step is faster this way, the float32 one and eager code are not, so they and
+    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the written-out path, the scores are rounded
     to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
     return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
@@ -118,7 +118,7 @@ def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, drop
     """(softmax(q k^T / sqrt(d) + mask) v, plus the scheme's ``value_term(weights)`` where it has
     one (SDPA returns no weights); the weights). ``mask`` is boolean (True: visible) or additive (-inf: hidden).
     Written out rather than SDPA with a mask, whose CPU fallback also checks every row for
-    being fully masked (none is here: a query always sees itself), about 1.3x slower."""
+    being fully masked (none is here: a query always sees itself) and is slower for it."""
     scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
     scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
     weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
@@ -166,8 +166,9 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
-        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.n_kv_head = config.n_kv_head or config.n_head  # None: one key/value head per query head
+        width = (self.n_head + 2 * self.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
@@ -291,7 +292,7 @@ class GPT(nn.Module):
         first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads.
         ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
         ref = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, self.config.kv_heads, self.config.head_dim, capacity,
+        return KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim, capacity,
                        rolling=rolling, sinks=sinks, static=static, dtype=cache_dtype(ref), device=ref.device)
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,

@@ -1,7 +1,8 @@
 """The position interface shared by every scheme, and the registry that builds them.
 
-Every scheme answers three questions; the base class answers each with "nothing":
+Every scheme acts through five hooks; the base class answers each with "nothing":
 
+* ``start(pos)`` once per forward pass, before the others (randomized draws its positions)
 * ``embed(x, pos)``            -> x + PE(pos), once after the token embedding (sinusoidal, learned)
 * ``rotate(q, k, pos, context_len)`` -> q', k' in every attention layer, before the cache
   write (rope and its scalings)
@@ -9,6 +10,9 @@ Every scheme answers three questions; the base class answers each with "nothing"
   fire), or (B, heads, Tq, Tk) for a scheme whose bias reads the queries (shaw)
 * ``value_term(weights, q_pos, k_pos)`` -> (B, heads, Tq, head_dim) added to the attention
   output, from the attention weights (shaw's relative values); used when ``has_value_term``
+
+A wrapper (``interpolated``, ``randomized``) holds another scheme as ``inner``, hands every
+hook on to it, and answers ``unwrap()`` for it; ``unwrap_setting`` does the same for settings.
 
 Positions are explicit float32 tensors of absolute indices (shape (T,), shared by the
 batch); they are floats so that position interpolation can hand on fractions.
@@ -174,8 +178,9 @@ class PositionScheme(nn.Module):
     @property
     def prefix_invariant(self) -> bool:
         """True when a token's output does not depend on the length of the sequence being
-        processed (the scheme ignores ``context_len``): its scores in a window then equal those
-        inside any longer window that starts at the same token (``minilm.scoring.score_many``)."""
+        processed (the scheme ignores ``context_len``): its scores in an evaluation segment then equal
+        those inside any longer segment that starts at the same token
+        (``minilm.evaluation.scoring.score_many``)."""
         return True
 
     def check_positions(self, last: float) -> None:

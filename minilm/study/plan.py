@@ -10,17 +10,17 @@ comparisons between schemes are paired):
 1. **From scratch**: one model per scheme in ``KINDS`` (every kind of the registry that
    trains from scratch; ``interpolated`` is the extension below) at training length L.
 2. **Evaluation** of each on the whole validation split at ``eval.multiples`` of L, in both
-   protocols of ``minilm.scoring`` (non-overlapping windows; sliding windows, stride = half
-   the window).
+   modes of ``minilm.evaluation.scoring`` (non-overlapping segments; sliding segments, stride = half
+   the segment).
 3. **Sinusoidal base ablation**: base 1000 / 10,000 (the model of step 1) / 100,000.
 4. **Extension** of the rope model of seed s from L to ``factor`` x L with each method of
    ``extension.methods`` (no scaling, PI = linear, NTK, YaRN, llama3): one fine-tuning run
    per method, with snapshots at ``extension.curve_steps``; every snapshot is evaluated at
    1L, 2L, 4L, 8L (step 0 is the source with the scaling applied), the last one in both
-   protocols; passkey accuracy at ``passkey.multiples`` of L before and after.
+   modes; passkey accuracy at ``passkey.multiples`` of L before and after.
 
-The runs are ``minilm.jobs`` jobs (``workers`` processes, one torch thread each). Results are
-one row per (run, seed, step, protocol, length) in ``Study.cells``; ``minilm.report`` turns
+The runs are ``minilm.study.jobs`` jobs (``workers`` processes, one torch thread each). Results are
+one row per (run, seed, step, mode, length) in ``Study.cells``; ``minilm.study.report`` turns
 them into means with 95% intervals, paired verdicts, figures and ``report.md``. Checkpoints
 go under ``<out>/runs/`` (kept out of git by a ``.gitignore`` there).
 """
@@ -42,13 +42,11 @@ from minilm.training.loop import train
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
 METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "llama3"}
 
-# The full study. float32: on the 2-core Xeon with AVX512-BF16 this study was built on, bf16
-# autocast trained this shape at 6.4k tokens/s per thread against 11.8k in float32 (one run
-# each, 40 steps), and float32 numbers do not depend on the CPU's bf16 support.
-# 3 layers: with 4 the full study took 68.8 min on a 2-core AMD EPYC (AVX2), where a training
-# step already runs its matmuls at ~80 of the ~90 GFLOP/s one thread can do; a layer less
-# cuts training and evaluation by about a fifth and keeps the recipe (tokens, steps, the
-# 10% fine-tuning fraction) as it was.
+# The full study. float32: bf16 autocast trained this small shape slower than float32 even
+# on a CPU with native bf16 units, and float32 numbers do not depend on the CPU's bf16
+# support. 3 layers: with 4 the full study overran its 60-minute budget on a 2-core AVX2
+# host; a layer less keeps the recipe (tokens, steps, the 10% fine-tuning fraction). The
+# measurements: docs/design.md, "Measured choices".
 FULL = {
     "seeds": [1, 2, 3],
     "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False},
@@ -159,7 +157,7 @@ def passkey_job(path: str, overrides: list, lengths: list, depths: list, trials:
 # --------------------------------------------------------------------------- the study
 
 @dataclasses.dataclass
-class Run:
+class StudyRun:
     """One trained model of the study (``train`` job ``key``) and what it is for."""
 
     key: str
@@ -174,8 +172,8 @@ class Study:
 
     ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
     extension), mode, length, ppl, bpc, nll, tokens, chars, status. ``passkey``: dicts with
-    label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> Run;
-    ``done``: job key -> ``minilm.jobs.Done`` (values and times)."""
+    label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> StudyRun;
+    ``done``: job key -> ``minilm.study.jobs.Done`` (values and times)."""
 
     def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False):
         self.plan, self.out, self.workers, self.overwrite, self.quiet = plan, out, workers, overwrite, quiet
@@ -195,7 +193,7 @@ class Study:
 
     def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(), **kw) -> str:
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
-        self.runs[name] = Run(f"train {name}", section, label, seed, config)
+        self.runs[name] = StudyRun(f"train {name}", section, label, seed, config)
         self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
         return f"train {name}"
 
@@ -317,7 +315,7 @@ class Study:
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.passkey = state["cells"], state["passkey"]
-        study.runs = {name: Run(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
+        study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study
 

@@ -1,6 +1,6 @@
-"""The report of the length-generalization study (``minilm.experiments``): ``report.md`` with
-every table as means and 95% intervals over seeds (``minilm.stats``), the figures with error
-bands (``minilm.report_figures``), the published expectations with paired verdicts, the
+"""The report of the length-generalization study (``minilm.study.plan``): ``report.md`` with
+every table as means and 95% intervals over seeds (``minilm.study.stats``), the figures with error
+bands (``minilm.study.figures``), the published expectations with paired verdicts, the
 protocol, the configs, the git commit, the machine and the wall time per phase; plus
 ``results.csv`` (one line per cell and seed) and ``passkey.csv``.
 
@@ -158,7 +158,7 @@ def expectations(plan: dict) -> list:
 
 
 def verdicts(cells, plan: dict) -> list:
-    """Rows of the comparison table: claim, paired ratio per protocol with its interval, verdicts."""
+    """Rows of the comparison table: claim, paired ratio per evaluation mode with its interval, verdicts."""
     rows = []
     for claim, source, num, den, expect, threshold in expectations(plan):
         row = [claim, source]
@@ -257,6 +257,9 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
     ]
 
 
+OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (blocks' matrices) with AdamW"}
+
+
 def _protocol(study: Study) -> list:
     plan, L = study.plan, study.L
     first = next(iter(study.runs.values())).config
@@ -273,7 +276,7 @@ def _protocol(study: Study) -> list:
         f"{first.model.vocab_size}-token vocabulary trained on `{plan['data']['corpus']}`, "
         f"~{GPT(first.model).num_params() / 1e6:.2f}M parameters; training length **L = {L}**.",
         f"- **From scratch**: {t['max_steps']} steps x {t['batch_size']} x {L} tokens ({pre_tokens / 1e6:.2f}M "
-        f"tokens), AdamW lr {t['lr']:g} cosine to {t['min_lr']:g} after {t['warmup_steps']} warmup steps. "
+        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} cosine to {t['min_lr']:g} after {t['warmup_steps']} warmup steps. "
         f"Seed s fixes the initialisation and the batches; every scheme of seed s sees the same batches.",
         f"- **Extension** of the rope model of each seed to {long} ({ext['factor']:g}x): {steps[-1]} steps x "
         f"{ft['batch_size']} x {long} tokens ({ft_tokens / 1e6:.3f}M tokens, **{100 * ft_tokens / pre_tokens:.1f}% "
@@ -283,13 +286,13 @@ def _protocol(study: Study) -> list:
         f"on a model pretrained on 1T tokens).",
         f"- **Evaluation**: the first {scored} of the validation split at every length, i.e. the whole split "
         f"rounded down to a multiple of the longest length (so every cell scores the same tokens). "
-        f"*nonoverlapping*: consecutive windows of T tokens, every token scored, each window from position 0 "
-        f"(the ALiBi paper's protocol; the average token sees T/2 tokens of context). *sliding*: windows of T "
-        f"tokens advancing by a stride of T/2; only the last T/2 tokens of each window are scored, so every scored "
-        f"token sees at least T/2 tokens of context; the first window is scored in full. Perplexity = "
+        f"*nonoverlapping*: consecutive segments of T tokens, every token scored, each segment from position 0 "
+        f"(as the ALiBi paper evaluates; the average token sees T/2 tokens of context). *sliding*: segments of T "
+        f"tokens advancing by a stride of T/2; only the last T/2 tokens of each segment are scored, so every scored "
+        f"token sees at least T/2 tokens of context; the first segment is scored in full. Perplexity = "
         f"exp(mean nats per scored token). A bounded scheme (learned) past its table is n/a.",
         f"- **Statistics**: every cell is the mean over {n} seed(s) ± the half-width of the 95% confidence interval "
-        f"(Student t with n - 1 degrees of freedom; `minilm.stats`). A comparison is paired: the ratio of two "
+        f"(Student t with n - 1 degrees of freedom; `minilm.study.stats`). A comparison is paired: the ratio of two "
         f"perplexities is computed per seed, and its interval decides the verdict: *yes* when the whole interval "
         f"is on the expected side of the threshold, *no* when it is wholly on the other side, *unresolved* "
         f"when it contains the threshold (or with one seed).",
@@ -311,7 +314,7 @@ def _scratch(study: Study, figures: dict) -> list:
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
     lines = [f"## 1. Every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} tokens", ""]
     for mode in plan["eval"]["modes"]:
-        lines += [f"Perplexity, {mode} protocol:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
+        lines += [f"Perplexity, {mode} mode:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
     if "scratch" in figures:
         lines += [f"![perplexity against length]({figures['scratch']})", ""]
     return lines
@@ -323,7 +326,7 @@ def _ablation(study: Study, figures: dict) -> list:
     bases = [f"{b:g}" for b in plan["ablation"]["bases"]]
     lines = ["## 2. Sinusoidal base frequency (the fair, sqrt(d_model)-scaled sinusoidal model)", ""]
     for mode in plan["eval"]["modes"]:
-        lines += [f"Perplexity, {mode} protocol:", "",
+        lines += [f"Perplexity, {mode} mode:", "",
                   _length_table(cells, "ablation", bases, lengths, mode, names={b: f"base {b}" for b in bases}), ""]
     if "ablation" in figures:
         lines += [f"![base ablation]({figures['ablation']})", ""]
@@ -336,7 +339,7 @@ def _extension(study: Study, figures: dict) -> list:
     f, steps = int(ext["factor"]), ext["curve_steps"]
     names = {m: METHOD_NAMES[m] for m in ext["methods"]}
     lines = [f"## 3. Extending rope from {L} to {f * L}", "",
-             f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
+             f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} mode):", "",
              table(["method"] + [f"{s} steps" for s in steps],
                    [[names[m]] + [_cell(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
                     for m in ext["methods"]], "l" + "r" * len(steps)), ""]
@@ -344,7 +347,7 @@ def _extension(study: Study, figures: dict) -> list:
         lines += [f"![extension curves]({figures['extension']})", ""]
     lengths = [int(m * L) for m in ext["curve_multiples"]]
     for mode in modes:
-        lines += [f"After {steps[-1]} steps, {mode} protocol:", "",
+        lines += [f"After {steps[-1]} steps, {mode} mode:", "",
                   _length_table(cells, "extension", ext["methods"], lengths, mode, step=steps[-1], names=names), ""]
     lines += _passkey(study, names)
     return lines

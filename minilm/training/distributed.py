@@ -1,6 +1,6 @@
 """Data-parallel training across processes started by ``torchrun`` (gloo on CPU, nccl on CUDA).
 
-Every rank draws the same global batch and takes its own rows (``minilm.trainer``), so N
+Every rank draws the same global batch and takes its own rows (``minilm.training.loop``), so N
 processes reproduce one process with ``grad_accum x N``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The training loop: data, model, AdamW, schedule, evaluation, checkpoints, DDP, autocast.
+"""The training loop: data, model, optimiser, schedule, evaluation, checkpoints, DDP, autocast.
 
 ``train(config)`` runs one experiment end to end and returns a summary dict; ``train.py``
 only parses arguments and calls it, and other code (the experiment runner) can call it
@@ -9,28 +9,29 @@ in-process. What it does, in order:
    corpus is encoded with the source checkpoint's tokenizer (any corpus: a fine-tuning
    mixture too).
 2. Build the model: fresh, from ``train.init_from`` (trained weights through
-   ``minilm.loading.load_model``; fresh optimiser and step), or with ``resume=True`` from
+   ``minilm.checkpoints.loading.load_model``; fresh optimiser and step), or with ``resume=True`` from
    ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data state), exactly.
 3. Loop over optimizer steps. Each step draws one *global* batch of
-   ``world_size * grad_accum * batch_size`` windows from a generator seeded by
+   ``world_size * grad_accum * batch_size`` sequences from a generator seeded by
    ``config.seed`` and identical on every rank; rank r takes its own rows of it for
-   each micro-step. Every rank therefore sees different windows, and the data a step
+   each micro-step. Every rank therefore sees different sequences, and the data a step
    sees depends only on the global batch, not on how it is split over processes and
    micro-steps: two DDP processes reproduce one process with ``grad_accum=2``. Micro-steps
    before the last skip DDP's gradient all-reduce (``no_sync``).
-4. AdamW (Loshchilov & Hutter 2019) with weight decay on the 2-D weight matrices only
+4. The optimiser of ``minilm.training.optim``: AdamW (Loshchilov & Hutter 2019), or Muon for
+   the blocks' matrices and AdamW for the rest, with weight decay on the 2-D weight matrices only
    (attention, MLP, the tied token embedding / LM head); LayerNorm weights, biases and
    the position scheme's parameters (learned tables, T5 bias buckets) are not decayed,
    so rarely seen far positions are not pulled to zero. Learning rate: linear warmup
    over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``. Gradients are
    clipped to a global norm of ``grad_clip`` (0 disables).
 5. Every ``eval_interval`` steps: loss, perplexity and bits per character on a fixed set
-   of ``eval_iters`` validation batches (the same windows each time, so evaluations are
+   of ``eval_iters`` validation batches (the same sequences each time, so evaluations are
    comparable). At the end: the same numbers over the whole validation split in
-   non-overlapping ``block_size`` windows (at most ``final_eval_tokens`` tokens).
+   non-overlapping ``block_size`` segments (at most ``final_eval_tokens`` tokens).
    Bits per character = mean nats per token * val tokens / val characters / ln 2, which
    does not depend on the tokenizer.
-6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.checkpoint.save``) every
+6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.checkpoints.format.save``) every
    ``checkpoint_interval`` steps, at the end, and when Ctrl-C or SIGTERM stops the run.
    It always holds the latest state (what ``--resume`` needs); the final model is the
    last one. A NaN/inf loss or gradient stops the run before the optimizer step, without
@@ -108,7 +109,7 @@ def _format_time(seconds: float) -> str:
 # --------------------------------------------------------------------------- the run
 
 @dataclasses.dataclass
-class Run:
+class TrainingRun:
     """Everything one training run holds between its stages."""
     config: Config
     dist: Dist
@@ -191,7 +192,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, quie
     tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
     final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
     A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
-    serves one live run at a time (``minilm.outdir``). Raises a MinilmError (ConfigError,
+    serves one live run at a time (``minilm.training.outdir``). Raises a MinilmError (ConfigError,
     CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
     """
     main = int(os.environ.get("RANK", "0")) == 0
@@ -243,7 +244,7 @@ def _resume_state(config: Config, device: torch.device) -> dict:
     return state
 
 
-def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Run:
+def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> TrainingRun:
     """Stages 1-2: data, model, optimiser and data generator, fresh, from init_from or resumed."""
     started, t = time.time(), config.train
     dist = init_distributed(t)
@@ -273,7 +274,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Run:
         model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
     if t.compile:
         model = torch.compile(model)
-    run = Run(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
+    run = TrainingRun(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
               make_optimizer(raw, t, device), torch.Generator().manual_seed(config.seed), started)
     if state is not None:
         run.optimizer.load_state_dict(state["optimizer"])
@@ -284,7 +285,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Run:
     return run
 
 
-def _start_metrics(run: Run, state: Optional[dict]) -> None:
+def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
     """Create out_dir, continue or restart metrics.jsonl, and say what the run is."""
     config, dist, resumed = run.config, run.dist, state is not None
     if dist.main:
@@ -311,7 +312,7 @@ def _start_metrics(run: Run, state: Optional[dict]) -> None:
                     f"the uninterrupted one (it continues exactly only with the same train settings)")
 
 
-def train_step(run: Run, stop: StopFlag) -> tuple:
+def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     """Stages 3-4: one optimizer step over the next global batch; returns (mean loss,
     gradient norm or None, lr, whether any rank was asked to stop)."""
     t, dist, device = run.config.train, run.dist, run.device
@@ -350,7 +351,7 @@ def train_step(run: Run, stop: StopFlag) -> tuple:
     return loss_value, grad_norm, lr, float(flags[1]) > 0
 
 
-def after_step(run: Run, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool,
+def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool,
                stop: StopFlag) -> Optional[str]:
     """Stages 5-6 during the loop: log, evaluate and checkpoint on their intervals; returns the
     name of the signal that stops the run, or None."""
@@ -383,7 +384,7 @@ def after_step(run: Run, bar, meter: dict, val_set, loss: float, grad_norm, lr: 
     return None
 
 
-def finish(run: Run, val_set, interrupted: Optional[str], start_step: int, train_seconds: float) -> dict:
+def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: int, train_seconds: float) -> dict:
     """Stages 5-7 at the end: full validation, the last checkpoint, a sample and the summary."""
     t, step, final, sample = run.config.train, run.step, None, None
     if interrupted is None:

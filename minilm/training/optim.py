@@ -8,12 +8,12 @@ update is orthogonalised by a Newton-Schulz iteration. The embedding, the LM hea
 biases and the position scheme stay with AdamW, as there. Muon's step is scaled by
 0.2 * sqrt(max(rows, cols)) (Liu et al. 2025, "Muon is Scalable for LLM Training"), which
 gives it the update RMS of AdamW, so that one ``lr`` and one schedule serve both; Muon takes
-``train.muon_lr_scale`` times the schedule's rate (3 in the shipped configs: on the main job
-cut to 600 steps, 1 / 3 / 6 / 10 gave 2.249 / 2.234 / 2.240 / 2.324 bits/char).
+``train.muon_lr_scale`` times the schedule's rate (3 in the shipped configs, chosen by a sweep:
+docs/design.md, "Measured choices").
 
 Ours rather than ``torch.optim.Muon`` (torch >= 2.9), which is the same update but always
-orthogonalises in bfloat16: on a CPU without native bf16 units that is emulated and made a
-step about 7x slower (measured: 693 against 5,136 tokens/s on the main job's model). Here the
+orthogonalises in bfloat16: on a CPU without native bf16 units that is emulated and makes a
+step several times slower (docs/design.md, "Measured choices"). Here the
 iteration runs in float32 on the CPU (bfloat16 on CUDA), on all the matrices of one shape at
 once (a batched matmul), and works with any torch.
 """
