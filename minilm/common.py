@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
@@ -41,6 +44,40 @@ def suggest(name, valid: Iterable) -> str:
 
 
 # --------------------------------------------------------------------------- files
+
+LOW_DISK_BYTES = 1 << 20  # a write that fails with less free space than this failed for want of space
+
+
+class WriteError(MinilmError):
+    """A file minilm could not write (a full disk, no permission, ...); the message names the
+    path and the reason. Whatever was there before stays whole."""
+
+    def __init__(self, path: Union[str, Path], reason: str, advice: str = "what was there before is unchanged"):
+        super().__init__(f"cannot write {str(path)!r}: {reason}; {advice}")
+        self.path, self.reason, self.advice = str(path), reason, advice
+
+
+def write_failure(path: Union[str, Path], exc: BaseException) -> Optional[WriteError]:
+    """The one-line WriteError for a failed write to ``path``, or None when ``exc`` is not a
+    failure to write (a bug keeps its traceback). Libraries report a full disk in their own
+    ways (torch's zip writer: a RuntimeError about an 'unexpected pos'; safetensors: its own
+    error class), so any error counts as a full disk when the disk has (almost) no space left."""
+    if isinstance(exc, WriteError):
+        return WriteError(path, exc.reason, exc.advice)  # named after the whole that was being written
+    if isinstance(exc, MinilmError) or not isinstance(exc, Exception):
+        return None
+    directory = Path(path).parent
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else Path.cwd()).free
+    except OSError:
+        free = None
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or (free is not None and free < LOW_DISK_BYTES):
+        return WriteError(path, f"no space left on the device ({free if free is not None else 0:,} bytes free)",
+                          "free some space or choose another place; what was there before is unchanged")
+    if isinstance(exc, OSError):
+        return WriteError(path, str(exc.strerror or exc))
+    return None
+
 
 def temporary_path(path: Union[str, Path]) -> Path:
     """A unique temporary name next to ``path``: ``.<name>.<pid>.<random>.tmp``."""
@@ -73,7 +110,8 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
     The bytes go to a temporary file in the same directory, are fsynced, and the file is
     renamed over ``path`` (then the directory is fsynced too). ``data`` is bytes, text
     (UTF-8), a numpy array (raw, as ``tofile``) or a function that writes to the open
-    binary file. On any failure the temporary file is removed and the old ``path`` stays.
+    binary file. On any failure the temporary file is removed and the old ``path`` stays; a
+    failure to write (``write_failure``) becomes one WriteError naming ``path``.
     """
     path = Path(path)
     tmp = temporary_path(path)
@@ -88,9 +126,12 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        failure = write_failure(path, exc)  # judged before the partial file is removed
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if failure is not None:
+            raise failure from None
         raise
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -99,6 +140,49 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
         finally:
             os.close(dir_fd)
     return path
+
+
+@contextlib.contextmanager
+def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
+    """Write a whole directory at once: yields a new temporary directory beside ``directory``
+    to fill; when the block ends well it takes ``directory``'s place (an old one is removed
+    only with ``overwrite``, after the new one is complete), else it is removed and
+    ``directory`` stays as it was. A non-empty ``directory`` is refused without
+    ``overwrite``; a failure to write is one WriteError naming ``directory``."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise WriteError(directory, "it exists and is not a directory", "choose a new directory")
+    if directory.is_dir() and any(directory.iterdir()) and not overwrite:
+        raise WriteError(directory, "it exists and is not empty", "choose a new directory, or give --overwrite to "
+                                                                  "replace it")
+    parent = directory.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", suffix=".tmp", dir=parent))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary directory
+    except OSError as exc:
+        raise write_failure(directory, exc) from None
+    try:
+        yield staging
+        old = None
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}-old-{secrets.token_hex(4)}.tmp")
+            os.rename(directory, old)
+        os.rename(staging, directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as exc:
+        failure = write_failure(directory, exc)
+        shutil.rmtree(staging, ignore_errors=True)
+        if failure is not None:
+            raise failure from None
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # --------------------------------------------------------------------------- hardware

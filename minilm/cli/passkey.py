@@ -21,7 +21,7 @@ def _make_corpus(args) -> list:
         if args.mix:
             raise PasskeyError(f"--mix {args.mix} needs a checkpoint (its training corpus is mixed in), "
                                f"not the tokenizer file {args.checkpoint!r}")
-        return write_corpus(args.out_dir, load_tokenizer(args.checkpoint), args.n, args.length, args.seed)
+        return _write(args, load_tokenizer(args.checkpoint), "")
     if args.mix and is_hf_source(args.checkpoint):
         raise PasskeyError(f"--mix {args.mix} needs a minilm checkpoint (its training corpus is mixed in); the "
                            f"training text of {args.checkpoint!r} is not known")
@@ -29,8 +29,13 @@ def _make_corpus(args) -> list:
     text = ""
     if args.mix:
         text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
-    return write_corpus(args.out_dir, tokenizer_from_bytes(state["tokenizer"]), args.n, args.length, args.seed,
-                        mix_text=text, mix=args.mix)
+    return _write(args, tokenizer_from_bytes(state["tokenizer"]), text)
+
+
+def _write(args, tokenizer, mix_text: str) -> list:
+    with tqdm(total=args.n, desc="passkey documents", unit="doc", file=sys.stderr, leave=False) as bar:
+        return write_corpus(args.out_dir, tokenizer, args.n, args.length, args.seed, mix_text=mix_text, mix=args.mix,
+                            overwrite=args.overwrite, progress=bar)
 
 
 def main(argv=None) -> int:
@@ -53,6 +58,7 @@ def main(argv=None) -> int:
     mk.add_argument("--mix", type=float, default=0.0,
                     help="fraction of the characters taken from the checkpoint's training text (default 0)")
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--overwrite", action="store_true", help="replace a non-empty out_dir (once the new corpus is whole)")
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
 

@@ -42,6 +42,7 @@ import math
 import os
 import re
 import sys
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from minilm.common import MinilmError, atomic_write, remove_stale_temporaries, temporary_path
+from minilm.common import MinilmError, WriteError, atomic_write, remove_stale_temporaries, temporary_path
 from minilm.data import shakespeare, tokenizer as tokenizer_module
 from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
 from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
@@ -360,12 +361,13 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         try:
             manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started, tokenizer)
         except BaseException:
-            if created and directory.exists() and not any(directory.iterdir()):
-                directory.rmdir()
+            if created:  # ours and incomplete (no manifest): nothing of it is left behind
+                shutil.rmtree(directory, ignore_errors=True)
             raise
-    except OSError as exc:
+    except (OSError, WriteError) as exc:
+        reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
         raise DataError(f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): "
-                        f"{exc.strerror or exc}") from None
+                        f"{reason}") from None
     return _load(directory, manifest)
 
 

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from minilm.common import MinilmError, markdown_table
+from minilm.common import MinilmError, available_memory, markdown_table, staged_directory
 from minilm.generation.decode import Sampling, generate_ids
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -177,24 +177,33 @@ def document(tokenizer, length: int, rng: random.Random) -> list:
 
 
 def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, per_file: int = 50,
-                 mix_text: str = "", mix: float = 0.0) -> list:
+                 mix_text: str = "", mix: float = 0.0, *, overwrite: bool = False, progress=None) -> list:
     """Write ``n`` passkey documents of ``length // 4 .. length`` tokens (random depths) as .txt
     files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``. With
     ``mix`` > 0, random excerpts of ``mix_text`` (as long as the longest document) are written
-    as ``text-*.txt`` files too, until they are the fraction ``mix`` of all characters."""
+    as ``text-*.txt`` files too, until they are the fraction ``mix`` of all characters. The
+    directory is written whole or not at all (``common.staged_directory``): a non-empty
+    ``out_dir`` is refused unless ``overwrite``, which replaces it once the new one is complete.
+    ``progress.update(1)`` after each document."""
     if n < 1:
         raise PasskeyError(f"n={n} is invalid: expected at least 1 document")
     if not 0.0 <= mix < 1.0:
         raise PasskeyError(f"mix={mix!r} is invalid: expected 0 <= mix < 1 (the fraction of ordinary text)")
+    check_corpus_size(n, length, mix)
     shortest = min_length(tokenizer)
     if length < shortest + MAX_NEW_TOKENS:
         raise PasskeyError(f"length={length} is too short: passkey documents need at least "
                            f"{shortest + MAX_NEW_TOKENS} tokens with this tokenizer")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:  # refused before the work
+        raise PasskeyError(f"{out_dir!r} exists and is not empty: choose a new directory for the corpus, or give "
+                           f"--overwrite to replace it")
     rng = random.Random(seed)
     docs = []
     for _ in range(n):
         doc_length = rng.randint(max(shortest, length // 4), length - MAX_NEW_TOKENS)
         docs.append(tokenizer.decode(document(tokenizer, doc_length, rng)))
+        if progress is not None:
+            progress.update(1)
     excerpts = []
     if mix > 0:  # excerpts of ordinary text as long as the longest document, until they are `mix` of all
         size = max(len(d) for d in docs)
@@ -204,17 +213,34 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
         for _ in range(-(-int(sum(len(d) for d in docs) * mix / (1.0 - mix)) // size)):
             start = rng.randrange(len(mix_text) - size)
             excerpts.append(mix_text[start:start + size])
-    os.makedirs(out_dir, exist_ok=True)
-    return _write_documents(out_dir, "passkey", docs, per_file) + _write_documents(out_dir, "text", excerpts, per_file)
+    with staged_directory(out_dir, overwrite=overwrite) as staging:
+        names = _write_documents(staging, "passkey", docs, per_file) + _write_documents(staging, "text", excerpts,
+                                                                                         per_file)
+    return [os.path.join(out_dir, name) for name in names]
 
 
-def _write_documents(out_dir: str, prefix: str, docs: list, per_file: int) -> list:
-    """``docs`` as ``<prefix>-0000.txt``, ... of ``per_file`` documents each, blank lines between them."""
-    paths = []
+CHARS_PER_TOKEN = 8  # more than a BPE token of English ever holds: the bound on a corpus's size
+MAX_CORPUS_SHARE = 0.5  # of the free memory (the documents are held in memory) and disk
+
+
+def check_corpus_size(n: int, length: int, mix: float) -> None:
+    """Refuse, before any work, a corpus whose documents would not fit in half the free memory
+    or disk (at most ``CHARS_PER_TOKEN`` characters per token, as text and again as files)."""
+    need = int(n * length * CHARS_PER_TOKEN / (1.0 - mix))
+    memory = available_memory()
+    if memory is not None and need > MAX_CORPUS_SHARE * memory:
+        raise PasskeyError(f"n={n:,} documents of up to {length:,} tokens need up to {need / 2**30:,.1f} GiB of text, "
+                           f"more than half of the {memory / 2**30:.1f} GiB of free memory: lower --n or --length")
+
+
+def _write_documents(out_dir, prefix: str, docs: list, per_file: int) -> list:
+    """``docs`` as ``<prefix>-0000.txt``, ... of ``per_file`` documents each, blank lines between
+    them; returns the file names."""
+    names = []
     for start in range(0, len(docs), per_file):
-        path = os.path.join(out_dir, f"{prefix}-{len(paths):04d}.txt")
-        with open(path, "w", encoding="utf-8") as f:
+        name = f"{prefix}-{len(names):04d}.txt"
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             f.write("\n\n".join(docs[start:start + per_file]) + "\n")
-        paths.append(path)
-    return paths
+        names.append(name)
+    return names
 

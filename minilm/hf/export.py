@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 try:  # the hf extra
     from safetensors.torch import save_file
 except ImportError:  # pragma: no cover - reported by export_model()
     save_file = None
 
+from minilm.common import staged_directory
 from minilm.data.hf_tokenizer import save_pretrained_tokenizer
 from minilm.hf.families import FAMILIES
 from minilm.hf.family import HFError, refuse_unhandled
@@ -45,21 +44,12 @@ def export_model(model, tokenizer, config, directory: str) -> dict:
     family, hf_config, tensors = convert(config.model, {k: v.detach().float().cpu()
                                                         for k, v in model.state_dict().items()})
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with staged_directory(directory, overwrite=True) as staging:  # an empty directory is replaced
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
             json.dump(hf_config, f, indent=2)
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"),
                   metadata={"format": "pt"})
         save_pretrained_tokenizer(tokenizer, staging)
-        if os.path.isdir(directory):
-            os.rmdir(directory)  # empty, checked above
-        os.rename(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return {"family": family, "directory": directory, "params": sum(t.numel() for t in tensors.values())}
 
 

@@ -64,7 +64,7 @@ from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.extension import position_overrides
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded, load_model
-from minilm.common import MinilmError, autocast, resolve_device, resolve_dtype
+from minilm.common import MinilmError, WriteError, autocast, resolve_device, resolve_dtype
 from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config
 from minilm.data.corpus import Prepared, get_batch, prepare
 from minilm.evaluation.scoring import eval_batches, heldout_loss, split_batches
@@ -153,10 +153,12 @@ class TrainingRun:
             return self.ckpt_path
         try:
             return self._save(val)
-        except OSError as exc:
-            kept = "the previous checkpoint is kept" if os.path.exists(self.ckpt_path) else "no checkpoint was written"
+        except (OSError, WriteError) as exc:
+            reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
+            kept = ("the previous checkpoint is kept: continue it with --resume once the problem is solved"
+                    if os.path.exists(self.ckpt_path) else "no checkpoint was written")
             raise TrainingError(f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: "
-                                f"{exc.strerror or exc}; {kept}") from None
+                                f"{reason}; {kept}") from None
 
     def _save(self, val: Optional[dict]) -> str:
         return checkpoint.save({
@@ -176,8 +178,9 @@ class TrainingRun:
             if self.dist.main:
                 checkpoint.save({"model": self.raw.state_dict(), "config": self.config.to_dict(),
                                  "tokenizer": self.prepared.tokenizer.to_bytes(), "step": self.step}, path)
-        except OSError as exc:
-            raise TrainingError(f"cannot save the snapshot {path!r}: {exc.strerror or exc}") from None
+        except (OSError, WriteError) as exc:
+            reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
+            raise TrainingError(f"cannot save the snapshot {path!r}: {reason}") from None
         return path
 
     def validate(self, batches) -> dict:
