@@ -15,7 +15,8 @@ import sys
 from minilm.cli import Parser, run_command
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
-from minilm.training.outdir import check_writable
+from minilm.hf.reading import is_hf_source
+from minilm.training.outdir import check_writable, rotate
 
 
 def parse_numbers(text: str, kind, what: str):
@@ -81,13 +82,27 @@ def report(args, overrides) -> int:
     print(evaluation.markdown_table(results, "ppl") + "\n")
     print(evaluation.markdown_table(results, "bpc"))
     if not args.no_files:
-        base = os.path.dirname(os.path.abspath(first.checkpoint))
-        csv_path = evaluation.write_csv(results, args.csv or os.path.join(base, f"eval-{args.mode}.csv"))
-        print(f"\nwrote {csv_path}", file=sys.stderr)
+        csv_path = args.csv or default_output(first.checkpoint, f"eval-{args.mode}.csv")
+        print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
-            png = evaluation.plot(results, args.plot or os.path.join(base, f"eval-{args.mode}.png"))
+            png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"eval-{args.mode}.png"))
             print(f"wrote {png}", file=sys.stderr)
     return 0
+
+
+def default_output(checkpoint: str, name: str) -> str:
+    """Where a table or plot goes unless named: beside a minilm checkpoint (in its out_dir), in
+    the current directory for a Hugging Face model (``hf:NAME`` is no directory to write into).
+    An earlier file of that name is kept as ``<name>.1`` (``.2``, ...), never replaced."""
+    if is_hf_source(checkpoint):
+        base = os.getcwd()
+    else:
+        base = os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
+    path = os.path.join(base, name)
+    kept = rotate(path)
+    if kept:
+        print(f"kept the earlier {name} as {kept}", file=sys.stderr)
+    return path
 
 
 if __name__ == "__main__":

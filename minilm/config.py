@@ -285,7 +285,9 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
     starts the position settings afresh, so no option of the old kind is left behind."""
     for assignment in assignments:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
-        if allowed and ("=" not in assignment or not key.startswith(tuple(allowed))):
+        if "=" not in assignment:
+            raise ConfigError(f"override {assignment!r} has no value: write it as {key}=VALUE")
+        if allowed and not key.startswith(tuple(allowed)):
             raise ConfigError(f"override {assignment!r} is not allowed {what}: only "
                               f"{', '.join(a + '*' if a.endswith('.') else a for a in allowed)} can change")
         if key == "model.position.kind" and isinstance(tree.get("model", {}).get("position"), dict):
@@ -343,7 +345,28 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
             raise ConfigError(f"cannot read config {resolved!r}: {getattr(exc, 'strerror', None) or exc}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{resolved} must hold a mapping with sections model, data, train")
-    return build_config(apply_overrides(tree, overrides))
+    tree = apply_overrides(tree, overrides)
+    config = build_config(tree)
+    config.given = given_keys(tree)
+    return config
+
+
+def given_keys(tree: dict, prefix: str = "") -> frozenset:
+    """Every dotted key a config file and its overrides set (sections too): what the user chose,
+    as against the defaults."""
+    keys = set()
+    for key, value in tree.items():
+        keys.add(prefix + str(key))
+        if isinstance(value, dict):
+            keys |= given_keys(value, f"{prefix}{key}.")
+    return frozenset(keys)
+
+
+def was_given(config: "Config", key: str) -> bool:
+    """Whether the user set ``key`` (a dotted key): True for a config built in code, whose
+    every value counts as chosen (``load_config`` records what a file and overrides set)."""
+    given = getattr(config, "given", None)
+    return given is None or key in given
 
 
 def build_config(tree: dict) -> Config:
@@ -370,5 +393,8 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
     (a prepared corpus, or the source checkpoint of ``train.init_from``), which then sets
     ``data.vocab_size`` too; else ``data.vocab_size``, the size of the tokenizer to train."""
     vocab = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
-                               model=dataclasses.replace(config.model, vocab_size=vocab))
+    resolved = dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
+                                   model=dataclasses.replace(config.model, vocab_size=vocab))
+    if hasattr(config, "given"):
+        resolved.given = config.given
+    return resolved

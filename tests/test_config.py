@@ -44,7 +44,7 @@ def test_overrides_are_typed_as_yaml():
     ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
     ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
     ("model.n_head=5", r"model.d_model=192 is not divisible by model.n_head=5"),
-    ("train.max_steps", r"not of the form section.key=value"),
+    ("train.max_steps", r"has no value: write it as train.max_steps=VALUE"),
 ])
 def test_errors_are_one_line_and_name_the_key(override, expected):
     with pytest.raises(ConfigError, match=expected) as info:

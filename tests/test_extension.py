@@ -39,7 +39,7 @@ def source(tmp_path, kind, block_size=16, **position):
 def extend(path, block_size, position, **model):
     config = build_config({"model": {**MODEL, **model, "block_size": block_size, "position": position},
                            "train": {"init_from": path}})
-    config, source = source_model(config)
+    config, source, _ = source_model(config)
     return config, source.model
 
 
@@ -154,7 +154,7 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
     config = load_config(f"{name}.yaml", [f"train.init_from={path}"])
     assert config.model.block_size == 4 * src.model.block_size and config.train.lr < src.train.lr
     assert config.train.max_steps < src.train.max_steps
-    config, source = source_model(config)
+    config, source, _ = source_model(config)
     new = source.model
     position = config.model.position
     if position["kind"] == "rope":

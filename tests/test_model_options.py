@@ -304,7 +304,7 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
     path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
                             "tokenizer": gen_tokenizer.to_bytes()}, str(tmp_path))
     plain = {"vocab_size": 53, "n_layer": 1, "n_head": 4, "d_model": 16, "block_size": 32}
-    extended, source = source_model(build_config({"model": plain, "train": {"init_from": path}}))
+    extended, source, _ = source_model(build_config({"model": plain, "train": {"init_from": path}}))
     assert (extended.model.norm, extended.model.mlp, extended.model.n_kv_head) == ("rmsnorm", "swiglu", 2)
     assert not extended.model.tie_embeddings and extended.model.block_size == 32
     idx = tokens(vocab_size=53, length=16)

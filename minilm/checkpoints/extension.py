@@ -31,15 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from minilm.checkpoints.format import CheckpointError
-from minilm.config import ModelConfig
 
 
 def position_overrides(position: dict) -> list:
-    """How the run's position setting applies to the source's: key by key over the source's own
-    (its base, rotary fraction, table size stay unless set), as a whole for ``interpolated``,
-    and not at all when it is the unchanged default. JSON is YAML: one value per override."""
-    if position == ModelConfig().position:
-        return []
+    """How a run's position setting applies to the source's: key by key over the source's own
+    (its base, rotary fraction, table size stay unless set), as a whole for ``interpolated``.
+    A kind other than the source's is refused by the loader. JSON is YAML: one value per override."""
     if position.get("kind") == "interpolated":
         return [f"model.position={json.dumps(position)}"]
     return [f"model.position.{key}={json.dumps(value)}" for key, value in position.items()]

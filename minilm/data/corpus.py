@@ -41,8 +41,8 @@ import json
 import math
 import os
 import re
-import sys
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path

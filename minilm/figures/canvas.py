@@ -14,7 +14,7 @@ import io
 import os
 from typing import Sequence
 
-from minilm.common import MinilmError
+from minilm.common import MinilmError, WriteError, atomic_write
 
 DPI = 100
 INSTALL_HINT = 'plotting needs matplotlib: pip install -e ".[plot]"'
@@ -35,25 +35,27 @@ def require_matplotlib():
 
 
 def save_figure(fig, path: str, dpi: int = DPI) -> str:
-    """Write ``fig`` to ``path`` (format from the extension, e.g. .png); return the path."""
+    """Write ``fig`` to ``path`` (format from the extension, e.g. .png), whole or not at all;
+    return the path."""
     ext = os.path.splitext(path)[1].lstrip(".").lower()
     supported = fig.canvas.get_supported_filetypes()
     if ext not in supported:
         raise PlotError(f"cannot write {path!r}: unknown image format {ext!r}; valid: {', '.join(sorted(supported))}")
-    directory = os.path.dirname(os.path.abspath(path))
+    buffer = io.BytesIO()
+    if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
+        from PIL import Image  # a dependency of matplotlib
+        rendered = io.BytesIO()
+        fig.savefig(rendered, format="png", dpi=dpi)
+        rendered.seek(0)
+        with Image.open(rendered) as image:
+            image.convert("RGB").save(buffer, format="png")
+    else:
+        fig.savefig(buffer, format=ext, dpi=dpi)
     try:
-        os.makedirs(directory, exist_ok=True)
-        if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
-            from PIL import Image  # a dependency of matplotlib
-            buffer = io.BytesIO()
-            fig.savefig(buffer, format="png", dpi=dpi)
-            buffer.seek(0)
-            with Image.open(buffer) as image:
-                image.convert("RGB").save(path, format="png")
-        else:
-            fig.savefig(path, dpi=dpi)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as exc:
-        raise PlotError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+        raise WriteError(path, str(exc.strerror or exc)) from None
+    atomic_write(path, buffer.getvalue())  # whole or not at all; a failure is one WriteError
     return path
 
 

@@ -143,6 +143,9 @@ class RoPE(PositionScheme):
         for key in scaling:
             if any(key in keys for keys in EXTRA_KEYS.values()) and key not in EXTRA_KEYS.get(kind, ()):
                 raise PositionError(f"rope: scaling.{key} is not an option of scaling.type={kind}")
+        if kind == "none" and scaling.get("factor") not in (None, 1, 1.0):
+            raise PositionError(f"rope: scaling.factor={scaling['factor']!r} has no effect without a scaling.type: "
+                                f"set one of {', '.join(t for t in SCALING_TYPES if t != 'none')}")
         original = scaling.get("original_max_positions") or self.block_size
         check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True)
         factor = scaling.get("factor")
