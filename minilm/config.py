@@ -223,6 +223,10 @@ class Config:
     out_dir: str = "out/run"
     seed: int = 1337
 
+    def __post_init__(self):
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

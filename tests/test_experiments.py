@@ -3,8 +3,6 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml

@@ -13,6 +13,7 @@ This module knows the file format only; turning a checkpoint back into a model i
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
@@ -30,6 +31,14 @@ ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in some to
 
 class CheckpointError(MinilmError):
     """A missing, truncated or foreign checkpoint; the message is one line for the user."""
+
+
+def first_sentence(text: str, fallback: str, limit: int = 200) -> str:
+    """The first sentence of a library's message (colour codes removed), whole: never a text
+    cut off mid-word; a first sentence longer than ``limit`` gives way to ``fallback``."""
+    text = ANSI_CODES.sub("", text).strip().splitlines()[0] if text.strip() else ""
+    sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0].rstrip(".")
+    return sentence if sentence and len(sentence) <= limit else fallback
 
 
 def resolve(path: str) -> str:
@@ -61,16 +70,19 @@ def load(path: str, map_location: Optional[str] = "cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        what = f" ({found.group(1)})" if found else ""
+        if found is None:  # not a pickle at all: random bytes, another format
+            raise CheckpointError(f"cannot read checkpoint {path!r}: it is not a file that torch.save wrote "
+                                  f"(truncated, or another format); give a minilm checkpoint or out_dir") from None
         raise CheckpointError(f"cannot read checkpoint {path!r}: it holds Python objects other than tensors and "
-                              f"plain data{what}, which minilm never loads (weights_only=True)") from None
+                              f"plain data ({found.group(1)}), which minilm never loads (weights_only=True)") from None
     except OSError as exc:
+        if exc.errno in (errno.EINVAL, None):  # the zip reader's word for a cut-off file
+            raise CheckpointError(f"cannot read checkpoint {path!r}: it is truncated or damaged "
+                                  f"({exc.strerror or exc}); give a complete checkpoint") from None
         raise CheckpointError(f"cannot read checkpoint {path!r}: {exc.strerror or exc}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways (KeyError, struct.error, ...)
-        text = ANSI_CODES.sub("", str(exc)).strip()
-        reason = text.splitlines()[0] if text else type(exc).__name__
         raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a minilm checkpoint): "
-                              f"{reason[:200]}") from None
+                              f"{first_sentence(str(exc), type(exc).__name__)}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a minilm checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:

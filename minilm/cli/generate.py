@@ -26,9 +26,9 @@ class SamplePrinter:
     leaves stdout empty."""
 
     def __init__(self, out, num_samples: int, head: str):
-        self.out, self.head = out, head
-        self.buffers = [[] for _ in range(num_samples)]
-        self.done = [False] * num_samples
+        self.out, self.head, self.num_samples = out, head, num_samples
+        self.buffers: dict = {}  # sample -> texts held back; made as samples speak, not up front
+        self.done: set = set()
         self.current = 0
         self.started = False
 
@@ -47,23 +47,21 @@ class SamplePrinter:
         if sample == self.current:
             self._write(text)
         else:
-            self.buffers[sample].append(text)
-        self.done[sample] = self.done[sample] or done
+            self.buffers.setdefault(sample, []).append(text)
+        if done:
+            self.done.add(sample)
         self._advance()
 
-    def _advance(self) -> None:
-        while self.current < len(self.done) and self.done[self.current]:
+    def _advance(self, finished: bool = False) -> None:
+        while self.current < self.num_samples and (finished or self.current in self.done):
             self._write("\n")
             self.current += 1
-            if self.current < len(self.done):
-                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers[self.current])}")
-                self.buffers[self.current] = []
+            if self.current < self.num_samples:
+                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers.pop(self.current, []))}")
 
     def finish(self) -> None:
         self._start()
-        for i in range(len(self.done)):
-            self.done[i] = True
-        self._advance()
+        self._advance(finished=True)
 
 
 def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str:
@@ -128,7 +126,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
 
     stats = Stats()
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
-    generated: List[List[int]] = [[] for _ in range(args.num_samples)]  # token ids of each sample
+    first_sample: List[int] = []  # its token ids, for the attention map
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
@@ -140,7 +138,8 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
             if first:
                 _show_warnings(caught, stderr)
                 first = False
-            generated[piece.sample].append(piece.token)
+            if piece.sample == 0:
+                first_sample.append(piece.token)
             printer.add(piece.sample, piece.text, piece.done)
         _show_warnings(caught, stderr)
     printer.finish()
@@ -152,7 +151,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
-        path = attention_maps.attention_map(model, prompt_ids + generated[0], tokenizer, args.attention_map)
+        path = attention_maps.attention_map(model, prompt_ids + first_sample, tokenizer, args.attention_map)
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 

@@ -29,6 +29,7 @@ from minilm.figures.canvas import require_matplotlib
 from minilm.positions import available, build, canonical, scheme_class
 
 SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
+MAX_SHAPE = {"d-model": 16384, "n-head": 1024, "block-size": 16384}  # what a figure can draw in memory
 DEFAULT_SHAPE = {name: getattr(ModelConfig(), name) for name in SHAPE.values()}  # the model's own defaults
 
 
@@ -74,8 +75,8 @@ def parse_plot_args(argv) -> dict:
             continue
         name, eq, value = token[2:].partition("=")
         if not eq:
-            if i + 1 >= len(argv):
-                raise UsageError(f"--{name} needs a value")
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise UsageError(f"--{name} needs a value (--{name} VALUE or --{name}=VALUE)")
             value = argv[i + 1]
             i += 1
         i += 1
@@ -83,8 +84,9 @@ def parse_plot_args(argv) -> dict:
             parsed[name] = value
         elif name in SHAPE:
             number = _yaml(name, value)
-            if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-                raise UsageError(f"--{name}={value!r} is invalid: expected a positive integer")
+            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= MAX_SHAPE[name]:
+                raise UsageError(f"--{name}={value!r} is invalid: expected an integer from 1 to {MAX_SHAPE[name]:,} "
+                                 f"(a figure draws every position against every other)")
             parsed["shape"][SHAPE[name]] = number
         elif name == "kind" or name == "":
             raise UsageError(f"give the position kind as the first argument (valid: {', '.join(available())})")

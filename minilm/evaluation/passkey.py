@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from minilm.common import MinilmError, available_memory, markdown_table, staged_directory
-from minilm.generation.decode import Sampling, generate_ids
+from minilm.generation.decode import Sampling, check_cache_memory, generate_ids
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -133,6 +133,8 @@ def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] =
         raise PasskeyError(f"trials={trials} is invalid: expected at least 1")
     generate = generate or (lambda ids, n: greedy(model, ids, n))
     limit = model.positions.position_limit() if model is not None else None
+    if model is not None:  # the longest prompt's cache must fit before any prompt is built
+        check_cache_memory(model, 1, max(lengths) + MAX_NEW_TOKENS, advice=f"lower --lengths (longest: {max(lengths):,})")
     rows = []
     for length in lengths:
         for depth in depths:

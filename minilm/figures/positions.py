@@ -155,7 +155,9 @@ def _rope_curves(scheme, position) -> RopeCurves:
     shape = dict(d_model=rope.d_model, n_head=rope.n_head, block_size=rope.block_size)
 
     def variant(kind):
-        scaling = {"type": kind, "factor": factor, "original_max_positions": length}
+        scaling = {"type": kind, "original_max_positions": length}
+        if kind != "none":
+            scaling["factor"] = factor
         return build({**rope_position, "scaling": scaling}, **shape)
 
     plain = variant("none")

@@ -138,9 +138,11 @@ def context_size(model, max_context: Optional[int] = None) -> int:
     return max_context
 
 
-def check_cache_memory(model, batch_size: int, capacity: int) -> None:
+def check_cache_memory(model, batch_size: int, capacity: int,
+                       advice: str = "lower --max-context, --max-new-tokens or --num-samples") -> None:
     """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences would
-    not fit in the memory that is free now (checked before allocating, never after)."""
+    not fit in the memory that is free now (checked before allocating, never after); the
+    message ends with ``advice``, what the caller's user can lower."""
     c = model.config
     ref = model.wte.weight
     heads = model.blocks[0].attn.n_kv_head
@@ -148,8 +150,7 @@ def check_cache_memory(model, batch_size: int, capacity: int) -> None:
     free = available_memory(ref.device)
     if free is not None and need > free:
         raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "
-                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: lower --max-context, "
-                              f"--max-new-tokens or --num-samples")
+                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: {advice}")
 
 
 def check_sinks(model, sinks, max_context: int, slides: bool) -> int:
@@ -280,6 +281,8 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     window of a bounded scheme is cropped to its last ``max_context`` tokens with a warning."""
     check_count("max_new_tokens", max_new_tokens, 0)
     check_count("num_samples", num_samples, 1)
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
+        raise GenerationError(f"seed={seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
     sampling.check()
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
@@ -421,12 +424,14 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
     if isinstance(stop, str):
         stop = [stop]
     prompt_ids = encode_prompt(tokenizer, prompt)
-    streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
+    streams = None  # made once generate_ids has checked the sizes (a cache that fits) and prefilled
     steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                          num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
                          sinks=sinks, stats=stats, compile=compile)
     try:
         for step, tokens in enumerate(steps):
+            if streams is None:
+                streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
             final = step == max_new_tokens - 1
             for i, token in enumerate(tokens.tolist()):
                 stream = streams[i]

@@ -21,7 +21,6 @@ import torch
 import yaml
 
 from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table
-from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study.figures import curve_figure, length_figure
