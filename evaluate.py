@@ -14,7 +14,7 @@ import sys
 
 from minilm.cli import Parser, run_command
 from minilm.evaluation import lengths as evaluation
-from minilm.figures.canvas import have_matplotlib
+from minilm.figures.canvas import check_figure_path, have_matplotlib
 from minilm.hf.reading import is_hf_source
 from minilm.training.outdir import check_writable, rotate
 
@@ -71,6 +71,8 @@ def report(args, overrides) -> int:
     for option, path in (("--csv", args.csv), ("--plot", args.plot)):
         if path and not args.no_files:  # found before the evaluation, not after it
             check_writable(os.path.dirname(os.path.abspath(path)), option)
+    if args.plot and not args.no_files:
+        check_figure_path(args.plot)
     results = evaluation.evaluate_checkpoints(
         args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
         max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,

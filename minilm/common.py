@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import errno
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -33,6 +34,18 @@ class MinilmError(ValueError):
 
 
 # --------------------------------------------------------------------------- names
+
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in some library messages
+
+
+def first_sentence(text: str, fallback: str, limit: int = 200) -> str:
+    """The first sentence of a library's message (colour codes removed), whole: never a text
+    cut off mid-word; ``fallback`` when there is none or it is longer than ``limit``."""
+    text = ANSI_CODES.sub("", text).strip()
+    line = text.splitlines()[0] if text else ""
+    sentence = re.split(r"(?<=[.!?])\s", line, maxsplit=1)[0].rstrip(".")
+    return sentence if sentence and len(sentence) <= limit else fallback
+
 
 def suggest(name, valid: Iterable) -> str:
     """'did you mean X? valid: ...' for the closest valid names, else 'valid: ...'."""

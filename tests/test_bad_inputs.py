@@ -1,16 +1,22 @@
 """Bad input through the real command lines, each in its own process: exit status 2, at most
 two lines on stderr, no traceback, and the bad value named. The processes run a few at a time
 (they spend most of their time importing torch); each case then checks its own result."""
+import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.loading import load_model
 from minilm.config import load_config, resolve_config
+from minilm.hf.export import export_model
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
 
@@ -136,6 +142,81 @@ CASES = [
      None, "base=-1"),
     ("positions command", ["-m", "minilm", "positions", "bogus"], None, "'bogus'"),
     ("command", ["-m", "minilm", "bogus"], None, "'bogus'"),
+    # --- nothing silently wrong: a setting that contradicts the source, or cannot take effect
+    ("init_from kind by config", ["train.py", "--config", "rope.yaml", "train.init_from={alibi}",
+                                  "data.corpus={corpus}", "data.dir={scratch}/d1", "out_dir={scratch}/ik2"], None,
+     "'alibi' positions, not 'rope'"),
+    ("init_from layers", ["train.py", "train.init_from={ckpt}", "model.n_layer=3", "out_dir={scratch}/il"], None,
+     "model.n_layer=3"),
+    ("init_from embedding scale", ["train.py", "train.init_from={ckpt}", "model.embedding_scale=2.0",
+                                   "out_dir={scratch}/ie"], None, "model.embedding_scale=2.0"),
+    ("resume and overwrite", ["train.py", "out_dir={scratch}/ro", "--resume", "--overwrite"], None,
+     "--resume"),
+    ("evaluate factor without type", ["evaluate.py", "{ckpt}", "--position.scaling.factor=4", "--quiet"], None,
+     "scaling.factor=4"),
+    ("generate factor without type", ["generate.py", "--checkpoint", "{ckpt}", "--set",
+                                      "model.position.scaling.factor=4", "hi"], None, "scaling.factor=4"),
+    ("generate set without value", ["generate.py", "--checkpoint", "{ckpt}", "--set", "model.position.kind", "hi"],
+     None, "model.position.kind=VALUE"),
+    ("evaluate set without value", ["evaluate.py", "{ckpt}", "--set", "model.block_size", "--quiet"], None,
+     "model.block_size=VALUE"),
+    ("train override without value", ["train.py", "model.position.kind", "--print-config"], None,
+     "model.position.kind=VALUE"),
+    # --- sizes checked against what they imply, before the work
+    ("generate a hundred million samples", ["generate.py", "--checkpoint", "{ckpt}", "--num-samples", "100000000",
+                                            "hi"], None, "100000000 sample(s)"),
+    ("passkey a hundred million tokens", ["-m", "minilm", "passkey", "eval", "{ckpt}", "--lengths", "100000000"],
+     None, "100,000,000"),
+    ("make-corpus without end", ["-m", "minilm", "passkey", "make-corpus", "{scratch}/pk3", "--checkpoint", "{ckpt}",
+                                 "--length", "120", "--n", "100000000000"], None, "n=100,000,000,000"),
+    ("plot a huge block", ["-m", "minilm", "positions", "plot", "rope", "--block-size", "100000000", "--out",
+                           "{scratch}/b.png"], None, "--block-size='100000000'"),
+    ("plot a huge width", ["-m", "minilm", "positions", "plot", "rope", "--d-model", "10000000", "--out",
+                           "{scratch}/w.png"], None, "--d-model='10000000'"),
+    ("plot many heads", ["-m", "minilm", "positions", "plot", "alibi", "--n-head", "100000", "--out",
+                         "{scratch}/h.png"], None, "--n-head='100000'"),
+    # --- tracebacks and misleading messages before
+    ("generate seed of 31 digits", ["generate.py", "--checkpoint", "{ckpt}", "--seed",
+                                    "1234567890123456789012345678901", "hi"], None, "seed=1234567890123456789012345678901"),
+    ("train seed of 31 digits", ["train.py", "seed=1234567890123456789012345678901", "--print-config"], None,
+     "seed=1234567890123456789012345678901"),
+    ("train seed negative", ["train.py", "seed=-1", "--print-config"], None, "seed=-1"),
+    ("checkpoint random bytes", ["generate.py", "--checkpoint", "{scratch}/random.pt", "hi"], None,
+     "not a file that torch.save wrote"),
+    ("checkpoint truncated", ["generate.py", "--checkpoint", "{scratch}/truncated.pt", "hi"], None, "truncated"),
+    ("evaluate random bytes", ["evaluate.py", "{scratch}/random.pt", "--quiet"], None, "random.pt"),
+    ("passkey truncated", ["-m", "minilm", "passkey", "eval", "{scratch}/truncated.pt"], None, "truncated.pt"),
+    ("export truncated", ["-m", "minilm", "export", "{scratch}/truncated.pt", "{scratch}/ex1"], None,
+     "truncated.pt"),
+    ("hf weights truncated", ["generate.py", "--checkpoint", "{scratch}/hf_truncated", "hi"], None,
+     "model.safetensors"),
+    ("hf vocab_size text", ["generate.py", "--checkpoint", "{scratch}/hf_lots", "hi"], None, "vocab_size='lots'"),
+    ("hf layers missing", ["evaluate.py", "{scratch}/hf_nolayers", "--quiet"], None, "num_hidden_layers"),
+    ("positions option then flag", ["-m", "minilm", "positions", "plot", "rope", "--base", "--out", "q.png"],
+     None, "--base needs a value"),
+    ("moved corpus", ["evaluate.py", "{moved}", "--quiet"], None, "--set data.corpus=NEW"),
+    # --- nothing the user made is overwritten or half-written
+    ("export into a used directory", ["-m", "minilm", "export", "{ckpt}", "{scratch}/mine"], None, "not empty"),
+    ("make-corpus into a used directory", ["-m", "minilm", "passkey", "make-corpus", "{scratch}/mine", "--checkpoint",
+                                          "{ckpt}", "--length", "120", "--n", "3"], None, "--overwrite"),
+    ("make-corpus onto a file", ["-m", "minilm", "passkey", "make-corpus", "{scratch}/mine/notes.txt",
+                                 "--checkpoint", "{ckpt}", "--length", "120", "--n", "3"], None, "notes.txt"),
+    ("export under a file", ["-m", "minilm", "export", "{ckpt}", "{scratch}/mine/notes.txt/hf"], None, "notes.txt"),
+    ("csv onto a directory", ["evaluate.py", "{ckpt}", "--csv", "{scratch}/mine", "--quiet"], None, "mine"),
+    ("plot format", ["evaluate.py", "{ckpt}", "--plot", "{scratch}/p.bmpx", "--quiet"], None, "'bmpx'"),
+    ("attention map impossible", ["generate.py", "--checkpoint", "{ckpt}", "--attention-map", "/proc/minilm/a.png",
+                                  "--max-new-tokens", "2", "hi"], None, "/proc/minilm"),
+    # --- config choices and bounds from the fields themselves
+    ("norm choice", ["train.py", "model.norm=batchnorm", "--print-config"], None, "model.norm='batchnorm'"),
+    ("mlp choice", ["train.py", "model.mlp=relu", "--print-config"], None, "model.mlp='relu'"),
+    ("optimizer choice", ["train.py", "train.optimizer=sgd", "--print-config"], None, "train.optimizer='sgd'"),
+    ("embedding scale negative", ["train.py", "model.embedding_scale=-1", "--print-config"], None,
+     "model.embedding_scale=-1"),
+    ("kv heads not a divisor", ["train.py", "model.n_kv_head=3", "--print-config"], None, "model.n_kv_head=3"),
+    ("muon scale zero", ["train.py", "train.muon_lr_scale=0", "--print-config"], None, "train.muon_lr_scale=0"),
+    ("snapshot past the run", ["train.py", "train.snapshot_steps=[99999]", "--print-config"], None,
+     "train.snapshot_steps=[99999]"),
+    ("vocab too large", ["train.py", "data.vocab_size=70000", "--print-config"], None, "vocab_size=70000"),
 ]
 
 
@@ -149,13 +230,23 @@ def outcomes(tiny_corpus, tmp_path_factory):
     (scratch / "twice.yaml").write_text("train:\n  lr: 1.0e-3\ntrain:\n  max_steps: 3\n")
     (scratch / "broken.yaml").write_text("model:\n  n_layer: 2\n   n_head: [\n")
     (scratch / "garbage.pt").write_bytes(b"not a checkpoint" * 10)
+    (scratch / "random.pt").write_bytes(random.Random(0).randbytes(3000))
+    (scratch / "truncated.pt").write_bytes((Path(ckpt) / "ckpt.pt").read_bytes()[:20000])
+    _hf_directories(ckpt, scratch)
+    (scratch / "mine").mkdir()
+    (scratch / "mine" / "notes.txt").write_text("my own notes\n")
+    state = checkpoint.load(ckpt)
+    state["config"]["data"]["corpus"] = str(scratch / "moved-away.txt")
+    checkpoint.save({k: v for k, v in state.items() if k != "path"}, str(scratch / "moved"))
 
     class Unsafe:
         def __reduce__(self):
             return (os.system, ("true",))
     torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "model": Unsafe(), "config": {},
                 "tokenizer": b""}, scratch / "unsafe.pt")
-    fill = {"{ckpt}": ckpt, "{scratch}": str(scratch), "{corpus}": str(tiny_corpus / "corpus.txt")}
+    fill = {"{ckpt}": ckpt, "{scratch}": str(scratch), "{corpus}": str(tiny_corpus / "corpus.txt"),
+            "{alibi}": os.path.join(REPO, "tests", "fixtures", "main-7334668", "alibi.pt"),
+            "{moved}": str(scratch / "moved")}
 
     def expand(arg):
         if isinstance(arg, bytes):
@@ -170,17 +261,47 @@ def outcomes(tiny_corpus, tmp_path_factory):
         name, argv, stdin, _ = case
         return name, subprocess.run([PY, *map(expand, argv)], cwd=REPO, env=env, input=stdin or b"",
                                     capture_output=True, timeout=300)
+    before = tree_state(scratch)
     with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(run, CASES))
+        results = dict(pool.map(run, CASES))
+    return results, before, tree_state(scratch)
 
 
-def test_there_are_at_least_fifty_cases():
-    assert len(CASES) >= 50 and len({c[0] for c in CASES}) == len(CASES)
+def tree_state(root) -> dict:
+    """{path: (size, mtime)} of every file under ``root``, and the directories' names: what a user
+    would find changed (a run's .lock, rewritten by each claim, is bookkeeping)."""
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else "dir"
+            for p in Path(root).rglob("*") if p.name != ".lock"}
+
+
+def _hf_directories(ckpt, scratch) -> None:
+    """A Hugging Face directory exported from the run, and three damaged copies: its weights cut
+    short, a vocab_size that is text, a config without its layer count."""
+    pytest.importorskip("safetensors")
+    model, tokenizer, config, _ = load_model(ckpt)
+    export_model(model, tokenizer, config, str(scratch / "hf"))
+    for name in ("hf_truncated", "hf_lots", "hf_nolayers"):
+        shutil.copytree(scratch / "hf", scratch / name)
+    weights = scratch / "hf_truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    for name, change in (("hf_lots", {"vocab_size": "lots"}), ("hf_nolayers", {"num_hidden_layers": None})):
+        path = scratch / name / "config.json"
+        hf = {**json.loads(path.read_text()), **change}
+        path.write_text(json.dumps({k: v for k, v in hf.items() if v is not None}))
+
+
+def test_there_are_at_least_ninety_cases():
+    assert len(CASES) >= 90 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_a_refused_command_changes_nothing_on_disk(outcomes):
+    _, before, after = outcomes
+    assert after == before
 
 
 @pytest.mark.parametrize("name, argv, stdin, named", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_clear_line(outcomes, name, argv, stdin, named):
-    result = outcomes[name]
+    result = outcomes[0][name]
     err = result.stderr.decode("utf-8", "replace")
     assert result.returncode == 2, (result.returncode, err)
     assert "Traceback" not in err, err

@@ -10,7 +10,7 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.config import ConfigError, build_config, load_config
 from minilm.positions import build, describe, unwrap_setting
-from minilm.training.loop import source_model
+from minilm.training.source import source_model
 
 MODEL = {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16}
 TOKENIZER = {}

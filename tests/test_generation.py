@@ -4,8 +4,9 @@ position scheme, past the context too), incremental detokenization and stop stri
 import pytest
 import torch
 
-from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, TextStream,
-                                      context_size, generate, generate_ids, generate_text, repetition_penalty, sample)
+from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, context_size,
+                                      generate_ids, repetition_penalty, sample)
+from minilm.generation.text import TextStream, generate, generate_text
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)

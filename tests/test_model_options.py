@@ -16,7 +16,8 @@ from minilm.config import ConfigError, build_config
 from minilm.figures.attention import attention_weights
 from minilm.generation import decode as generation
 from minilm.positions import available
-from minilm.training.loop import source_model, train
+from minilm.training.loop import train
+from minilm.training.source import source_model
 
 LLAMA = dict(norm="rmsnorm", mlp="swiglu", tie_embeddings=False, n_kv_head=2)
 NEOX = dict(parallel_residual=True, norm="layernorm", mlp="gelu", bias=True)

@@ -21,24 +21,15 @@ from typing import Optional
 
 import torch
 
-from minilm.common import MinilmError, atomic_write
+from minilm.common import MinilmError, atomic_write, first_sentence
 
 FORMAT = "minilm-checkpoint"
 VERSION = 1
 FILENAME = "ckpt.pt"
-ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colours in some torch messages
 
 
 class CheckpointError(MinilmError):
     """A missing, truncated or foreign checkpoint; the message is one line for the user."""
-
-
-def first_sentence(text: str, fallback: str, limit: int = 200) -> str:
-    """The first sentence of a library's message (colour codes removed), whole: never a text
-    cut off mid-word; a first sentence longer than ``limit`` gives way to ``fallback``."""
-    text = ANSI_CODES.sub("", text).strip().splitlines()[0] if text.strip() else ""
-    sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0].rstrip(".")
-    return sentence if sentence and len(sentence) <= limit else fallback
 
 
 def resolve(path: str) -> str:

@@ -3,6 +3,7 @@
 and write warnings, ``--stats`` and the attention map note to stderr."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
@@ -13,8 +14,10 @@ import torch
 from minilm.checkpoints.loading import load_model
 from minilm.common import resolve_device, resolve_dtype
 from minilm.figures import attention as attention_maps
-from minilm.generation.decode import (GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size,
-                                      encode_prompt, generate)
+from minilm.figures.canvas import check_figure_path
+from minilm.generation.decode import GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size
+from minilm.generation.text import encode_prompt, generate
+from minilm.training.outdir import check_writable
 
 SEPARATOR = "---------------"
 
@@ -114,6 +117,9 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     check_count("--num-samples", args.num_samples, 1)
     if args.max_context is not None:
         check_count("--max-context", args.max_context, 1)
+    if args.attention_map:  # a path that cannot be written is found before generating, not after
+        check_figure_path(args.attention_map)
+        check_writable(os.path.dirname(os.path.abspath(args.attention_map)), "--attention-map")
     device = resolve_device(args.device, setting="--device")
     if args.threads is not None:
         check_count("--threads", args.threads, 1)

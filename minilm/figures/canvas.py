@@ -37,10 +37,7 @@ def require_matplotlib():
 def save_figure(fig, path: str, dpi: int = DPI) -> str:
     """Write ``fig`` to ``path`` (format from the extension, e.g. .png), whole or not at all;
     return the path."""
-    ext = os.path.splitext(path)[1].lstrip(".").lower()
-    supported = fig.canvas.get_supported_filetypes()
-    if ext not in supported:
-        raise PlotError(f"cannot write {path!r}: unknown image format {ext!r}; valid: {', '.join(sorted(supported))}")
+    ext = check_figure_path(path)
     buffer = io.BytesIO()
     if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
         from PIL import Image  # a dependency of matplotlib
@@ -57,6 +54,16 @@ def save_figure(fig, path: str, dpi: int = DPI) -> str:
         raise WriteError(path, str(exc.strerror or exc)) from None
     atomic_write(path, buffer.getvalue())  # whole or not at all; a failure is one WriteError
     return path
+
+
+def check_figure_path(path: str) -> str:
+    """The image format of ``path`` (its extension), or a PlotError before any work is done."""
+    Figure = require_matplotlib()
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    supported = Figure().canvas.get_supported_filetypes()
+    if ext not in supported:
+        raise PlotError(f"cannot write {path!r}: unknown image format {ext!r}; valid: {', '.join(sorted(supported))}")
+    return ext
 
 
 def have_matplotlib() -> bool:

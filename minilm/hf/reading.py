@@ -25,6 +25,7 @@ try:  # the hf extra
 except ImportError:  # pragma: no cover - reported when a safetensors file is read
     load_safetensors = None
 
+from minilm.common import first_sentence
 from minilm.config import Config
 from minilm.data.hf_tokenizer import HFTokenizer
 from minilm.hf.families import READERS
@@ -80,7 +81,14 @@ def read_hf(path: str) -> dict:
     if family is None:
         raise HFError(f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: "
                       f"{', '.join(sorted(READERS))}")
-    model_tree = family.read_config(hf, path)
+    try:
+        model_tree = family.read_config(hf, path)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, HFError):
+            raise
+        raise HFError(f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} "
+                      f"model") from None
+    check_sizes(model_tree, path)
     state_dict = family.read_weights(read_weights(directory), model_tree)
     tokenizer = HFTokenizer.from_directory(directory)
     config = Config().to_dict()
@@ -108,8 +116,23 @@ def read_weights(directory: str) -> dict:
 
 
 def _read_file(path: str) -> dict:
-    if path.endswith(".safetensors"):
-        if load_safetensors is None:
-            raise HFError(f"reading {path} needs safetensors: pip install -e \".[hf]\"")
-        return load_safetensors(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
+    if path.endswith(".safetensors") and load_safetensors is None:
+        raise HFError(f"reading {path} needs safetensors: pip install -e \".[hf]\"")
+    try:
+        if path.endswith(".safetensors"):
+            return load_safetensors(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a cut-off or foreign file fails in each library's own way
+        raise HFError(f"cannot read the weights {path!r} (truncated or damaged: "
+                      f"{first_sentence(str(exc), type(exc).__name__)}); download them again") from None
+
+
+SIZES = ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "d_ff")
+
+
+def check_sizes(model_tree: dict, path: str) -> None:
+    """A config.json whose sizes are not positive integers is refused by name, before any use."""
+    for name in SIZES:
+        value = model_tree.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise HFError(f"{path}: config.json gives {name}={value!r} (minilm's name): expected a positive integer")

@@ -61,22 +61,22 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from minilm.checkpoints import format as checkpoint
-from minilm.checkpoints.extension import position_overrides
 from minilm.checkpoints.format import CheckpointError
-from minilm.checkpoints.loading import Loaded, load_model
+from minilm.checkpoints.loading import Loaded
 from minilm.common import MinilmError, WriteError, autocast, resolve_device, resolve_dtype
-from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config, was_given
+from minilm.config import Config, resolve_config
 from minilm.data.corpus import Prepared, get_batch, prepare
 from minilm.evaluation.scoring import eval_batches, heldout_loss, split_batches
-from minilm.generation.decode import Sampling, generate_text
+from minilm.generation.decode import Sampling
+from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
-from minilm.positions import describe, unwrap_setting, validate
 from minilm.training.distributed import Dist, init_distributed
 from minilm.training.losses import lm_loss
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim, rotate
 from minilm.training.resume import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
                                     truncate_metrics)
+from minilm.training.source import source_model
 
 SAMPLE_TEMPERATURE = 0.8
 METRICS_FILE = "metrics.jsonl"
@@ -217,46 +217,6 @@ def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
     return finish(run, val_set, interrupted, start_step, time.time() - loop_started)
 
 
-def source_model(config: Config) -> tuple:
-    """``train.init_from``: (config with the source's model settings and vocabulary, Loaded, a
-    line saying what was loaded and what the run takes from it). What the config sets (a YAML
-    file and overrides: ``minilm.config.was_given``) applies over the source: a position setting of the
-    same kind (a scaling, interpolation), block_size, dropout; another kind or architecture is
-    an error naming both values. What it leaves unset is the source's."""
-    path, knows_given = config.train.init_from, getattr(config, "given", None) is not None
-    # the position setting applies when the user set it (a config built in code: when not the default)
-    explicit = was_given(config, "model.position") if knows_given else config.model.position != ModelConfig().position
-    overrides = position_overrides(config.model.position) if explicit else []
-    overrides += [f"model.{name}={getattr(config.model, name)}" for name in ("block_size", "dropout")
-                  if was_given(config, f"model.{name}")]
-    source = load_model(path, overrides)
-    trained, defaults = source.config.model, ModelConfig()
-    for name in fields_with(ModelConfig, ARCHITECTURE):  # the source decides; another value is a mistake
-        asked = getattr(config.model, name)
-        chosen = was_given(config, f"model.{name}") if knows_given else asked != getattr(defaults, name)
-        if chosen and asked != getattr(trained, name):
-            raise CheckpointError(f"train.init_from={path!r}: model.{name}={asked} but the source has "
-                                  f"{getattr(trained, name)}; an extended model keeps the source architecture")
-    validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
-    said = loaded_line(path, source, source.state["config"]["model"].get("block_size"))
-    config = dataclasses.replace(config, model=source.config.model)
-    return resolve_config(config, tokenizer=source.tokenizer), source, said
-
-
-def loaded_line(path: str, source: Loaded, trained_length: Optional[int]) -> str:
-    """What ``train.init_from`` loaded and what the run takes from it, in one line."""
-    m = source.config.model
-    length = f"block_size {m.block_size}"
-    if trained_length and trained_length != m.block_size:
-        scaled = unwrap_setting(m.position) is not m.position or \
-            (m.position.get("scaling") or {}).get("type", "none") != "none"  # a wrapper, or a rope scaling
-        length = (f"block_size {trained_length} -> {m.block_size}"
-                  + ("" if scaled else " with no position scaling (positions past the source's length extrapolate)"))
-    return (f"init_from: loaded {path} ({source.model.num_params() / 1e6:.2f}M parameters, {m.n_layer} layers x "
-            f"d_model {m.d_model}); positions {describe(m.position)}, {length}; the architecture and the tokenizer "
-            f"({m.vocab_size:,} tokens) are the source's")
-
-
 def _resume_state(config: Config, device: torch.device) -> dict:
     """The checkpoint in out_dir that ``--resume`` continues, checked to fit ``config``."""
     path = os.path.join(config.out_dir, checkpoint.FILENAME)
@@ -333,6 +293,10 @@ def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
             f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
             f"{f', {dist.world} processes' if dist.enabled else ''}; "
             f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
+    t = config.train
+    if t.warmup_steps >= t.max_steps:
+        run.say(f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
+                f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
         changed = trajectory_changes(config, state)

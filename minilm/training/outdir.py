@@ -79,17 +79,26 @@ class OutDirLock:
 def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
     """Hold ``out_dir`` for one run: writable, locked, and not another run's checkpoint unless
     ``resume`` (continue it) or ``overwrite`` (replace it) says so."""
+    if resume and overwrite:
+        raise OutDirError("--resume continues the run in out_dir and --overwrite starts it over: give one of them")
     if not main:
         yield
         return
+    created = not os.path.exists(out_dir)
     check_writable(out_dir, "out_dir")
-    with OutDirLock(out_dir):
-        existing = os.path.join(out_dir, checkpoint.FILENAME)
-        if not resume and not overwrite and os.path.exists(existing):
-            raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
-                              f"with --resume, replace it with --overwrite, or choose another out_dir")
-        remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
-        yield
+    try:
+        with OutDirLock(out_dir):
+            existing = os.path.join(out_dir, checkpoint.FILENAME)
+            if not resume and not overwrite and os.path.exists(existing):
+                raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
+                                  f"with --resume, replace it with --overwrite, or choose another out_dir")
+            remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
+            yield
+    except MinilmError:
+        if created and set(os.listdir(out_dir)) <= {LOCK_FILE}:  # refused before it wrote anything: leave no trace
+            Path(out_dir, LOCK_FILE).unlink(missing_ok=True)
+            os.rmdir(out_dir)
+        raise
 
 
 def rotate(path: str) -> Optional[str]:
