@@ -28,7 +28,7 @@ def main(argv=None) -> int:
                         help="start a new run in an out_dir that holds a checkpoint, replacing it")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the flags
 
     return run_command(lambda: run(args),
                        on_interrupt="interrupted outside the training loop; checkpoints already in out_dir are kept")

@@ -217,6 +217,10 @@ CASES = [
     ("snapshot past the run", ["train.py", "train.snapshot_steps=[99999]", "--print-config"], None,
      "train.snapshot_steps=[99999]"),
     ("vocab too large", ["train.py", "data.vocab_size=70000", "--print-config"], None, "vocab_size=70000"),
+    ("overrides around a flag", ["train.py", "train.max_steps=5", "--print-config", "model.n_head=5"], None,
+     "model.n_head=5"),
+    ("experiment over an earlier one", ["-m", "minilm", "experiment", "length-generalization", "--quick", "--out",
+                                        "{scratch}/study"], None, "--overwrite"),
 ]
 
 
@@ -233,6 +237,8 @@ def outcomes(tiny_corpus, tmp_path_factory):
     (scratch / "random.pt").write_bytes(random.Random(0).randbytes(3000))
     (scratch / "truncated.pt").write_bytes((Path(ckpt) / "ckpt.pt").read_bytes()[:20000])
     _hf_directories(ckpt, scratch)
+    (scratch / "study").mkdir()
+    (scratch / "study" / "study.json").write_text("{}")
     (scratch / "mine").mkdir()
     (scratch / "mine" / "notes.txt").write_text("my own notes\n")
     state = checkpoint.load(ckpt)

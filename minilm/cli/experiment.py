@@ -69,6 +69,11 @@ def run(args, argv, out: str) -> int:
     if args.workers < 1:
         raise experiments.ExperimentError(f"--workers {args.workers} is invalid: expected at least 1")
     plan = experiments.make_plan(args.quick, args.seeds, args.overrides)
+    earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
+    if earlier and not args.overwrite:  # found before any job runs, in the experiment's own words
+        raise experiments.ExperimentError(f"--out {out!r} holds an earlier experiment ({', '.join(earlier)}): give "
+                                          f"--overwrite to run it again over its runs, --report-only to rewrite its "
+                                          f"report, or another --out")
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
     study.build()
     if not args.quiet:

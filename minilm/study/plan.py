@@ -32,7 +32,7 @@ import os
 from typing import Optional
 
 from minilm.checkpoints.loading import load_model
-from minilm.common import MinilmError, resolve_device
+from minilm.common import MinilmError, atomic_write, resolve_device
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
 from minilm.data import corpus as data
 from minilm.evaluation import lengths as evaluation, passkey
@@ -295,8 +295,7 @@ class Study:
 
     def run(self) -> None:
         os.makedirs(self.runs_dir, exist_ok=True)
-        with open(os.path.join(self.runs_dir, ".gitignore"), "w") as f:
-            f.write("# checkpoints of the study's runs: not for git\n*\n")
+        atomic_write(os.path.join(self.runs_dir, ".gitignore"), "# checkpoints of the study's runs: not for git\n*\n")
         if not self.jobs:
             self.build()
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from minilm.common import atomic_write
 from minilm.config import TRAJECTORY, Config, ConfigError, TrainConfig, fields_with
 
 
@@ -95,5 +96,4 @@ def truncate_metrics(path: str, step: int) -> None:
                 keep.append(line)
         except ValueError:
             continue
-    with open(path, "w") as f:
-        f.writelines(keep)
+    atomic_write(path, "".join(keep))
