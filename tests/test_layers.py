@@ -124,6 +124,30 @@ def test_modules_of_a_subpackage_import_only_those_before_them(module):
                                    f"({', '.join(order)})")
 
 
+FACES_TO_IMPORT_FROM = ("minilm.positions", "minilm.cli")  # the registry; the commands' own helpers
+
+
+def face_imports(tree: ast.AST) -> list:
+    """'line: from PACKAGE import NAME' for each name imported from a subpackage's face."""
+    return [f"{node.lineno}: from {node.module} import {a.name}" for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in MODULES and is_package(node.module)
+            and node.module != "minilm" and node.module not in FACES_TO_IMPORT_FROM
+            for a in node.names if f"{node.module}.{a.name}" not in MODULES]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_code_imports_names_from_their_defining_module_not_a_face(module):
+    """``from minilm.model import GPT`` is for users; inside the package it is minilm.model.gpt."""
+    with open(MODULES[module], encoding="utf-8") as f:
+        faces = face_imports(ast.parse(f.read()))
+    assert not faces, f"{module}: import from the defining module instead: {faces}"
+
+
+def test_the_checker_sees_an_import_from_a_face():
+    assert face_imports(ast.parse("from minilm.model import GPT\n")) == ["1: from minilm.model import GPT"]
+    assert face_imports(ast.parse("from minilm.model.gpt import GPT\nfrom minilm.model import cache\n")) == []
+
+
 def test_no_import_cycles_between_units():
     graph = {}
     for module in MODULES:
