@@ -178,6 +178,8 @@ class TrainConfig:
     optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"))
     muon_lr_scale: float = option(1.0, role=TRAJECTORY)  # with muon: Muon's learning rate is this times the schedule's
     grad_clip: float = option(1.0, role=TRAJECTORY)
+    # share of the training sequences that are associative-recall sequences (minilm.data.retrieval)
+    retrieval_share: float = option(0.0, role=TRAJECTORY)
     eval_interval: int = 250
     eval_iters: int = 20
     log_interval: int = 10
@@ -209,6 +211,9 @@ class TrainConfig:
                 any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
             raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
                               f"between 1 and train.max_steps={self.max_steps}")
+        if not 0 <= self.retrieval_share < 1:
+            raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
+                              f"(none) to below 1")
         if not self.muon_lr_scale > 0:
             raise ConfigError(f"train.muon_lr_scale={self.muon_lr_scale} is invalid: expected a number > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:

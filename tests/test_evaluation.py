@@ -77,13 +77,38 @@ def direct_nll(model, tokens, length):
 @pytest.mark.parametrize("n,length,stride", [(64, 16, None), (70, 16, 5), (64, 64, None), (10, 16, 3)])
 def test_windows_score_every_target_once(n, length, stride):
     for mode in scoring.MODES:
-        scored = []
-        for begin, end, count in scoring.segments(n, length, mode, stride):
+        scored, step = [], stride or (3 if mode == "fixed-stride" else length // 2)
+        for begin, end, count in scoring.segments(n, length, mode, step if mode == "fixed-stride" else stride):
             assert 0 <= begin < end <= n and end - begin <= length and 1 <= count <= end - begin
             scored += list(range(end - count, end))
-            if mode == "sliding" and begin > 0:  # every token after the first segment sees >= T - stride context
-                assert end - count - begin >= length - (stride or length // 2)
+            if mode != "nonoverlapping" and begin > 0:  # every token after the first segment sees >= T - stride
+                assert end - count - begin >= length - step
         assert scored == list(range(n)), mode
+
+
+def test_the_fixed_stride_is_the_same_at_every_length_and_must_be_given():
+    for length in (8, 16, 32):
+        starts = [b for b, _, _ in scoring.segments(100, length, "fixed-stride", 4)]
+        assert all(b % 4 == 0 for b in starts)  # segments of every length start on the same grid: runs are shared
+        ends = [e for _, e, _ in scoring.segments(100, length, "fixed-stride", 4)]
+        assert all(b - a == 4 for a, b in zip(ends, ends[1:-1]))
+    with pytest.raises(scoring.ScoringError, match="fixed-stride' needs its stride"):
+        scoring.segments(100, 8, "fixed-stride")
+
+
+def test_loss_by_position_is_the_mean_over_segments_at_each_position(corpus):
+    _, model = tiny_checkpoint(corpus, "rope")
+    tokens = torch.randint(0, 340, (70,), generator=torch.Generator().manual_seed(2))
+    curves = []
+    scoring.score_many(model, tokens, [(16, "nonoverlapping", None), (16, "sliding", None)], by_position=curves)
+    with torch.no_grad():
+        rows = [F.cross_entropy(model(tokens[None, b:b + 16])[0], tokens[b + 1:b + 17], reduction="none")
+                for b in range(0, 64, 16)]
+        last = F.cross_entropy(model(tokens[None, 64:69])[0], tokens[65:70], reduction="none")
+    expected = torch.stack(rows).double().sum(dim=0)
+    expected[:5] += last.double()
+    counts = torch.tensor([5.0] * 5 + [4.0] * 11, dtype=torch.float64)
+    assert curves[1] is None and torch.allclose(curves[0], expected / counts, rtol=1e-5)
 
 
 def test_nonoverlapping_score_matches_direct_cross_entropy(corpus):
@@ -108,7 +133,8 @@ def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
     assert scoring.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
 
 
-SHARED_REQUESTS = [(t, mode, None) for mode in scoring.MODES for t in (8, 16, 32)] + [(16, "sliding", 5)]
+SHARED_REQUESTS = [(t, mode, 4 if mode == "fixed-stride" else None) for mode in scoring.MODES for t in (8, 16, 32)] \
+    + [(16, "sliding", 5)]
 LENGTH_READERS = [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0}},
                   {"kind": "interpolated", "inner": {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0}},
                    "factor": 2.0}]
@@ -155,11 +181,17 @@ def test_one_pass_runs_five_n_positions_for_four_lengths_in_both_modes():
     """L, 2L, 4L, 8L in both modes: each segment start runs once, as far as its longest
     segment reaches: 5 N token positions instead of the 12 N of running every segment."""
     L = 16
-    requests = [(t, mode, None) for mode in scoring.MODES for t in (L, 2 * L, 4 * L, 8 * L)]
+    requests = [(t, mode, None) for mode in ("nonoverlapping", "sliding") for t in (L, 2 * L, 4 * L, 8 * L)]
+    fixed = [(t, "fixed-stride", L) for t in (L, 2 * L, 4 * L, 8 * L)]
     for n in (16 * 8 * 6, 16 * 8 * 20):  # 5 N, less the last stretches cut short by the end of the text
         assert 5 * n - 8 * L <= sum(e - b for b, e in scoring._runs(n, requests, shared=True)) <= 5 * n
         separately = sum(e - b for t, mode, stride in requests for b, e, _ in scoring.segments(n, t, mode, stride))
         assert 12 * n - 16 * L <= separately <= 12 * n  # each request run by itself
+        # a fixed stride of L starts a segment at every multiple of L, as far as 8L: with the other two modes
+        # (whose L-sliding segments also start halfway) at most 9 N positions, where alone they take 25-27 N
+        shared = sum(e - b for b, e in scoring._runs(n, requests + fixed, shared=True))
+        alone = sum(e - b for t, mode, stride in requests + fixed for b, e, _ in scoring.segments(n, t, mode, stride))
+        assert shared <= 9 * n and 25 * n <= alone <= 27 * n
 
 
 @pytest.mark.parametrize("kind", ["alibi", "t5", "rope", "learned"])

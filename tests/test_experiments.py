@@ -10,7 +10,7 @@ import yaml
 from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
-from minilm.study import plan as experiments, report
+from minilm.study import claims, plan as experiments
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,12 @@ def quick_study(tiny_corpus, tmp_path_factory):
 def test_quick_study_end_to_end_with_two_seeds(quick_study):
     out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
     text = (out / "report.md").read_text(encoding="utf-8")
-    for heading in ("## Protocol", "## 1. Every scheme trained at L", "## 2. Sinusoidal base frequency",
-                    f"## 3. Extending rope from {L} to {4 * L}", "## 4. Expectations from the literature",
-                    "## Wall time", "## Configs", "Git commit at the start: `", "Machine: ", "Seeds: 3, 4"):
+    for heading in ("## Protocol", "## 1. Perplexity: every scheme trained at L", "## 2. Loss by position",
+                    "## 3. Retrieval: every scheme", f"## 4. Extending rope from {L} to {4 * L}",
+                    "## 5. Expectations from the literature", "## Wall time", "## Configs",
+                    "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
         assert heading in text
+    assert "Sinusoidal base" not in text  # an experiment of its own
     for kind in experiments.KINDS:
         assert f"\n| {kind} | " in text
     assert " ± " in text and "n/a (bounded)" in text
@@ -47,11 +49,22 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert verdict_rows and all(any(v in row for v in ("| yes |", "| no |", "| unresolved |")) for row in verdict_rows)
     plan_block = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
     assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 20
-    passkey = list(csv.DictReader(open(out / "passkey.csv")))
-    assert {(r["label"], r["when"]) for r in passkey} == {(m, w) for m in plan["extension"]["methods"]
-                                                        for w in ("before", "after")}
+    probes = list(csv.DictReader(open(out / "retrieval.csv")))
+    r = plan["retrieval"]
+    assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == \
+        {(m, w) for m in plan["extension"]["methods"] for w in ("before", "after")}
+    scratch_probes = [p for p in probes if p["section"] == "scratch"]
+    assert len(scratch_probes) == len(experiments.KINDS) * 2 * len(r["multiples"]) * len(r["depths"])
+    assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
+    assert all(p["trials"] == str(r["trials"]) for p in probes)
+    state = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    curves = [c["by_position"] for c in state["cells"] if c["mode"] == "nonoverlapping" and c["section"] == "scratch"
+              and c["length"] == 8 * L and c["status"] == "ok"]
+    assert curves and all(len(c) == 8 * L // plan["eval"]["position_bin"] for c in curves)
+    assert {c["mode"] for c in cells} == {"nonoverlapping", "sliding", "fixed-stride"}
     if have_matplotlib():
-        for figure in ("scratch.png", "ablation.png", "extension.png"):
+        for figure in ("perplexity-by-length.png", "loss-by-position.png", "retrieval-by-length-and-depth.png",
+                       "extension-perplexity-by-step.png", "extension-retrieval-by-length-and-depth.png"):
             assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
 
 
@@ -82,19 +95,40 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
     assert state["run"]["command"].startswith("python -m minilm experiment length-generalization --quick")
     assert experiment_cli.main(["length-generalization", "--out", str(out), "--report-only"]) == 0
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "## 5. Discussion" in text and "mean nothing" in text
+    assert "## 6. Discussion" in text and "mean nothing" in text
+
+
+def test_the_sinusoidal_base_ablation_is_an_experiment_of_its_own(tiny_corpus, tmp_path):
+    out = tmp_path / "base"
+    code = experiment_cli.main(["sinusoidal-base", "--quick", "--out", str(out), "--seeds", "1,2", "--workers", "1",
+                                "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
+                                f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"])
+    assert code == 0
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "# The sinusoidal base" in text and "| base 1000 |" in text and "| base 100000 |" in text
+    assert "sinusoidal base 100,000 beats 10,000 at 2L" in text and "Retrieval" not in text
+    cells = list(csv.DictReader(open(out / "results.csv")))
+    assert {c["label"] for c in cells} == {"1000", "10000", "100000"} and {c["seed"] for c in cells} == {"1", "2"}
+    if have_matplotlib():
+        assert os.path.getsize(out / "sinusoidal-base-perplexity-by-length.png") > 1000
 
 
 def test_plan_overrides_and_errors(capsys, tmp_path):
-    plan = experiments.make_plan(True, [5, 6], ["data.corpus=texts/", "finetune.lr=1e-4"])
+    plan = experiments.make_plan("length-generalization", True, [5, 6], ["data.corpus=texts/", "finetune.lr=1e-4"])
     assert plan["seeds"] == [5, 6] and plan["data"]["corpus"] == "texts/" and plan["finetune"]["lr"] == 1e-4
     assert experiments.FULL["data"]["corpus"] == "shakespeare" and experiments.FULL["seeds"] == [1, 2, 3]
     with pytest.raises(experiments.ExperimentError, match="unknown section 'modle'"):
-        experiments.make_plan(False, None, ["modle.d_model=3"])
+        experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
-        experiments.make_plan(True, None, ["extension.curve_steps=[10, 5]"])
+        experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[10, 5]"])
     with pytest.raises(experiments.ExperimentError, match="valid: none, linear, ntk, yarn, llama3"):
-        experiments.make_plan(True, None, ["extension.methods=[pi]"])
+        experiments.make_plan("length-generalization", True, None, ["extension.methods=[pi]"])
+    with pytest.raises(experiments.ExperimentError, match="eval.modes"):
+        experiments.make_plan("length-generalization", True, None, ["eval.modes=[strided]"])
+    with pytest.raises(experiments.ExperimentError, match="retrieval.depths"):
+        experiments.make_plan("length-generalization", True, None, ["retrieval.depths=[2]"])
+    with pytest.raises(experiments.ExperimentError, match="unknown section 'extension'"):
+        experiments.make_plan("sinusoidal-base", True, None, ["extension.factor=2"])
     assert experiment_cli.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
     assert "error: experiment settings: model.d_model=32 is not divisible by model.n_head=3" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
@@ -110,13 +144,35 @@ def cells(section, label, length, per_seed, step=None, mode="nonoverlapping"):
 
 
 def test_verdicts_are_paired_ratios_over_seeds():
-    plan = experiments.make_plan(True, [1, 2, 3], ["eval.modes=[nonoverlapping]"])
+    plan = experiments.make_plan("length-generalization", True, [1, 2, 3], ["eval.modes=[nonoverlapping]"])
     L = plan["model"]["block_size"]
     study = (cells("scratch", "rope", L, [40, 50, 45]) + cells("scratch", "rope", 4 * L, [48, 61, 53])
              + cells("scratch", "sinusoidal", L, [41, 52, 46]) + cells("scratch", "learned", L, [40, 50, 45])
              + cells("scratch", "alibi", L, [40, 50, 45]) + cells("scratch", "alibi", 4 * L, [41, 60, 44]))
-    rows = {row[0]: row for row in report.verdicts(study, plan)}
+    rows = {row[0]: row for row in claims.verdicts(study, plan)}
     assert rows["plain rope at 4L worse than at L"][-1] == "yes"  # +20%, +22%, +18%: every seed
     assert rows["sinusoidal at L within 15% of learned at L"][-1] == "yes"
     assert rows["alibi at 4L within 10% of its L perplexity"][-1] == "unresolved"  # +2.5%, +20%, -2%
     assert rows["at 4L, xpos beats rope"][-2:] == ["not run", "n/a"]
+
+
+def probes(label, length, correct, trials=32, depth=0.0, section="scratch", when=None, seeds=(1, 2)):
+    return [dict(section=section, label=label, length=length, depth=depth, correct=c, trials=trials, seed=seed,
+                 **({"when": when} if when else {})) for seed, c in zip(seeds, correct)]
+
+
+def test_retrieval_claims_are_read_only_past_the_gate():
+    plan = experiments.make_plan("length-generalization", True, [1, 2])
+    L = plan["model"]["block_size"]
+    learned = probes("rope", L, [31, 30]) + probes("rope", 4 * L, [2, 1]) + probes("alibi", L, [30, 31]) \
+        + probes("alibi", 4 * L, [3, 4])
+    label, best, passed = claims.gate(learned, plan)
+    assert passed and best.successes == 61 and label in ("rope", "alibi")
+    rows = {row[0]: row for row in claims.retrieval_verdicts(learned, plan)}
+    assert rows["rope at 4L, depths pooled: below 50%"][-1] == "yes"
+    assert rows["alibi at 4L below alibi at L, depths pooled"][-1] == "yes"
+    assert rows["PI (linear) after fine-tuning at 4L: above 50%"][-2:] == ["not run", "n/a"]
+    unlearned = probes("rope", L, [3, 2]) + probes("rope", 4 * L, [2, 1])
+    assert not claims.gate(unlearned, plan)[2]
+    rows = {row[0]: row for row in claims.retrieval_verdicts(unlearned, plan)}
+    assert rows["rope at 4L, depths pooled: below 50%"][-1] == "not read (gate failed)"

@@ -1,6 +1,6 @@
-"""``python -m minilm experiment length-generalization [--quick] [--out DIR] [--seeds 1,2,3]
-[--workers N] [key=value ...]``: run the whole length-generalization study
-(``minilm.study.plan``) in parallel worker processes and write its report (``minilm.study.report``)."""
+"""``python -m minilm experiment {length-generalization,sinusoidal-base} [--quick] [--out DIR]
+[--seeds 1,2,3] [--workers N] [key=value ...]``: run a whole study (``minilm.study.plan``) in
+parallel worker processes and write its report (``minilm.study.report``)."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,6 @@ import time
 from minilm.cli import Parser, run_command
 from minilm.study import plan as experiments, report
 
-EXPERIMENTS = ("length-generalization",)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -21,7 +20,7 @@ def parse_args(argv):
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="overrides: section.key=value on the plan (sections: " + ", ".join(experiments.FULL)
                            + "), e.g. data.corpus=texts/ train.max_steps=500")
-    parser.add_argument("experiment", choices=EXPERIMENTS)
+    parser.add_argument("experiment", choices=experiments.EXPERIMENTS)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--quick", action="store_true", help="tiny models and budgets (a smoke test, minutes)")
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
@@ -68,7 +67,7 @@ def run(args, argv, out: str) -> int:
     commit = report.git_commit(REPO, exclude=out)  # the code as it is when the run starts
     if args.workers < 1:
         raise experiments.ExperimentError(f"--workers {args.workers} is invalid: expected at least 1")
-    plan = experiments.make_plan(args.quick, args.seeds, args.overrides)
+    plan = experiments.make_plan(args.experiment, args.quick, args.seeds, args.overrides)
     earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
     if earlier and not args.overwrite:  # found before any job runs, in the experiment's own words
         raise experiments.ExperimentError(f"--out {out!r} holds an earlier experiment ({', '.join(earlier)}): give "

@@ -3,8 +3,9 @@
 A checkpoint (loaded with ``minilm.checkpoints.loading.load_model``, evaluation-time overrides such
 as a RoPE scaling applied) is scored on segments of T tokens cut from its validation split,
 for each length T (by default 1x, 2x, 4x, 8x and 16x its training length, the
-block_size), in one of the two modes of ``minilm.evaluation.scoring``: ``nonoverlapping`` or
-``sliding`` with a stride.
+block_size), in the modes of ``minilm.evaluation.scoring``: ``nonoverlapping``, ``sliding``
+(stride T/2 or ``stride``) and ``fixed-stride`` (one stride at every length: ``fixed_stride``,
+by default the training length).
 
 Every length scores the same tokens: the first N targets of the split, where N is
 ``max_tokens`` (or the whole split, if shorter) rounded down to a multiple of the longest
@@ -70,6 +71,7 @@ class Result:
     chars: int
     nll: Optional[float]
     status: str = "ok"  # ok | bounded
+    by_position: Optional[list] = None  # nonoverlapping with position_bin: mean nats per bin of positions
 
     @property
     def ppl(self) -> Optional[float]:
@@ -112,7 +114,8 @@ def segment_length(multiple: float, block_size: int) -> int:
 
 def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int]] = None,
                          multiples: Sequence[float] = DEFAULT_MULTIPLES, mode: str = "nonoverlapping",
-                         stride: Optional[int] = None, max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
+                         stride: Optional[int] = None, fixed_stride: Optional[int] = None,
+                         max_tokens: Optional[int] = DEFAULT_MAX_TOKENS, position_bin: int = 0,
                          overrides: Sequence[str] = (), labels: Optional[Sequence[str]] = None,
                          batch_tokens: int = 8192, dtype: str = "float32", device: str = "auto",
                          quiet: bool = False) -> list:
@@ -124,18 +127,16 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
     scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
     applied to every checkpoint's config (position scaling at evaluation time, another
     corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
-    overridden position)."""
+    overridden position). ``position_bin`` > 0: each nonoverlapping Result also holds the
+    mean loss by position in the segment, averaged over bins of that many positions."""
     modes = _checked_modes(mode, stride)
     if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
         raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
     if lengths is None and (not multiples or any(m <= 0 for m in multiples)):
         raise EvaluationError(f"multiples={list(multiples)} are invalid: expected positive numbers")
-    if max_tokens is not None and max_tokens < 1:
-        raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
+    _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin)
     if labels is not None and len(labels) != len(paths):
         raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
-    if not isinstance(batch_tokens, int) or batch_tokens < 1:
-        raise EvaluationError(f"batch_tokens={batch_tokens!r} is invalid: expected an integer >= 1")
     device = resolve_device(device)
     if dtype not in ("float32", "bfloat16"):
         raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
@@ -167,26 +168,46 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         limit = model.positions.position_limit()
         runnable = [t for t in these if limit is None or t <= limit]
         cells = [(m, t) for m in modes for t in runnable]
-        requests = [(t, m, stride if m == "sliding" else None) for m, t in cells]
+        strides = {"nonoverlapping": lambda t: None, "sliding": lambda t: stride or max(1, t // 2),
+                   "fixed-stride": lambda t: fixed_stride or config.model.block_size}
+        requests = [(t, m, strides[m](t)) for m, t in cells]
         total = sum(len(segments(n, *request)) for request in requests)
-        started = time.time()
+        started, positions = time.time(), []
         with tqdm(total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet,
                   leave=False) as bar:
             nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
-                                             dtype=compute_dtype, progress=bar)))
+                                             dtype=compute_dtype, progress=bar, by_position=positions)))
+        binned = {cell: _binned(curve, position_bin) for cell, curve in zip(cells, positions)}
         for m in modes:
             for t in these:
                 common = dict(label=label, checkpoint=path, position=describe(position),
-                              train_length=config.model.block_size, length=t, mode=m,
-                              stride=(stride or max(1, t // 2)) if m == "sliding" else None,
+                              train_length=config.model.block_size, length=t, mode=m, stride=strides[m](t),
                               tokens=n, chars=chars)
-                results.append(Result(nll=nll[(m, t)], **common) if (m, t) in nll else
+                results.append(Result(nll=nll[(m, t)], by_position=binned[(m, t)], **common) if (m, t) in nll else
                                Result(nll=None, status="bounded", **common))
         if not quiet:
             print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} mode(s) x {n:,} tokens in "
                   f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
                   file=sys.stderr, flush=True)
     return results
+
+
+def _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin) -> None:
+    if max_tokens is not None and max_tokens < 1:
+        raise EvaluationError(f"max_tokens={max_tokens} is invalid: expected a positive integer")
+    if not isinstance(batch_tokens, int) or batch_tokens < 1:
+        raise EvaluationError(f"batch_tokens={batch_tokens!r} is invalid: expected an integer >= 1")
+    if fixed_stride is not None and (not isinstance(fixed_stride, int) or fixed_stride < 1):
+        raise EvaluationError(f"fixed_stride={fixed_stride!r} is invalid: expected an integer >= 1")
+    if not isinstance(position_bin, int) or position_bin < 0:
+        raise EvaluationError(f"position_bin={position_bin!r} is invalid: expected an integer >= 0 (0: none)")
+
+
+def _binned(curve, width: int) -> Optional[list]:
+    """Mean of ``curve`` over consecutive bins of ``width`` positions (the last may be shorter)."""
+    if curve is None or width < 1:
+        return None
+    return [float(curve[i:i + width].mean()) for i in range(0, len(curve), width)]
 
 
 def _checked_modes(mode, stride) -> list:
@@ -234,6 +255,7 @@ def write_csv(results: Sequence, path: str) -> str:
                "bpc": "" if r.bpc is None else f"{r.bpc:.6g}"}
         row["nll"] = "" if r.nll is None else f"{r.nll:.6g}"
         row["stride"] = "" if r.stride is None else r.stride
+        row.pop("by_position")
         if writer is None:
             writer = csv.DictWriter(f, fieldnames=list(row))
             writer.writeheader()

@@ -11,6 +11,9 @@ the two evaluation modes (Press et al. 2022, "Train Short, Test Long", appendix 
   ``stride`` tokens of each segment are scored, so every scored token sees at least
   T - stride tokens of context (except in the first segment, which is scored in full,
   as in the usual sliding evaluation). Costs T / stride times more.
+* ``fixed-stride``: the same with one stride S for every length (the PI and YaRN papers'
+  protocol, S = 256 there): every scored token sees at least T - S tokens of context, so
+  longer segments mean more context for every token, not only for the average one.
 
 ``score_many`` runs a model over the segments of several (length, mode) requests at
 once and returns the mean nats per scored token of each; ``score`` is one request. A causal
@@ -37,7 +40,7 @@ import torch.nn.functional as F
 from minilm.common import MinilmError, autocast
 from minilm.data.corpus import get_batch
 
-MODES = ("nonoverlapping", "sliding")
+MODES = ("nonoverlapping", "sliding", "fixed-stride")
 LOSS_CHUNK = 4096  # rows of hidden states turned into logits at once
 
 
@@ -60,8 +63,10 @@ def segments(n: int, length: int, mode: str, stride: Optional[int] = None) -> li
     tokens[begin+1:end+1], and the last ``scored`` of them count. Every target is scored once."""
     if mode == "nonoverlapping":
         return [(b, min(b + length, n), min(b + length, n) - b) for b in range(0, n, length)]
-    if mode != "sliding":
+    if mode not in MODES:
         raise ScoringError(f"mode={mode!r} is invalid: valid: {', '.join(MODES)}")
+    if mode == "fixed-stride" and stride is None:
+        raise ScoringError("mode='fixed-stride' needs its stride (the same at every length), e.g. the training length")
     stride = stride or max(1, length // 2)
     if not 1 <= stride <= length:
         raise ScoringError(f"stride={stride} is invalid for length {length}: expected 1 <= stride <= length")
@@ -94,12 +99,18 @@ def _runs(n: int, requests, shared: bool) -> dict:
 
 @torch.no_grad()
 def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
-               dtype: Optional[torch.dtype] = None, progress=None) -> list:
+               dtype: Optional[torch.dtype] = None, progress=None, by_position: Optional[list] = None) -> list:
     """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
     stride), computed in ``dtype`` autocast (None: float32); ``progress.update(segments)`` as
     it goes. Segments that start at the same token share one run of the model when the
-    scheme is ``prefix_invariant`` (module docstring)."""
+    scheme is ``prefix_invariant`` (module docstring).
+
+    ``by_position``: a list that receives, for each request, the mean nats at each position
+    0..length-1 of its segments (a float64 tensor) for ``nonoverlapping`` requests (every
+    segment scored from position 0) and None for the others."""
     n = len(tokens) - 1
+    sums = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
+    counts = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     device = next(model.parameters()).device
     runs = _runs(n, requests, shared=model.positions.prefix_invariant)
     groups: dict = {}
@@ -115,13 +126,19 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
             y = torch.stack([tokens[b + 1:e + 1] for b, e in batch]).to(device)
             with autocast(device, dtype):
                 losses = token_losses(model, x, y, first)
-            sums = F.pad(losses.double().cumsum(dim=1), (1, 0)).cpu().tolist()  # sums[row][j]: positions < first + j
+            losses = losses.double().cpu()
+            cumulative = F.pad(losses.cumsum(dim=1), (1, 0)).tolist()  # [row][j]: positions < first + j
             for row, (begin, stop) in enumerate(batch):
                 for index, end, scored in runs[(begin, stop)]:
                     hi = end - begin - first
-                    totals[index] += sums[row][hi] - sums[row][hi - scored]
+                    totals[index] += cumulative[row][hi] - cumulative[row][hi - scored]
+                    if sums[index] is not None:  # a nonoverlapping segment: scored from position 0 == first
+                        sums[index][:hi] += losses[row, :hi]
+                        counts[index][:hi] += 1
             if progress is not None:
                 progress.update(sum(len(runs[span]) for span in batch))
+    if by_position is not None:
+        by_position.extend(None if total is None else total / count.clamp(min=1) for total, count in zip(sums, counts))
     return [total / n for total in totals]
 
 

@@ -1,26 +1,52 @@
-"""The study's figures (``minilm.study.report``): means over seeds as lines, 95% intervals as bands.
+"""The study's figures (``minilm.study.report``): means over seeds as lines, 95% intervals as
+bands, and retrieval accuracy as length x depth heatmaps.
 
 Each figure is a PNG written with matplotlib's object API (no pyplot, no display); callers
 check ``minilm.figures.canvas.have_matplotlib()`` first. A series is (label, [(x, Interval)]);
-a band is drawn where the interval exists (two seeds or more).
+a band is drawn where the interval exists (two seeds or more). Every series label has its own
+colour, line style and marker (``style``), the same in every figure, so eleven schemes stay
+apart in print and in greyscale.
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
+from minilm.study.claims import cell_interval, pooled
+from minilm.study.plan import KINDS, METHOD_NAMES
+from minilm.study.stats import interval
 
 DPI = 90
+# 12 colours that differ in hue and lightness (tab20's dark and light halves, interleaved) and
+# 4 line styles x 3 markers: a series' look depends on its label only, never on its rank.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#aec7e8", "#98df8a")
+LINES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^")
+ORDER = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized",
+         "no scaling", "PI (linear)", "NTK-aware", "YaRN", "llama3")
 
 
-def _draw(ax, series: Sequence, dashed=()) -> None:
+def style(label: str) -> dict:
+    """matplotlib keywords (color, linestyle, marker) of one series label, fixed for every figure."""
+    index = ORDER.index(label) if label in ORDER else len(ORDER) + sum(map(ord, label))
+    return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINES[index % len(LINES)],
+            "marker": MARKERS[index % len(MARKERS)]}
+
+
+def _draw(ax, series: Sequence, dashed=(), markers: bool = True) -> None:
     for label, points in series:
         points = [(x, ci) for x, ci in points if ci is not None]
         if not points:
             continue
         xs = [x for x, _ in points]
-        line, = ax.plot(xs, [ci.mean for _, ci in points], marker="o", markersize=3, label=label,
-                        linestyle="--" if label in dashed else "-")
+        look = style(label)
+        if label in dashed:
+            look["linestyle"] = "--"
+        if not markers:
+            look["marker"] = None
+        line, = ax.plot(xs, [ci.mean for _, ci in points], markersize=3, label=label, **look)
         if all(ci.half_width is not None for _, ci in points):
             ax.fill_between(xs, [ci.low for _, ci in points], [ci.high for _, ci in points],
                             color=line.get_color(), alpha=0.18, linewidth=0)
@@ -77,3 +103,129 @@ def curve_figure(panels: Sequence, path: str, title: str) -> str:
     fig.tight_layout()
     return save_figure(fig, path, dpi=DPI)
 
+
+
+def position_figure(panels: Sequence, path: str, title: str, train_length: int) -> str:
+    """Mean loss against position in the segment (bins), one panel per (panel title, series)."""
+    Figure = require_matplotlib()
+    fig = Figure(figsize=(6.4 * len(panels), 4.8))
+    for index, (name, series) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), index + 1)
+        _draw(ax, series, markers=False)
+        furthest = max([x for _, points in series for x, _ in points], default=2)
+        log2_axes(ax, [2 ** k for k in range(int(furthest).bit_length())], False)
+        ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("position in the segment (tokens, bin centre); dotted: training length")
+        ax.set_ylabel("mean loss (nats per token)")
+        ax.set_title(name, fontsize=10)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path, dpi=DPI)
+
+
+def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) -> str:
+    """Accuracy heatmaps, one panel per (title, lengths, depths, {(length, depth): Proportion or None}):
+    depth down, length across, each cell annotated with its accuracy in percent; grey where not run."""
+    Figure = require_matplotlib()
+    import numpy as np
+    columns = min(columns, len(panels))
+    rows = (len(panels) + columns - 1) // columns
+    fig = Figure(figsize=(3.3 * columns, 2.9 * rows + 0.6))
+    for index, (name, lengths, depths, cells) in enumerate(panels):
+        ax = fig.add_subplot(rows, columns, index + 1)
+        grid = np.array([[np.nan if cells.get((t, d)) is None else cells[(t, d)].rate for t in lengths]
+                         for d in depths])
+        ax.set_facecolor("#d9d9d9")
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        for i, d in enumerate(depths):
+            for j, t in enumerate(lengths):
+                value = grid[i, j]
+                ax.text(j, i, "n/a" if np.isnan(value) else f"{100 * value:.0f}", ha="center", va="center",
+                        fontsize=7, color="black" if not np.isnan(value) and value > 0.6 else "white")
+        ax.set_xticks(range(len(lengths)), [str(t) for t in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_xlabel("context length (tokens)", fontsize=8)
+        ax.set_ylabel("needle depth", fontsize=8)
+        ax.set_title(name, fontsize=9)
+    fig.subplots_adjust(hspace=0.65, wspace=0.35, right=0.86)
+    fig.colorbar(image, ax=fig.axes, shrink=0.8, label="exact-match accuracy")
+    fig.suptitle(title)
+    return save_figure(fig, path, dpi=DPI)
+
+
+# --------------------------------------------------------------------------- the study's figures
+
+def _series(cells, section, labels, lengths, mode, step=None, names=None) -> list:
+    return [((names or {}).get(label, label), [(t, cell_interval(cells, section, label, t, mode, step=step))
+                                               for t in lengths]) for label in labels]
+
+
+def _position_series(cells, section, labels, length, step=None, names=None, bin_width=1) -> list:
+    """(label, [(bin centre, Interval over seeds of the bin's mean loss)]) from the nonoverlapping cells."""
+    out = []
+    for label in labels:
+        curves = [c["by_position"] for c in cells if c["section"] == section and c["label"] == label
+                  and c["length"] == length and c["mode"] == "nonoverlapping" and c.get("step") == step
+                  and c.get("by_position")]
+        if curves:
+            out.append(((names or {}).get(label, label),
+                        [(i * bin_width + (bin_width + 1) / 2, interval([curve[i] for curve in curves]))
+                         for i in range(min(map(len, curves)))]))
+    return out
+
+
+def study_figures(study) -> dict:
+    """Every figure of a study's report, named after what it shows: {key: file name}."""
+    if study.plan["experiment"] == "sinusoidal-base":
+        return _base_figures(study)
+    plan, cells, L = study.plan, study.cells, study.L
+    modes, ext, seeds = plan["eval"]["modes"], plan["extension"], len(plan["seeds"])
+    lengths = [int(m * L) for m in plan["eval"]["multiples"]]
+    path = lambda name: os.path.join(study.out, name)  # noqa: E731
+    out = {"lengths": length_figure([(mode, _series(cells, "scratch", KINDS, lengths, mode)) for mode in modes],
+                                    path("perplexity-by-length.png"), f"trained at L = {L} tokens: perplexity "
+                                    f"against length, mean and 95% interval over {seeds} seeds", L)}
+    longest, last, bin_width = max(lengths), ext["curve_steps"][-1], plan["eval"]["position_bin"]
+    names = {m: METHOD_NAMES[m] for m in ext["methods"]}
+    panels = [(f"every scheme, trained at L = {L}", _position_series(cells, "scratch", KINDS, longest,
+                                                                      bin_width=bin_width))]
+    if int(max(ext["curve_multiples"]) * L) >= longest:
+        panels.append((f"rope extended to {int(ext['factor'] * L)}, after {last} fine-tuning steps",
+                       _position_series(cells, "extension", ext["methods"], longest, step=last, names=names,
+                                        bin_width=bin_width)))
+    out["positions"] = position_figure(panels, path("loss-by-position.png"), f"mean loss at each position of "
+                                       f"{longest}-token segments (bins of {bin_width}; mean and 95% interval over "
+                                       f"{seeds} seeds)", L)
+    steps = ext["curve_steps"]
+    curves = [(f"at {int(m * L)} tokens ({m:g}L)",
+               [(names[method], [(s, cell_interval(cells, "extension", method, int(m * L), modes[0], step=s))
+                                 for s in steps]) for method in ext["methods"]]) for m in ext["curve_multiples"]]
+    out["extension"] = curve_figure(curves, path("extension-perplexity-by-step.png"),
+                                    f"rope extended from {L} to {int(ext['factor'] * L)}: {modes[0]} perplexity "
+                                    f"against fine-tuning steps (mean, 95% interval)")
+    r, rows = plan["retrieval"], study.retrieval
+    probe_lengths = [int(m * L) for m in r["multiples"]]
+    grid = lambda section, label, when=None: {(t, d): pooled(rows, section, label, t, d, when)  # noqa: E731
+                                              for t in probe_lengths for d in r["depths"]}
+    out["retrieval"] = heatmap_figure([(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in KINDS],
+                                      path("retrieval-by-length-and-depth.png"), f"retrieval accuracy (%), trained "
+                                      f"at L = {L}; probes pooled over {seeds} seeds")
+    out["extension_retrieval"] = heatmap_figure(
+        [(f"{names[m]}, {when}", probe_lengths, r["depths"], grid("extension", m, when))
+         for m in ext["methods"] for when in ("before", "after")],
+        path("extension-retrieval-by-length-and-depth.png"), f"retrieval accuracy (%) of rope extended to "
+        f"{int(ext['factor'] * L)}: before (zero-shot) and after {last} fine-tuning steps", columns=2)
+    return {name: os.path.basename(p) for name, p in out.items()}
+
+
+def _base_figures(study) -> dict:
+    plan, cells, L = study.plan, study.cells, study.L
+    bases = [f"{b:g}" for b in plan["ablation"]["bases"]]
+    lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
+    figure = length_figure(
+        [(mode, _series(cells, "ablation", bases, lengths, mode, names={b: f"base {b}" for b in bases}))
+         for mode in plan["eval"]["modes"]],
+        os.path.join(study.out, "sinusoidal-base-perplexity-by-length.png"),
+        f"sinusoidal positions with three bases, trained at L = {L}: perplexity against length", L)
+    return {"ablation": os.path.basename(figure)}

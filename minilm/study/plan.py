@@ -1,28 +1,34 @@
-"""The length-generalization study: train short, test long, then extend; every run with
-several seeds, side by side in parallel processes.
+"""The experiments: train short, test long, then extend; every run with several seeds, side by
+side in parallel processes.
 
-    python -m minilm experiment length-generalization [--quick] [--seeds 1,2,3] [--workers N] [key=value ...]
+    python -m minilm experiment {length-generalization,sinusoidal-base} [--quick] [--seeds 1,2,3] [--workers N] [key=value ...]
 
-(Press et al. 2022, "Train Short, Test Long"; Chen et al. 2023, position interpolation;
-Peng et al. 2023, YaRN.) For every seed s (the same batches for every run of seed s, so
-comparisons between schemes are paired):
+**length-generalization** (Press et al. 2022, "Train Short, Test Long"; Chen et al. 2023,
+position interpolation; Peng et al. 2023, YaRN). For every seed s (the same batches for
+every run of seed s, so comparisons between schemes are paired):
 
 1. **From scratch**: one model per scheme in ``KINDS`` (every kind of the registry that
-   trains from scratch; ``interpolated`` is the extension below) at training length L.
-2. **Evaluation** of each on the whole validation split at ``eval.multiples`` of L, in both
-   modes of ``minilm.evaluation.scoring`` (non-overlapping segments; sliding segments, stride = half
-   the segment).
-3. **Sinusoidal base ablation**: base 1000 / 10,000 (the model of step 1) / 100,000.
+   trains from scratch; ``interpolated`` is the extension below) at training length L, with
+   ``train.retrieval_share`` of the sequences from the retrieval task (``minilm.data.retrieval``).
+2. **Perplexity** of each at ``eval.multiples`` of L in the modes of
+   ``minilm.evaluation.scoring`` (non-overlapping; sliding, stride T/2; fixed stride L), with
+   the mean loss by position of the non-overlapping segments.
+3. **Retrieval** probes at ``retrieval.multiples`` of L and ``retrieval.depths``
+   (``minilm.evaluation.retrieval``).
 4. **Extension** of the rope model of seed s from L to ``factor`` x L with each method of
    ``extension.methods`` (no scaling, PI = linear, NTK, YaRN, llama3): one fine-tuning run
    per method, with snapshots at ``extension.curve_steps``; every snapshot is evaluated at
-   1L, 2L, 4L, 8L (step 0 is the source with the scaling applied), the last one in both
-   modes; passkey accuracy at ``passkey.multiples`` of L before and after.
+   ``curve_multiples`` (step 0 is the source with the scaling applied), the last one in every
+   mode; retrieval before (step 0) and after.
+
+**sinusoidal-base**: the study's sinusoidal model at bases 1000 / 10,000 / 100,000, perplexity
+against length.
 
 The runs are ``minilm.study.jobs`` jobs (``workers`` processes, one torch thread each). Results are
-one row per (run, seed, step, mode, length) in ``Study.cells``; ``minilm.study.report`` turns
-them into means with 95% intervals, paired verdicts, figures and ``report.md``. Checkpoints
-go under ``<out>/runs/`` (kept out of git by a ``.gitignore`` there).
+one row per (run, seed, step, mode, length) in ``Study.cells`` and one per (run, seed, length,
+depth) in ``Study.retrieval``; ``minilm.study.report`` turns them into tables, verdicts,
+figures and ``report.md``. Checkpoints go under ``<out>/runs/`` (kept out of git by a
+``.gitignore`` there).
 """
 from __future__ import annotations
 
@@ -35,31 +41,36 @@ from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, atomic_write, resolve_device
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
 from minilm.data import corpus as data
-from minilm.evaluation import lengths as evaluation, passkey
+from minilm.data.retrieval import Task
+from minilm.evaluation import lengths as evaluation, retrieval
+from minilm.evaluation.scoring import MODES
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.training.loop import train
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
 METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "llama3"}
+EXPERIMENTS = ("length-generalization", "sinusoidal-base")
 
 # The full study. float32: bf16 autocast trained this small shape slower than float32 even
 # on a CPU with native bf16 units, and float32 numbers do not depend on the CPU's bf16
 # support. 3 layers: with 4 the full study overran its 60-minute budget on a 2-core AVX2
 # host; a layer less keeps the recipe (tokens, steps, the 10% fine-tuning fraction). The
-# measurements: docs/design.md, "Measured choices".
+# measurements: docs/design.md, "Measured choices". A quarter of the training sequences
+# (pretraining and fine-tuning alike) are associative-recall sequences
+# (``minilm.data.retrieval``), the same rows for every scheme.
 FULL = {
+    "experiment": "length-generalization",
     "seeds": [1, 2, 3],
     "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False},
     "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data"},
     "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
-              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu"},
+              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu", "retrieval_share": 0.25},
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
                   "curve_multiples": [1, 2, 4, 8]},
-    "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]},
-    "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding"], "max_tokens": None,
-             "batch_tokens": 8192},
-    "passkey": {"multiples": [1, 2, 3, 4], "depths": [0.0, 0.5, 1.0], "trials": 4},
+    "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
+             "max_tokens": 65536, "batch_tokens": 8192, "position_bin": 8},
+    "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -69,8 +80,17 @@ QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 3
 QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
 QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update({"methods": ["none", "linear", "yarn"], "curve_steps": [0, 5, 10]})
-QUICK["eval"].update({"max_tokens": 2048})
-QUICK["passkey"].update({"multiples": [2, 4], "depths": [0.5], "trials": 1})
+QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
+QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
+
+# The sinusoidal base ablation, an experiment of its own: the study's sinusoidal model at
+# three bases (its training recipe, the study's seeds), perplexity against length.
+BASE_FULL = {**{k: copy.deepcopy(v) for k, v in FULL.items() if k not in ("extension", "retrieval", "finetune")},
+             "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
+BASE_QUICK = {**{k: copy.deepcopy(v) for k, v in QUICK.items() if k not in ("extension", "retrieval", "finetune")},
+              "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
+PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
+         ("sinusoidal-base", False): BASE_FULL, ("sinusoidal-base", True): BASE_QUICK}
 
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
 RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
@@ -83,13 +103,15 @@ class ExperimentError(MinilmError):
 
 # --------------------------------------------------------------------------- plan and configs
 
-def make_plan(quick: bool = False, seeds=None, overrides=()) -> dict:
-    """The nested settings of a study: FULL or QUICK with ``key=value`` overrides applied."""
-    plan = copy.deepcopy(QUICK if quick else FULL)
+def make_plan(experiment: str = "length-generalization", quick: bool = False, seeds=None, overrides=()) -> dict:
+    """The nested settings of an experiment (``PLANS``) with ``key=value`` overrides applied."""
+    if experiment not in EXPERIMENTS:
+        raise ExperimentError(f"experiment {experiment!r} is unknown: valid: {', '.join(EXPERIMENTS)}")
+    plan = copy.deepcopy(PLANS[(experiment, quick)])
     for assignment in overrides:
         section = assignment.split("=", 1)[0].strip().lstrip("-").split(".")[0]
-        if section not in plan or section == "seeds":
-            valid = [s for s in plan if s != "seeds"]
+        if section not in plan or section in ("seeds", "experiment"):
+            valid = [s for s in plan if s not in ("seeds", "experiment")]
             raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} "
                                   f"(seeds: --seeds)")
     apply_overrides(plan, overrides)
@@ -97,13 +119,22 @@ def make_plan(quick: bool = False, seeds=None, overrides=()) -> dict:
         plan["seeds"] = list(seeds)
     if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
         raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
-    steps = plan["extension"]["curve_steps"]
-    if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
-        raise ExperimentError(f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, "
-                              f"e.g. [0, 10, 25, 50, 100, 200]")
-    unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
-    if unknown:
-        raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
+    if "extension" in plan:
+        steps = plan["extension"]["curve_steps"]
+        if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
+            raise ExperimentError(f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, "
+                                  f"e.g. [0, 10, 25, 50, 100, 200]")
+        unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
+        if unknown:
+            raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
+    unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
+    if unknown or not plan["eval"]["modes"]:
+        raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
+    if "retrieval" in plan:
+        r = plan["retrieval"]
+        if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
+            raise ExperimentError(f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: "
+                                  f"expected depths from 0 to 1 and at least one trial")
     return plan
 
 
@@ -137,21 +168,21 @@ def train_job(config_tree: dict, overwrite: bool) -> dict:
     return {k: v for k, v in summary.items() if k != "sample"}
 
 
-def evaluate_job(path: str, lengths: list, modes: list, overrides: list, max_tokens, batch_tokens: int,
-                 device: str) -> list:
-    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=max_tokens,
-                                           overrides=overrides, labels=["-"], batch_tokens=batch_tokens,
+def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str) -> list:
+    """Results of one checkpoint at ``lengths`` in ``modes``; ``settings`` is the plan's eval section."""
+    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=settings["max_tokens"],
+                                           fixed_stride=settings["fixed_stride"], position_bin=settings["position_bin"],
+                                           overrides=overrides, labels=["-"], batch_tokens=settings["batch_tokens"],
                                            device=device, quiet=True)
 
 
-def passkey_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
-                device: str) -> list:
-    """Passkey rows; a length too short for a prompt with this tokenizer gets accuracy None."""
-    model, tokenizer, _, _ = load_model(path, overrides, device=resolve_device(device))
-    shortest = passkey.min_length(tokenizer)
-    rows = passkey.accuracy(model, tokenizer, [t for t in lengths if t >= shortest], depths, trials=trials, seed=seed)
-    return rows + [dict(length=t, depth=d, correct=0, trials=trials, accuracy=None)
-                   for t in lengths if t < shortest for d in depths]
+def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
+                  device: str) -> list:
+    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``)."""
+    model, tokenizer, config, _ = load_model(path, overrides, device=resolve_device(device))
+    prepared = data.prepare(config.data, quiet=True, tokenizer=tokenizer)
+    task = Task.from_tokens(prepared.train, config.model.vocab_size)
+    return retrieval.accuracy(model, task, prepared.val, lengths, depths, trials=trials, seed=seed)
 
 
 # --------------------------------------------------------------------------- the study
@@ -161,7 +192,7 @@ class StudyRun:
     """One trained model of the study (``train`` job ``key``) and what it is for."""
 
     key: str
-    section: str  # scratch | ablation | extension
+    section: str  # scratch | extension | ablation (the sinusoidal-base experiment)
     label: str  # the row of its table (scheme, base, method)
     seed: int
     config: object
@@ -171,8 +202,9 @@ class Study:
     """Builds the job graph of a plan, runs it, and keeps the results as flat cells.
 
     ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
-    extension), mode, length, ppl, bpc, nll, tokens, chars, status. ``passkey``: dicts with
-    label, seed, when (before | after), length, depth, accuracy. ``runs``: name -> StudyRun;
+    extension), mode, length, ppl, bpc, nll, tokens, chars, status, by_position (nonoverlapping:
+    mean nats per bin of ``eval.position_bin`` positions). ``retrieval``: dicts with section,
+    label, seed, when (extension: before | after), length, depth, correct (None: bounded), trials. ``runs``: name -> StudyRun;
     ``done``: job key -> ``minilm.study.jobs.Done`` (values and times)."""
 
     def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False):
@@ -182,7 +214,7 @@ class Study:
         self.jobs: list = []
         self._readers: list = []  # (job key, function turning its value into cells)
         self.cells: list = []
-        self.passkey: list = []
+        self.retrieval: list = []
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
         self._evaluations: dict = {}  # (checkpoint, overrides) -> (key, {(mode, length)}) of its evaluation job
@@ -208,22 +240,24 @@ class Study:
         if not cells <= planned:
             key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, ",".join(modes),
                             ",".join(map(str, lengths))])
-            args = (path, lengths, list(modes), list(overrides), self.scored_tokens, self.plan["eval"]["batch_tokens"],
-                    self.plan["train"]["device"])
+            settings = {**self.plan["eval"], "max_tokens": self.scored_tokens,
+                        "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L}
+            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"])
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
             self._evaluations[what] = (key, cells)
         self._readers.append((key, lambda results, where=where, cells=cells: [
             {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
-             "tokens": r.tokens, "chars": r.chars, "status": r.status} for r in results
-            if (r.mode, r.length) in cells]))
+             "tokens": r.tokens, "chars": r.chars, "status": r.status, "by_position": r.by_position}
+            for r in results if (r.mode, r.length) in cells]))
 
-    def _passkey(self, after: str, path: str, overrides, where: dict, seed: int) -> None:
-        p = self.plan["passkey"]
-        key = f"passkey {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
-        lengths = [int(m * self.L) for m in p["multiples"]]
-        self.jobs.append(Job(key, passkey_job, (path, list(overrides), lengths, p["depths"], p["trials"], seed,
-                                                self.plan["train"]["device"]),
-                             (after,), "passkey before and after extension"))
+    def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str) -> None:
+        """Retrieval rows of ``where`` at the plan's lengths and depths; probes depend on the seed only."""
+        r = self.plan["retrieval"]
+        key = f"retrieval {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
+        if key not in {job.key for job in self.jobs}:
+            lengths = [int(m * self.L) for m in r["multiples"]]
+            self.jobs.append(Job(key, retrieval_job, (path, list(overrides), lengths, r["depths"], r["trials"], seed,
+                                                      self.plan["train"]["device"]), (after,), phase))
         self._readers.append((key, lambda rows, where=where: [{**where, **row} for row in rows]))
 
     def prepare_data(self) -> None:
@@ -232,9 +266,10 @@ class Study:
         of the longest evaluation length, so every cell of the study scores the same tokens."""
         config = run_config(self.plan, os.path.join(self.runs_dir, "-"), {"kind": "rope"}, self.plan["seeds"][0])
         val = data.prepare(config.data, quiet=self.quiet).val
-        e, ext = self.plan["eval"], self.plan["extension"]
-        longest = int(max(max(e["multiples"]), max(ext["curve_multiples"]), max(self.plan["ablation"]["multiples"]))
-                      * self.L)
+        e = self.plan["eval"]
+        multiples = [*e["multiples"], *self.plan.get("extension", {}).get("curve_multiples", []),
+                     *self.plan.get("ablation", {}).get("multiples", [])]
+        longest = int(max(multiples) * self.L)
         available = len(val) - 1 if e["max_tokens"] is None else min(e["max_tokens"], len(val) - 1)
         if available < longest:
             raise ExperimentError(f"the validation split has {available} scorable tokens, fewer than the longest "
@@ -243,11 +278,13 @@ class Study:
 
     def build(self) -> list:
         """The job graph: training first (rope first, it unblocks the extension), then the rest."""
-        plan, L = self.plan, self.L
         if self.scored_tokens is None:
             self.prepare_data()
-        seeds, ext = plan["seeds"], plan["extension"]
-        long = int(ext["factor"] * L)
+        if self.plan["experiment"] == "sinusoidal-base":
+            self._build_base_ablation()
+            return self.jobs
+        seeds, ext = self.plan["seeds"], self.plan["extension"]
+        long = int(ext["factor"] * self.L)
         for seed in seeds:
             self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
         for seed in seeds:
@@ -261,25 +298,27 @@ class Study:
             for kind in KINDS:
                 if kind != "rope":
                     self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch")
-            for base in plan["ablation"]["bases"]:
-                if base != 10000:
-                    self._train(f"sinusoidal-base{base:g}-s{seed}", "ablation", f"{base:g}", seed,
-                                {"kind": "sinusoidal", "base": float(base)}, "train the base ablation")
-        self._build_evaluations(long)
+        self._build_evaluations()
         return self.jobs
 
-    def _build_evaluations(self, long: int) -> None:
+    def _build_base_ablation(self) -> None:
+        for seed in self.plan["seeds"]:
+            for base in self.plan["ablation"]["bases"]:
+                run = f"sinusoidal-base{base:g}-s{seed}"
+                key = self._train(run, "ablation", f"{base:g}", seed, {"kind": "sinusoidal", "base": float(base)},
+                                  "train the base ablation")
+                self._evaluate(key, self.runs[run].config.out_dir, self.plan["ablation"]["multiples"],
+                               self.plan["eval"]["modes"], dict(section="ablation", label=f"{base:g}", seed=seed,
+                                                                step=None), phase="evaluate the base ablation")
+
+    def _build_evaluations(self) -> None:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
-        for run in [r for r in self.runs.values() if r.section != "extension"]:
-            if run.section == "scratch":
-                self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
-                               dict(section="scratch", label=run.label, seed=run.seed, step=None),
-                               phase="evaluate from scratch")
-            if run.label == "sinusoidal" or run.section == "ablation":
-                label = "10000" if run.label == "sinusoidal" else run.label
-                self._evaluate(run.key, run.config.out_dir, plan["ablation"]["multiples"], modes,
-                               dict(section="ablation", label=label, seed=run.seed, step=None),
-                               phase="evaluate the base ablation")
+        for run in [r for r in self.runs.values() if r.section == "scratch"]:
+            self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
+                           dict(section="scratch", label=run.label, seed=run.seed, step=None),
+                           phase="evaluate from scratch")
+            self._retrieval(run.key, run.config.out_dir, (), dict(section="scratch", label=run.label, seed=run.seed),
+                            run.seed, "retrieval from scratch")
         for run in [r for r in self.runs.values() if r.section == "extension"]:
             source = os.path.join(self.runs_dir, f"rope-s{run.seed}")
             start = scaling_override(run.label, ext["factor"])
@@ -290,8 +329,10 @@ class Study:
                 self._evaluate(run.key, path, ext["curve_multiples"],
                                modes if step == ext["curve_steps"][-1] else modes[:1], {**where, "step": step},
                                overrides=start if step == 0 else (), phase="evaluate the extension curves")
-            self._passkey(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed)
-            self._passkey(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed)
+            self._retrieval(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed,
+                            "retrieval before and after extension")
+            self._retrieval(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed,
+                            "retrieval before and after extension")
 
     def run(self) -> None:
         os.makedirs(self.runs_dir, exist_ok=True)
@@ -301,11 +342,11 @@ class Study:
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
         for key, read in self._readers:
             rows = read(self.done[key].value)
-            (self.passkey if key.startswith("passkey") else self.cells).extend(rows)
+            (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
-        return {"plan": self.plan, "workers": self.workers, "cells": self.cells, "passkey": self.passkey,
+        return {"plan": self.plan, "workers": self.workers, "cells": self.cells, "retrieval": self.retrieval,
                 "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
                          for name, run in self.runs.items()},
                 "done": {key: dataclasses.asdict(done) for key, done in self.done.items()}}
@@ -313,7 +354,7 @@ class Study:
     @classmethod
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
-        study.cells, study.passkey = state["cells"], state["passkey"]
+        study.cells, study.retrieval = state["cells"], state["retrieval"]
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study

@@ -14,6 +14,14 @@ taken over those per-seed values. ``verdict`` then says whether the expectation
 side, ``no`` when it is wholly on the other side, ``unresolved`` when it contains the
 threshold (or when there is only one seed).
 
+A retrieval cell is a count of successes k in n independent trials: a binomial proportion,
+whose interval is ``wilson``'s (Wilson 1927), the score interval
+
+    (p + z^2/2n +- z sqrt(p(1 - p)/n + z^2/4n^2)) / (1 + z^2/n),   p = k/n, z = the normal quantile,
+
+which stays inside [0, 1] and is not empty at k = 0 or k = n (where a t-interval on
+per-seed proportions would print "0 ± 0").
+
 The t quantile is computed here (no SciPy): the t CDF through the regularized incomplete
 beta function (continued fraction, Numerical Recipes section 6.4), inverted by bisection.
 """
@@ -112,6 +120,46 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interva
         return Interval(mean, None, n)
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     return Interval(mean, t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n), n)
+
+
+def normal_quantile(p: float) -> float:
+    """z with P(Z <= z) = p for the standard normal, by bisection on erf."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"normal_quantile needs 0 < p < 1, got p={p}")
+    low, high = -40.0, 40.0
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if 0.5 * (1.0 + math.erf(middle / math.sqrt(2.0))) < p else (low, middle)
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class Proportion:
+    """``successes`` of ``trials`` with its Wilson score interval [low, high]."""
+
+    successes: int
+    trials: int
+    low: float
+    high: float
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
+
+    def format(self) -> str:
+        """'93% [88, 96]' (percent, the interval in brackets)."""
+        return f"{100 * self.rate:.0f}% [{100 * self.low:.0f}, {100 * self.high:.0f}]"
+
+
+def wilson(successes: int, trials: int, confidence: float = CONFIDENCE) -> Proportion:
+    """The Wilson score interval of a binomial proportion (module docstring)."""
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"wilson needs 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    z = normal_quantile(0.5 + confidence / 2.0)
+    p, n = successes / trials, trials
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Proportion(successes, trials, max(0.0, centre - half), min(1.0, centre + half))
 
 
 def verdict(paired: Sequence[float], expect: str, threshold: float, confidence: float = CONFIDENCE) -> str:

@@ -65,13 +65,14 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded
 from minilm.common import MinilmError, WriteError, autocast, resolve_device, resolve_dtype
 from minilm.config import Config, resolve_config
-from minilm.data.corpus import Prepared, get_batch, prepare
+from minilm.data.corpus import Prepared, prepare
+from minilm.data.retrieval import Task
 from minilm.evaluation.scoring import eval_batches, heldout_loss, split_batches
 from minilm.generation.decode import Sampling
 from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
 from minilm.training.distributed import Dist, init_distributed
-from minilm.training.losses import lm_loss
+from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim, rotate
 from minilm.training.resume import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
@@ -125,6 +126,7 @@ class TrainingRun:
     step: int = 0
     best_bpc: Optional[float] = None
     last_val: Optional[dict] = None
+    task: Optional[Task] = None  # the retrieval task of train.retrieval_share (minilm.training.mixture)
 
     @property
     def ckpt_path(self) -> str:
@@ -270,6 +272,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Train
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
         set_rng_state(state["rng"], device)
         run.generator.set_state(state["data_state"]["generator"])
+    run.task = task_for(config, prepared)
     _start_metrics(run, state)
     return run
 
@@ -312,7 +315,8 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     B, T, A = t.batch_size, run.config.model.block_size, t.grad_accum
     lr = lr_at(run.step, t)
     run.optimizer.set_lr(lr)
-    x_all, y_all = get_batch(run.prepared.train, B * A * dist.world, T, run.generator)
+    x_all, y_all, mask_all = draw(run.prepared.train, B * A * dist.world, T, run.generator, run.step,
+                                  t.retrieval_share, run.task)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for micro in range(A):
         row = micro * dist.world + dist.rank
@@ -321,7 +325,8 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         sync = contextlib.nullcontext() if (not dist.enabled or micro == A - 1) else run.model.no_sync()
         with sync:
             with autocast(device, run.dtype):
-                loss = lm_loss(run.model(x, return_hidden=True), run.raw.lm_head.weight, y) / A
+                mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
+                loss = mixed_loss(run.model(x, return_hidden=True), run.raw.lm_head.weight, y, mask) / A
             loss.backward()
         loss_sum += loss.detach().double().cpu()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip) if t.grad_clip > 0 else None

@@ -1,0 +1,128 @@
+"""A retrieval task that small models learn: associative recall in a haystack of text.
+
+A *pair* is three tokens ``MARK k v``: a marker token that never occurs in the corpus, a key
+``k`` from a small key set and a value ``v`` from a small value set. A *query* repeats
+``MARK k`` of an earlier pair, and the answer is that pair's value. The marker makes pairs
+and queries unambiguous in ordinary text, so the task is pure lookup: find the earlier
+``MARK k`` and copy the token after it (an induction head; multi-query associative recall,
+Arora et al. 2023, "Zoology", on a text haystack as in needle-in-a-haystack tests). With
+``len(values)`` values drawn uniformly, guessing is right with probability
+``1 / len(values)`` (``chance``).
+
+* ``training_rows``: sequences of ``T + 1`` tokens for training. Between 1 and ``pairs``
+  keys (distinct; the number drawn per row, so rows with few distractors come with rows
+  with many), each placed twice on a grid of 3-token slots at random (first as the pair,
+  then as the query), over a random stretch of the training split; the only targets are
+  the answers (every other target is ``IGNORE``). Distances are spread over the whole
+  sequence.
+* ``probe``: evaluation prompts of exactly ``T`` tokens over the validation split: the
+  *needle* pair at depth ``d`` (its marker at ``round(d * (T - 5))``, so depth 0 is the start
+  and depth 1 is right before the query), ``pairs - 1`` distractor pairs with other keys at
+  random slots elsewhere, and ``MARK k`` of the needle as the last two tokens. The model's
+  prediction at the last position is scored by exact match with the needle's value.
+
+``Task.from_tokens`` picks its tokens among the ids that the training split never uses (with
+minilm's byte-fallback tokenizer: the specials and most byte pieces): the lowest is the
+marker, the next ``size`` the keys, the next ``size`` the values. Keys that occur nowhere in
+the text make the lookup a plain induction head (match the previous token, copy the next).
+What the pilots measured (docs/design.md, "Measured choices"): a 3-layer study model does not
+yet learn this task in the study's 500 steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minilm.common import MinilmError
+
+IGNORE = -100  # a target that carries no loss (cross_entropy's default ignore_index)
+SLOT = 3  # tokens of a pair or a query: MARK, key, value
+PAIRS = 8  # pairs per sequence (fewer when the sequence is short: at most half its slots are used)
+SIZE = 32  # keys and values in each set: chance 1/32 = 3.1%
+
+
+class RetrievalError(MinilmError):
+    """The retrieval task cannot be built on this data; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Task:
+    marker: int
+    keys: tuple
+    values: tuple
+    pairs: int = PAIRS
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / len(self.values)
+
+    @classmethod
+    def from_tokens(cls, tokens, vocab_size: int, size: int = SIZE, pairs: int = PAIRS) -> "Task":
+        """Marker, keys and values among the ids the training split never uses (module docstring)."""
+        counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+        unused = [int(i) for i in np.flatnonzero(counts == 0)]
+        if len(unused) < 1 + 2 * size:
+            raise RetrievalError(f"the training split leaves {len(unused)} of the {vocab_size} token ids unused; the "
+                                 f"retrieval task needs {1 + 2 * size} (a marker, {size} keys, {size} values): use a "
+                                 f"larger data.vocab_size")
+        return cls(unused[0], tuple(unused[1:1 + size]), tuple(unused[1 + size:1 + 2 * size]), pairs)
+
+    def pairs_for(self, length: int) -> int:
+        """Pairs in a sequence of ``length`` tokens: at most half its slots hold pairs or queries."""
+        return max(1, min(self.pairs, length // SLOT // 4))
+
+
+def _choice(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randperm(n, generator=generator)[:k]
+
+
+def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generator) -> tuple:
+    """(x, y) from haystacks (B, T + 1) of corpus tokens: pairs and queries written over the
+    text; y holds the answers at the queries' key positions and ``IGNORE`` elsewhere."""
+    rows = haystacks.clone()
+    B, T = rows.shape[0], rows.shape[1] - 1
+    n, slots = task.pairs_for(T), (T + 1) // SLOT
+    if slots < 2 * n:
+        raise RetrievalError(f"block_size {T} is too short for the retrieval task: it needs at least "
+                             f"{2 * SLOT - 1} tokens")
+    keys, values = torch.tensor(task.keys), torch.tensor(task.values)
+    y = torch.full((B, T), IGNORE, dtype=torch.long)
+    for b in range(B):
+        m = int(torch.randint(1, n + 1, (1,), generator=generator))
+        chosen = _choice(slots, 2 * m, generator).view(m, 2).sort(dim=1).values * SLOT
+        key = keys[_choice(len(keys), m, generator)]
+        value = values[torch.randint(len(values), (m,), generator=generator)]
+        for (first, second), k, v in zip(chosen.tolist(), key, value):
+            rows[b, first:first + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+            rows[b, second:second + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+            y[b, second + 1] = v
+    return rows[:, :-1].contiguous(), y
+
+
+def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Generator) -> tuple:
+    """(prompts (B, T), answers (B,)) from haystacks (B, T) of validation tokens: the needle at
+    ``depth`` (0 to 1), distractor pairs elsewhere, and the query as the last two tokens."""
+    if not 0.0 <= depth <= 1.0:
+        raise RetrievalError(f"depth={depth} is invalid: expected a fraction from 0 to 1")
+    prompts = haystacks.clone()
+    B, T = prompts.shape
+    n = task.pairs_for(T)
+    if T < 2 * SLOT * n + 2:
+        raise RetrievalError(f"length {T} is too short for a retrieval probe: it needs at least "
+                             f"{2 * SLOT * n + 2} tokens")
+    needle = round(depth * (T - SLOT - 2))
+    keys, values = torch.tensor(task.keys), torch.tensor(task.values)
+    # distractors go on slots of the grid that end before the query and miss the needle
+    free = [s * SLOT for s in range((T - 2) // SLOT) if s * SLOT + SLOT <= needle or s * SLOT >= needle + SLOT]
+    answers = torch.empty(B, dtype=torch.long)
+    for b in range(B):
+        key = keys[_choice(len(keys), n, generator)]
+        value = values[torch.randint(len(values), (n,), generator=generator)]
+        places = [needle] + [free[i] for i in _choice(len(free), n - 1, generator).tolist()]
+        for at, k, v in zip(places, key, value):
+            prompts[b, at:at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+        prompts[b, T - 2:] = torch.stack([torch.tensor(task.marker), key[0]])
+        answers[b] = value[0]
+    return prompts, answers

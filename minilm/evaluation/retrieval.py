@@ -1,0 +1,47 @@
+"""Retrieval accuracy against context length and needle depth (``minilm.data.retrieval``).
+
+For each length T and depth d, ``trials`` probes of exactly T tokens are cut from the
+validation split (random stretches; the same stretches, keys and values for every model
+given the same seed, so models are compared on identical prompts). A probe is right when the
+model's most likely next token after the query is the needle's value (exact match, greedy).
+Each probe asks one question, so the trials of a cell are independent given the model and
+its accuracy is a binomial proportion (intervals: ``minilm.study.stats.wilson``). A length
+past a bounded scheme's table (learned positions) is not run: its rows have ``correct`` None.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from minilm.common import autocast
+from minilm.data.retrieval import Task, probe
+
+
+@torch.no_grad()
+def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence[float], *, trials: int,
+             seed: int, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None) -> list:
+    """Rows {length, depth, correct, trials} of exact-match retrieval over ``tokens`` (the validation split)."""
+    device = next(model.parameters()).device
+    limit = model.positions.position_limit()
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in lengths:
+        for depth in depths:
+            starts = torch.randint(len(tokens) - length, (trials,), generator=generator)
+            haystacks = torch.from_numpy(np.stack([np.asarray(tokens[s:s + length], dtype=np.int64)
+                                                   for s in starts.tolist()]))
+            prompts, answers = probe(haystacks, task, depth, generator)
+            if limit is not None and length > limit:
+                rows.append(dict(length=length, depth=depth, correct=None, trials=trials))
+                continue
+            correct, per_batch = 0, max(1, batch_tokens // length)
+            for i in range(0, trials, per_batch):
+                x = prompts[i:i + per_batch].to(device)
+                with autocast(device, dtype):
+                    hidden = model(x, return_hidden=True)[:, -1]
+                    guess = model.lm_head(hidden).argmax(dim=-1).cpu()
+                correct += int((guess == answers[i:i + per_batch]).sum())
+            rows.append(dict(length=length, depth=depth, correct=correct, trials=trials))
+    return rows

@@ -1,0 +1,237 @@
+"""Reading the study's cells, and the claims written down before the run, with their verdicts.
+
+Perplexity claims compare two cells through their ratio, per seed (paired; t-interval over
+seeds, ``minilm.study.stats.verdict``). Retrieval claims are about proportions: the probes of
+a cell, pooled over seeds (and over depths where the claim says so), are binomial trials, and
+the verdict reads the Wilson interval of the proportion (``wilson``) or Newcombe's interval of
+a difference of two proportions (``difference``): *yes* when the interval is wholly on the
+expected side, *no* when wholly on the other, *unresolved* otherwise. Pooling treats the
+seeds' probes as one sample: the per-seed accuracies are reported beside it, so the spread
+between seeds stays visible.
+
+Retrieval past L is read only when the gate holds: the best scheme reaches ``GATE`` accuracy
+at L with depths pooled (a task no model learned measures nothing); otherwise every retrieval
+claim past L is "not read".
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from minilm.study.plan import METHOD_NAMES
+from minilm.study.stats import Interval, Proportion, interval, verdict, wilson
+
+GATE = 0.90
+
+# --------------------------------------------------------------------------- reading the cells
+
+def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode: str, step=None) -> dict:
+    """{seed: perplexity} of one cell of the study (no entry where it was not run)."""
+    return {c["seed"]: c["ppl"] for c in cells if c["section"] == section and c["label"] == label
+            and c["length"] == length and c["mode"] == mode and c.get("step") == step and c["ppl"] is not None}
+
+
+def cell_interval(cells, *where, **kw) -> Optional[Interval]:
+    values = per_seed(cells, *where, **kw)
+    return interval(list(values.values())) if values else None
+
+
+def cell_text(cells, *where, **kw) -> str:
+    ci = cell_interval(cells, *where, **kw)
+    if ci is not None:
+        return ci.format()
+    bounded = any(c["status"] == "bounded" for c in cells if c["section"] == where[0] and c["label"] == where[1]
+                  and c["length"] == where[2] and c["mode"] == where[3])
+    return "n/a (bounded)" if bounded else ""
+
+
+def paired_ratio(cells, numerator: tuple, denominator: tuple, mode: str) -> list:
+    """Per seed, ppl(numerator) / ppl(denominator); each is (section, label, length, step)."""
+    a = per_seed(cells, *numerator[:3], mode, step=numerator[3])
+    b = per_seed(cells, *denominator[:3], mode, step=denominator[3])
+    return [a[s] / b[s] for s in sorted(a) if s in b]
+
+
+# --------------------------------------------------------------------------- expectations
+
+def expectations(plan: dict) -> list:
+    """(claim, source, numerator, denominator, expect, threshold): the claim holds when
+    ppl(numerator) / ppl(denominator) ``expect`` threshold, judged per seed (paired)."""
+    L = plan["model"]["block_size"]
+    if plan["experiment"] == "sinusoidal-base":
+        A = lambda base, m: ("ablation", base, int(m * L), None)  # noqa: E731
+        return [("sinusoidal base 100,000 beats 10,000 at 2L", "expectation of our first report (a longer "
+                 "wavelength range extrapolates better)", A("100000", 2), A("10000", 2), "<", 1.0),
+                ("sinusoidal base 10,000 beats 1,000 at 2L", "the same expectation", A("10000", 2), A("1000", 2),
+                 "<", 1.0)]
+    ext = plan["extension"]
+    f = int(ext["factor"])
+    S = lambda label, m: ("scratch", label, int(m * L), None)  # noqa: E731
+    E = lambda label, step, m=f: ("extension", label, int(m * L), step)  # noqa: E731
+    out = [
+        ("sinusoidal at L within 15% of learned at L", "at L the schemes are close: ALiBi paper sinusoidal 20.05, "
+         "rotary 20.07", S("sinusoidal", 1), S("learned", 1), "<", 1.15),
+        (f"alibi at {f}L within 10% of its L perplexity", "ALiBi paper: 19.73 at L, 18.41 at 4.9L",
+         S("alibi", f), S("alibi", 1), "<", 1.10),
+        (f"sinusoidal at {f}L at least 2x its L perplexity", "ALiBi paper: 20.05 at L, 132.41 at 4.9L",
+         S("sinusoidal", f), S("sinusoidal", 1), ">", 2.0),
+        (f"plain rope at {f}L worse than at L", "ALiBi paper: 20.07 at L, 31.58 at 4.9L; PI paper: >1000 at 2x",
+         S("rope", f), S("rope", 1), ">", 1.0),
+        (f"at {f}L, alibi beats rope", "ALiBi paper: 18.41 vs 31.58 at 4.9L", S("alibi", f), S("rope", f), "<", 1.0),
+        (f"at {f}L, rope beats sinusoidal", "ALiBi paper: 31.58 vs 132.41 at 4.9L",
+         S("rope", f), S("sinusoidal", f), "<", 1.0),
+        (f"t5 at {f}L within 10% of its L perplexity", "ALiBi paper: T5 bias 19.65 at L, 20.41 at 4.9L",
+         S("t5", f), S("t5", 1), "<", 1.10),
+        (f"kerple at {f}L within 10% of its L perplexity", "KERPLE paper (Chi et al. 2022): flat like ALiBi",
+         S("kerple", f), S("kerple", 1), "<", 1.10),
+        (f"fire at {f}L within 10% of its L perplexity", "FIRE paper (Li et al. 2023): generalizes in length",
+         S("fire", f), S("fire", 1), "<", 1.10),
+        (f"at {f}L, xpos beats rope", "xPos paper (Sun et al. 2022): extrapolates better than rotary",
+         S("xpos", f), S("rope", f), "<", 1.0),
+        (f"at {f}L, randomized rope beats rope", "Ruoss et al. 2023: randomized positions generalize",
+         S("randomized", f), S("rope", f), "<", 1.0),
+    ]
+    last, methods = ext["curve_steps"][-1], [m for m in ext["methods"] if m != "none"]
+    for method in methods:
+        out.append((f"{METHOD_NAMES[method]} after {last} steps: ppl at {f}L below the source's at L",
+                    "PI paper: 7.20 at 2k before, 6.95 at 8k after", E(method, last), S("rope", 1), "<", 1.0))
+    for step in [s for s in ext["curve_steps"] if 0 < s <= 50] if "none" in ext["methods"] else []:
+        for method in methods:
+            out.append((f"after {step} steps, {METHOD_NAMES[method]} beats no scaling at {f}L",
+                        "PI and YaRN papers: scaled methods adapt in fewer steps", E(method, step), E("none", step),
+                        "<", 1.0))
+    if "yarn" in methods and "linear" in methods:
+        for step in [s for s in ext["curve_steps"] if 0 < s <= 50]:
+            out.append((f"after {step} steps, YaRN beats PI at {f}L", "YaRN paper: fewer steps than PI",
+                        E("yarn", step), E("linear", step), "<", 1.0))
+    return out
+
+
+def verdicts(cells, plan: dict) -> list:
+    """Rows of the comparison table: claim, paired ratio per evaluation mode with its interval, verdicts."""
+    rows = []
+    for claim, source, num, den, expect, threshold in expectations(plan):
+        row = [claim, source]
+        for mode in plan["eval"]["modes"]:
+            ratios = paired_ratio(cells, num, den, mode)
+            if not ratios:
+                row += ["not run", "n/a"]
+                continue
+            row += [interval(ratios).format(3) + f" (n={len(ratios)})", verdict(ratios, expect, threshold)]
+        rows.append(row[:2] + [f"{expect} {threshold:g}"] + row[2:])
+    return rows
+
+
+
+
+# --------------------------------------------------------------------------- retrieval
+
+def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth=None, when=None) -> list:
+    return [r for r in rows if r["section"] == section and r["label"] == label and r["length"] == length
+            and (depth is None or r["depth"] == depth) and (when is None or r.get("when") == when)]
+
+
+def pooled(rows, section: str, label: str, length: int, depth=None, when=None) -> Optional[Proportion]:
+    """The probes of a cell pooled over seeds (and depths, when ``depth`` is None); None where
+    nothing was run or the length is past a bounded scheme's table."""
+    these = _matching(rows, section, label, length, depth, when)
+    if not these or any(r["correct"] is None for r in these):
+        return None
+    return wilson(sum(r["correct"] for r in these), sum(r["trials"] for r in these))
+
+
+def seed_rates(rows, section: str, label: str, length: int, depth=None, when=None) -> dict:
+    """{seed: accuracy} of a cell (depths pooled when ``depth`` is None)."""
+    by_seed: dict = {}
+    for r in _matching(rows, section, label, length, depth, when):
+        if r["correct"] is not None:
+            done = by_seed.setdefault(r["seed"], [0, 0])
+            done[0], done[1] = done[0] + r["correct"], done[1] + r["trials"]
+    return {seed: correct / trials for seed, (correct, trials) in sorted(by_seed.items())}
+
+
+def difference(a: Proportion, b: Proportion) -> tuple:
+    """(p_a - p_b, low, high): Newcombe's hybrid score interval (1998, method 10) from the two
+    Wilson intervals: low = d - sqrt((p_a - l_a)^2 + (u_b - p_b)^2), high = d + sqrt((u_a - p_a)^2 + (p_b - l_b)^2)."""
+    d = a.rate - b.rate
+    return (d, d - math.sqrt((a.rate - a.low) ** 2 + (b.high - b.rate) ** 2),
+            d + math.sqrt((a.high - a.rate) ** 2 + (b.rate - b.low) ** 2))
+
+
+def interval_verdict(low: float, high: float, expect: str, threshold: float) -> str:
+    if high < threshold or low > threshold:
+        return "yes" if (high < threshold) == (expect == "<") else "no"
+    return "unresolved"
+
+
+def gate(rows, plan: dict) -> tuple:
+    """(the best scheme at L with depths pooled, its Proportion, whether it reaches GATE)."""
+    L = plan["model"]["block_size"]
+    labels = sorted({r["label"] for r in rows if r["section"] == "scratch"})
+    scored = [(label, pooled(rows, "scratch", label, L)) for label in labels]
+    scored = [(label, p) for label, p in scored if p is not None]
+    if not scored:
+        return None, None, False
+    label, best = max(scored, key=lambda item: item[1].rate)
+    return label, best, best.rate >= GATE
+
+
+def retrieval_claims(plan: dict) -> list:
+    """(claim, source, a, b, expect, threshold): a and b are (section, label, multiple of L, depth or
+    None for all depths, when); with b None the claim is "proportion(a) expect threshold", else
+    "proportion(a) - proportion(b) expect threshold". Written down before the run."""
+    f = int(plan["extension"]["factor"])
+    depths = plan["retrieval"]["depths"]
+    far = min(depths)
+    S = lambda label, m, depth=None: ("scratch", label, m, depth, None)  # noqa: E731
+    A = lambda method, m, when="after": ("extension", method, m, None, when)  # noqa: E731
+    out = [
+        (f"rope at {f}L, depths pooled: below 50%", "PI paper (Chen et al. 2023): without interpolation a rope "
+         "model fails passkey retrieval past its training length", S("rope", f), None, "<", 0.5),
+        (f"alibi at {f}L, needle at depth {far:g} (about {f}L back): below 50%", "ALiBi's bias decays attention "
+         "with distance: it keeps perplexity past L but cannot reach far context (effective window)",
+         S("alibi", f, far), None, "<", 0.5),
+        (f"alibi at {f}L below alibi at L, depths pooled", "the same: flat perplexity, lost retrieval",
+         S("alibi", f), S("alibi", 1), "<", 0.0),
+        (f"rope at {f}L below rope at L, depths pooled", "PI paper: rope fails past L", S("rope", f), S("rope", 1),
+         "<", 0.0),
+    ]
+    methods = [m for m in plan["extension"]["methods"] if m != "none"]
+    if "none" in plan["extension"]["methods"]:
+        out.append((f"no scaling after fine-tuning at {f}L: below 50%", "PI paper: direct fine-tuning extends the "
+                    "effective window slowly (2048 -> 2560 after 10,000 steps)", A("none", f), None, "<", 0.5))
+    for method in methods:
+        out.append((f"{METHOD_NAMES[method]} after fine-tuning at {f}L: above 50%", "PI paper: passkey retrieval "
+                    "at the extended length after 1,000 steps; YaRN paper: the same for YaRN",
+                    A(method, f), None, ">", 0.5))
+        if "none" in plan["extension"]["methods"]:
+            out.append((f"after fine-tuning at {f}L, {METHOD_NAMES[method]} above no scaling",
+                        "PI and YaRN papers: the scaled methods extend retrieval, direct fine-tuning does not",
+                        A(method, f), A("none", f), ">", 0.0))
+        out.append((f"{METHOD_NAMES[method]} at {f}L: after fine-tuning above before (zero-shot)",
+                    "PI paper: interpolation alone is not enough, fine-tuning restores the model",
+                    A(method, f), A(method, f, "before"), ">", 0.0))
+    return out
+
+
+def retrieval_verdicts(rows, plan: dict) -> list:
+    """Rows of the retrieval claims table: claim, source, threshold, statistic with interval, verdict."""
+    L = plan["model"]["block_size"]
+    _, _, passed = gate(rows, plan)
+    out = []
+    for claim, source, a, b, expect, threshold in retrieval_claims(plan):
+        cells = [pooled(rows, *where[:2], int(where[2] * L), where[3], where[4]) for where in (a, b) if where]
+        if any(p is None for p in cells):
+            statistic, result = "not run", "n/a"
+        elif not passed:
+            statistic, result = "not read", "not read (gate failed)"
+        elif b is None:
+            p = cells[0]
+            statistic, result = p.format() + f" (n={p.trials})", interval_verdict(p.low, p.high, expect, threshold)
+        else:
+            d, low, high = difference(*cells)
+            statistic = f"{100 * d:+.0f} points [{100 * low:+.0f}, {100 * high:+.0f}]"
+            result = interval_verdict(low, high, expect, threshold)
+        shown = f"{expect} {100 * threshold:g}%" if b is None else f"difference {expect} 0"
+        out.append([claim, source, shown, statistic, result])
+    return out

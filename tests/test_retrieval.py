@@ -1,0 +1,158 @@
+"""The retrieval task (minilm.data.retrieval), its training mixture (minilm.training.mixture), its
+evaluation (minilm.evaluation.retrieval) and the binomial intervals the study reads it with."""
+import numpy as np
+import pytest
+import torch
+
+from minilm.config import ModelConfig
+from minilm.data.corpus import get_batch
+from minilm.data.retrieval import IGNORE, SLOT, RetrievalError, Task, probe, training_rows
+from minilm.evaluation.retrieval import accuracy
+from minilm.model.gpt import GPT
+from minilm.study.claims import difference, interval_verdict
+from minilm.study.stats import normal_quantile, wilson
+from minilm.training.losses import lm_loss
+from minilm.training.mixture import draw, mixed_loss, retrieval_rows
+
+VOCAB = 300
+
+
+def corpus(n=5000, seed=0):
+    """Token ids 100..299 only: ids 0..99 are free for the task."""
+    return np.random.default_rng(seed).integers(100, VOCAB, n).astype(np.uint16)
+
+
+def test_the_task_takes_unused_ids_and_states_its_chance():
+    task = Task.from_tokens(corpus(), VOCAB)
+    used = set(corpus().tolist())
+    assert task.marker == 0 and not used & {task.marker, *task.keys, *task.values}
+    assert len(set(task.keys) | set(task.values) | {task.marker}) == 1 + 2 * len(task.keys)
+    assert task.chance == pytest.approx(1 / 32)
+    with pytest.raises(RetrievalError, match="needs 65"):
+        Task.from_tokens(np.arange(VOCAB) % (VOCAB - 10), VOCAB)
+
+
+def test_training_answers_are_where_the_targets_say():
+    task = Task.from_tokens(corpus(), VOCAB)
+    g = torch.Generator().manual_seed(1)
+    haystacks = torch.from_numpy(corpus(16 * 129, seed=1).astype(np.int64)).view(16, 129)
+    x, y = training_rows(haystacks, task, g)
+    assert x.shape == y.shape == (16, 128)
+    answered = 0
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        for i, target in enumerate(row_y):
+            if target == IGNORE:
+                continue
+            answered += 1
+            key = row_x[i]
+            assert row_x[i - 1] == task.marker and key in task.keys and target in task.values
+            # the pair MARK k v comes earlier with the same key and this value
+            earlier = [j for j in range(i - 1) if row_x[j] == task.marker and j + 2 < i - 1 and row_x[j + 1] == key]
+            assert earlier and row_x[earlier[0] + 2] == target
+        assert 1 <= sum(t != IGNORE for t in row_y) <= task.pairs
+    assert answered > 16
+    with pytest.raises(RetrievalError, match="too short"):
+        training_rows(haystacks[:, :4], task, g)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_a_probe_puts_its_needle_at_the_depth_and_asks_at_the_end(depth):
+    task = Task.from_tokens(corpus(), VOCAB)
+    T = 200
+    haystacks = torch.from_numpy(corpus(8 * T, seed=2).astype(np.int64)).view(8, T)
+    prompts, answers = probe(haystacks, task, depth, torch.Generator().manual_seed(3))
+    at = round(depth * (T - SLOT - 2))
+    for prompt, answer in zip(prompts.tolist(), answers.tolist()):
+        assert prompt[-2] == task.marker and prompt[-1] in task.keys
+        assert prompt[at:at + SLOT] == [task.marker, prompt[-1], answer]
+        pairs = [j for j in range(T - 2) if prompt[j] == task.marker]
+        assert len(pairs) == task.pairs_for(T) and len({prompt[j + 1] for j in pairs}) == len(pairs)
+    with pytest.raises(RetrievalError, match="depth=1.5"):
+        probe(haystacks, task, 1.5, torch.Generator())
+
+
+def test_a_model_that_looks_up_the_key_scores_everything_and_chance_is_chance():
+    """accuracy() against two fake models: one that finds the needle, one that guesses."""
+    task = Task.from_tokens(corpus(), VOCAB)
+    tokens = corpus(20000, seed=4)
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, guess):
+            super().__init__()
+            self.guess, self.w = guess, torch.nn.Parameter(torch.zeros(1))
+            self.positions = type("P", (), {"position_limit": staticmethod(lambda: None)})()
+            self.lm_head = lambda h: h
+
+        def forward(self, x, return_hidden=True):
+            out = torch.zeros(x.shape[0], x.shape[1], VOCAB)
+            for b, row in enumerate(x.tolist()):
+                if self.guess:
+                    out[b, -1, task.values[b % len(task.values)]] = 1
+                    continue
+                key = row[-1]
+                j = max(j for j in range(len(row) - 2) if row[j] == task.marker and row[j + 1] == key)
+                out[b, -1, row[j + 2]] = 1
+            return out
+
+    rows = accuracy(Oracle(False), task, tokens, [64, 128], [0.0, 1.0], trials=20, seed=1)
+    assert [(r["length"], r["depth"], r["correct"], r["trials"]) for r in rows] == \
+        [(64, 0.0, 20, 20), (64, 1.0, 20, 20), (128, 0.0, 20, 20), (128, 1.0, 20, 20)]
+    guessed = accuracy(Oracle(True), task, tokens, [128], [0.5], trials=640, seed=2)[0]
+    assert abs(guessed["correct"] / 640 - task.chance) < 0.03
+
+
+def test_a_bounded_model_is_not_probed_past_its_table():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=16, block_size=64,
+                            position={"kind": "learned"}))
+    task = Task.from_tokens(corpus(), VOCAB)
+    rows = accuracy(model, task, corpus(20000, seed=5), [64, 128], [0.5], trials=3, seed=1)
+    assert rows[0]["correct"] is not None and rows[1]["correct"] is None
+
+
+def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
+    share = 0.25
+    masks = torch.stack([retrieval_rows(step, 16, share) for step in range(10)])
+    assert masks.sum().item() == 40 and masks.sum(dim=1).tolist() == [4] * 10
+    assert retrieval_rows(0, 1, share).tolist() == [False] and \
+        sum(retrieval_rows(s, 1, share).item() for s in range(8)) == 2  # batch 1: every 4th step
+    tokens = corpus(20000, seed=6)
+    task = Task.from_tokens(tokens, VOCAB)
+    x0, y0 = get_batch(tokens, 16, 64, torch.Generator().manual_seed(7))
+    x, y, mask = draw(tokens, 16, 64, torch.Generator().manual_seed(7), 0, 0.0, task)
+    assert mask is None and torch.equal(x, x0) and torch.equal(y, y0)  # share 0: get_batch's batch
+    x, y, mask = draw(tokens, 16, 64, torch.Generator().manual_seed(7), 0, share, task)
+    assert torch.equal(x[~mask], x0[~mask]) and (y[mask] != IGNORE).sum() > 0
+    hidden, weight = torch.randn(16, 64, 8), torch.randn(VOCAB, 8)
+    manual = 0.75 * lm_loss(hidden[~mask], weight, y[~mask]) + 0.25 * torch.nn.functional.cross_entropy(
+        hidden[mask] @ weight.t() if False else (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1),
+        ignore_index=IGNORE)
+    assert mixed_loss(hidden, weight, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
+
+
+def test_wilson_intervals_match_published_values():
+    assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
+    # Newcombe (1998), table I: 0/10 -> 0 to 0.2775; 1/29 -> 0.0061 to 0.1718; 81/263 -> 0.2553 to 0.3662
+    for k, n, low, high in [(0, 10, 0.0, 0.2775), (1, 29, 0.0061, 0.1718), (81, 263, 0.2553, 0.3662),
+                            (15, 148, 0.0624, 0.1605), (10, 10, 0.7225, 1.0)]:
+        p = wilson(k, n)
+        assert (p.low, p.high) == pytest.approx((low, high), abs=1e-4)
+    assert wilson(47, 50).format() == "94% [84, 98]"
+    with pytest.raises(ValueError):
+        wilson(3, 2)
+
+
+def test_the_difference_of_two_proportions_matches_newcombe():
+    # Newcombe (1998), table II, example (a): 56/70 - 48/80, method 10: 0.0524 to 0.3339
+    d, low, high = difference(wilson(56, 70), wilson(48, 80))
+    assert (d, low, high) == pytest.approx((0.2, 0.0524, 0.3339), abs=1e-4)
+    assert interval_verdict(low, high, ">", 0.0) == "yes"
+    assert interval_verdict(low, high, "<", 0.0) == "no"
+    assert interval_verdict(-0.1, 0.1, "<", 0.0) == "unresolved"
+
+
+def test_a_share_outside_zero_to_one_is_a_one_line_error():
+    from minilm.config import ConfigError, build_config
+    for share in (1.0, -0.1):
+        with pytest.raises(ConfigError, match=f"train.retrieval_share={share} is invalid"):
+            build_config({"train": {"retrieval_share": share}})
