@@ -150,15 +150,15 @@ def test_resume_errors(tiny_config):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypatch):
     config = tiny_config()
-    original = trainer.lm_loss
+    original = trainer.mixed_loss
     calls = []
 
-    def nan_from_step_8(hidden, weight, targets):
+    def nan_from_step_8(hidden, weight, targets, mask):
         calls.append(1)
-        loss = original(hidden, weight, targets)
+        loss = original(hidden, weight, targets, mask)
         return loss * float("nan") if len(calls) >= 8 else loss
 
-    monkeypatch.setattr(trainer, "lm_loss", nan_from_step_8)
+    monkeypatch.setattr(trainer, "mixed_loss", nan_from_step_8)
     with pytest.raises(TrainingError, match=r"loss is nan at step 8: stopping; the last good checkpoint"):
         train(config, quiet=True)
     state = checkpoint.load(config.out_dir)
