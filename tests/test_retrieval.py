@@ -125,8 +125,7 @@ def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
     assert torch.equal(x[~mask], x0[~mask]) and (y[mask] != IGNORE).sum() > 0
     hidden, weight = torch.randn(16, 64, 8), torch.randn(VOCAB, 8)
     manual = 0.75 * lm_loss(hidden[~mask], weight, y[~mask]) + 0.25 * torch.nn.functional.cross_entropy(
-        hidden[mask] @ weight.t() if False else (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1),
-        ignore_index=IGNORE)
+        (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1), ignore_index=IGNORE)
     assert mixed_loss(hidden, weight, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
 
 

@@ -32,6 +32,7 @@ def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence
             starts = torch.randint(len(tokens) - length, (trials,), generator=generator)
             haystacks = torch.from_numpy(np.stack([np.asarray(tokens[s:s + length], dtype=np.int64)
                                                    for s in starts.tolist()]))
+            # drawn even where not run, so the generator stays in step: every model of a seed gets the same probes
             prompts, answers = probe(haystacks, task, depth, generator)
             if limit is not None and length > limit:
                 rows.append(dict(length=length, depth=depth, correct=None, trials=trials))

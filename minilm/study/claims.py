@@ -31,6 +31,13 @@ def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode:
             and c["length"] == length and c["mode"] == mode and c.get("step") == step and c["ppl"] is not None}
 
 
+def position_curves(cells: Sequence[dict], section: str, label: str, length: int, step=None) -> list:
+    """The per-seed loss-by-position curves (binned) of one run's nonoverlapping cell at ``length``."""
+    return [c["by_position"] for c in cells if c["section"] == section and c["label"] == label
+            and c["length"] == length and c["mode"] == "nonoverlapping" and c.get("step") == step
+            and c.get("by_position")]
+
+
 def cell_interval(cells, *where, **kw) -> Optional[Interval]:
     values = per_seed(cells, *where, **kw)
     return interval(list(values.values())) if values else None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
+import numpy as np
+
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
-from minilm.study.claims import cell_interval, pooled
+from minilm.study.claims import cell_interval, pooled, position_curves
 from minilm.study.plan import KINDS, METHOD_NAMES
 from minilm.study.stats import interval
 
@@ -128,7 +130,6 @@ def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) ->
     """Accuracy heatmaps, one panel per (title, lengths, depths, {(length, depth): Proportion or None}):
     depth down, length across, each cell annotated with its accuracy in percent; grey where not run."""
     Figure = require_matplotlib()
-    import numpy as np
     columns = min(columns, len(panels))
     rows = (len(panels) + columns - 1) // columns
     fig = Figure(figsize=(3.3 * columns, 2.9 * rows + 0.6))
@@ -165,9 +166,7 @@ def _position_series(cells, section, labels, length, step=None, names=None, bin_
     """(label, [(bin centre, Interval over seeds of the bin's mean loss)]) from the nonoverlapping cells."""
     out = []
     for label in labels:
-        curves = [c["by_position"] for c in cells if c["section"] == section and c["label"] == label
-                  and c["length"] == length and c["mode"] == "nonoverlapping" and c.get("step") == step
-                  and c.get("by_position")]
+        curves = position_curves(cells, section, label, length, step)
         if curves:
             out.append(((names or {}).get(label, label),
                         [(i * bin_width + (bin_width + 1) / 2, interval([curve[i] for curve in curves]))

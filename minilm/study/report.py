@@ -23,7 +23,7 @@ import yaml
 from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study.claims import GATE, cell_text, gate, pooled, retrieval_verdicts, seed_rates, verdicts
+from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.plan import KINDS, METHOD_NAMES, ExperimentError, Study
 from minilm.study.stats import interval
@@ -233,9 +233,7 @@ def _positions(study: Study, figures: dict) -> list:
     longest, width = int(max(plan["eval"]["multiples"]) * L), plan["eval"]["position_bin"]
     edges = [0] + [int(m * L) for m in plan["eval"]["multiples"]]
     def spans(section, label, step=None):
-        curves = [c["by_position"] for c in cells if c["section"] == section and c["label"] == label
-                  and c["length"] == longest and c["mode"] == "nonoverlapping" and c.get("step") == step
-                  and c.get("by_position")]
+        curves = position_curves(cells, section, label, longest, step)
         if not curves:
             return ["n/a (bounded)" if section == "scratch" else ""] * (len(edges) - 1)
         return [interval([sum(c[a // width:b // width]) / len(c[a // width:b // width]) for c in curves]).format(3)
