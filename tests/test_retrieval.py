@@ -32,8 +32,9 @@ def test_the_task_takes_unused_ids_and_states_its_chance():
         Task.from_tokens(np.arange(VOCAB) % (VOCAB - 10), VOCAB)
 
 
-def test_training_answers_are_where_the_targets_say():
-    task = Task.from_tokens(corpus(), VOCAB)
+@pytest.mark.parametrize("pairs", [1, 8])  # the study's single needle, and pairs with distractors
+def test_training_answers_are_where_the_targets_say(pairs):
+    task = Task.from_tokens(corpus(), VOCAB, pairs=pairs)
     g = torch.Generator().manual_seed(1)
     haystacks = torch.from_numpy(corpus(16 * 129, seed=1).astype(np.int64)).view(16, 129)
     x, y = training_rows(haystacks, task, g)
@@ -50,14 +51,15 @@ def test_training_answers_are_where_the_targets_say():
             earlier = [j for j in range(i - 1) if row_x[j] == task.marker and j + 2 < i - 1 and row_x[j + 1] == key]
             assert earlier and row_x[earlier[0] + 2] == target
         assert 1 <= sum(t != IGNORE for t in row_y) <= task.pairs
-    assert answered > 16
+    assert answered == 16 if pairs == 1 else answered > 16
     with pytest.raises(RetrievalError, match="too short"):
         training_rows(haystacks[:, :4], task, g)
 
 
+@pytest.mark.parametrize("pairs", [1, 8])
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
-def test_a_probe_puts_its_needle_at_the_depth_and_asks_at_the_end(depth):
-    task = Task.from_tokens(corpus(), VOCAB)
+def test_a_probe_puts_its_needle_at_the_depth_and_asks_at_the_end(depth, pairs):
+    task = Task.from_tokens(corpus(), VOCAB, pairs=pairs)
     T = 200
     haystacks = torch.from_numpy(corpus(8 * T, seed=2).astype(np.int64)).view(8, T)
     prompts, answers = probe(haystacks, task, depth, torch.Generator().manual_seed(3))

@@ -25,8 +25,17 @@ Arora et al. 2023, "Zoology", on a text haystack as in needle-in-a-haystack test
 minilm's byte-fallback tokenizer: the specials and most byte pieces): the lowest is the
 marker, the next ``size`` the keys, the next ``size`` the values. Keys that occur nowhere in
 the text make the lookup a plain induction head (match the previous token, copy the next).
-What the pilots measured (docs/design.md, "Measured choices"): a 3-layer study model does not
-yet learn this task in the study's 500 steps.
+
+How many pairs (``pairs``, default ``PAIRS`` = 1): with one pair the probe is a single needle
+with a unique marker (the passkey test of Mohtashami & Jaggi 2023, which the PI and YaRN
+papers use, with one token to copy instead of five digits); with more, the other pairs are
+distractors and the lookup must match the key (associative recall). The study's 3-layer model
+learns the single needle within its 500 steps and not the distractor version (pilots in
+docs/design.md, "Measured choices"), so the default is 1 and ``pairs`` stays a setting. A
+model with tied input and output embeddings learns neither: the ids the text never uses get
+only the softmax's push-down gradient through the tied head, the same for all of them, so
+their embeddings collapse onto one direction (mean cosine 0.66-0.86 between keys after
+training) and the model cannot tell one value from another; the study unties them.
 """
 from __future__ import annotations
 
@@ -39,7 +48,7 @@ from minilm.common import MinilmError
 
 IGNORE = -100  # a target that carries no loss (cross_entropy's default ignore_index)
 SLOT = 3  # tokens of a pair or a query: MARK, key, value
-PAIRS = 8  # pairs per sequence (fewer when the sequence is short: at most half its slots are used)
+PAIRS = 1  # pairs per sequence: one needle, no distractors (module docstring; at most half the slots are used)
 SIZE = 32  # keys and values in each set: chance 1/32 = 3.1%
 
 

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table
+from minilm.data.retrieval import PAIRS
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
@@ -158,9 +159,10 @@ def _protocol(study: Study) -> list:
         f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} cosine to {t['min_lr']:g} after "
         f"{t['warmup_steps']} warmup steps. Seed s fixes the initialisation and the batches; every scheme of seed s "
         f"sees the same batches. **{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every "
-        f"scheme) are associative-recall sequences (`minilm.data.retrieval`): key-value pairs `MARK k v` and later "
-        f"queries `MARK k` written over the text, loss on the answers only, each sequence weighted alike "
-        f"(`minilm.training.mixture`).",
+        f"scheme) are retrieval sequences (`minilm.data.retrieval`): {_pairs_text()} and later queries `MARK k` "
+        f"written over the text, loss on the answers only, each sequence weighted alike "
+        f"(`minilm.training.mixture`); input and output embeddings "
+        f"{'tied' if first.model.tie_embeddings else 'untied'}.",
         f"- **Perplexity**: the first {scored} of the validation split at every length (the split, at most "
         f"{e['max_tokens'] or 'all'} tokens, rounded down to a multiple of the longest length, so every cell "
         f"scores the same tokens). *nonoverlapping*: consecutive segments of T tokens, every token scored, each "
@@ -181,6 +183,15 @@ def _protocol(study: Study) -> list:
     return lines + [""]
 
 
+def _pairs_text() -> str:
+    return ("one needle pair `MARK k v` per sequence" if PAIRS == 1 else
+            f"1 to {PAIRS} key-value pairs `MARK k v` per sequence")
+
+
+def _distractors_text() -> str:
+    return "no other pair (a single needle)" if PAIRS == 1 else f"{PAIRS - 1} distractor pairs with other keys elsewhere"
+
+
 def _retrieval_protocol(study: Study) -> list:
     plan, L = study.plan, study.L
     ft, ext, r = plan["finetune"], plan["extension"], plan["retrieval"]
@@ -194,8 +205,8 @@ def _retrieval_protocol(study: Study) -> list:
         f"flattens (or rises) past L.",
         f"- **Retrieval**: at each length {', '.join(str(int(m * L)) for m in r['multiples'])} and needle depth "
         f"{', '.join(f'{d:g}' for d in r['depths'])}, {r['trials']} probes per seed: a validation stretch of exactly "
-        f"T tokens with the needle pair at that depth (0: the start; 1: right before the query), distractor pairs "
-        f"with other keys elsewhere, and the query `MARK k` as its last two tokens; right when the most likely next "
+        f"T tokens with the needle pair at that depth (0: the start; 1: right before the query), "
+        f"{_distractors_text()}, and the query `MARK k` as its last two tokens; right when the most likely next "
         f"token is the needle's value (exact match). Keys and values are 32 token ids the text never uses: chance is "
         f"1/32 = 3.1%. Intervals are Wilson score intervals on the probes pooled over seeds (each probe asks one "
         f"question); the per-seed accuracies are given beside them. **Gate, set before the run**: retrieval past L "
