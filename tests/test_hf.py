@@ -321,3 +321,77 @@ def test_passkey_and_position_plots_take_an_imported_directory(hf_tokenizer_dir,
     pytest.importorskip("matplotlib")
     assert main(["positions", "plot", "--checkpoint", str(directory), "--out", str(tmp_path / "rope.png")]) == 0
     assert (tmp_path / "rope.png").stat().st_size > 1000
+
+
+# =========================================================================== vocabularies past uint16
+
+BIG_CASES = {  # Llama-3-shaped (128,256 tokens, tied and untied) and Qwen2-shaped (151,936)
+    "llama3-untied": lambda v: transformers.LlamaConfig(
+        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "llama3-tied": lambda v: transformers.LlamaConfig(
+        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True),
+    "qwen2": lambda v: transformers.Qwen2Config(
+        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False, use_sliding_window=False),
+}
+BIG_VOCAB = {"llama3-untied": 128_256, "llama3-tied": 128_256, "qwen2": 151_936}
+
+
+def big_model_dir(case: str, root, text: str):
+    """A random model of ``case`` with a word-level tokenizer of its full vocabulary, whose words
+    (those of ``text``) have the highest ids, so every encoded token is past 65,535."""
+    size = BIG_VOCAB[case]
+    words = sorted(set(text.split()))
+    filler = size - len(words)
+    vocab = {**{f"<{i}>": i for i in range(filler)}, **{w: filler + i for i, w in enumerate(words)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    directory = root / case
+    torch.manual_seed(0)
+    model = scramble(transformers.AutoModelForCausalLM.from_config(BIG_CASES[case](size)).float())
+    model.save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>").save_pretrained(directory)
+    return model, directory, filler
+
+
+@pytest.mark.parametrize("case", sorted(BIG_CASES))
+def test_a_vocabulary_past_uint16_imports_exactly(case, tiny_corpus, tmp_path):
+    reference, directory, first_word = big_model_dir(case, tmp_path, (tiny_corpus / "corpus.txt").read_text())
+    ids = tokens(vocab_size=BIG_VOCAB[case]) % (BIG_VOCAB[case] - first_word) + first_word
+    with torch.no_grad():
+        expected = reference(ids).logits
+        loaded = load_model(str(directory))
+        assert loaded.model.config.vocab_size == BIG_VOCAB[case] == loaded.tokenizer.vocab_size
+        assert (loaded.model(ids) - expected).abs().max() < TOLERANCE
+        assert (cached_logits(loaded.model, ids, prefill=25) - expected).abs().max() < TOLERANCE
+
+
+def test_a_llama3_sized_model_through_the_command_lines(tiny_corpus, tmp_path):
+    """generate, evaluate (uint32 token files), a few init_from steps and export, at 128,256 tokens."""
+    text = (tiny_corpus / "corpus.txt").read_text()
+    _, directory, _ = big_model_dir("llama3-untied", tmp_path, text)
+    data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", f"data.dir={tmp_path / 'data'}"]
+    prompt = " ".join(text.split()[:3])
+    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), prompt,
+              "--max-new-tokens", "4", "--temperature", "0", cwd=tmp_path)
+    assert out.startswith(prompt)
+    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--lengths", "32,64", "--max-tokens", "256",
+              "--no-files", "--quiet", *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    assert "64" in out
+    cli(os.path.join(REPO, "train.py"), f"train.init_from={directory}", "model.block_size=64", *data,
+        "train.max_steps=2", "train.batch_size=2", "train.warmup_steps=1", "train.eval_interval=2",
+        "train.eval_iters=1", "train.sample_tokens=0", "train.final_eval_tokens=0", "train.dtype=float32",
+        "train.device=cpu", f"out_dir={tmp_path / 'tuned'}", cwd=tmp_path)
+    cli("-m", "minilm", "export", str(tmp_path / "tuned"), str(tmp_path / "tuned-hf"), cwd=tmp_path)
+    tuned = load_model(str(tmp_path / "tuned")).model
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tuned-hf", dtype=torch.float32)
+    assert reference.config.vocab_size == 128_256
+    ids = tokens(n=50, vocab_size=128_256)
+    with torch.no_grad():
+        # 128,256 logits a position from random weights reach tens: float32 rounds them apart by about 1e-6 of that
+        torch.testing.assert_close(tuned(ids), reference(ids).logits, rtol=1e-5, atol=TOLERANCE)

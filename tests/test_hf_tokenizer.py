@@ -291,13 +291,30 @@ def test_chunked_encoding_equals_one_encode_or_is_not_chunked(byte_level, small_
     assert len(data._chunks(text, 100)) > 10
 
 
-def test_a_vocabulary_too_large_for_uint16_is_refused(corpus_file, tmp_path):
-    vocab = {f"t{i}": i for i in range(70_000)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+def test_a_vocabulary_past_uint16_gets_uint32_token_files(corpus_file, tmp_path):
+    """A Llama-3-sized vocabulary: ids past 65,535 are written, read back and reused exactly."""
+    words = sorted(set(corpus_file.read_text(encoding="utf-8").split()))
+    filler = 128_256 - len(words)
+    vocab = {**{f"<{i}>": i for i in range(filler)}, **{w: filler + i for i, w in enumerate(words)}}  # words last
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
     big = HFTokenizer(tok.to_str())
-    assert big.vocab_size == 70_000
-    with pytest.raises(DataError) as exc:
-        prepare(DataConfig(corpus=str(corpus_file), dir=str(tmp_path / "data")), quiet=True, tokenizer=big)
-    message = _one_line(exc)
-    assert "70000" in message and "65535" in message
-    assert not (tmp_path / "data").exists()
+    assert big.vocab_size == 128_256
+    cfg = DataConfig(corpus=str(corpus_file), dir=str(tmp_path / "data"))
+    p = prepare(cfg, quiet=True, tokenizer=big)
+    assert p.train.dtype == np.uint32 and p.val.dtype == np.uint32 and p.manifest["token_dtype"] == "uint32"
+    assert int(p.train.max()) > 65_535 and p.val.tolist() == big.encode(p.val_text())
+    again = prepare(cfg, quiet=True, tokenizer=big)
+    assert again.dir == p.dir and again.train.dtype == np.uint32 and np.array_equal(again.train, p.train)
+    assert data.token_dtype(65_536) == np.uint16 and data.token_dtype(65_537) == np.uint32
+
+
+def test_a_prepared_directory_without_a_token_dtype_reads_as_uint16(byte_level, corpus_file, tmp_path):
+    """Manifests written before uint32 token files name no dtype: their files are uint16."""
+    cfg = DataConfig(corpus=str(corpus_file), dir=str(tmp_path / "data"))
+    p = prepare(cfg, quiet=True, tokenizer=byte_level)
+    manifest = json.loads((p.dir / "manifest.json").read_text())
+    assert manifest.pop("token_dtype") == "uint16"
+    (p.dir / "manifest.json").write_text(json.dumps(manifest))
+    old = prepare(cfg, quiet=True, tokenizer=byte_level)
+    assert old.train.dtype == np.uint16 and np.array_equal(old.train, p.train)

@@ -16,7 +16,9 @@ Documents of a split are joined with two blank lines between them.
 
 ``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding
 ``tokenizer.model`` (trained on the train split only), ``train.bin`` / ``val.bin``
-(uint16 token ids, ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
+(token ids in the narrowest dtype that holds the vocabulary, ``token_dtype``: uint16 up to
+65,536 tokens, uint32 above, named in the manifest as ``token_dtype``; a manifest without it
+is uint16, as every file before it was; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
 are written to temporary names and moved into place, the old manifest is removed
 first and the new one written last, so a directory is valid exactly when its
 manifest matches the source, the settings and the files' hashes; anything else is
@@ -25,7 +27,7 @@ rebuilt. Progress goes to stderr unless ``quiet``.
 ``prepare(data_cfg, tokenizer=tok)`` encodes the corpus with a given tokenizer instead of
 training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
 evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
-(``minilm.data.hf_tokenizer.HFTokenizer``, at most 65,535 tokens to fit the uint16 files); the
+(``minilm.data.hf_tokenizer.HFTokenizer``, of any vocabulary size: Llama 3's 128,256, Qwen2's 151,936); the
 file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
 reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares
 ``<name>-tok<sha256 prefix>/``, whose manifest records the tokenizer's hash.
@@ -58,6 +60,12 @@ from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
 from minilm.data.tokenizer import Tokenizer, TokenizerError
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
+UINT16_VOCAB = 2 ** 16  # the largest vocabulary whose ids fit uint16
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest dtype of a token file for ``vocab_size`` tokens (ids 0..vocab_size - 1)."""
+    return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB else np.uint32)
 VAL_FRACTION = 0.1  # user corpora
 DOC_SEPARATOR = "\n\n\n"
 ENCODE_CHUNK_CHARS = 1 << 16
@@ -167,11 +175,11 @@ def source_fingerprint(corpus: str) -> str:
 
 @dataclass
 class Prepared:
-    """A tokenized corpus: the tokenizer, uint16 token arrays and character counts of both splits."""
+    """A tokenized corpus: the tokenizer, token arrays (``token_dtype``) and character counts of both splits."""
 
     dir: Path
     tokenizer: AnyTokenizer
-    train: np.ndarray  # np.memmap of uint16 token ids
+    train: np.ndarray  # np.memmap of token ids (uint16 or uint32)
     val: np.ndarray
     train_chars: int
     val_chars: int
@@ -274,20 +282,20 @@ def _splits_at_newlines(tokenizer: AnyTokenizer) -> bool:
 
 def encode_text(tokenizer: AnyTokenizer, text: str, desc: str = "encode", quiet: bool = True,
                 chunk_chars: int = ENCODE_CHUNK_CHARS, batch: int = 16) -> np.ndarray:
-    """Encode a long text in newline-aligned chunks into a uint16 array (same ids as one ``encode``;
-    in one piece for a tokenizer that cannot be split there).
+    """Encode a long text in newline-aligned chunks into an array of ``token_dtype`` (same ids as one
+    ``encode``; in one piece for a tokenizer that cannot be split there).
 
     Shows a progress bar on stderr unless ``quiet``.
     """
     chunks = _chunks(text, chunk_chars) if _splits_at_newlines(tokenizer) else [text]
-    parts = []
+    dtype, parts = token_dtype(tokenizer.vocab_size), []
     with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet,
               file=sys.stderr, leave=False) as bar:
         for i in range(0, len(chunks), batch):
             group = chunks[i:i + batch]
-            parts.extend(np.asarray(ids, dtype=np.uint16) for ids in tokenizer.encode_batch(group))
+            parts.extend(np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_batch(group))
             bar.update(sum(len(c) for c in group))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
 def _log(message: str, quiet: bool) -> None:
@@ -298,10 +306,10 @@ def _log(message: str, quiet: bool) -> None:
 def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
     if not isinstance(data_cfg.corpus, str) or not data_cfg.corpus:
         raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
-    if tokenizer is not None:  # a given tokenizer: only its ids must fit the uint16 token files
+    if tokenizer is not None:  # a given tokenizer: its ids must fit the widest token files
         if tokenizer.vocab_size > tokenizer_module.MAX_VOCAB_SIZE:
-            raise DataError(f"the tokenizer's vocab_size={tokenizer.vocab_size} is too large: token files are "
-                            f"uint16, so at most {tokenizer_module.MAX_VOCAB_SIZE} tokens")
+            raise DataError(f"the tokenizer's vocab_size={tokenizer.vocab_size} is too large: token files hold "
+                            f"uint32 ids, so at most {tokenizer_module.MAX_VOCAB_SIZE} tokens")
         return
     try:
         tokenizer_module.check_vocab_size(data_cfg.vocab_size)
@@ -310,11 +318,13 @@ def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
 
 
 def _load(directory: Path, manifest: dict) -> Prepared:
+    dtype = np.dtype(manifest.get("token_dtype", "uint16"))  # manifests before uint32 files: uint16
+
     def tokens(name: str) -> np.ndarray:
         path = directory / name
         if path.stat().st_size == 0:
-            return np.zeros(0, dtype=np.uint16)
-        return np.memmap(path, dtype=np.uint16, mode="r")
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r")
 
     return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
                     train=tokens("train.bin"), val=tokens("val.bin"),
@@ -409,6 +419,7 @@ def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document]
         atomic_write(directory / name, data)
     manifest = dict(expected)
     manifest.update({
+        "token_dtype": train_ids.dtype.name,
         "train": {"documents": [name for name, _ in train_docs], "chars": len(train_text),
                   "tokens": int(len(train_ids))},
         "val": {"documents": [name for name, _ in val_docs], "chars": len(val_text),

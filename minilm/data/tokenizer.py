@@ -29,7 +29,7 @@ from minilm.common import MinilmError
 # Bump when the trainer settings below change, so prepared data is rebuilt.
 SETTINGS_VERSION = 1
 
-MAX_VOCAB_SIZE = 65535  # token files are uint16
+MAX_VOCAB_SIZE = 2 ** 32  # ids fit the token files' widest dtype, uint32 (minilm.data.corpus.token_dtype)
 # 3 specials + newline + 256 byte pieces; sentencepiece also needs one id per distinct character
 MIN_VOCAB_SIZE = 3 + 1 + 256 + 1
 
@@ -171,7 +171,7 @@ def check_vocab_size(vocab_size) -> None:
         raise TokenizerError(f"vocab_size={vocab_size!r} is invalid: expected an integer")
     if vocab_size > MAX_VOCAB_SIZE:
         raise TokenizerError(
-            f"vocab_size={vocab_size} is too large: token files are uint16, valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
+            f"vocab_size={vocab_size} is too large: token files hold uint32 ids, valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
     if vocab_size < MIN_VOCAB_SIZE:
         raise TokenizerError(
             f"vocab_size={vocab_size} is too small: byte fallback needs 260 ids plus one per distinct character, "
