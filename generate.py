@@ -28,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens less likely than this fraction of the most likely one, in [0, 1] (default 0 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="CTRL penalty for tokens already present, > 0 (default 1 = off)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
@@ -35,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="end a sample before this text (repeatable); the stop text is not printed; "
                         "\\n and \\t mean newline and tab")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="go on past the end-of-text token (by default a sample ends there; for an imported model "
+                        "every eos_token_id of its generation_config.json and config.json)")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens the model sees at once (default: the model's block_size)")
     p.add_argument("--sink-tokens", type=int, default=0,

@@ -83,6 +83,7 @@ CASES = [
      "temperature=-1.0"),
     ("top_p", ["generate.py", "--checkpoint", "{ckpt}", "--top-p", "1.5", "hi"], None, "top_p=1.5"),
     ("top_k", ["generate.py", "--checkpoint", "{ckpt}", "--top-k", "0", "hi"], None, "top_k=0"),
+    ("min_p", ["generate.py", "--checkpoint", "{ckpt}", "--min-p", "1.5", "hi"], None, "min_p=1.5"),
     ("repetition penalty", ["generate.py", "--checkpoint", "{ckpt}", "--repetition-penalty", "0", "hi"], None,
      "repetition_penalty=0.0"),
     ("max new tokens", ["generate.py", "--checkpoint", "{ckpt}", "--max-new-tokens", "-1", "hi"], None,

@@ -214,6 +214,25 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert set(sample(logits, Sampling(temperature=1.0, top_k=None, top_p=1.0), g).tolist()) == {0, 1, 2, 3}
 
 
+def test_min_p_matches_transformers_and_keeps_what_reaches_p_times_the_top():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().expand(4000, -1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, min_p=0.5), g).tolist()) == {1, 3}
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, min_p=0.2), g).tolist()) == {1, 2, 3}
+    assert set(sample(logits, Sampling(temperature=1.0, top_k=None, min_p=1.0), g).tolist()) == {1}
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    scores = torch.randn(64, 500, generator=torch.Generator().manual_seed(2)) * 3
+    for min_p in (0.01, 0.1, 0.5):
+        kept = warpers.MinPLogitsWarper(min_p=min_p)(None, scores.clone()).isfinite()
+        draws = torch.stack([sample(scores, Sampling(temperature=1.0, top_k=None, min_p=min_p), g)
+                             for _ in range(200)], dim=1)  # (64, 200) ids drawn per row
+        assert kept.gather(1, draws).all()  # never a token transformers drops
+        assert kept.sum() > 64 if min_p < 0.5 else True
+    with pytest.raises(GenerationError, match="min_p=-0.1"):
+        Sampling(min_p=-0.1).check()
+
+
 def test_temperature_samples_follow_softmax_of_scaled_logits():
     logits = torch.tensor([[1.0, 0.0, -1.0]]).expand(20000, -1)
     g = torch.Generator().manual_seed(0)
@@ -282,6 +301,20 @@ def test_stop_string_ends_the_text_before_it(gen_tokenizer):
     assert stream.text == "the king said: " == "".join(pieces)
     assert stream.push(ids[-1]) == ""  # nothing after the stop
     assert tok.decode(stream.tokens).startswith("the king said: ST")  # up to the token that completed it
+
+
+def test_an_end_of_text_id_ends_the_stream_and_flushes_what_was_held(gen_tokenizer):
+    tok = gen_tokenizer
+    eos = tok.eos_id
+    assert tok.stop_ids == (eos,)
+    stream = TextStream(tok, [], stop=["kingdom"], stop_ids=[eos])
+    shown = "".join(stream.push(t) for t in tok.encode("the king"))
+    assert not shown.endswith("king")  # held back: it could begin "kingdom"
+    assert shown + stream.push(eos) == "the king" == stream.text  # the end of text adds no text
+    assert stream.stopped and stream.tokens[-1] == eos and stream.push(tok.encode("x")[0]) == ""
+    ignoring = TextStream(tok, [], stop_ids=())
+    ignoring.push(eos)
+    assert not ignoring.stopped
 
 
 def test_stop_prefix_is_held_back_until_it_is_not_a_stop(gen_tokenizer):

@@ -395,3 +395,31 @@ def test_a_llama3_sized_model_through_the_command_lines(tiny_corpus, tmp_path):
     with torch.no_grad():
         # 128,256 logits a position from random weights reach tens: float32 rounds them apart by about 1e-6 of that
         torch.testing.assert_close(tuned(ids), reference(ids).logits, rtol=1e-5, atol=TOLERANCE)
+
+
+def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_path):
+    """generation_config.json names two end-of-text ids; the first one greedy decoding reaches
+    ends the sample in minilm as in transformers' generate (which keeps it as the last token)."""
+    reference, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
+    prompt = tokens(n=6)[:1]
+    with torch.no_grad():
+        free = reference.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, 6:].tolist()
+    eos = [free[7], free[4]]  # both in reach; free[4] comes first (unless it repeats earlier)
+    reference.generation_config.eos_token_id = eos
+    reference.generation_config.save_pretrained(directory)
+    with torch.no_grad():
+        expected = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 6:].tolist()
+    assert expected[-1] in eos and len(expected) < 12
+    from minilm.generation.text import generate
+    loaded = load_model(str(directory))
+    assert set(eos) <= set(loaded.tokenizer.stop_ids)
+    got = [p.token for p in generate(loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12,
+                                     sampling=Sampling(temperature=0))]
+    assert got == expected
+    ignored = [p.token for p in generate(loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12,
+                                         sampling=Sampling(temperature=0), stop_ids=())]
+    assert ignored == free
+    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), "The king", "--max-new-tokens",
+              "12", "--temperature", "0", "--ignore-eos", "--stats", cwd=tmp_path)
+    assert out.startswith("The king")

@@ -50,8 +50,9 @@ def test_training_answers_are_where_the_targets_say(pairs):
             # the pair MARK k v comes earlier with the same key and this value
             earlier = [j for j in range(i - 1) if row_x[j] == task.marker and j + 2 < i - 1 and row_x[j + 1] == key]
             assert earlier and row_x[earlier[0] + 2] == target
-        assert 1 <= sum(t != IGNORE for t in row_y) <= task.pairs
-    assert answered == 16 if pairs == 1 else answered > 16
+        asked = sum(t != IGNORE for t in row_y)
+        assert asked % task.queries == 0 and 1 <= asked // task.queries <= task.pairs  # every pair asked `queries` times
+    assert answered == 16 * task.queries if pairs == 1 else answered > 16 * task.queries
     with pytest.raises(RetrievalError, match="too short"):
         training_rows(haystacks[:, :4], task, g)
 

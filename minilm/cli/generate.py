@@ -112,7 +112,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     stdout = sys.stdout if stdout is None else stdout
     stderr = sys.stderr if stderr is None else stderr
 
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty).check()
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.min_p).check()
     check_count("--max-new-tokens", args.max_new_tokens, 0)
     check_count("--num-samples", args.num_samples, 1)
     if args.max_context is not None:
@@ -138,7 +138,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
-                          stats=stats, compile=args.compile)
+                          stats=stats, compile=args.compile, stop_ids=() if args.ignore_eos else None)
         first = True
         for piece in pieces:
             if first:

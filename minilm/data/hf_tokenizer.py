@@ -71,7 +71,8 @@ def _one_line(exc: BaseException) -> str:
 class HFTokenizer:
     """A Hugging Face tokenizer (tokenizer.json) with the interface of ``minilm.data.tokenizer.Tokenizer``."""
 
-    def __init__(self, tokenizer_json: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None):
+    def __init__(self, tokenizer_json: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
+                 stop_ids: Sequence[int] = ()):
         backend = _require()
         if not isinstance(tokenizer_json, str):
             raise TokenizerError(f"tokenizer.json must be text, got {type(tokenizer_json).__name__}")
@@ -87,6 +88,7 @@ class HFTokenizer:
             if value is not None and (not isinstance(value, int) or not 0 <= value < self._vocab_size):
                 raise TokenizerError(f"{name}={value!r} is invalid: valid ids are 0..{self._vocab_size - 1}")
         self._bos, self._eos = bos_id, eos_id
+        self._stops = self._valid_ids(stop_ids)
 
     # ------------------------------------------------------------------ building
 
@@ -94,7 +96,9 @@ class HFTokenizer:
     def from_directory(cls, path: str) -> "HFTokenizer":
         """The tokenizer of a Hugging Face model directory: tokenizer.json, bos / eos from
         tokenizer_config.json (``bos_token`` / ``eos_token``, strings or {"content": ...}),
-        else config.json's ``bos_token_id`` / ``eos_token_id``."""
+        else config.json's ``bos_token_id`` / ``eos_token_id``; the ids that end a generation
+        (``stop_ids``) are every ``eos_token_id`` of generation_config.json and config.json (one
+        id or a list, as Llama 3 gives three) and the eos token."""
         _require()
         file = os.path.join(path, "tokenizer.json")
         try:
@@ -108,12 +112,15 @@ class HFTokenizer:
         settings, config = _read_json(path, "tokenizer_config.json"), _read_json(path, "config.json")
         tokenizer._bos = tokenizer._special_id(settings.get("bos_token"), config.get("bos_token_id"))
         tokenizer._eos = tokenizer._special_id(settings.get("eos_token"), config.get("eos_token_id"))
+        listed = [_read_json(path, "generation_config.json").get("eos_token_id"), config.get("eos_token_id")]
+        ids = [i for value in listed for i in (value if isinstance(value, list) else [value])]
+        tokenizer._stops = tokenizer._valid_ids([*ids, tokenizer._eos])
         return tokenizer
 
     @classmethod
     def from_sentencepiece(cls, tokenizer: Tokenizer) -> "HFTokenizer":
         """minilm's sentencepiece tokenizer as a ``tokenizers`` BPE with the same ids."""
-        return cls(sentencepiece_to_json(tokenizer.to_bytes()), tokenizer.bos_id, tokenizer.eos_id)
+        return cls(sentencepiece_to_json(tokenizer.to_bytes()), tokenizer.bos_id, tokenizer.eos_id, tokenizer.stop_ids)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "HFTokenizer":
@@ -127,12 +134,13 @@ class HFTokenizer:
         if wrapper.get("version") != VERSION:
             raise TokenizerError(f"Hugging Face tokenizer version {wrapper.get('version')!r} is not supported "
                                  f"(this minilm reads version {VERSION})")
-        return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), wrapper.get("eos_id"))
+        eos = wrapper.get("eos_id")  # written before stop_ids were: the eos id alone
+        return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), eos, wrapper.get("stop_ids", [eos]))
 
     def to_bytes(self) -> bytes:
         """UTF-8 JSON of the tokenizer.json text and the bos / eos ids; ``from_bytes`` restores it."""
         wrapper = {"format": FORMAT, "version": VERSION, "tokenizer": self._json,
-                   "bos_id": self._bos, "eos_id": self._eos}
+                   "bos_id": self._bos, "eos_id": self._eos, "stop_ids": list(self._stops)}
         return json.dumps(wrapper, ensure_ascii=False).encode("utf-8")
 
     def tokenizer_json(self) -> str:
@@ -153,7 +161,18 @@ class HFTokenizer:
             return fallback
         return None
 
+    def _valid_ids(self, ids) -> tuple:
+        """The distinct ids of ``ids`` that are in the vocabulary, in order (None and others dropped)."""
+        ids = ids if isinstance(ids, (list, tuple)) else []
+        valid = [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self._vocab_size]
+        return tuple(dict.fromkeys(valid))
+
     # ------------------------------------------------------------------ use
+
+    @property
+    def stop_ids(self) -> tuple:
+        """The ids that end a generation (end of text); empty when the tokenizer names none."""
+        return self._stops
 
     @property
     def vocab_size(self) -> int:

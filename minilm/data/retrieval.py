@@ -11,10 +11,10 @@ Arora et al. 2023, "Zoology", on a text haystack as in needle-in-a-haystack test
 
 * ``training_rows``: sequences of ``T + 1`` tokens for training. Between 1 and ``pairs``
   keys (distinct; the number drawn per row, so rows with few distractors come with rows
-  with many), each placed twice on a grid of 3-token slots at random (first as the pair,
-  then as the query), over a random stretch of the training split; the only targets are
-  the answers (every other target is ``IGNORE``). Distances are spread over the whole
-  sequence.
+  with many), each placed ``1 + queries`` times on a grid of 3-token slots at random (first
+  as the pair, then as its queries, each written out whole), over a random stretch of the
+  training split; the only targets are the answers (every other target is ``IGNORE``).
+  Distances are spread over the whole sequence.
 * ``probe``: evaluation prompts of exactly ``T`` tokens over the validation split: the
   *needle* pair at depth ``d`` (its marker at ``round(d * (T - 5))``, so depth 0 is the start
   and depth 1 is right before the query), ``pairs - 1`` distractor pairs with other keys at
@@ -31,7 +31,9 @@ with a unique marker (the passkey test of Mohtashami & Jaggi 2023, which the PI 
 papers use, with one token to copy instead of five digits); with more, the other pairs are
 distractors and the lookup must match the key (associative recall). The study's 3-layer model
 learns the single needle within its 500 steps and not the distractor version (pilots in
-docs/design.md, "Measured choices"), so the default is 1 and ``pairs`` stays a setting. A
+docs/design.md, "Measured choices"), so the default is 1 and ``pairs`` stays a setting.
+Each pair is asked ``queries`` (default ``QUERIES`` = 3) times in a training row: three
+answers a row instead of one took the needle from 68% to 100% at L in the pilots. A
 model with tied input and output embeddings learns neither: the ids the text never uses get
 only the softmax's push-down gradient through the tied head, the same for all of them, so
 their embeddings collapse onto one direction (mean cosine 0.66-0.86 between keys after
@@ -49,6 +51,7 @@ from minilm.common import MinilmError
 IGNORE = -100  # a target that carries no loss (cross_entropy's default ignore_index)
 SLOT = 3  # tokens of a pair or a query: MARK, key, value
 PAIRS = 1  # pairs per sequence: one needle, no distractors (module docstring; at most half the slots are used)
+QUERIES = 3  # queries of each pair in a training row (a probe asks once)
 SIZE = 32  # keys and values in each set: chance 1/32 = 3.1%
 
 
@@ -62,13 +65,15 @@ class Task:
     keys: tuple
     values: tuple
     pairs: int = PAIRS
+    queries: int = QUERIES
 
     @property
     def chance(self) -> float:
         return 1.0 / len(self.values)
 
     @classmethod
-    def from_tokens(cls, tokens, vocab_size: int, size: int = SIZE, pairs: int = PAIRS) -> "Task":
+    def from_tokens(cls, tokens, vocab_size: int, size: int = SIZE, pairs: int = PAIRS,
+                    queries: int = QUERIES) -> "Task":
         """Marker, keys and values among the ids the training split never uses (module docstring)."""
         counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
         unused = [int(i) for i in np.flatnonzero(counts == 0)]
@@ -76,7 +81,7 @@ class Task:
             raise RetrievalError(f"the training split leaves {len(unused)} of the {vocab_size} token ids unused; the "
                                  f"retrieval task needs {1 + 2 * size} (a marker, {size} keys, {size} values): use a "
                                  f"larger data.vocab_size")
-        return cls(unused[0], tuple(unused[1:1 + size]), tuple(unused[1 + size:1 + 2 * size]), pairs)
+        return cls(unused[0], tuple(unused[1:1 + size]), tuple(unused[1 + size:1 + 2 * size]), pairs, queries)
 
     def pairs_for(self, length: int) -> int:
         """Pairs in a sequence of ``length`` tokens: at most half its slots hold pairs or queries."""
@@ -92,21 +97,23 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
     text; y holds the answers at the queries' key positions and ``IGNORE`` elsewhere."""
     rows = haystacks.clone()
     B, T = rows.shape[0], rows.shape[1] - 1
-    n, slots = task.pairs_for(T), (T + 1) // SLOT
-    if slots < 2 * n:
+    group, slots = 1 + task.queries, (T + 1) // SLOT  # the slots of one pair: the pair, then its queries
+    n = max(1, min(task.pairs, slots // (2 * group)))  # at most half the slots hold pairs or queries
+    if slots < group:
         raise RetrievalError(f"block_size {T} is too short for the retrieval task: it needs at least "
-                             f"{2 * SLOT - 1} tokens")
+                             f"{group * SLOT - 1} tokens")
     keys, values = torch.tensor(task.keys), torch.tensor(task.values)
     y = torch.full((B, T), IGNORE, dtype=torch.long)
     for b in range(B):
         m = int(torch.randint(1, n + 1, (1,), generator=generator))
-        chosen = _choice(slots, 2 * m, generator).view(m, 2).sort(dim=1).values * SLOT
+        chosen = _choice(slots, group * m, generator).view(m, group).sort(dim=1).values * SLOT
         key = keys[_choice(len(keys), m, generator)]
         value = values[torch.randint(len(values), (m,), generator=generator)]
-        for (first, second), k, v in zip(chosen.tolist(), key, value):
-            rows[b, first:first + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
-            rows[b, second:second + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
-            y[b, second + 1] = v
+        for places, k, v in zip(chosen.tolist(), key, value):
+            for at in places:
+                rows[b, at:at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+            for at in places[1:]:
+                y[b, at + 1] = v
     return rows[:, :-1].contiguous(), y
 
 

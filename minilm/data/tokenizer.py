@@ -128,6 +128,12 @@ class Tokenizer:
         value = self._sp.eos_id()
         return value if value >= 0 else None
 
+    @property
+    def stop_ids(self) -> tuple:
+        """The ids that end a generation: the eos id (minilm's corpora hold none, so a model
+        trained on them seldom produces it)."""
+        return () if self.eos_id is None else (self.eos_id,)
+
     def encode(self, text: str) -> list[int]:
         """Token ids for ``text`` (no bos/eos added)."""
         if not isinstance(text, str):

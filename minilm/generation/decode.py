@@ -4,8 +4,9 @@ Layers, each usable on its own:
 
 * ``sample(logits, sampling, generator, seen)``: repetition penalty (CTRL, Keskar et al. 2019:
   a positive logit of an already present token is divided by the penalty, a negative one
-  multiplied), then greedy argmax (temperature 0) or temperature, top-k and top-p (nucleus,
-  Holtzman et al. 2020) sampling.
+  multiplied), then greedy argmax (temperature 0) or temperature, top-k, top-p (nucleus,
+  Holtzman et al. 2020) and min-p (Nguyen et al. 2024: drop the tokens less likely than
+  min_p times the most likely one) sampling, in that order, as transformers applies them.
 * ``Decoder``: feeds tokens to the model and returns next-token logits, with the right
   positions for every scheme, past the context too (see below).
 * ``generate_ids``: yields the sampled token of each sequence, step by step.
@@ -61,12 +62,13 @@ class GenerationWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p unused);
-    ``top_k=None`` and ``top_p=1`` keep every token; ``repetition_penalty=1`` is off."""
+    """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p / min_p unused);
+    ``top_k=None``, ``top_p=1`` and ``min_p=0`` keep every token; ``repetition_penalty=1`` is off."""
     temperature: float = 0.8
     top_k: Optional[int] = 200
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
 
     def check(self) -> "Sampling":
         def number(x):
@@ -78,6 +80,8 @@ class Sampling:
             raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (or none)")
         if not number(self.top_p) or not 0 < self.top_p <= 1:
             raise GenerationError(f"top_p={self.top_p!r} is invalid: expected a number in (0, 1]")
+        if not number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise GenerationError(f"min_p={self.min_p!r} is invalid: expected a number in [0, 1] (0 = off)")
         if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} is invalid: "
                                   f"expected a number > 0 (1 = off)")
@@ -109,6 +113,9 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.G
         before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above
         sorted_logits = sorted_logits.masked_fill(before >= sampling.top_p, float("-inf"))  # rank 0 always stays
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    if sampling.min_p > 0:  # the most likely token always stays (its probability is the maximum)
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 

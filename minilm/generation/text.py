@@ -3,9 +3,11 @@ detokenization with stop strings (``TextStream``), and ``generate``, which yield
 ``Piece(sample, token, text)`` as the token loop of ``minilm.generation.decode`` produces them.
 
 A stop string ends a sample and is not part of its text (the text ends just before it); the
-token that completed it is the sample's last token. Pieces are only handed out once they are
-complete characters and can no longer turn out to be the start of a stop string. Generation
-does not stop at the end-of-text token: the training data has none.
+token that completed it is the sample's last token. An end-of-text id (the tokenizer's
+``stop_ids``: for an imported model every ``eos_token_id`` of its generation_config.json and
+config.json) ends a sample too: it is the sample's last token and adds no text
+(``stop_ids=()`` goes on past it, as ``generate.py --ignore-eos``). Pieces are only handed out
+once they are complete characters and can no longer turn out to be the start of a stop string.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ class TextStream:
     (up to a stop string, which is cut off together with everything after it).
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = ()):
+    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (),
+                 stop_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
+        self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         self._ids = [int(t) for t in prompt_ids][-CONTEXT_TOKENS:]
         self._prefix, self._read = 0, len(self._ids)  # ids[prefix:read] is text already counted
@@ -39,11 +43,20 @@ class TextStream:
         self.stopped = False
 
     def push(self, token: int, final: bool = False) -> str:
-        """Add one generated token; ``final`` flushes everything held back."""
+        """Add one generated token; ``final`` flushes everything held back. An end-of-text id
+        flushes it too, and ends the stream without adding text."""
         if self.stopped:
             return ""
         self.tokens.append(int(token))
+        if int(token) in self.stop_ids:
+            out = self._release(final=True)
+            self.stopped = True
+            return out
         self._ids.append(int(token))
+        return self._release(final)
+
+    def _release(self, final: bool) -> str:
+        """Decode what the last tokens added and hand out the part that is safe to show."""
         decode = self.tokenizer.decode
         new = decode(self._ids[self._prefix:])
         old = decode(self._ids[self._prefix:self._read])
@@ -94,13 +107,16 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
 def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
              num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
              max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
-             stats: Optional[Stats] = None, compile: bool = False) -> Iterator[Piece]:
+             stats: Optional[Stats] = None, compile: bool = False,
+             stop_ids: Optional[Sequence[int]] = None) -> Iterator[Piece]:
     """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
     ``num_samples`` continuations are decoded together as one batch. Stops early once every
-    sample has hit a stop string. ``prompt`` is a string or token ids."""
+    sample has hit a stop string or an end-of-text id (``stop_ids``; None: the tokenizer's,
+    ``()``: none). ``prompt`` is a string or token ids."""
     if isinstance(stop, str):
         stop = [stop]
     prompt_ids = encode_prompt(tokenizer, prompt)
+    stop_ids = tuple(tokenizer.stop_ids if stop_ids is None else stop_ids)
     streams = None  # made once generate_ids has checked the sizes (a cache that fits) and prefilled
     steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                          num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
@@ -108,7 +124,7 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
     try:
         for step, tokens in enumerate(steps):
             if streams is None:
-                streams = [TextStream(tokenizer, prompt_ids, stop) for _ in range(num_samples)]
+                streams = [TextStream(tokenizer, prompt_ids, stop, stop_ids) for _ in range(num_samples)]
             final = step == max_new_tokens - 1
             for i, token in enumerate(tokens.tolist()):
                 stream = streams[i]

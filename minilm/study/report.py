@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table
-from minilm.data.retrieval import PAIRS
+from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
@@ -159,8 +159,8 @@ def _protocol(study: Study) -> list:
         f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} cosine to {t['min_lr']:g} after "
         f"{t['warmup_steps']} warmup steps. Seed s fixes the initialisation and the batches; every scheme of seed s "
         f"sees the same batches. **{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every "
-        f"scheme) are retrieval sequences (`minilm.data.retrieval`): {_pairs_text()} and later queries `MARK k` "
-        f"written over the text, loss on the answers only, each sequence weighted alike "
+        f"scheme) are retrieval sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a "
+        f"later query `MARK k`, written over the text, loss on the answers only, each sequence weighted alike "
         f"(`minilm.training.mixture`); input and output embeddings "
         f"{'tied' if first.model.tie_embeddings else 'untied'}.",
         f"- **Perplexity**: the first {scored} of the validation split at every length (the split, at most "
