@@ -16,9 +16,8 @@ Documents of a split are joined with two blank lines between them.
 
 ``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding
 ``tokenizer.model`` (trained on the train split only), ``train.bin`` / ``val.bin``
-(token ids in the narrowest dtype that holds the vocabulary, ``token_dtype``: uint16 up to
-65,536 tokens, uint32 above, named in the manifest as ``token_dtype``; a manifest without it
-is uint16, as every file before it was; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
+(ids as uint16, or uint32 past 65,536 tokens: ``tokenizer.token_dtype``, named in the manifest;
+none named is uint16, as before; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
 are written to temporary names and moved into place, the old manifest is removed
 first and the new one written last, so a directory is valid exactly when its
 manifest matches the source, the settings and the files' hashes; anything else is
@@ -57,15 +56,9 @@ from minilm.common import MinilmError, WriteError, atomic_write, remove_stale_te
 from minilm.data import shakespeare, tokenizer as tokenizer_module
 from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
 from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
-from minilm.data.tokenizer import Tokenizer, TokenizerError
+from minilm.data.tokenizer import Tokenizer, TokenizerError, token_dtype
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
-UINT16_VOCAB = 2 ** 16  # the largest vocabulary whose ids fit uint16
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest dtype of a token file for ``vocab_size`` tokens (ids 0..vocab_size - 1)."""
-    return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB else np.uint32)
 VAL_FRACTION = 0.1  # user corpora
 DOC_SEPARATOR = "\n\n\n"
 ENCODE_CHUNK_CHARS = 1 << 16
@@ -306,10 +299,7 @@ def _log(message: str, quiet: bool) -> None:
 def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
     if not isinstance(data_cfg.corpus, str) or not data_cfg.corpus:
         raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
-    if tokenizer is not None:  # a given tokenizer: its ids must fit the widest token files
-        if tokenizer.vocab_size > tokenizer_module.MAX_VOCAB_SIZE:
-            raise DataError(f"the tokenizer's vocab_size={tokenizer.vocab_size} is too large: token files hold "
-                            f"uint32 ids, so at most {tokenizer_module.MAX_VOCAB_SIZE} tokens")
+    if tokenizer is not None:  # a given tokenizer: token files hold any vocabulary (uint32 ids at most)
         return
     try:
         tokenizer_module.check_vocab_size(data_cfg.vocab_size)
@@ -322,9 +312,7 @@ def _load(directory: Path, manifest: dict) -> Prepared:
 
     def tokens(name: str) -> np.ndarray:
         path = directory / name
-        if path.stat().st_size == 0:
-            return np.zeros(0, dtype=dtype)
-        return np.memmap(path, dtype=dtype, mode="r")
+        return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype=dtype)
 
     return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
                     train=tokens("train.bin"), val=tokens("val.bin"),

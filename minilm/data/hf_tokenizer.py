@@ -72,7 +72,7 @@ class HFTokenizer:
     """A Hugging Face tokenizer (tokenizer.json) with the interface of ``minilm.data.tokenizer.Tokenizer``."""
 
     def __init__(self, tokenizer_json: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
-                 stop_ids: Sequence[int] = ()):
+                 stop_ids: Optional[Sequence[int]] = None):
         backend = _require()
         if not isinstance(tokenizer_json, str):
             raise TokenizerError(f"tokenizer.json must be text, got {type(tokenizer_json).__name__}")
@@ -88,7 +88,7 @@ class HFTokenizer:
             if value is not None and (not isinstance(value, int) or not 0 <= value < self._vocab_size):
                 raise TokenizerError(f"{name}={value!r} is invalid: valid ids are 0..{self._vocab_size - 1}")
         self._bos, self._eos = bos_id, eos_id
-        self._stops = self._valid_ids(stop_ids)
+        self._stops = self._valid_ids([eos_id] if stop_ids is None else stop_ids)  # None: the eos id alone
 
     # ------------------------------------------------------------------ building
 
@@ -134,8 +134,7 @@ class HFTokenizer:
         if wrapper.get("version") != VERSION:
             raise TokenizerError(f"Hugging Face tokenizer version {wrapper.get('version')!r} is not supported "
                                  f"(this minilm reads version {VERSION})")
-        eos = wrapper.get("eos_id")  # written before stop_ids were: the eos id alone
-        return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), eos, wrapper.get("stop_ids", [eos]))
+        return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), wrapper.get("eos_id"), wrapper.get("stop_ids"))
 
     def to_bytes(self) -> bytes:
         """UTF-8 JSON of the tokenizer.json text and the bos / eos ids; ``from_bytes`` restores it."""

@@ -22,6 +22,7 @@ import io
 import os
 from typing import Optional, Sequence
 
+import numpy as np
 import sentencepiece as spm
 
 from minilm.common import MinilmError
@@ -29,7 +30,8 @@ from minilm.common import MinilmError
 # Bump when the trainer settings below change, so prepared data is rebuilt.
 SETTINGS_VERSION = 1
 
-MAX_VOCAB_SIZE = 2 ** 32  # ids fit the token files' widest dtype, uint32 (minilm.data.corpus.token_dtype)
+MAX_VOCAB_SIZE = 2 ** 32  # ids fit the token files' widest dtype, uint32 (token_dtype)
+UINT16_VOCAB = 2 ** 16  # the largest vocabulary whose ids fit uint16
 # 3 specials + newline + 256 byte pieces; sentencepiece also needs one id per distinct character
 MIN_VOCAB_SIZE = 3 + 1 + 256 + 1
 
@@ -169,6 +171,11 @@ def checked_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
     if bad:
         raise TokenizerError(f"token id {bad[0]} is out of range: valid ids are 0..{vocab_size - 1}")
     return ids
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest dtype of a token file for ``vocab_size`` tokens (ids 0..vocab_size - 1)."""
+    return np.dtype(np.uint16 if vocab_size <= UINT16_VOCAB else np.uint32)
 
 
 def check_vocab_size(vocab_size) -> None:
