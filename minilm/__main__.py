@@ -2,6 +2,7 @@
 
     python -m minilm positions list|plot ...     the position registry: list it, draw a scheme
     python -m minilm passkey eval|make-corpus ...  passkey retrieval
+    python -m minilm longeval CHECKPOINT          the long-context suite (needles, queries, variable tracking)
     python -m minilm experiment length-generalization [--quick] ...
     python -m minilm export CHECKPOINT DIR          a checkpoint as a Hugging Face model directory
 
@@ -9,10 +10,10 @@ Each command lives in ``minilm/cli/``; ``--help`` after a command shows its opti
 """
 import sys
 
-from minilm.cli import experiment, export, passkey, positions
+from minilm.cli import experiment, export, longeval, passkey, positions
 
-COMMANDS = {"positions": positions.main, "passkey": passkey.main, "experiment": experiment.main,
-            "export": export.main}
+COMMANDS = {"positions": positions.main, "passkey": passkey.main, "longeval": longeval.main,
+            "experiment": experiment.main, "export": export.main}
 
 
 def main(argv=None) -> int:

@@ -178,7 +178,7 @@ class TrainConfig:
     optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"))
     muon_lr_scale: float = option(1.0, role=TRAJECTORY)  # with muon: Muon's learning rate is this times the schedule's
     grad_clip: float = option(1.0, role=TRAJECTORY)
-    # share of the training sequences that are associative-recall sequences (minilm.data.retrieval)
+    # share of the training sequences that are retrieval sequences (minilm.data.retrieval)
     retrieval_share: float = option(0.0, role=TRAJECTORY)
     eval_interval: int = 250
     eval_iters: int = 20

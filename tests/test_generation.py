@@ -228,7 +228,7 @@ def test_min_p_matches_transformers_and_keeps_what_reaches_p_times_the_top():
         draws = torch.stack([sample(scores, Sampling(temperature=1.0, top_k=None, min_p=min_p), g)
                              for _ in range(200)], dim=1)  # (64, 200) ids drawn per row
         assert kept.gather(1, draws).all()  # never a token transformers drops
-        assert kept.sum() > 64 if min_p < 0.5 else True
+        assert (kept.sum(dim=1) > 1).any()  # and the filter leaves a choice: the draws above mean something
     with pytest.raises(GenerationError, match="min_p=-0.1"):
         Sampling(min_p=-0.1).check()
 

@@ -420,6 +420,20 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
     ignored = [p.token for p in generate(loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12,
                                          sampling=Sampling(temperature=0), stop_ids=())]
     assert ignored == free
-    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), "The king", "--max-new-tokens",
-              "12", "--temperature", "0", "--ignore-eos", "--stats", cwd=tmp_path)
-    assert out.startswith("The king")
+    export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "again"))  # both ids go out and back
+    assert json.loads((tmp_path / "again" / "generation_config.json").read_text())["eos_token_id"] == eos
+    assert load_model(str(tmp_path / "again")).tokenizer.stop_ids == tuple(eos)
+    # the command line: an end-of-text id that "The king" reaches greedily ends the sample, --ignore-eos goes on
+    text_free = [p.token for p in generate(loaded.model, loaded.tokenizer, "The king", max_new_tokens=12,
+                                           sampling=Sampling(temperature=0), stop_ids=())]
+    reference.generation_config.eos_token_id = text_free[3]
+    reference.generation_config.save_pretrained(directory)
+    counts = []
+    for flags in ([], ["--ignore-eos"]):
+        result = subprocess.run([sys.executable, os.path.join(REPO, "generate.py"), "--checkpoint", str(directory),
+                                 "The king", "--max-new-tokens", "12", "--temperature", "0", "--stats", *flags],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "PYTHONPATH": REPO})
+        assert result.returncode == 0, result.stderr[-2000:]
+        counts.append(int(result.stderr.split("new: ")[1].split(" tokens")[0]))
+    assert counts == [text_free.index(text_free[3]) + 1, 12]

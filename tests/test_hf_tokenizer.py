@@ -304,8 +304,10 @@ def test_a_vocabulary_past_uint16_gets_uint32_token_files(corpus_file, tmp_path)
     p = prepare(cfg, quiet=True, tokenizer=big)
     assert p.train.dtype == np.uint32 and p.val.dtype == np.uint32 and p.manifest["token_dtype"] == "uint32"
     assert int(p.train.max()) > 65_535 and p.val.tolist() == big.encode(p.val_text())
+    mtime = (p.dir / "train.bin").stat().st_mtime_ns
     again = prepare(cfg, quiet=True, tokenizer=big)
-    assert again.dir == p.dir and again.train.dtype == np.uint32 and np.array_equal(again.train, p.train)
+    assert (p.dir / "train.bin").stat().st_mtime_ns == mtime  # reused, not rebuilt
+    assert again.train.dtype == np.uint32 and np.array_equal(again.train, p.train)
     assert data.token_dtype(65_536) == np.uint16 and data.token_dtype(65_537) == np.uint32
 
 
@@ -317,4 +319,9 @@ def test_a_prepared_directory_without_a_token_dtype_reads_as_uint16(byte_level, 
     assert manifest.pop("token_dtype") == "uint16"
     (p.dir / "manifest.json").write_text(json.dumps(manifest))
     old = prepare(cfg, quiet=True, tokenizer=byte_level)
+    assert "token_dtype" not in old.manifest  # read as it was, not rebuilt
     assert old.train.dtype == np.uint16 and np.array_equal(old.train, p.train)
+    manifest["token_dtype"] = "uint32"  # a width the vocabulary does not need: rebuilt as uint16
+    (p.dir / "manifest.json").write_text(json.dumps(manifest))
+    rebuilt = prepare(cfg, quiet=True, tokenizer=byte_level)
+    assert rebuilt.manifest["token_dtype"] == "uint16" and np.array_equal(rebuilt.train, p.train)

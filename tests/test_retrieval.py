@@ -6,7 +6,7 @@ import torch
 
 from minilm.config import ModelConfig
 from minilm.data.corpus import get_batch
-from minilm.data.retrieval import IGNORE, SLOT, RetrievalError, Task, probe, training_rows
+from minilm.data.retrieval import IGNORE, SLOT, SUITE, RetrievalError, Task, probe, suite_probe, training_rows
 from minilm.evaluation.retrieval import accuracy
 from minilm.model.gpt import GPT
 from minilm.study.claims import difference, interval_verdict
@@ -158,3 +158,96 @@ def test_a_share_outside_zero_to_one_is_a_one_line_error():
     for share in (1.0, -0.1):
         with pytest.raises(ConfigError, match=f"train.retrieval_share={share} is invalid"):
             build_config({"train": {"retrieval_share": share}})
+
+
+# --------------------------------------------------------------------------- the long-context suite
+
+def _pairs_before(prompt, end, marker):
+    """(position, key, next token) of every MARK k x written before ``end``."""
+    return [(j, prompt[j + 1], prompt[j + 2]) for j in range(end - 2) if prompt[j] == marker]
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("name", SUITE)
+def test_every_suite_answer_follows_from_what_the_prompt_says(name, depth):
+    """Each task's answers are recomputed from the prompt alone by the rule the task states."""
+    task = Task.from_tokens(corpus(), VOCAB)
+    T, items = 240, 4
+    haystacks = torch.from_numpy(corpus(6 * T, seed=8).astype(np.int64)).view(6, T)
+    prompts, positions, targets = suite_probe(haystacks, task, name, depth, torch.Generator().manual_seed(9), items)
+    assert prompts.shape == (6, T) and positions.shape == targets.shape and (positions[:, -1] == T - 1).all()
+    for prompt, where, want in zip(prompts.tolist(), positions.tolist(), targets.tolist()):
+        first_ask = min(where) - 1  # the questions start with the marker before the first asked position
+        written = _pairs_before(prompt, first_ask, task.marker)
+        if name in ("single", "multikey", "multiquery"):
+            assert len(written) == {"single": 1, "multikey": items, "multiquery": items}[name]
+            lookup = {k: v for _, k, v in written}
+            assert len(lookup) == len(written)  # distinct keys
+            assert [lookup[prompt[p]] for p in where] == want and all(prompt[p - 1] == task.marker for p in where)
+            if name == "multiquery":
+                assert sorted(prompt[p] for p in where) == sorted(lookup)  # every key asked once
+        elif name == "multivalue":
+            assert len({k for _, k, _ in written}) == 1 and [v for _, _, v in sorted(written)] == want
+            assert prompt[where[0]] == written[0][1] and prompt[where[0] + 1:T] == want[:-1]
+        else:  # vartrack: follow x_n -> x_n-1 -> ... -> the value
+            assign = {k: x for _, k, x in written}
+            x = prompt[T - 1]
+            for _ in range(items):
+                x = assign[x]
+            assert x == want[0] and x in task.values and len(written) == items
+            assert [p for p, _, _ in sorted(written)] == [p for p, _, _ in written]  # the chain in order
+        if name != "multivalue":  # the first needle stands at the depth the task states
+            at = [p for p, _, _ in written]
+            room = first_ask - SLOT * (items + 1 if name == "vartrack" else 1) if name not in ("single", "multikey") \
+                else T - SLOT - 2
+            assert round(depth * room) in at
+
+
+def test_the_suite_refuses_what_it_cannot_build():
+    task = Task.from_tokens(corpus(), VOCAB)
+    hay = torch.from_numpy(corpus(2 * 30, seed=1).astype(np.int64)).view(2, 30)
+    with pytest.raises(RetrievalError, match="task 'needle' is unknown"):
+        suite_probe(hay, task, "needle", 0.5, torch.Generator())
+    with pytest.raises(RetrievalError, match="items=1 is invalid"):
+        suite_probe(hay, task, "multiquery", 0.5, torch.Generator(), items=1)
+    with pytest.raises(RetrievalError, match="too short for multiquery"):
+        suite_probe(hay, task, "multiquery", 0.5, torch.Generator(), items=4)
+
+
+def test_suite_accuracy_scores_a_probe_right_only_when_every_answer_is():
+    """accuracy(name=...) against a model that knows each probe's answers (replayed from the same
+    seed): all right; the same model wrong on the first answer only: every multi-answer probe wrong."""
+    task = Task.from_tokens(corpus(), VOCAB)
+    tokens = corpus(20000, seed=4)
+
+    def answers_of(name, lengths, depths, trials, seed, items):
+        generator, known = torch.Generator().manual_seed(seed), {}
+        for length in lengths:
+            for depth in depths:
+                starts = torch.randint(len(tokens) - length, (trials,), generator=generator)
+                hay = torch.from_numpy(np.stack([tokens[s:s + length].astype(np.int64) for s in starts.tolist()]))
+                for prompt, where, want in zip(*suite_probe(hay, task, name, depth, generator, items)):
+                    known[tuple(prompt.tolist())] = (where.tolist(), want.tolist())
+        return known
+
+    class Knower(torch.nn.Module):
+        def __init__(self, known, miss_first):
+            super().__init__()
+            self.known, self.miss_first, self.w = known, miss_first, torch.nn.Parameter(torch.zeros(1))
+            self.positions = type("P", (), {"position_limit": staticmethod(lambda: None)})()
+            self.lm_head = lambda h: h
+
+        def forward(self, x, return_hidden=True):
+            out = torch.zeros(x.shape[0], x.shape[1], VOCAB)
+            for b, row in enumerate(x.tolist()):
+                where, want = self.known[tuple(row)]
+                for i, (t, v) in enumerate(zip(where, want)):
+                    out[b, t, (v + 1) % VOCAB if (self.miss_first and i == 0) else v] = 1
+            return out
+
+    for name in SUITE:
+        known = answers_of(name, [120], [0.0, 1.0], 3, 1, 3)
+        rows = accuracy(Knower(known, False), task, tokens, [120], [0.0, 1.0], trials=3, seed=1, name=name, items=3)
+        assert [r["correct"] for r in rows] == [3, 3], name
+        rows = accuracy(Knower(known, True), task, tokens, [120], [0.0, 1.0], trials=3, seed=1, name=name, items=3)
+        assert [r["correct"] for r in rows] == [0, 0], name

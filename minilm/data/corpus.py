@@ -234,7 +234,8 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
         manifest = json.loads((directory / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in expected.items()):
+    if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in expected.items()) or \
+            manifest.get("token_dtype", "uint16") != token_dtype(expected["vocab_size"]).name:  # a width not its own
         return None
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != {"tokenizer.model", "train.bin", "val.bin", "val.txt"}:

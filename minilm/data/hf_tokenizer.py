@@ -6,7 +6,7 @@ tokens out of the text (``"<s>"`` in a text is text, as with sentencepiece), ``d
 leaves special tokens out. Its bytes (``to_bytes``) are UTF-8 JSON::
 
     {"format": "minilm-hf-tokenizer", "version": 1, "tokenizer": "<tokenizer.json>",
-     "bos_id": 1, "eos_id": 2}
+     "bos_id": 1, "eos_id": 2, "stop_ids": [2, 7]}   # stop_ids only where not [eos_id]
 
 which never starts like a sentencepiece model (a protobuf, never ``{``), so
 ``tokenizer_from_bytes`` tells the two apart; checkpoints and prepared data directories
@@ -97,8 +97,9 @@ class HFTokenizer:
         """The tokenizer of a Hugging Face model directory: tokenizer.json, bos / eos from
         tokenizer_config.json (``bos_token`` / ``eos_token``, strings or {"content": ...}),
         else config.json's ``bos_token_id`` / ``eos_token_id``; the ids that end a generation
-        (``stop_ids``) are every ``eos_token_id`` of generation_config.json and config.json (one
-        id or a list, as Llama 3 gives three) and the eos token."""
+        (``stop_ids``) are those transformers' ``generate`` stops at: the ``eos_token_id`` of
+        generation_config.json (one id or a list, as Llama 3 gives three), else config.json's,
+        else the eos token."""
         _require()
         file = os.path.join(path, "tokenizer.json")
         try:
@@ -112,9 +113,9 @@ class HFTokenizer:
         settings, config = _read_json(path, "tokenizer_config.json"), _read_json(path, "config.json")
         tokenizer._bos = tokenizer._special_id(settings.get("bos_token"), config.get("bos_token_id"))
         tokenizer._eos = tokenizer._special_id(settings.get("eos_token"), config.get("eos_token_id"))
-        listed = [_read_json(path, "generation_config.json").get("eos_token_id"), config.get("eos_token_id")]
-        ids = [i for value in listed for i in (value if isinstance(value, list) else [value])]
-        tokenizer._stops = tokenizer._valid_ids([*ids, tokenizer._eos])
+        generation = _read_json(path, "generation_config.json")
+        listed = generation.get("eos_token_id", config.get("eos_token_id", tokenizer._eos))
+        tokenizer._stops = tokenizer._valid_ids(listed if isinstance(listed, list) else [listed])
         return tokenizer
 
     @classmethod
@@ -137,9 +138,12 @@ class HFTokenizer:
         return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), wrapper.get("eos_id"), wrapper.get("stop_ids"))
 
     def to_bytes(self) -> bytes:
-        """UTF-8 JSON of the tokenizer.json text and the bos / eos ids; ``from_bytes`` restores it."""
+        """UTF-8 JSON of the tokenizer.json text, the bos / eos ids and the stop ids where they are
+        not the eos id alone; ``from_bytes`` restores it."""
         wrapper = {"format": FORMAT, "version": VERSION, "tokenizer": self._json,
-                   "bos_id": self._bos, "eos_id": self._eos, "stop_ids": list(self._stops)}
+                   "bos_id": self._bos, "eos_id": self._eos}
+        if self._stops != self._valid_ids([self._eos]):  # only when they say more (the bytes, and so the
+            wrapper["stop_ids"] = list(self._stops)       # prepared data's hash, stay as they were)
         return json.dumps(wrapper, ensure_ascii=False).encode("utf-8")
 
     def tokenizer_json(self) -> str:

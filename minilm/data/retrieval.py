@@ -41,7 +41,8 @@ training) and the model cannot tell one value from another; the study unties the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -142,3 +143,89 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
         prompts[b, T - 2:] = torch.stack([torch.tensor(task.marker), key[0]])
         answers[b] = value[0]
     return prompts, answers
+
+
+# --------------------------------------------------------------------------- the long-context suite
+
+SUITE = ("single", "multikey", "multiquery", "multivalue", "vartrack")
+
+
+def _free_slots(length: int, taken: Sequence[int]) -> list:
+    """Starts of the 3-token grid slots in [0, length) that overlap none of the slots at ``taken``."""
+    return [s * SLOT for s in range(length // SLOT)
+            if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
+
+
+def _write(prompt: torch.Tensor, at: int, *tokens) -> None:
+    prompt[at:at + len(tokens)] = torch.tensor([int(t) for t in tokens])
+
+
+def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, generator: torch.Generator,
+                items: int = 4) -> tuple:
+    """(prompts (B, T), positions (B, A), targets (B, A)) of one long-context task (RULER-style,
+    Hsieh et al. 2024, over this task's marker, keys and values): the model is right on a probe
+    when its greedy prediction after ``prompts[b, positions[b, a]]`` is ``targets[b, a]`` for
+    every a. The last position is always T - 1 (the answer after the prompt); the others are
+    answers written into the prompt (teacher forcing), as a model reads them back one by one.
+
+    * ``single``: one pair at ``depth``, the query ``MARK k`` at the end (``probe`` with one pair).
+    * ``multikey``: ``items`` pairs with distinct keys, the needle at ``depth``, the rest
+      distractors elsewhere; the needle's key is asked (``probe`` with ``items`` pairs).
+    * ``multiquery``: ``items`` pairs (the first at ``depth``); at the end every key is asked in
+      a random order, ``MARK k v MARK k' v' ... MARK k''``: all ``items`` values must be right.
+    * ``multivalue``: one key written with ``items`` values (one of them at ``depth``); the end asks
+      ``MARK k`` and must give the values in the order they stand, one after the other.
+    * ``vartrack`` (variable tracking): ``MARK x0 v``, then ``MARK x1 x0``, ..., ``MARK xn xn-1``
+      (n = ``items`` - 1) later in that order; the end asks ``MARK xn`` and the answer is v.
+      ``depth`` places the first assignment, as a fraction of the way to the last slot that
+      leaves room for the chain after it.
+    """
+    if name not in SUITE:
+        raise RetrievalError(f"task {name!r} is unknown: valid: {', '.join(SUITE)}")
+    if not isinstance(items, int) or isinstance(items, bool) or not 2 <= items <= min(len(task.keys), 16):
+        raise RetrievalError(f"items={items!r} is invalid: expected an integer from 2 to {min(len(task.keys), 16)}")
+    if name in ("single", "multikey"):
+        prompts, answers = probe(haystacks, replace(task, pairs=1 if name == "single" else items), depth, generator)
+        return prompts, torch.full((len(prompts), 1), prompts.shape[1] - 1), answers[:, None]
+    if not 0.0 <= depth <= 1.0:
+        raise RetrievalError(f"depth={depth} is invalid: expected a fraction from 0 to 1")
+    prompts = haystacks.clone()
+    B, T = prompts.shape
+    asked = {"multiquery": 3 * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
+    if T - asked < 2 * SLOT * items:
+        raise RetrievalError(f"length {T} is too short for {name} with {items} items: it needs at least "
+                             f"{2 * SLOT * items + asked} tokens")
+    space = T - asked  # the haystack before the questions
+    room = space - SLOT * (items + 1 if name == "vartrack" else 1)  # the last start that leaves room after it
+    needle = round(depth * room)
+    positions, targets = [], []
+    for b in range(B):
+        keys = [task.keys[i] for i in _choice(len(task.keys), items, generator).tolist()]
+        values = [task.values[i] for i in torch.randint(len(task.values), (items,), generator=generator).tolist()]
+        after = needle + SLOT if name == "vartrack" else 0  # the chain goes after its first assignment
+        free = [s for s in _free_slots(space, [needle]) if s >= after]
+        others = sorted(free[i] for i in _choice(len(free), items - 1, generator).tolist())
+        places, where, want = [needle] + others, [], []
+        if name == "multiquery":
+            for at, k, v in zip(places, keys, values):
+                _write(prompts[b], at, task.marker, k, v)
+            for q, i in enumerate(_choice(items, items, generator).tolist()):
+                start = space + 3 * q
+                _write(prompts[b], start, *((task.marker, keys[i], values[i]) if q < items - 1 else
+                                            (task.marker, keys[i])))
+                where.append(start + 1)
+                want.append(values[i])
+        elif name == "multivalue":  # written in the order of their positions
+            for at, v in zip(sorted(places), values):
+                _write(prompts[b], at, task.marker, keys[0], v)
+            _write(prompts[b], space, task.marker, keys[0], *values[:-1])
+            where, want = list(range(space + 1, T)), values
+        else:  # vartrack: x0 = v, x1 = x0, ...; asked xn
+            _write(prompts[b], places[0], task.marker, keys[0], values[0])
+            for i, at in enumerate(places[1:], start=1):
+                _write(prompts[b], at, task.marker, keys[i], keys[i - 1])
+            _write(prompts[b], space, task.marker, keys[-1])
+            where, want = [T - 1], [values[0]]
+        positions.append(where)
+        targets.append(want)
+    return prompts, torch.tensor(positions), torch.tensor(targets)

@@ -16,13 +16,16 @@ import numpy as np
 import torch
 
 from minilm.common import autocast
-from minilm.data.retrieval import Task, probe
+from minilm.data.retrieval import Task, probe, suite_probe
 
 
 @torch.no_grad()
 def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence[float], *, trials: int,
-             seed: int, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None) -> list:
-    """Rows {length, depth, correct, trials} of exact-match retrieval over ``tokens`` (the validation split)."""
+             seed: int, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, name: Optional[str] = None,
+             items: int = 4) -> list:
+    """Rows {length, depth, correct, trials} of exact-match retrieval over ``tokens`` (the validation
+    split): the study's ``probe`` of ``task``, or with ``name`` a task of the long-context suite
+    (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is)."""
     device = next(model.parameters()).device
     limit = model.positions.position_limit()
     generator = torch.Generator().manual_seed(seed)
@@ -33,16 +36,21 @@ def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence
             haystacks = torch.from_numpy(np.stack([np.asarray(tokens[s:s + length], dtype=np.int64)
                                                    for s in starts.tolist()]))
             # drawn even where not run, so the generator stays in step: every model of a seed gets the same probes
-            prompts, answers = probe(haystacks, task, depth, generator)
+            if name is None:
+                prompts, answers = probe(haystacks, task, depth, generator)
+                positions, targets = torch.full((trials, 1), length - 1), answers[:, None]
+            else:
+                prompts, positions, targets = suite_probe(haystacks, task, name, depth, generator, items)
             if limit is not None and length > limit:
                 rows.append(dict(length=length, depth=depth, correct=None, trials=trials))
                 continue
             correct, per_batch = 0, max(1, batch_tokens // length)
             for i in range(0, trials, per_batch):
-                x = prompts[i:i + per_batch].to(device)
+                x, at = prompts[i:i + per_batch].to(device), positions[i:i + per_batch].to(device)
                 with autocast(device, dtype):
-                    hidden = model(x, return_hidden=True)[:, -1]
+                    hidden = model(x, return_hidden=True)
+                    hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
                     guess = model.lm_head(hidden).argmax(dim=-1).cpu()
-                correct += int((guess == answers[i:i + per_batch]).sum())
+                correct += int((guess == targets[i:i + per_batch]).all(dim=1).sum())
             rows.append(dict(length=length, depth=depth, correct=correct, trials=trials))
     return rows

@@ -26,7 +26,8 @@ class TextStream:
     suffix, holding it back while it ends in an incomplete UTF-8 character (byte-fallback
     pieces decode to U+FFFD until the character is complete) or could still be the start
     of a stop string. The joined pieces are exactly the decoded continuation of the prompt
-    (up to a stop string, which is cut off together with everything after it).
+    (up to a stop string, which is cut off together with everything after it, or up to an
+    end-of-text id of ``stop_ids``, which adds no text and flushes what was held back).
     """
 
     def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (),
@@ -37,7 +38,7 @@ class TextStream:
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         self._ids = [int(t) for t in prompt_ids][-CONTEXT_TOKENS:]
         self._prefix, self._read = 0, len(self._ids)  # ids[prefix:read] is text already counted
-        self.tokens: List[int] = []  # generated ids, up to the one that completed a stop string
+        self.tokens: List[int] = []  # generated ids, up to the one that completed a stop string or ended the text
         self.text = ""  # the decoded continuation so far (cut at a stop string)
         self._shown = 0  # characters of text handed out
         self.stopped = False
@@ -90,7 +91,7 @@ class Piece(NamedTuple):
     sample: int
     token: int
     text: str
-    done: bool  # the sample is finished (stop string or last token)
+    done: bool  # the sample is finished (stop string, end-of-text id or last token)
 
 
 def encode_prompt(tokenizer, prompt) -> List[int]:

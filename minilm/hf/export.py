@@ -44,9 +44,12 @@ def export_model(model, tokenizer, config, directory: str) -> dict:
     family, hf_config, tensors = convert(config.model, {k: v.detach().float().cpu()
                                                         for k, v in model.state_dict().items()})
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
+    stops = list(tokenizer.stop_ids)  # every end-of-text id (Llama 3 has three) goes to generation_config.json
+    generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stops[0] if len(stops) == 1 else stops or None}
     with staged_directory(directory, overwrite=True) as staging:  # an empty directory is replaced
-        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(hf_config, f, indent=2)
+        for name, content in (("config.json", hf_config), ("generation_config.json", generation)):
+            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"),
                   metadata={"format": "pt"})
         save_pretrained_tokenizer(tokenizer, staging)

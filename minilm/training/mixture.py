@@ -1,4 +1,4 @@
-"""The training batch: corpus sequences with a fixed share of associative-recall sequences.
+"""The training batch: corpus sequences with a fixed share of retrieval sequences.
 
 With ``train.retrieval_share = s`` the global batch of step k holds the sequences
 g = k * B .. k * B + B - 1 of the run, and sequence g is a retrieval sequence
@@ -11,7 +11,7 @@ The loss weighs every sequence alike: a micro-batch of B rows, r of them retriev
 has loss ((B - r) / B) * (mean token loss of the corpus rows) + (r / B) * (mean loss of the
 answers of the retrieval rows). Only the answers of a retrieval row carry loss (the rest of
 it is text with pairs written over it, and the pairs' values are random), so without this
-weighting a row's 8 answers would count as much as 8 of a corpus row's 128 tokens.
+weighting a row's 3 answers would count as much as 3 of a corpus row's 128 tokens.
 """
 from __future__ import annotations
 
