@@ -437,3 +437,16 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
         assert result.returncode == 0, result.stderr[-2000:]
         counts.append(int(result.stderr.split("new: ")[1].split(" tokens")[0]))
     assert counts == [text_free.index(text_free[3]) + 1, 12]
+
+
+def test_longeval_takes_an_imported_directory(hf_tokenizer_dir, tiny_corpus, tmp_path, capsys):
+    from minilm.__main__ import main
+    _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)
+    figure = tmp_path / "suite.png"
+    assert main(["longeval", str(directory), "--lengths", "64,128", "--depths", "0,1", "--trials", "2",
+                 "--tasks", "single,multiquery,vartrack", "--items", "2", "--text", str(tiny_corpus / "corpus.txt"),
+                 "--set", "model.position.scaling={type: yarn, factor: 4}", "--figure", str(figure)]) == 0
+    out = capsys.readouterr().out
+    assert "single (2 probes per cell" in out and "vartrack (2 probes per cell" in out
+    if pytest.importorskip("matplotlib"):
+        assert figure.stat().st_size > 1000
