@@ -3,6 +3,7 @@
     python -m minilm positions list|plot ...     the position registry: list it, draw a scheme
     python -m minilm passkey eval|make-corpus ...  passkey retrieval
     python -m minilm longeval CHECKPOINT          the long-context suite (needles, queries, variable tracking)
+    python -m minilm lmeval CHECKPOINT --tasks T   lm-evaluation-harness tasks (pip install -e ".[eval]")
     python -m minilm experiment length-generalization [--quick] ...
     python -m minilm export CHECKPOINT DIR          a checkpoint as a Hugging Face model directory
 
@@ -10,9 +11,9 @@ Each command lives in ``minilm/cli/``; ``--help`` after a command shows its opti
 """
 import sys
 
-from minilm.cli import experiment, export, longeval, passkey, positions
+from minilm.cli import experiment, export, lmeval, longeval, passkey, positions
 
-COMMANDS = {"positions": positions.main, "passkey": passkey.main, "longeval": longeval.main,
+COMMANDS = {"positions": positions.main, "passkey": passkey.main, "longeval": longeval.main, "lmeval": lmeval.main,
             "experiment": experiment.main, "export": export.main}
 
 
