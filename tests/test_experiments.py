@@ -111,6 +111,13 @@ def test_the_sinusoidal_base_ablation_is_an_experiment_of_its_own(tiny_corpus, t
     assert {c["label"] for c in cells} == {"1000", "10000", "100000"} and {c["seed"] for c in cells} == {"1", "2"}
     if have_matplotlib():
         assert os.path.getsize(out / "sinusoidal-base-perplexity-by-length.png") > 1000
+    # run again over it: the earlier run's hand-written discussion is kept aside, not carried into this report
+    (out / "discussion.md").write_text("About the first run only.\n", encoding="utf-8")
+    assert experiment_cli.main(["sinusoidal-base", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1",
+                                "--quiet", "--overwrite", f"data.corpus={tiny_corpus / 'corpus.txt'}",
+                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"]) == 0
+    assert (out / "discussion.md.1").read_text(encoding="utf-8") == "About the first run only.\n"
+    assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
 
 
 def test_plan_overrides_and_errors(capsys, tmp_path):

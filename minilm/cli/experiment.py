@@ -11,6 +11,7 @@ import time
 
 from minilm.cli import Parser, run_command
 from minilm.study import plan as experiments, report
+from minilm.training.outdir import rotate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,6 +76,10 @@ def run(args, argv, out: str) -> int:
                                           f"report, or another --out")
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
     study.build()
+    kept = rotate(os.path.join(out, "discussion.md")) if earlier else None
+    if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost
+        say(f"the earlier run's discussion.md is kept as {os.path.basename(kept)}; this report has none until "
+            f"you write one (then --report-only)")
     if not args.quiet:
         say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
     study.run()
