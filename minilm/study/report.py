@@ -2,11 +2,12 @@
 every table as means and 95% intervals over seeds (``minilm.study.stats``), the figures with error
 bands (``minilm.study.figures``), the published expectations with paired verdicts, the
 protocol, the configs, the git commit, the machine and the wall time per phase; plus
-``results.csv`` (one line per cell and seed) and ``passkey.csv``.
+``results.csv`` (one line per cell and seed) and ``retrieval.csv`` (one per retrieval cell).
 
 A hand-written ``discussion.md`` in the output directory (the explanation of what disagrees
 with the literature, written after looking at the numbers) is included as the last section
-when present, so re-running keeps it."""
+when present, so ``--report-only`` keeps it; a new run over the directory moves an earlier
+one aside (``discussion.md.1``)."""
 from __future__ import annotations
 
 import csv
