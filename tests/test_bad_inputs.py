@@ -223,7 +223,7 @@ CASES = [
     ("muon scale zero", ["train.py", "train.muon_lr_scale=0", "--print-config"], None, "train.muon_lr_scale=0"),
     ("snapshot past the run", ["train.py", "train.snapshot_steps=[99999]", "--print-config"], None,
      "train.snapshot_steps=[99999]"),
-    ("vocab too large", ["train.py", "data.vocab_size=70000", "--print-config"], None, "vocab_size=70000"),
+    ("vocab too large", ["train.py", "data.vocab_size=4294967297", "--print-config"], None, "vocab_size=4294967297"),
     ("overrides around a flag", ["train.py", "train.max_steps=5", "--print-config", "model.n_head=5"], None,
      "model.n_head=5"),
     ("experiment over an earlier one", ["-m", "minilm", "experiment", "length-generalization", "--quick", "--out",

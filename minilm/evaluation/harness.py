@@ -148,7 +148,11 @@ def evaluate(checkpoint: str, tasks: Sequence[str], *, overrides: Sequence[str] 
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
     model = MinilmLM(checkpoint, overrides, batch_size=batch_size, max_length=max_length, device=device)
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    manager = None
+    if include_path:  # tasks of one's own only: lm_eval's few thousand need not be indexed (seconds)
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        manager = manager if all(t in manager.all_tasks for t in tasks) else None
+    manager = manager or TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise HarnessError(f"task {unknown[0]!r} is not one lm_eval knows"
