@@ -39,7 +39,7 @@ def parse_args(argv=None):
                         "\\n and \\t mean newline and tab")
     p.add_argument("--ignore-eos", action="store_true",
                    help="go on past the end-of-text token (by default a sample ends there; for an imported model "
-                        "every eos_token_id of its generation_config.json and config.json)")
+                        "the eos_token_id of its generation_config.json, else of config.json: one id or a list)")
     p.add_argument("--max-context", type=int, default=None,
                    help="tokens the model sees at once (default: the model's block_size)")
     p.add_argument("--sink-tokens", type=int, default=0,

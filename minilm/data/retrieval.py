@@ -118,6 +118,12 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
     return rows[:, :-1].contiguous(), y
 
 
+def _free_slots(length: int, taken: Sequence[int]) -> list:
+    """Starts of the 3-token grid slots in [0, length) that overlap none of the slots at ``taken``."""
+    return [s * SLOT for s in range(length // SLOT)
+            if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
+
+
 def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Generator) -> tuple:
     """(prompts (B, T), answers (B,)) from haystacks (B, T) of validation tokens: the needle at
     ``depth`` (0 to 1), distractor pairs elsewhere, and the query as the last two tokens."""
@@ -132,7 +138,7 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
     needle = round(depth * (T - SLOT - 2))
     keys, values = torch.tensor(task.keys), torch.tensor(task.values)
     # distractors go on slots of the grid that end before the query and miss the needle
-    free = [s * SLOT for s in range((T - 2) // SLOT) if s * SLOT + SLOT <= needle or s * SLOT >= needle + SLOT]
+    free = _free_slots(T - 2, [needle])
     answers = torch.empty(B, dtype=torch.long)
     for b in range(B):
         key = keys[_choice(len(keys), n, generator)]
@@ -148,12 +154,6 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
 # --------------------------------------------------------------------------- the long-context suite
 
 SUITE = ("single", "multikey", "multiquery", "multivalue", "vartrack")
-
-
-def _free_slots(length: int, taken: Sequence[int]) -> list:
-    """Starts of the 3-token grid slots in [0, length) that overlap none of the slots at ``taken``."""
-    return [s * SLOT for s in range(length // SLOT)
-            if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
 
 
 def _write(prompt: torch.Tensor, at: int, *tokens) -> None:
@@ -191,7 +191,7 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
         raise RetrievalError(f"depth={depth} is invalid: expected a fraction from 0 to 1")
     prompts = haystacks.clone()
     B, T = prompts.shape
-    asked = {"multiquery": 3 * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
+    asked = {"multiquery": SLOT * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
     if T - asked < 2 * SLOT * items:
         raise RetrievalError(f"length {T} is too short for {name} with {items} items: it needs at least "
                              f"{2 * SLOT * items + asked} tokens")
@@ -210,7 +210,7 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
             for at, k, v in zip(places, keys, values):
                 _write(prompts[b], at, task.marker, k, v)
             for q, i in enumerate(_choice(items, items, generator).tolist()):
-                start = space + 3 * q
+                start = space + SLOT * q
                 _write(prompts[b], start, *((task.marker, keys[i], values[i]) if q < items - 1 else
                                             (task.marker, keys[i])))
                 where.append(start + 1)

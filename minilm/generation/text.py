@@ -4,8 +4,8 @@ detokenization with stop strings (``TextStream``), and ``generate``, which yield
 
 A stop string ends a sample and is not part of its text (the text ends just before it); the
 token that completed it is the sample's last token. An end-of-text id (the tokenizer's
-``stop_ids``: for an imported model every ``eos_token_id`` of its generation_config.json and
-config.json) ends a sample too: it is the sample's last token and adds no text
+``stop_ids``: for an imported model the ``eos_token_id`` of its generation_config.json, else of
+its config.json, one id or a list) ends a sample too: it is the sample's last token and adds no text
 (``stop_ids=()`` goes on past it, as ``generate.py --ignore-eos``). Pieces are only handed out
 once they are complete characters and can no longer turn out to be the start of a stop string.
 """
