@@ -4,17 +4,21 @@
     python evaluate.py out/rope --lengths 256,1024 --mode sliding --stride 128
     python evaluate.py out/rope --position.scaling.type=dynamic   # a RoPE scaling, no fine-tuning
     python evaluate.py out/rope --set model.position.scaling='{type: yarn, factor: 4}'
+    python evaluate.py out/rope --stream                       # StreamingLLM: full, window, window + sinks
 
 Prints markdown tables (perplexity, bits/char), writes a CSV and, with matplotlib, a PNG
-of perplexity against length. The work is done by minilm.evaluation.
+of perplexity against length; with --stream the loss by band of positions of one long text
+under four kinds of attention (minilm.evaluation.streaming), as a table, a CSV and a PNG of
+loss against position. The work is done by minilm.evaluation.
 """
 import argparse
 import os
 import sys
 
 from minilm.cli import Parser, run_command
-from minilm.evaluation import lengths as evaluation
-from minilm.figures.canvas import check_figure_path, have_matplotlib
+from minilm.evaluation import lengths as evaluation, streaming
+from minilm.common import write_csv
+from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
 from minilm.hf.reading import is_hf_source
 from minilm.training.outdir import check_writable, rotate
 
@@ -44,6 +48,14 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=65536,
                         help="scored validation tokens (default 65536; 0 = the whole split)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per forward pass (default 8192)")
+    parser.add_argument("--stream", action="store_true",
+                        help="score one long text token by token with full attention, a rolling window, and the "
+                             "window with sinks at absolute and at cache positions (StreamingLLM)")
+    parser.add_argument("--stream-tokens", type=int,
+                        help="--stream: tokens of the validation split scored (default 16 x block_size)")
+    parser.add_argument("--max-context", type=int, help="--stream: the window in tokens (default block_size)")
+    parser.add_argument("--sink-tokens", type=int, default=streaming.DEFAULT_SINKS,
+                        help=f"--stream: the first tokens kept in view (default {streaming.DEFAULT_SINKS})")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -60,19 +72,16 @@ def main(argv=None) -> int:
         else:
             parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
 
-    return run_command(lambda: report(args, overrides))
+    if args.stream and (args.lengths or args.stride or args.mode != "nonoverlapping"):
+        parser.error("--stream scores one text with its own protocol: leave out --lengths, --mode and --stride")
+    if not args.stream and (args.stream_tokens or args.max_context):
+        parser.error("--stream-tokens and --max-context are options of --stream")
+    return run_command(lambda: (stream_report if args.stream else report)(args, overrides))
 
 
 def report(args, overrides) -> int:
     """Score, print the tables, write the CSV and the plot."""
-    if args.plot and not have_matplotlib():
-        print("error: --plot needs matplotlib: pip install -e '.[plot]'", file=sys.stderr)
-        return 2
-    for option, path in (("--csv", args.csv), ("--plot", args.plot)):
-        if path and not args.no_files:  # found before the evaluation, not after it
-            check_writable(os.path.dirname(os.path.abspath(path)), option)
-    if args.plot and not args.no_files:
-        check_figure_path(args.plot)
+    check_outputs(args)
     results = evaluation.evaluate_checkpoints(
         args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
         max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
@@ -88,6 +97,37 @@ def report(args, overrides) -> int:
         print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
             png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"eval-{args.mode}.png"))
+            print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
+def check_outputs(args) -> None:
+    """A --csv or --plot that cannot be written (or drawn) is found before the evaluation, not after it."""
+    if args.plot and not have_matplotlib():
+        raise PlotError("--plot needs matplotlib: pip install -e '.[plot]'")
+    for option, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path and not args.no_files:
+            check_writable(os.path.dirname(os.path.abspath(path)), option)
+    if args.plot and not args.no_files:
+        check_figure_path(args.plot)
+
+
+def stream_report(args, overrides) -> int:
+    """--stream: every checkpoint's loss by band of positions under each kind of attention."""
+    check_outputs(args)
+    streams = []
+    for path in args.checkpoints:
+        streams += streaming.stream_checkpoint(path, overrides, tokens=args.stream_tokens, window=args.max_context,
+                                               sinks=args.sink_tokens, dtype=args.dtype, device=args.device,
+                                               quiet=args.quiet)
+    first = streams[0]
+    print(f"streaming loss (nats per token) by band of positions, {first.tokens:,} tokens of the validation split\n")
+    print(streaming.band_table(streams))
+    if not args.no_files:
+        csv_path = args.csv or default_output(args.checkpoints[0], "stream.csv")
+        print(f"\nwrote {write_csv(streaming.band_rows(streams), csv_path)}", file=sys.stderr)
+        if have_matplotlib():
+            png = streaming.plot_streams(streams, args.plot or default_output(args.checkpoints[0], "stream.png"))
             print(f"wrote {png}", file=sys.stderr)
     return 0
 

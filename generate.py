@@ -13,6 +13,7 @@ import sys
 
 from minilm.cli import Parser, run_command
 from minilm.cli.generate import run_cli
+from minilm.model.cache import SINK_POSITIONS
 
 
 def parse_args(argv=None):
@@ -45,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--sink-tokens", type=int, default=0,
                    help="past the context, keep the first N tokens in view beside the last (attention sinks, "
                         "StreamingLLM); for schemes that roll, not learned (default 0)")
+    p.add_argument("--sink-positions", choices=SINK_POSITIONS, default=SINK_POSITIONS[0],
+                   help="where attention places the sinks: cache (their positions within the cache, as the paper "
+                        "does: the sinks stay max_context - 1 - s back) or absolute (their own positions, ever "
+                        "further back) (default %(default)s)")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole sequence at every step (same result, for comparison)")
     p.add_argument("--compile", action="store_true",

@@ -7,8 +7,10 @@ This module imports nothing else from minilm, so any module may import it
 from __future__ import annotations
 
 import contextlib
+import csv
 import difflib
 import errno
+import io
 import os
 import re
 import secrets
@@ -153,6 +155,18 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
         finally:
             os.close(dir_fd)
     return path
+
+
+def write_csv(rows: Sequence[dict], path: Union[str, Path]) -> str:
+    """``rows`` as CSV at ``path`` (the columns: every key, in order of first appearance),
+    directories created, written whole or not at all (``atomic_write``); returns the path."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, text.getvalue())
+    return str(path)
 
 
 @contextlib.contextmanager

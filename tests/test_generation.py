@@ -4,9 +4,11 @@ position scheme, past the context too), incremental detokenization and stop stri
 import pytest
 import torch
 
+from minilm.config import ModelConfig
 from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, context_size,
                                       generate_ids, repetition_penalty, sample)
 from minilm.generation.text import TextStream, generate, generate_text
+from minilm.model.gpt import GPT
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)
@@ -375,14 +377,53 @@ def test_empty_prompt_without_bos_is_an_error():
 ROLLING = [p for p in schemes() if p["kind"] != "learned" and p.get("inner", p.get("base", {})).get("kind") != "learned"]
 
 
+def embeds(position) -> bool:
+    return position["kind"] == "sinusoidal" or position.get("inner", position.get("base", {})).get("kind") == "sinusoidal"
+
+
 @pytest.mark.parametrize("position", ROLLING, ids=scheme_id)
 def test_attention_sinks_cached_equals_no_cache_far_past_the_context(random_gpt, position):
     model = random_gpt(position, block_size=32)
     prompt = [5, 17, 42, 8, 61, 3, 29]
-    cached = greedy_tokens(model, prompt, 200, sinks=4)
-    uncached = greedy_tokens(model, prompt, 200, use_cache=False, sinks=4)
+    cached = greedy_tokens(model, prompt, 200, sinks=4, sink_positions="absolute")
+    uncached = greedy_tokens(model, prompt, 200, use_cache=False, sinks=4, sink_positions="absolute")
     assert cached == uncached and len(set(cached)) >= 5  # not vacuous: decoding wanders
     assert cached != greedy_tokens(model, prompt, 200)  # the sinks change what is seen past the context
+
+
+@pytest.mark.parametrize("position", [p for p in ROLLING if not embeds(p)], ids=scheme_id)
+def test_sinks_at_cache_positions_cached_equals_no_cache_far_past_the_context(random_gpt, position):
+    model = random_gpt(position, block_size=32)
+    prompt = [5, 17, 42, 8, 61, 3, 29]
+    cached = greedy_tokens(model, prompt, 100, sinks=4, sink_positions="cache")
+    uncached = greedy_tokens(model, prompt, 100, use_cache=False, sinks=4, sink_positions="cache")
+    assert cached == uncached and len(set(cached)) >= 5
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "xpos", "fire", "kerple", "shaw", "t5"])
+def test_sinks_at_cache_positions_are_where_the_paper_puts_them(kind):
+    """StreamingLLM numbers positions within the cache: in one layer, the last query of a long
+    stream sees exactly what the same model sees in a fresh sequence made of the sinks followed
+    by the window (sinks at 0..S-1, the window at S..W-1); with absolute positions it does not."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, d_model=16, block_size=16, vocab_size=50,
+                            position={"kind": kind})).eval()
+    idx = torch.randint(0, 50, (1, 300), generator=torch.Generator().manual_seed(1))
+    window, sinks = 10, 3
+    with torch.no_grad():
+        fresh = model(torch.cat([idx[:, :sinks], idx[:, -(window - sinks):]], dim=1))[0, -1]
+        streamed = model(idx, window=window, sinks=sinks, sink_positions="cache")[0, -1]
+        absolute = model(idx, window=window, sinks=sinks, sink_positions="absolute")[0, -1]
+    torch.testing.assert_close(streamed, fresh, rtol=1e-5, atol=1e-6)
+    if kind != "t5":  # t5's buckets end at max_distance: past it every distance is alike
+        assert not torch.allclose(absolute, fresh, rtol=1e-5, atol=1e-6)
+
+
+def test_sink_positions_change_rope_generation_far_past_the_context(random_gpt):
+    model = random_gpt({"kind": "rope"}, block_size=32)
+    prompt = [5, 17, 42, 8, 61, 3, 29]
+    assert greedy_tokens(model, prompt, 200, sinks=4) != greedy_tokens(model, prompt, 200, sinks=4,
+                                                                       sink_positions="absolute")
 
 
 def test_sinks_keep_the_first_tokens_in_view(random_gpt):
@@ -402,3 +443,11 @@ def test_bad_sinks(random_gpt):
         list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=32))
     with pytest.raises(GenerationError, match="learned positions are bounded"):
         list(generate_ids(random_gpt({"kind": "learned"}), [1, 2], max_new_tokens=2, sinks=2))
+    with pytest.raises(GenerationError, match="sink_positions='middle' is invalid: expected one of cache, absolute"):
+        list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=2, sink_positions="middle"))
+    with pytest.raises(GenerationError, match="sinusoidal positions are added to the embeddings: use sink_positions=ab"):
+        list(generate_ids(random_gpt({"kind": "sinusoidal"}), [1, 2], max_new_tokens=2, sinks=2))
+    with pytest.raises(GenerationError, match="compiled step keeps absolute positions"):
+        list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=2, compile=True))
+    with pytest.raises(ValueError, match="sinusoidal positions are added to the embeddings"):
+        random_gpt({"kind": "sinusoidal"})(torch.zeros(1, 4, dtype=torch.long), window=2, sinks=1)

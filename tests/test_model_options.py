@@ -200,13 +200,14 @@ def test_cached_equals_uncached(position, options):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("sink_positions", ["cache", "absolute"])
 @pytest.mark.parametrize("position", ["rope", "alibi"])
-def test_rolling_cache_with_gqa_equals_the_sliding_window(position):
+def test_rolling_cache_with_gqa_equals_the_sliding_window(position, sink_positions):
     model = make(position, **LLAMA)
     idx = tokens(length=24)
-    cache = model.new_cache(2, 8, rolling=True, sinks=2)
+    cache = model.new_cache(2, 8, rolling=True, sinks=2, sink_positions=sink_positions)
     with torch.no_grad():
-        full = model(idx, window=8, sinks=2)
+        full = model(idx, window=8, sinks=2, sink_positions=sink_positions)
         steps = [model(idx[:, :6], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(6, 24)]
     assert cache.keys[0].shape[1] == 2
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)

@@ -138,6 +138,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
+                          sink_positions=args.sink_positions,
                           stats=stats, compile=args.compile, stop_ids=() if args.ignore_eos else None)
         first = True
         for piece in pieces:

@@ -27,9 +27,7 @@ against length.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import math
 import os
 import sys
@@ -42,7 +40,8 @@ import torch
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.common import MinilmError, atomic_write, markdown_table as table, peak_memory, resolve_device, resolve_dtype
+from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
+from minilm.common import write_csv as common_write_csv
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES, score_many, segments
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
@@ -247,21 +246,15 @@ def markdown_table(results: Sequence, what: str = "ppl") -> str:
 def write_csv(results: Sequence, path: str) -> str:
     """One line per cell: every Result field plus ppl and bpc (empty when not run); written
     whole or not at all (``common.atomic_write``)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    f = io.StringIO(newline="")
-    writer = None
+    rows = []
     for r in results:
         row = {**asdict(r), "ppl": "" if r.ppl is None else f"{r.ppl:.6g}",
                "bpc": "" if r.bpc is None else f"{r.bpc:.6g}"}
         row["nll"] = "" if r.nll is None else f"{r.nll:.6g}"
         row["stride"] = "" if r.stride is None else r.stride
         row.pop("by_position")
-        if writer is None:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            writer.writeheader()
-        writer.writerow(row)
-    atomic_write(path, f.getvalue())
-    return path
+        rows.append(row)
+    return common_write_csv(rows, path)
 
 
 def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",

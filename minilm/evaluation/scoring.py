@@ -48,10 +48,11 @@ class ScoringError(MinilmError):
     """A bad scoring request (mode, stride); the message is one line for the user."""
 
 
-def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0) -> torch.Tensor:
+def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0, **forward) -> torch.Tensor:
     """(B, T - first) float32 next-token cross-entropies in nats of targets ``y`` after inputs
-    ``x``, at positions ``first`` onwards; the logits are formed ``LOSS_CHUNK`` rows at a time."""
-    hidden = model(x, return_hidden=True)[:, first:]
+    ``x``, at positions ``first`` onwards; the logits are formed ``LOSS_CHUNK`` rows at a time.
+    ``forward``: options of the model's forward pass (``window``, ``sinks``, ...)."""
+    hidden = model(x, return_hidden=True, **forward)[:, first:]
     rows, targets = hidden.reshape(-1, hidden.shape[-1]), y[:, first:].reshape(-1)
     losses = [F.cross_entropy(model.lm_head(rows[i:i + LOSS_CHUNK]).float(), targets[i:i + LOSS_CHUNK],
                               reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]

@@ -25,7 +25,9 @@ Past the context (``max_context``, default the model's block_size) generation ne
   key when full: sliding-window attention, no re-encoding. A prompt longer than the
   window is prefilled up to the window, then fed one token at a time. With ``sinks`` = N
   (attention sinks, Xiao et al. 2023) the first N tokens stay in the window for good beside
-  the last max_context - N.
+  the last max_context - N, placed by ``sink_positions``: ``cache`` (the default, as the
+  paper does it) numbers positions within the cache, so the sinks stay max_context - 1 - s
+  back; ``absolute`` keeps their own positions, ever further back (``minilm.model.cache``).
 
 ``use_cache=False`` computes exactly the same thing without reusing keys: every step runs
 the whole sequence so far, ``model(idx, window=max_context)`` for the rolling schemes and
@@ -47,7 +49,7 @@ import torch
 
 from minilm.common import MinilmError, available_memory, peak_memory
 from minilm.generation.compiled import compiled_body
-from minilm.model.cache import cache_dtype
+from minilm.model.cache import SINK_POSITIONS, cache_dtype
 
 
 class GenerationError(MinilmError):
@@ -153,12 +155,22 @@ def check_cache_memory(model, batch_size: int, capacity: int,
                               f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: {advice}")
 
 
-def check_sinks(model, sinks, max_context: int, slides: bool) -> int:
-    """``sinks`` checked: 0 <= sinks < max_context, and only for schemes that roll."""
+def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: str, compile: bool) -> int:
+    """``sinks`` checked: 0 <= sinks < max_context, and only for schemes that roll; ``sink_positions``
+    one of SINK_POSITIONS, and ``cache`` neither compiled nor under positions added to the embeddings."""
     check_count("sink_tokens", sinks, 0)
+    if sink_positions not in SINK_POSITIONS:
+        raise GenerationError(f"sink_positions={sink_positions!r} is invalid: expected one of "
+                              f"{', '.join(SINK_POSITIONS)}")
     if sinks and slides:
         raise GenerationError(f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "
                               f"{model.positions.kind} positions are bounded and slide their window instead")
+    if sinks and sink_positions == "cache" and model.positions.embeds:
+        raise GenerationError(f"sink_positions=cache renumbers positions inside attention, but "
+                              f"{model.positions.kind} positions are added to the embeddings: use sink_positions=absolute")
+    if sinks and sink_positions == "cache" and compile:
+        raise GenerationError("the compiled step keeps absolute positions: with sink_tokens use "
+                              "sink_positions=absolute, or leave compile off")
     if sinks >= max_context:
         raise GenerationError(f"sink_tokens={sinks} leaves no room in a context of {max_context}: "
                               f"expected 0 <= sink_tokens < {max_context}")
@@ -175,20 +187,23 @@ class Decoder:
     """
 
     def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
-                 total: Optional[int] = None, sinks: int = 0, compile: bool = False):
+                 total: Optional[int] = None, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
+                 compile: bool = False):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
         if compile and not use_cache:
             raise GenerationError("compile=True compiles the cached decode step: it needs use_cache=True")
         self.max_context = context_size(model, max_context)
         self.slides = model.positions.position_limit() is not None
-        self.sinks = check_sinks(model, sinks, self.max_context, self.slides)
+        self.sinks = check_sinks(model, sinks, self.max_context, self.slides, sink_positions, compile)
+        self.sink_positions = sink_positions
         self.device = model.wte.weight.device
         self.cache = None
         if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
             capacity = self.max_context if total is None else max(1, min(self.max_context, total))
             check_cache_memory(model, batch_size, capacity)
             self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
-                                         sinks=self.sinks if capacity == self.max_context else 0)
+                                         sinks=self.sinks if capacity == self.max_context else 0,
+                                         sink_positions=sink_positions)
         self.body = compiled_body(model) if compile else None
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
@@ -237,7 +252,8 @@ class Decoder:
         if self.slides:
             return self.model(self._history[:, max(0, self.length - n):self.length], context_len=n)[:, -1]
         window = n if self.length > n else None  # within the window the band changes nothing
-        return self.model(self._history[:, :self.length], window=window, sinks=self.sinks, context_len=n)[:, -1]
+        return self.model(self._history[:, :self.length], window=window, sinks=self.sinks,
+                          sink_positions=self.sink_positions, context_len=n)[:, -1]
 
 
 @dataclass
@@ -273,8 +289,8 @@ def check_count(name: str, value, low: int) -> None:
 @torch.inference_mode()
 def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
                  num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
-                 use_cache: bool = True, sinks: int = 0, stats: Optional[Stats] = None,
-                 compile: bool = False) -> Iterator[torch.Tensor]:
+                 use_cache: bool = True, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
+                 stats: Optional[Stats] = None, compile: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
     (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
     reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
@@ -293,7 +309,8 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
     decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
-                      total=len(prompt_ids) + max_new_tokens, sinks=sinks, compile=compile)
+                      total=len(prompt_ids) + max_new_tokens, sinks=sinks, sink_positions=sink_positions,
+                      compile=compile)
     if decoder.slides and len(prompt_ids) > decoder.max_context:
         warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
                       f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)

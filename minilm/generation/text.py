@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
 from minilm.generation.decode import GenerationError, Sampling, Stats, generate_ids
+from minilm.model.cache import SINK_POSITIONS
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
 
@@ -108,7 +109,7 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
 def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
              num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
              max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
-             stats: Optional[Stats] = None, compile: bool = False,
+             sink_positions: str = SINK_POSITIONS[0], stats: Optional[Stats] = None, compile: bool = False,
              stop_ids: Optional[Sequence[int]] = None) -> Iterator[Piece]:
     """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
     ``num_samples`` continuations are decoded together as one batch. Stops early once every
@@ -121,7 +122,7 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
     streams = None  # made once generate_ids has checked the sizes (a cache that fits) and prefilled
     steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                          num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
-                         sinks=sinks, stats=stats, compile=compile)
+                         sinks=sinks, sink_positions=sink_positions, stats=stats, compile=compile)
     try:
         for step, tokens in enumerate(steps):
             if streams is None:

@@ -12,7 +12,12 @@ attention over the last ``capacity`` positions with absolute positions kept.
 With ``sinks`` = N > 0 (attention sinks, Xiao et al. 2023, "Efficient Streaming Language
 Models with Attention Sinks") the first N slots keep positions 0..N-1 for good and the ring
 is the other capacity - N slots (slot = N + (position - N) mod (capacity - N)): every query
-sees the first N tokens and the last capacity - N.
+sees the first N tokens and the last capacity - N. ``sink_positions`` says where attention
+places them: ``absolute``, at their own positions (a query at 10,000 sees the sinks 10,000
+back), or ``cache``, at their positions within the cache as the paper does (its section 3.2:
+sinks 0..N-1, the window after them, the query last; ``minilm.model.gpt.attend_in_cache``).
+For ``cache`` the keys are stored before rotation, so that they can be rotated at their
+cache positions at every step.
 
 A ``static`` cache always hands attention all ``capacity`` slots, the empty ones at position
 ``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
@@ -23,6 +28,7 @@ from __future__ import annotations
 import torch
 
 EMPTY = float(2 ** 24)  # the position of an empty slot: later than any query
+SINK_POSITIONS = ("cache", "absolute")  # where attention places the sinks (see above); the first is the default
 
 
 def cache_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -39,11 +45,18 @@ def cache_dtype(weight: torch.Tensor) -> torch.dtype:
 
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
-                 rolling: bool = False, sinks: int = 0, static: bool = False, dtype=torch.float32, device=None):
+                 rolling: bool = False, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0], static: bool = False,
+                 dtype=torch.float32, device=None):
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
             raise ValueError(f"sinks={sinks} is invalid for capacity {capacity}: expected 0 <= sinks < capacity")
+        if sink_positions not in SINK_POSITIONS:
+            raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}")
+        # keys kept unrotated and renumbered at every step (attention sinks at cache positions)
+        self.renumbered = rolling and sinks > 0 and sink_positions == "cache"
+        if static and self.renumbered:
+            raise ValueError("a static cache keeps absolute positions: it takes sink_positions='absolute' only")
         shape = (batch_size, n_head, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]

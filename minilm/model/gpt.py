@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minilm.config import ModelConfig
-from minilm.model.cache import KVCache, cache_dtype
+from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.positions import PositionScheme, build
 
 # Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
@@ -48,6 +48,7 @@ class ForwardPass(NamedTuple):
     sinks: int
     context_len: int
     weights_of: Optional[int] = None
+    renumbered: bool = False  # attention sinks at their positions within the cache (``attend_in_cache``)
 
 
 def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
@@ -94,6 +95,49 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
             weights.append(F.pad(w, (0, Tk - w.shape[-1])))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return (out, torch.cat(weights, dim=2)) if need_weights else out
+
+
+def attend_in_cache(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, context_len: int, window: int, sinks: int,
+                    expand, dropout_p: float = 0.0):
+    """Attention over a window with ``sinks`` at their positions within the cache, as StreamingLLM
+    does it (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
+    section 3.2), for unrotated ``q`` at ``q_pos`` (ascending) and unrotated ``k`` (and ``v``,
+    n_kv_head heads; ``expand`` repeats them for the query heads) at ``k_pos``.
+
+    A query at p sees the sinks (keys at positions < sinks) and the keys j with
+    0 <= p - j < window - sinks, numbered as the cache orders them: the sinks 0..sinks-1, the
+    window after them and the query last. With shift = max(0, p - window + 1) the query sits
+    at p - shift, a window key j at j - shift and sink s at s: distances within the window are
+    unchanged, and the sinks stay window - 1 - s back however long the stream. Until a query's
+    window is full (shift 0) that is plain attention at absolute positions, done for all such
+    queries at once; after it every query has its own numbering and is attended alone, its
+    keys rotated at their new positions (the cache holds them unrotated)."""
+    shift = (q_pos - (window - 1)).clamp(min=0)
+    plain = int((shift == 0).sum())
+    outputs = []
+    if plain:
+        seen = k_pos <= q_pos[plain - 1]  # without a cache the keys run past these queries
+        kp = k_pos[seen]
+        qr, kr = rotate_apart(scheme, q[:, :, :plain], q_pos[:plain], k[:, :, seen], kp, context_len)
+        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), q_pos[:plain], kp, scheme, cached=True,
+                              window=window, sinks=sinks, dropout_p=dropout_p))
+    for i in range(plain, len(q_pos)):
+        p, s = q_pos[i], shift[i]
+        seen = (k_pos < sinks) | ((k_pos <= p) & (p - k_pos < window - sinks))
+        kp = torch.where(k_pos[seen] < sinks, k_pos[seen], k_pos[seen] - s)
+        qp = (p - s).view(1)
+        qr, kr = rotate_apart(scheme, q[:, :, i:i + 1], qp, k[:, :, seen], kp, context_len)
+        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None,
+                              dropout_p=dropout_p))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def rotate_apart(scheme: PositionScheme, q, q_pos, k, k_pos, context_len: int):
+    """The scheme's rotation of queries at ``q_pos`` and of keys at other positions ``k_pos``
+    (``rotate`` takes one set of positions for both)."""
+    q_rotated, _ = scheme.rotate(q, q, q_pos, context_len)
+    _, k_rotated = scheme.rotate(k, k, k_pos, context_len)
+    return q_rotated, k_rotated
 
 
 def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
@@ -190,16 +234,22 @@ class CausalSelfAttention(nn.Module):
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
         q, k, v = self.project(x)
-        q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
+        if not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
+            q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
         k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
             window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         need_weights = fp.weights_of == layer
+        dropout_p = self.dropout if self.training else 0.0
         # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
-        y = attend(q.to(k.dtype), self.expand(k), self.expand(v), fp.pos, k_pos, fp.scheme, cached=cache is not None,
-                   window=window, sinks=sinks, dropout_p=self.dropout if self.training else 0.0,
-                   padded=cache is not None and cache.static, need_weights=need_weights)
+        if fp.renumbered:
+            y = attend_in_cache(q.to(k.dtype), k, v, fp.pos, k_pos, fp.scheme, context_len=fp.context_len,
+                                window=window, sinks=sinks, expand=self.expand, dropout_p=dropout_p)
+        else:
+            y = attend(q.to(k.dtype), self.expand(k), self.expand(v), fp.pos, k_pos, fp.scheme,
+                       cached=cache is not None, window=window, sinks=sinks, dropout_p=dropout_p,
+                       padded=cache is not None and cache.static, need_weights=need_weights)
         y, weights = y if need_weights else (y, None)
         out = self.proj(y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
         return (out, weights) if need_weights else out
@@ -286,24 +336,35 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0,
-                  static: bool = False) -> KVCache:
+                  sink_positions: str = SINK_POSITIONS[0], static: bool = False) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
         tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
-        first ``sinks`` of them kept for good: attention sinks). It holds the n_kv_head k/v heads.
+        first ``sinks`` of them kept for good: attention sinks, placed by ``sink_positions``,
+        ``minilm.model.cache``). It holds the n_kv_head k/v heads.
         ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
         ref = self.wte.weight
-        return KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim, capacity,
-                       rolling=rolling, sinks=sinks, static=static, dtype=cache_dtype(ref), device=ref.device)
+        cache = KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim,
+                        capacity, rolling=rolling, sinks=sinks, sink_positions=sink_positions, static=static,
+                        dtype=cache_dtype(ref), device=ref.device)
+        self.check_renumbering(cache.renumbered)
+        return cache
+
+    def check_renumbering(self, renumbered: bool) -> None:
+        """ValueError for sinks at cache positions under a scheme that adds positions to the
+        embeddings (sinusoidal): those are in every cached key and value and cannot be moved."""
+        if renumbered and self.positions.embeds:
+            raise ValueError(f"sink_positions='cache' renumbers positions inside attention, but {self.positions.kind} "
+                             f"positions are added to the embeddings: use sink_positions='absolute'")
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
-                sinks: int = 0, context_len: Optional[int] = None, return_hidden: bool = False,
-                body=None, weights_of: Optional[int] = None):
+                sinks: int = 0, sink_positions: str = SINK_POSITIONS[0], context_len: Optional[int] = None,
+                return_hidden: bool = False, body=None, weights_of: Optional[int] = None):
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
         query to the last ``window`` positions (sliding-window attention, what a rolling cache
         computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
-        sinks computes). With a cache they sit at cache.length.., attend to everything cached, and
+        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``). With a cache they sit at cache.length.., attend to everything cached, and
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
@@ -324,7 +385,17 @@ class GPT(nn.Module):
         self.positions.start(pos)
         if weights_of is not None and weights_of < 0:
             weights_of += len(self.blocks)  # -1: the last layer
-        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of)
+        if cache is not None:
+            renumbered = cache.renumbered
+        else:
+            if sink_positions not in SINK_POSITIONS:
+                raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of "
+                                 f"{', '.join(SINK_POSITIONS)}")
+            renumbered = window is not None and sinks > 0 and sink_positions == "cache"
+            self.check_renumbering(renumbered)
+        if renumbered and weights_of is not None:
+            raise ValueError("attention weights are not written out for sinks at cache positions")
+        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered)
         out = (body or self.body)(idx, fp, return_hidden)
         if cache is not None:
             cache.commit()

@@ -200,6 +200,13 @@ class PositionScheme(nn.Module):
         factor by its own, ``randomized`` hands on plain positions at evaluation)."""
         return self, 1.0
 
+    @property
+    def embeds(self) -> bool:
+        """True when the scheme that acts at evaluation adds positions to the token embeddings
+        (``embed``): its positions are in every hidden state, not only inside attention."""
+        inner, _ = self.unwrap()
+        return type(inner).embed is not PositionScheme.embed
+
     def start(self, pos: torch.Tensor) -> None:
         """Called once at the start of every forward pass with the new tokens' positions, before
         any other hook (``randomized`` draws its training positions here)."""

@@ -10,18 +10,16 @@ when present, so ``--report-only`` keeps it; a new run over the directory moves 
 one aside (``discussion.md.1``)."""
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import platform
 import subprocess
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import yaml
 
-from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table
+from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table, write_csv
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
@@ -85,10 +83,10 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
     atomic_write(os.path.join(study.out, "study.json"), json.dumps(
         {**study.state(), "run": {"command": command, "wall": wall, "started_at": started_at, "loads": list(loads),
                                   "commit": commit}}, indent=1))
-    _write_csv([{k: v for k, v in c.items() if k != "by_position"} for c in study.cells],
+    write_csv([{k: v for k, v in c.items() if k != "by_position"} for c in study.cells],
                os.path.join(study.out, "results.csv"))
     if study.retrieval:
-        _write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
+        write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
     if study.plan["experiment"] == "sinusoidal-base":
@@ -113,14 +111,6 @@ def rewrite_report(out: str) -> str:
     run = state["run"]
     return write_report(Study.from_state(state, out), run["command"], run["wall"], run["started_at"],
                         tuple(run["loads"]), run["commit"])
-
-
-def _write_csv(rows: Sequence[dict], path: str) -> None:
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(path, text.getvalue())
 
 
 def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> list:
