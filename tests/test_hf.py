@@ -293,6 +293,9 @@ def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corp
               "--position.scaling.type=yarn", "--position.scaling.factor=4", "--no-files", "--quiet",
               *[x for d in data for x in ("--set", d)], cwd=tmp_path)
     assert "128" in out
+    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--stream", "--stream-tokens", "160", "--max-context",
+              "32", "--no-files", "--quiet", *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    assert "| window 32, 4 sinks at cache positions |" in out and "| 128-159 |" in out
     cli(os.path.join(REPO, "train.py"), f"train.init_from={directory}", "model.block_size=128",
         "model.position={kind: rope, scaling: {type: yarn, factor: 2}}", *data, "train.max_steps=3", "train.batch_size=2",
         "train.warmup_steps=1", "train.eval_interval=3", "train.eval_iters=1", "train.sample_tokens=0",
