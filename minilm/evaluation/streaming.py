@@ -147,8 +147,8 @@ def smoothed(losses: np.ndarray, width: int) -> tuple:
 
 
 def plot_streams(streams: Sequence[Stream], path: str) -> str:
-    """PNG of the loss against position, one panel per model, one line per set-up (bins of W/8
-    positions); a dotted line at the window. Needs matplotlib."""
+    """PNG of the loss against position, one panel per model, one line per set-up (means over
+    bins of W/4 positions); a dotted line at the window. Needs matplotlib."""
     Figure = require_matplotlib()
     labels = list(dict.fromkeys(s.label for s in streams))
     fig = Figure(figsize=(7.5, 3.6 * len(labels)))
@@ -157,13 +157,12 @@ def plot_streams(streams: Sequence[Stream], path: str) -> str:
     for i, label in enumerate(labels):
         ax = fig.add_subplot(len(labels), 1, i + 1)
         for s in (s for s in streams if s.label == label and s.losses is not None):
-            x, y = smoothed(s.losses, max(1, s.window // 8))
+            x, y = smoothed(s.losses, max(1, s.window // 4))
             colour, style = styles[s.setup]
             ax.plot(x, y, color=colour, linestyle=style, label=describe_setup(s))
             ax.axvline(s.window, color="grey", linestyle=":", linewidth=1)
-        ax.set_yscale("log")
         ax.set_xlabel("position in the text (tokens); dotted: the window")
-        ax.set_ylabel("loss (nats, log scale)")
+        ax.set_ylabel(f"loss (nats), mean over {max(1, streams[0].window // 4)} positions")
         ax.set_title(f"{label}: streaming loss", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

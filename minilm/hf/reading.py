@@ -55,7 +55,7 @@ def cached_snapshot(name: str) -> str:
     snapshots = os.path.join(repo, "snapshots")
     if not os.path.isdir(snapshots):
         raise HFError(f"{PREFIX}{name} is not in the local Hugging Face cache ({hub_cache()}): minilm never "
-                              f"downloads; fetch it yourself (huggingface-cli download {name}) or give its directory")
+                              f"downloads; fetch it yourself (hf download {name}) or give its directory")
     ref = os.path.join(repo, "refs", "main")
     if os.path.isfile(ref):
         with open(ref, encoding="utf-8") as f:
