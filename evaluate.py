@@ -117,15 +117,15 @@ def stream_report(args, overrides) -> int:
     check_outputs(args)
     streams = []
     for path in args.checkpoints:
-        streams += streaming.stream_checkpoint(path, overrides, tokens=args.stream_tokens, window=args.max_context,
-                                               sinks=args.sink_tokens, dtype=args.dtype, device=args.device,
-                                               quiet=args.quiet)
-    first = streams[0]
-    print(f"streaming loss (nats per token) by band of positions, {first.tokens:,} tokens of the validation split\n")
-    print(streaming.band_table(streams))
+        these = streaming.stream_checkpoint(path, overrides, tokens=args.stream_tokens, window=args.max_context,
+                                            sinks=args.sink_tokens, dtype=args.dtype, device=args.device,
+                                            quiet=args.quiet)
+        print(f"{path}: streaming loss (nats per token) by band of positions, {these[0].tokens:,} tokens of the "
+              f"validation split\n\n{streaming.band_table(these)}\n")
+        streams += these
     if not args.no_files:
         csv_path = args.csv or default_output(args.checkpoints[0], "stream.csv")
-        print(f"\nwrote {write_csv(streaming.band_rows(streams), csv_path)}", file=sys.stderr)
+        print(f"wrote {write_csv(streaming.band_rows(streams), csv_path)}", file=sys.stderr)
         if have_matplotlib():
             png = streaming.plot_streams(streams, args.plot or default_output(args.checkpoints[0], "stream.png"))
             print(f"wrote {png}", file=sys.stderr)

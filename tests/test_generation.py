@@ -393,30 +393,47 @@ def test_attention_sinks_cached_equals_no_cache_far_past_the_context(random_gpt,
 
 @pytest.mark.parametrize("position", [p for p in ROLLING if not embeds(p)], ids=scheme_id)
 def test_sinks_at_cache_positions_cached_equals_no_cache_far_past_the_context(random_gpt, position):
-    model = random_gpt(position, block_size=32)
+    model = random_gpt(position, block_size=16)  # 4 windows past the context (uncached, each query is attended alone)
     prompt = [5, 17, 42, 8, 61, 3, 29]
-    cached = greedy_tokens(model, prompt, 100, sinks=4, sink_positions="cache")
-    uncached = greedy_tokens(model, prompt, 100, use_cache=False, sinks=4, sink_positions="cache")
+    cached = greedy_tokens(model, prompt, 60, sinks=4, sink_positions="cache")
+    uncached = greedy_tokens(model, prompt, 60, use_cache=False, sinks=4, sink_positions="cache")
     assert cached == uncached and len(set(cached)) >= 5
 
 
-@pytest.mark.parametrize("kind", ["rope", "alibi", "xpos", "fire", "kerple", "shaw", "t5"])
-def test_sinks_at_cache_positions_are_where_the_paper_puts_them(kind):
-    """StreamingLLM numbers positions within the cache: in one layer, the last query of a long
-    stream sees exactly what the same model sees in a fresh sequence made of the sinks followed
-    by the window (sinks at 0..S-1, the window at S..W-1); with absolute positions it does not."""
+NUMBERED = [{"kind": "rope"}, {"kind": "xpos"}, {"kind": "fire"}, {"kind": "alibi"}, {"kind": "kerple"},
+            {"kind": "shaw"}, {"kind": "t5"}, {"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0},
+            {"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0, "original_max_positions": 4}}]
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 1])
+@pytest.mark.parametrize("position", NUMBERED, ids=scheme_id)
+def test_sinks_at_cache_positions_are_where_the_paper_puts_them(position, n_kv_head):
+    """StreamingLLM numbers positions within the cache. In one layer, every query of a stream
+    (before, at and after its window fills; cached and not) therefore sees exactly what the same
+    model sees in a fresh sequence: the tokens so far while they fit the window, then the sinks
+    followed by the window (sinks at 0..S-1, the window at S..W-1). With absolute positions
+    it does not."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=1, n_head=2, d_model=16, block_size=16, vocab_size=50,
-                            position={"kind": kind})).eval()
-    idx = torch.randint(0, 50, (1, 300), generator=torch.Generator().manual_seed(1))
-    window, sinks = 10, 3
+    model = GPT(ModelConfig(n_layer=1, n_head=4, d_model=32, block_size=16, vocab_size=50, position=position,
+                            n_kv_head=n_kv_head)).eval()
+    with torch.no_grad():  # learned position parameters away from their start, so that every one matters
+        for p in model.positions.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    window, sinks, n = 10, 3, 40
+    idx = torch.randint(0, 50, (2, n), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        fresh = model(torch.cat([idx[:, :sinks], idx[:, -(window - sinks):]], dim=1))[0, -1]
-        streamed = model(idx, window=window, sinks=sinks, sink_positions="cache")[0, -1]
-        absolute = model(idx, window=window, sinks=sinks, sink_positions="absolute")[0, -1]
-    torch.testing.assert_close(streamed, fresh, rtol=1e-5, atol=1e-6)
-    if kind != "t5":  # t5's buckets end at max_distance: past it every distance is alike
-        assert not torch.allclose(absolute, fresh, rtol=1e-5, atol=1e-6)
+        streamed = model(idx, window=window, sinks=sinks, sink_positions="cache", context_len=window)
+        cache = model.new_cache(2, window, rolling=True, sinks=sinks, sink_positions="cache")
+        cached = torch.cat([model(idx[:, :5], cache, context_len=window)] +
+                           [model(idx[:, t:t + 1], cache, context_len=window) for t in range(5, n)], dim=1)
+        for p in range(n):
+            seen = idx[:, :p + 1] if p < window else torch.cat([idx[:, :sinks], idx[:, p - window + sinks + 1:p + 1]], 1)
+            fresh = model(seen, context_len=window)[:, -1]
+            torch.testing.assert_close(streamed[:, p], fresh, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cached[:, p], fresh, rtol=1e-5, atol=1e-5)
+        absolute = model(idx, window=window, sinks=sinks, sink_positions="absolute", context_len=window)
+    if position["kind"] in ("rope", "xpos", "fire", "alibi", "kerple"):
+        assert not torch.allclose(absolute[:, -1], streamed[:, -1], rtol=1e-5, atol=1e-6)
 
 
 def test_sink_positions_change_rope_generation_far_past_the_context(random_gpt):

@@ -75,10 +75,21 @@ def test_cli_table_csv_figure_and_errors(corpus, tmp_path):  # noqa: F811
     assert len(rows) == 4 * 4 and {r["setup"] for r in rows} == set(streaming.SETUPS)
     assert all(float(r["loss"]) > 0 for r in rows)
     assert os.path.getsize(tmp_path / "s.png") > 1000
-    for bad, message in [(["--sink-tokens", "16"], "sink tokens=16 leave no room in a window of 16"),
+    for bad, message in [(["--sink-tokens", "16"], "--sink-tokens=16 leaves no room in a window of 16"),
+                         (["--max-context", "0"], "--max-context=0 is invalid: expected an integer >= 1"),
                          (["--stream-tokens", "999999"], "fewer than the 1,000,000 a stream of 999,999 needs"),
                          (["--lengths", "16"], "leave out --lengths")]:
         out = run_cli(rope, "--stream", "--no-files", "--quiet", *bad)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = run_cli(rope, "--max-context", "8", "--no-files")
     assert out.returncode == 2 and "options of --stream" in out.stderr
+
+
+def test_cli_models_of_different_lengths_each_get_their_own_bands(corpus):  # noqa: F811
+    short, _ = tiny_checkpoint(corpus, "rope")
+    long, _ = tiny_checkpoint(corpus, "alibi", block_size=32)
+    out = run_cli(short, long, "--stream", "--stream-tokens", "128", "--no-files", "--quiet")
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split("alibi-0/ckpt.pt: streaming loss")
+    assert "| 0-15 | 16-31 | 32-63 | 64-127 |" in first and "| window 16 |" in first
+    assert "| 0-31 | 32-63 | 64-127 |" in second and "| window 32 |" in second and "nan" not in out.stdout

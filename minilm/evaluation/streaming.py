@@ -95,15 +95,15 @@ def stream_checkpoint(path: str, overrides: Sequence[str] = (), *, tokens: Optio
     block = config.model.block_size
     window = block if window is None else window
     tokens = DEFAULT_MULTIPLE * block if tokens is None else tokens
-    for name, value, low in (("stream tokens", tokens, 2), ("window", window, 1), ("sink tokens", sinks, 0)):
+    for name, value, low in (("--stream-tokens", tokens, 2), ("--max-context", window, 1), ("--sink-tokens", sinks, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise StreamError(f"{name}={value!r} is invalid: expected an integer >= {low}")
     if sinks >= window:
-        raise StreamError(f"sink tokens={sinks} leave no room in a window of {window}: expected fewer than {window}")
+        raise StreamError(f"--sink-tokens={sinks} leaves no room in a window of {window}: expected fewer than {window}")
     val = validation_tokens(config, tokenizer, quiet=quiet)
     if len(val) < tokens + 1:
         raise StreamError(f"{state['path']}: the validation split has {len(val):,} tokens, fewer than the "
-                          f"{tokens + 1:,} a stream of {tokens:,} needs: lower the stream tokens")
+                          f"{tokens + 1:,} a stream of {tokens:,} needs: lower --stream-tokens")
     text = torch.from_numpy(np.asarray(val[:tokens + 1], dtype=np.int64))
     label = label or state["path"]
     out = []
@@ -124,7 +124,11 @@ def bands(n: int, window: int) -> list:
 
 
 def band_table(streams: Sequence[Stream]) -> str:
-    """A markdown table: one row per (model, set-up), the mean loss (nats) in every band of positions."""
+    """A markdown table of one model's streams (one text, one window): a row per set-up, the
+    mean loss (nats) in every band of positions."""
+    if len({(s.label, s.tokens, s.window) for s in streams}) != 1:
+        raise StreamError("band_table takes the streams of one model (one text and one window): "
+                          "make one table per model")
     spans = bands(streams[0].tokens, streams[0].window)
     rows = []
     for s in streams:
@@ -156,13 +160,14 @@ def plot_streams(streams: Sequence[Stream], path: str) -> str:
               "sinks-absolute": ("tab:blue", "-."), "sinks-cache": ("tab:green", "-")}
     for i, label in enumerate(labels):
         ax = fig.add_subplot(len(labels), 1, i + 1)
+        window = next(s.window for s in streams if s.label == label)
         for s in (s for s in streams if s.label == label and s.losses is not None):
             x, y = smoothed(s.losses, max(1, s.window // 4))
             colour, style = styles[s.setup]
             ax.plot(x, y, color=colour, linestyle=style, label=describe_setup(s))
             ax.axvline(s.window, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("position in the text (tokens); dotted: the window")
-        ax.set_ylabel(f"loss (nats), mean over {max(1, streams[0].window // 4)} positions")
+        ax.set_ylabel(f"loss (nats), mean over {max(1, window // 4)} positions")
         ax.set_title(f"{label}: streaming loss", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)

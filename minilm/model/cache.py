@@ -2,8 +2,9 @@
 
 ``cache.length`` is the number of tokens the model has been given so far, and so the
 absolute position of the next one: prefill writes positions 0..P-1, decode step t writes
-P+t. Keys are stored after rotation (RoPE), together with the position of every slot, so
-attention masks and biases are built from real positions, never from slice lengths.
+P+t. Keys are stored after rotation (RoPE; except for sinks at cache positions, below),
+together with the position of every slot, so attention masks and biases are built from real
+positions, never from slice lengths.
 
 A ``rolling`` cache is a ring buffer of ``capacity`` slots: once full, each new token
 overwrites the oldest one (slot = position mod capacity), which gives sliding-window

@@ -13,7 +13,8 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 
 The position scheme is a plug-in from ``minilm.positions`` and acts through its hooks:
 ``start`` once per forward pass, ``embed`` after the token embedding, ``rotate`` on q and k
-in every layer (before the cache write), ``bias`` on the attention logits and
+in every layer (before the cache write; after it, at cache positions, for sinks placed there:
+``attend_in_cache``), ``bias`` on the attention logits and
 ``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit tensors:
 ``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without.
 """
@@ -364,7 +365,8 @@ class GPT(nn.Module):
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
         query to the last ``window`` positions (sliding-window attention, what a rolling cache
         computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
-        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``). With a cache they sit at cache.length.., attend to everything cached, and
+        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``;
+        with a cache, the cache's own placement counts). With a cache they sit at cache.length.., attend to everything cached, and
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
