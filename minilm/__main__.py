@@ -1,26 +1,32 @@
-"""``python -m minilm <command> ...``: the package's command-line tools.
-
-    python -m minilm positions list|plot ...     the position registry: list it, draw a scheme
-    python -m minilm passkey eval|make-corpus ...  passkey retrieval
-    python -m minilm longeval CHECKPOINT          the long-context suite (needles, queries, variable tracking)
-    python -m minilm lmeval CHECKPOINT --tasks T   lm-evaluation-harness tasks (pip install -e ".[eval]")
-    python -m minilm experiment length-generalization [--quick] ...
-    python -m minilm export CHECKPOINT DIR          a checkpoint as a Hugging Face model directory
-
-Each command lives in ``minilm/cli/``; ``--help`` after a command shows its options.
-"""
+"""The ``minilm`` command (installed by ``pip install .``; also ``python -m minilm``): one
+entry for every tool, each a module of ``minilm/cli/`` with its own ``--help``."""
 import sys
 
-from minilm.cli import experiment, export, lmeval, longeval, passkey, positions
+from minilm.cli import evaluate, experiment, export, generate, lmeval, longeval, passkey, positions, train
 
-COMMANDS = {"positions": positions.main, "passkey": passkey.main, "longeval": longeval.main, "lmeval": lmeval.main,
+USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [options])
+
+  train --config rope.yaml [key=value ...]   train a model (the shipped configs: rope.yaml, alibi.yaml, ...)
+  generate --checkpoint DIR "PROMPT"         stream a continuation from a checkpoint
+  evaluate CHECKPOINT ...                    perplexity and bits/char by length; --stream for StreamingLLM
+  positions list|plot ...                    the position registry: list it, draw a scheme
+  passkey eval|make-corpus ...               passkey retrieval
+  longeval CHECKPOINT                        the long-context suite (needles, queries, variable tracking)
+  lmeval CHECKPOINT --tasks T                lm-evaluation-harness tasks (the eval extra)
+  experiment length-generalization ...       the length-generalization study
+  export CHECKPOINT DIR                      a checkpoint as a Hugging Face model directory
+
+'minilm <command> --help' shows a command's options."""
+
+COMMANDS = {"train": train.main, "generate": generate.main, "evaluate": evaluate.main, "positions": positions.main,
+            "passkey": passkey.main, "longeval": longeval.main, "lmeval": lmeval.main,
             "experiment": experiment.main, "export": export.main}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

@@ -328,16 +328,18 @@ def apply_override(tree: dict, assignment: str) -> None:
     node[parts[-1]] = value
 
 
+SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")  # package data
+
+
 def find_config_file(name: str) -> str:
-    """Look a config up as given, then under ``configs/`` (next to this package, then in the cwd)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    candidates = [name, os.path.join("configs", name), os.path.join(here, "configs", name)]
-    for path in candidates:
+    """Look a config up as given (a user's own path wins), then under ./configs/, then among the
+    configs shipped in the package (``SHIPPED_CONFIGS``: rope.yaml, alibi.yaml, ...)."""
+    for path in (name, os.path.join("configs", name), os.path.join(SHIPPED_CONFIGS, name)):
         if os.path.isfile(path):
             return path
-    available = sorted(f for f in os.listdir(os.path.join(here, "configs")) if f.endswith(".yaml")) \
-        if os.path.isdir(os.path.join(here, "configs")) else []
-    raise ConfigError(f"config file {name!r} not found in . or configs/: {suggest(name, available)}")
+    available = sorted(f for f in os.listdir(SHIPPED_CONFIGS) if f.endswith(".yaml"))
+    raise ConfigError(f"config file {name!r} not found in ., ./configs/ or the shipped configs: "
+                      f"{suggest(name, available)}")
 
 
 def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()) -> Config:

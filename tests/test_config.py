@@ -1,4 +1,4 @@
-"""Tests for minilm.config and the config side of train.py: lookup, overrides, errors, configs/."""
+"""Tests for minilm.config and the config side of minilm train: lookup, overrides, errors, the shipped configs."""
 import os
 import subprocess
 import sys
@@ -52,9 +52,12 @@ def test_errors_are_one_line_and_name_the_key(override, expected):
     assert "\n" not in str(info.value)
 
 
-def test_config_lookup_cwd_first_then_configs(tmp_path, monkeypatch):
+def test_config_lookup_a_users_path_then_configs_then_the_shipped_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert os.path.samefile(find_config_file("rope.yaml"), os.path.join(REPO, "configs", "rope.yaml"))
+    assert os.path.samefile(find_config_file("rope.yaml"), os.path.join(REPO, "minilm", "configs", "rope.yaml"))
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "rope.yaml").write_text("out_dir: in-configs\n")
+    assert load_config("rope.yaml").out_dir == "in-configs"
     (tmp_path / "rope.yaml").write_text("out_dir: mine\n")
     assert find_config_file("rope.yaml") == "rope.yaml"
     assert load_config("rope.yaml").out_dir == "mine"

@@ -1,6 +1,5 @@
-"""generate.py end to end on tiny checkpoints: streaming, prompt sources, seeds, samples,
+"""minilm generate (generate.py) end to end on tiny checkpoints: streaming, prompt sources, seeds, samples,
 stop strings, runs far past the context, --set position overrides, stats and bad input."""
-import importlib.util
 import io
 import os
 import select
@@ -11,20 +10,12 @@ import time
 import pytest
 
 from minilm.checkpoints import format as checkpoint
+from minilm.cli import generate as generate_script
 from minilm.config import Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "generate.py")
 
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("generate_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-generate_script = load_script()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +33,7 @@ def checkpoints(tmp_path_factory, gen_tokenizer, random_gpt):
 
 
 def run(capsys, *argv):
-    """generate.py in-process: (exit status, stdout, stderr)."""
+    """minilm generate in-process: (exit status, stdout, stderr)."""
     try:
         status = generate_script.main(list(argv))
     except SystemExit as exc:

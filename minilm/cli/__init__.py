@@ -1,8 +1,8 @@
 """The command-line home: everything that parses arguments, reads stdin or prints for a user.
 
-``python -m minilm <command>`` dispatches to the modules here (``minilm/__main__.py``);
-``train.py``, ``generate.py`` and ``evaluate.py`` at the top of the repository parse their
-own arguments and call into them. The library below never prints for a command line.
+The ``minilm <command>`` entry (also ``python -m minilm <command>``) dispatches to the modules
+here (``minilm/__main__.py``); ``train.py``, ``generate.py`` and ``evaluate.py`` at the top of
+a clone call the same ``main`` functions. The library below never prints for a command line.
 
 Every command ends the same way, through ``run_command``: a ``MinilmError`` is one line
 ``error: <message>`` on stderr with exit status 2, never a traceback.

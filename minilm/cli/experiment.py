@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def parse_args(argv):
-    parser = Parser(prog="python -m minilm experiment", description=experiments.__doc__.split("\n\n")[0],
+    parser = Parser(prog="minilm experiment", description=experiments.__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="overrides: section.key=value on the plan (sections: " + ", ".join(experiments.FULL)
                            + "), e.g. data.corpus=texts/ train.max_steps=500")

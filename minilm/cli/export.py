@@ -8,7 +8,7 @@ from minilm.hf import export as hf_export
 
 
 def main(argv=None) -> int:
-    parser = Parser(prog="python -m minilm export", description=hf_export.__doc__.split("\n\n")[0])
+    parser = Parser(prog="minilm export", description=hf_export.__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a checkpoint file or out_dir (or a Hugging Face directory, re-exported)")
     parser.add_argument("directory", help="the new directory to write (absent or empty)")
     args = parser.parse_args(argv)

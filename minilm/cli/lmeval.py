@@ -7,7 +7,7 @@ from minilm.evaluation import harness
 
 
 def main(argv=None) -> int:
-    parser = Parser(prog="python -m minilm lmeval", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="minilm lmeval", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint, out_dir, or Hugging Face model directory / hf:NAME")
     parser.add_argument("--tasks", required=True, help="comma-separated lm_eval task names")
     parser.add_argument("--include-path", default=None, help="a folder of task YAML files of your own")

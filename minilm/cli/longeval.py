@@ -36,7 +36,7 @@ def _numbers(text: str, kind, option: str) -> list:
 
 
 def main(argv=None) -> int:
-    parser = Parser(prog="python -m minilm longeval", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="minilm longeval", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint, out_dir, or Hugging Face model directory / hf:NAME")
     parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated (default: all: {','.join(SUITE)})")
     parser.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")

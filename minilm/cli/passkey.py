@@ -39,7 +39,7 @@ def _write(args, tokenizer, mix_text: str) -> list:
 
 
 def main(argv=None) -> int:
-    parser = Parser(prog="python -m minilm passkey", description=passkey.__doc__.split("\n\n")[0])
+    parser = Parser(prog="minilm passkey", description=passkey.__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
     ev.add_argument("checkpoints", nargs="+")

@@ -1,0 +1,149 @@
+"""Perplexity and bits/char of checkpoints on the held-out split at several lengths:
+``minilm evaluate`` (also ``python evaluate.py`` in a clone, ``python -m minilm evaluate``).
+
+    minilm evaluate out/rope out/alibi                      # 1x, 2x, 4x, 8x, 16x each block_size
+    minilm evaluate out/rope --lengths 256,1024 --mode sliding --stride 128
+    minilm evaluate out/rope --position.scaling.type=dynamic   # a RoPE scaling, no fine-tuning
+    minilm evaluate out/rope --set model.position.scaling='{type: yarn, factor: 4}'
+    minilm evaluate out/rope --stream                       # StreamingLLM: full, window, window + sinks
+
+Prints markdown tables (perplexity, bits/char), writes a CSV and, with matplotlib, a PNG
+of perplexity against length; with --stream the loss by band of positions of one long text
+under four kinds of attention (minilm.evaluation.streaming), as a table, a CSV and a PNG of
+loss against position. The work is done by minilm.evaluation.
+"""
+import argparse
+import os
+import sys
+
+from minilm.cli import Parser, run_command
+from minilm.evaluation import lengths as evaluation, streaming
+from minilm.common import write_csv
+from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
+from minilm.hf.reading import is_hf_source
+from minilm.training.outdir import check_writable, rotate
+
+
+def parse_numbers(text: str, kind, what: str):
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{what}={text!r} is invalid: expected comma-separated positive numbers")
+    return values
+
+
+def main(argv=None) -> int:
+    parser = Parser(
+        prog="minilm evaluate", description="Perplexity and bits/char on the validation split at several lengths.",
+        epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.")
+    parser.add_argument("checkpoints", nargs="+",
+                        help="checkpoint files, out_dirs holding ckpt.pt, or Hugging Face model directories / hf:NAME")
+    parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
+                        help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)")
+    parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),
+                        default=[1, 2, 4, 8, 16], help="multiples of each model's block_size (default 1,2,4,8,16)")
+    parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
+    parser.add_argument("--stride", type=int, help="sliding mode: tokens each segment advances (default: length/2)")
+    parser.add_argument("--max-tokens", type=int, default=65536,
+                        help="scored validation tokens (default 65536; 0 = the whole split)")
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per forward pass (default 8192)")
+    parser.add_argument("--stream", action="store_true",
+                        help="score one long text token by token with full attention, a rolling window, and the "
+                             "window with sinks at absolute and at cache positions (StreamingLLM)")
+    parser.add_argument("--stream-tokens", type=int,
+                        help="--stream: tokens of the validation split scored (default 16 x block_size)")
+    parser.add_argument("--max-context", type=int, help="--stream: the window in tokens (default block_size)")
+    parser.add_argument("--sink-tokens", type=int, default=streaming.DEFAULT_SINKS,
+                        help=f"--stream: the first tokens kept in view (default {streaming.DEFAULT_SINKS})")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override model.position.*, model.block_size or data.* of every checkpoint")
+    parser.add_argument("--csv", help="CSV output (default: eval-<mode>.csv next to the first checkpoint)")
+    parser.add_argument("--plot", help="PNG output (default: eval-<mode>.png next to the first checkpoint)")
+    parser.add_argument("--no-files", action="store_true", help="print the tables only")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args, rest = parser.parse_known_args(argv)
+    overrides = list(args.set)
+    for extra in rest:
+        if extra.startswith("--position.") and "=" in extra:
+            overrides.append("model." + extra[2:])
+        else:
+            parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
+
+    if args.stream and (args.lengths or args.stride or args.mode != "nonoverlapping"):
+        parser.error("--stream scores one text with its own protocol: leave out --lengths, --mode and --stride")
+    if not args.stream and (args.stream_tokens or args.max_context):
+        parser.error("--stream-tokens and --max-context are options of --stream")
+    return run_command(lambda: (stream_report if args.stream else report)(args, overrides))
+
+
+def report(args, overrides) -> int:
+    """Score, print the tables, write the CSV and the plot."""
+    check_outputs(args)
+    results = evaluation.evaluate_checkpoints(
+        args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
+        max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
+        dtype=args.dtype, device=args.device, quiet=args.quiet)
+    first = results[0]
+    print(f"validation perplexity, {args.mode} segments"
+          + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
+          + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n")
+    print(evaluation.markdown_table(results, "ppl") + "\n")
+    print(evaluation.markdown_table(results, "bpc"))
+    if not args.no_files:
+        csv_path = args.csv or default_output(first.checkpoint, f"eval-{args.mode}.csv")
+        print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
+        if have_matplotlib():
+            png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"eval-{args.mode}.png"))
+            print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
+def check_outputs(args) -> None:
+    """A --csv or --plot that cannot be written (or drawn) is found before the evaluation, not after it."""
+    if args.plot and not have_matplotlib():
+        raise PlotError("--plot needs matplotlib: pip install -e '.[plot]'")
+    for option, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path and not args.no_files:
+            check_writable(os.path.dirname(os.path.abspath(path)), option)
+    if args.plot and not args.no_files:
+        check_figure_path(args.plot)
+
+
+def stream_report(args, overrides) -> int:
+    """--stream: every checkpoint's loss by band of positions under each kind of attention."""
+    check_outputs(args)
+    streams = []
+    for path in args.checkpoints:
+        these = streaming.stream_checkpoint(path, overrides, tokens=args.stream_tokens, window=args.max_context,
+                                            sinks=args.sink_tokens, dtype=args.dtype, device=args.device,
+                                            quiet=args.quiet)
+        print(f"{path}: streaming loss (nats per token) by band of positions, {these[0].tokens:,} tokens of the "
+              f"validation split\n\n{streaming.band_table(these)}\n")
+        streams += these
+    if not args.no_files:
+        csv_path = args.csv or default_output(args.checkpoints[0], "stream.csv")
+        print(f"wrote {write_csv(streaming.band_rows(streams), csv_path)}", file=sys.stderr)
+        if have_matplotlib():
+            png = streaming.plot_streams(streams, args.plot or default_output(args.checkpoints[0], "stream.png"))
+            print(f"wrote {png}", file=sys.stderr)
+    return 0
+
+
+def default_output(checkpoint: str, name: str) -> str:
+    """Where a table or plot goes unless named: beside a minilm checkpoint (in its out_dir), in
+    the current directory for a Hugging Face model (``hf:NAME`` is no directory to write into).
+    An earlier file of that name is kept as ``<name>.1`` (``.2``, ...), never replaced."""
+    if is_hf_source(checkpoint):
+        base = os.getcwd()
+    else:
+        base = os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
+    path = os.path.join(base, name)
+    kept = rotate(path)
+    if kept:
+        print(f"kept the earlier {name} as {kept}", file=sys.stderr)
+    return path
+

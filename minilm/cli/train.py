@@ -1,0 +1,50 @@
+"""Train a minilm model: ``minilm train --config rope.yaml [section.key=value ...]`` (also
+``python train.py`` in a clone, ``python -m minilm train``).
+
+The config is looked up as given, then in ./configs/, then among the configs shipped in the
+package (minilm/configs/: rope.yaml, alibi.yaml, ...). Overrides after it are dotted keys
+with YAML values, e.g. ``train.max_steps=200 model.position.kind=alibi``. ``--resume``
+continues the run in the config's out_dir; ``--print-config`` prints the resolved config
+and exits. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
+Everything else lives in minilm.training.loop.
+"""
+import argparse
+import json
+import sys
+
+from minilm.cli import Parser, run_command
+from minilm.config import load_config, resolve_config
+from minilm.training.loop import train
+
+
+def main(argv=None) -> int:
+    parser = Parser(prog="minilm train", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="example: python train.py --config rope.yaml train.max_steps=200 "
+                                            "model.position.kind=alibi")
+    parser.add_argument("--config", help="YAML config file (looked up in . then configs/); defaults if omitted")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="overrides, values parsed as YAML")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in out_dir/ckpt.pt")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start a new run in an out_dir that holds a checkpoint, replacing it")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the flags
+
+    return run_command(lambda: run(args),
+                       on_interrupt="interrupted outside the training loop; checkpoints already in out_dir are kept")
+
+
+def run(args) -> int:
+    config = resolve_config(load_config(args.config, args.overrides))
+    if args.print_config:
+        print(config.to_yaml(), end="")
+        return 0
+    summary = train(config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    if args.quiet:
+        print(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
+    if summary["interrupted"]:
+        return 130 if summary["interrupted"] == "SIGINT" else 143
+    return 0
+
