@@ -69,10 +69,11 @@ TRAJECTORY = "trajectory"  # changes what the remaining steps of a resumed run c
 
 
 def option(default=dataclasses.MISSING, *, factory=dataclasses.MISSING, role: Optional[str] = None,
-           choices: tuple = ()):
-    """A config field with what the code needs to know of it, kept beside its default: its
-    ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY) and its valid ``choices``."""
-    return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices})
+           choices: tuple = (), help: str = ""):
+    """A config field with what the code and its user need to know of it, kept beside its
+    default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` and
+    a one-line ``help`` (what ``minilm train --help`` lists: ``config_keys``)."""
+    return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices, "help": help})
 
 
 def fields_with(cls, role: str) -> tuple:
@@ -90,26 +91,29 @@ def check_choices(obj, section: str) -> None:
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 4096  # follows the tokenizer (resolve_config)
-    n_layer: int = option(4, role=ARCHITECTURE)
-    n_head: int = option(4, role=ARCHITECTURE)
-    d_model: int = option(256, role=ARCHITECTURE)
-    block_size: int = option(256, role=AFTER_TRAINING)  # the training length; extension changes it
-    d_ff: Optional[int] = option(None, role=ARCHITECTURE)  # defaults to 4 * d_model
-    dropout: float = option(0.0, role=AFTER_TRAINING)
-    bias: bool = option(False, role=ARCHITECTURE)
-    position: dict = option(factory=lambda: {"kind": "rope"}, role=AFTER_TRAINING)  # scalings, interpolation
-    # token embedding multiplier before positions are added: auto (sqrt(d_model) where the scheme
-    # adds a unit-amplitude table, i.e. sinusoidal; else 1), sqrt_d_model, or a number
-    embedding_scale: Union[float, str] = option("auto", role=ARCHITECTURE)
+    vocab_size: int = option(4096, help="set from the tokenizer (data.vocab_size); not given by hand")
+    n_layer: int = option(4, role=ARCHITECTURE, help="transformer blocks")
+    n_head: int = option(4, role=ARCHITECTURE, help="attention heads (a divisor of d_model)")
+    d_model: int = option(256, role=ARCHITECTURE, help="width of the residual stream")
+    block_size: int = option(256, role=AFTER_TRAINING, help="the training length in tokens; extension changes it")
+    d_ff: Optional[int] = option(None, role=ARCHITECTURE, help="MLP width (null: 4 x d_model)")
+    dropout: float = option(0.0, role=AFTER_TRAINING, help="dropout on embeddings, attention and residuals")
+    bias: bool = option(False, role=ARCHITECTURE, help="biases in every linear layer and LayerNorm")
+    position: dict = option(factory=lambda: {"kind": "rope"}, role=AFTER_TRAINING,
+                            help="the position scheme: {kind: ..., options} (minilm positions list)")
+    embedding_scale: Union[float, str] = option(
+        "auto", role=ARCHITECTURE, help="token embedding multiplier before positions are added: auto (sqrt(d_model) "
+                                        "for sinusoidal, else 1), sqrt_d_model, or a number")
     # architecture options (the defaults are the original minilm GPT; see minilm.model.gpt)
-    parallel_residual: bool = option(False, role=ARCHITECTURE)  # x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)
-    tie_embeddings: bool = option(True, role=ARCHITECTURE)  # False: a separate lm_head weight
-    norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"))
-    norm_eps: float = option(1e-5, role=ARCHITECTURE)
-    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu"))  # gelu_tanh: GPT-2's gelu_new
-    n_kv_head: Optional[int] = option(None, role=ARCHITECTURE)  # key/value heads (grouped-query attention); None: n_head
-    qkv_bias: bool = option(False, role=ARCHITECTURE)  # a bias on the q/k/v projection only (Qwen2); ``bias``: everywhere
+    parallel_residual: bool = option(False, role=ARCHITECTURE, help="x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)")
+    tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
+    norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"), help="every norm's kind")
+    norm_eps: float = option(1e-5, role=ARCHITECTURE, help="the norms' epsilon")
+    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu"),
+                      help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama")
+    n_kv_head: Optional[int] = option(None, role=ARCHITECTURE,
+                                      help="key/value heads, grouped-query attention (null: n_head)")
+    qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -158,39 +162,40 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = "shakespeare"  # 'shakespeare' (embedded) or a path to a .txt file / directory of .txt files
-    vocab_size: int = 4096  # sentencepiece BPE vocabulary; model.vocab_size follows it
-    dir: str = "data"  # where prepared corpora land
+    corpus: str = option("shakespeare", help="shakespeare (embedded) or a .txt file / a directory of .txt files")
+    vocab_size: int = option(4096, help="sentencepiece BPE vocabulary; model.vocab_size follows it")
+    dir: str = option("data", help="where prepared corpora land")
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = option(32, role=TRAJECTORY)
-    grad_accum: int = option(1, role=TRAJECTORY)
-    max_steps: int = option(2000, role=TRAJECTORY)  # moves the cosine schedule
-    lr: float = option(1e-3, role=TRAJECTORY)
-    min_lr: float = option(1e-4, role=TRAJECTORY)
-    warmup_steps: int = option(100, role=TRAJECTORY)
-    weight_decay: float = option(0.1, role=TRAJECTORY)
-    beta1: float = option(0.9, role=TRAJECTORY)
-    beta2: float = option(0.95, role=TRAJECTORY)
-    # Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)
-    optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"))
-    muon_lr_scale: float = option(1.0, role=TRAJECTORY)  # with muon: Muon's learning rate is this times the schedule's
-    grad_clip: float = option(1.0, role=TRAJECTORY)
-    # share of the training sequences that are retrieval sequences (minilm.data.retrieval)
-    retrieval_share: float = option(0.0, role=TRAJECTORY)
-    eval_interval: int = 250
-    eval_iters: int = 20
-    log_interval: int = 10
-    checkpoint_interval: int = 500
-    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16"))
-    device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"))  # or cuda:N
-    compile: bool = False
-    init_from: Optional[str] = None  # checkpoint file or out_dir to start from
-    sample_tokens: int = 200  # sample printed at the end of training; 0 to skip
-    final_eval_tokens: int = 1_000_000  # final evaluation on (up to) this many validation tokens; 0: the eval_iters batches
-    snapshot_steps: list = field(default_factory=list)  # also keep the weights at these steps: snapshots/step-N.pt
+    batch_size: int = option(32, role=TRAJECTORY, help="sequences per step (per process under torchrun)")
+    grad_accum: int = option(1, role=TRAJECTORY, help="micro-batches summed into one step")
+    max_steps: int = option(2000, role=TRAJECTORY, help="optimizer steps; the cosine schedule ends there")
+    lr: float = option(1e-3, role=TRAJECTORY, help="peak learning rate, after the warm-up")
+    min_lr: float = option(1e-4, role=TRAJECTORY, help="learning rate at the end of the cosine")
+    warmup_steps: int = option(100, role=TRAJECTORY, help="linear warm-up steps")
+    weight_decay: float = option(0.1, role=TRAJECTORY, help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)")
+    beta1: float = option(0.9, role=TRAJECTORY, help="AdamW beta1")
+    beta2: float = option(0.95, role=TRAJECTORY, help="AdamW beta2")
+    optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"),
+                            help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)")
+    muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
+    grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
+    retrieval_share: float = option(0.0, role=TRAJECTORY,
+                                    help="share of sequences that are retrieval sequences (minilm.data.retrieval)")
+    eval_interval: int = option(250, help="steps between held-out evaluations")
+    eval_iters: int = option(20, help="held-out batches per evaluation")
+    log_interval: int = option(10, help="steps between metrics.jsonl lines")
+    checkpoint_interval: int = option(500, help="steps between checkpoints (written atomically)")
+    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16"),
+                        help="auto: bf16 autocast where the hardware has fast bf16, else float32")
+    device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
+    compile: bool = option(False, help="torch.compile the training step")
+    init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
+    sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
+    final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")
+    snapshot_steps: list = option(factory=list, help="also keep the weights at these steps: snapshots/step-N.pt")
 
     def __post_init__(self):
         check_choices(self, "train")
@@ -225,8 +230,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    out_dir: str = "out/run"
-    seed: int = 1337
+    out_dir: str = option("out/run", help="where checkpoints, metrics.jsonl and samples go")
+    seed: int = option(1337, help="fixes the initialisation and the batches")
 
     def __post_init__(self):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
@@ -409,3 +414,20 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
     if hasattr(config, "given"):
         resolved.given = config.given
     return resolved
+
+
+def config_keys() -> str:
+    """Every config key with its default and its one-line help, one per line, from the
+    dataclasses' fields (what ``minilm train --help`` ends with)."""
+    lines = []
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or f.name in ("model", "data", "train"):
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            key = f"{section}.{f.name}" if section else f.name
+            choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
+            lines.append(f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
+                         f"{choices}: {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+

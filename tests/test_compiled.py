@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm.generation.compiled import compiled_body
-from minilm.generation.decode import Decoder, GenerationError, Sampling, generate_ids
+from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
 from minilm.model.gpt import attend
 from minilm.positions import available
 
@@ -48,8 +48,11 @@ def test_compiled_decoding_equals_eager_decoding_past_the_context(random_gpt, po
     model = random_gpt(position, block_size=16)
     prompt = [5, 17, 42, 8, 61, 3, 29]
     eager = greedy_tokens(model, prompt, 40)
-    assert greedy_tokens(model, prompt, 40, compile=True) == eager  # 47 tokens through a 16-slot rolling cache
+    stats = Stats()
+    assert greedy_tokens(model, prompt, 40, compile=True, stats=stats) == eager  # 47 tokens through a 16-slot rolling cache
     assert len(set(eager)) >= 5
+    lines = stats.lines()  # the step that compiled is reported apart, not inside the decode rate
+    assert lines[2].startswith("compile: the first decode step took") and lines[3].startswith("decode: 38 tokens in")
     seq = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         decoders = [Decoder(model, 1, max_context=16, compile=compile) for compile in (False, True)]

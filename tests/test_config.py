@@ -1,4 +1,5 @@
 """Tests for minilm.config and the config side of minilm train: lookup, overrides, errors, the shipped configs."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -6,7 +7,8 @@ import sys
 import pytest
 import yaml
 
-from minilm.config import Config, ConfigError, find_config_file, load_config, resolve_config
+from minilm.cli import train as train_command
+from minilm.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig, find_config_file, load_config, resolve_config
 from minilm.model.gpt import GPT
 from tests.conftest import REPO
 
@@ -113,3 +115,22 @@ def test_configs_roundtrip_through_yaml():
     assert load_config(None, ["seed=1"]).seed == 1  # no file: the defaults
     for config in (Config(), load_config("interpolated.yaml", ["train.lr=2e-3"])):
         assert build_config(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train_command.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
+        for f in dataclasses.fields(cls):
+            if f.name in ("model", "data", "train"):
+                continue
+            key = f"{section}.{f.name}" if section else f.name
+            assert f.metadata.get("help"), f"{key} has no help"
+            line = next((x for x in out.splitlines() if x.startswith(f"  {key} = ")), None)
+            assert line is not None and line.endswith(f.metadata["help"]), key
+    assert "  train.optimizer = adamw (adamw | muon): muon: Muon" in out
+    assert "  model.position = {kind: rope}: the position scheme" in out
+    assert "  train.snapshot_steps = []: " in out and "  out_dir = out/run: " in out
+

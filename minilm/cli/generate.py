@@ -141,6 +141,8 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
 
     stats = Stats()
+    if args.compile and args.max_new_tokens > 1:
+        print("compiling the decode step at the first new token (seconds to a minute) ...", file=stderr, flush=True)
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
     first_sample: List[int] = []  # its token ids, for the attention map
     with warnings.catch_warnings(record=True) as caught:

@@ -13,16 +13,18 @@ import json
 import sys
 
 from minilm.cli import Parser, run_command
-from minilm.config import load_config, resolve_config
+from minilm.config import config_keys, load_config, resolve_config
 from minilm.training.loop import train
 
 
 def main(argv=None) -> int:
     parser = Parser(prog="minilm train", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="example: python train.py --config rope.yaml train.max_steps=200 "
-                                            "model.position.kind=alibi")
-    parser.add_argument("--config", help="YAML config file (looked up in . then configs/); defaults if omitted")
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="example: minilm train --config rope.yaml train.max_steps=200 model.position.kind=alibi\n\n"
+                           "config keys (section.key = default: what it does), each settable as an override:\n"
+                           + config_keys())
+    parser.add_argument("--config", help="YAML config file (a path, then ./configs/, then the shipped configs: "
+                                         "rope.yaml, alibi.yaml, ...); defaults if omitted")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="overrides, values parsed as YAML")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in out_dir/ckpt.pt")

@@ -263,19 +263,23 @@ class Stats:
     num_samples: int = 0
     new_tokens: int = 0  # per sample
     prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0  # from the first new token to the last one
+    compile_seconds: float = 0.0  # with compile=True: the first decode step, which compiles it
+    decode_seconds: float = 0.0  # from the first new token to the last one (after the compiling step)
     seed: Optional[int] = None
     device: str = "cpu"
 
     def lines(self) -> List[str]:
         b = self.num_samples
-        decode_steps = max(self.new_tokens - 1, 0)  # the first new token comes out of the prefill
+        compiled = self.compile_seconds > 0  # the compiling step is counted apart from the decode rate
+        # the first new token comes out of the prefill, the second from the compiling step
+        decode_steps = max(self.new_tokens - 1 - compiled, 0)
         prefill_rate = self.prompt_tokens * b / self.prefill_seconds if self.prefill_seconds else float("nan")
         decode_rate = decode_steps * b / self.decode_seconds if self.decode_seconds else float("nan")
         return [
             f"prompt: {self.prompt_tokens} tokens, new: {self.new_tokens} tokens x {b} sample{'s' * (b > 1)}, "
             f"seed {self.seed}",
             f"prefill: {self.prompt_tokens * b} tokens in {self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
+        ] + ([f"compile: the first decode step took {self.compile_seconds:.3f} s (compiling it)"] if compiled else []) + [
             f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
             f"peak memory: {peak_memory(self.device)}",
         ]
@@ -319,7 +323,7 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
     seed = secrets.randbits(63) if seed is None else int(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
     stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = len(prompt_ids), num_samples, seed, str(device)
-    stats.new_tokens, stats.prefill_seconds, stats.decode_seconds = 0, 0.0, 0.0
+    stats.new_tokens, stats.prefill_seconds, stats.decode_seconds, stats.compile_seconds = 0, 0.0, 0.0, 0.0
     if max_new_tokens == 0:
         return
     ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
@@ -340,6 +344,9 @@ def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200,
             if step:
                 token = sample(decoder.step(token).float(), sampling, generator, seen)
                 _sync(device, timed)
+                if compile and step == 1:  # this step compiled the decode step: timed apart
+                    stats.compile_seconds = time.perf_counter() - start
+                    start = time.perf_counter()
                 stats.decode_seconds = time.perf_counter() - start
             stats.new_tokens = step + 1
             if seen is not None:
