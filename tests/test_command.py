@@ -23,14 +23,16 @@ def test_no_command_prints_the_plain_usage(capsys):
     assert capsys.readouterr().err.startswith("error: unknown command 'bogus': valid: train, generate, evaluate")
 
 
-@pytest.mark.parametrize("name", ["train", "generate", "evaluate"])
-def test_the_scripts_of_a_clone_are_the_commands(name):
-    via_script = subprocess.run([sys.executable, os.path.join(REPO, f"{name}.py"), "--help"], capture_output=True,
-                                text=True, cwd=REPO)
-    via_module = subprocess.run([sys.executable, "-m", "minilm", name, "--help"], capture_output=True, text=True,
-                                cwd=REPO)
-    assert via_script.returncode == via_module.returncode == 0
-    assert via_script.stdout == via_module.stdout and via_script.stdout.startswith(f"usage: minilm {name}")
+def test_the_scripts_of_a_clone_are_the_commands(capsys):
+    for name in ("train", "generate", "evaluate"):
+        with pytest.raises(SystemExit):
+            command.main([name, "--help"])
+        in_process = capsys.readouterr().out
+        assert in_process.startswith(f"usage: minilm {name}")
+        if name == "generate":  # one script run as a user runs it (each process start costs seconds)
+            script = subprocess.run([sys.executable, os.path.join(REPO, "generate.py"), "--help"],
+                                    capture_output=True, text=True, cwd=REPO)
+            assert script.returncode == 0 and script.stdout == in_process
 
 
 def test_a_built_wheel_trains_from_the_shipped_configs_anywhere(tmp_path):
