@@ -149,6 +149,7 @@ def test_compile_gives_the_same_text_past_the_context(checkpoints, capsys):
     assert status == 0, err
     status, compiled, err = run(capsys, *argv, "--compile", "--stats")
     assert status == 0 and compiled == eager and "compiled step, static KV cache" in err, err
+    assert "compiling the decode step" in err and "compile: the first decode step took" in err
 
 
 def test_bfloat16_generation_keeps_the_weights_in_bf16(checkpoints, capsys):

@@ -141,8 +141,6 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
 
     stats = Stats()
-    if args.compile and args.max_new_tokens > 1:
-        print("compiling the decode step at the first new token (seconds to a minute) ...", file=stderr, flush=True)
     printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
     first_sample: List[int] = []  # its token ids, for the attention map
     with warnings.catch_warnings(record=True) as caught:
@@ -154,8 +152,11 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
                           stats=stats, compile=args.compile, stop_ids=() if args.ignore_eos else None)
         first = True
         for piece in pieces:
-            if first:
+            if first:  # the settings were good: the prefill ran; with --compile the next step compiles
                 _show_warnings(caught, stderr)
+                if args.compile and args.max_new_tokens > 1:
+                    stderr.write("compiling the decode step (seconds to a minute) ...\n")
+                    stderr.flush()
                 first = False
             if piece.sample == 0:
                 first_sample.append(piece.token)
