@@ -268,15 +268,24 @@ def autocast(device: torch.device, dtype: Optional[torch.dtype]):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def peak_memory(device: Union[str, torch.device] = "cpu") -> str:
-    """Peak CUDA memory allocated by torch on a CUDA device, else the process's peak RSS."""
+def peak_memory_mib(device: Union[str, torch.device] = "cpu") -> Optional[float]:
+    """Peak CUDA memory allocated by torch on a CUDA device, else the process's peak RSS, in
+    MiB (one decimal); None where it cannot be told."""
     if str(device).startswith("cuda"):
-        return f"{torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB (torch.cuda.max_memory_allocated)"
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     if resource is None:
-        return "n/a (no resource module)"
+        return None
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    rss = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
-    return f"{rss:.1f} MiB (peak RSS of the process)"
+    return round(rss / 2**20 if sys.platform == "darwin" else rss / 2**10, 1)
+
+
+def peak_memory(device: Union[str, torch.device] = "cpu") -> str:
+    """``peak_memory_mib`` as text that says what it measured."""
+    mib = peak_memory_mib(device)
+    if mib is None:
+        return "n/a (no resource module)"
+    what = "torch.cuda.max_memory_allocated" if str(device).startswith("cuda") else "peak RSS of the process"
+    return f"{mib:.1f} MiB ({what})"
 
 
 def available_memory(device: Union[str, torch.device] = "cpu") -> Optional[int]:

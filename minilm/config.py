@@ -57,6 +57,7 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number
+LOGGERS = ("jsonl", "csv", "tensorboard", "wandb")  # train.loggers (minilm.training.loggers)
 
 
 class ConfigError(MinilmError):
@@ -196,6 +197,8 @@ class TrainConfig:
     sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
     final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")
     snapshot_steps: list = option(factory=list, help="also keep the weights at these steps: snapshots/step-N.pt")
+    loggers: list = option(factory=lambda: ["jsonl"],
+                           help="where metrics go, any of: jsonl (metrics.jsonl), csv (metrics.csv), tensorboard, wandb")
 
     def __post_init__(self):
         check_choices(self, "train")
@@ -216,6 +219,10 @@ class TrainConfig:
                 any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
             raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
                               f"between 1 and train.max_steps={self.max_steps}")
+        if not isinstance(self.loggers, list) or len(set(map(str, self.loggers))) != len(self.loggers) or \
+                any(name not in LOGGERS for name in self.loggers):
+            raise ConfigError(f"train.loggers={self.loggers!r} is invalid: expected a list of distinct names among "
+                              f"{', '.join(LOGGERS)}")
         if not 0 <= self.retrieval_share < 1:
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
                               f"(none) to below 1")

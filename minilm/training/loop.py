@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import signal
@@ -63,7 +62,7 @@ from tqdm import tqdm
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded
-from minilm.common import MinilmError, WriteError, autocast, resolve_device, resolve_dtype
+from minilm.common import MinilmError, WriteError, autocast, peak_memory_mib, resolve_device, resolve_dtype
 from minilm.config import Config, resolve_config
 from minilm.data.corpus import Prepared, prepare
 from minilm.data.retrieval import Task
@@ -72,15 +71,14 @@ from minilm.generation.decode import Sampling
 from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
 from minilm.training.distributed import Dist, init_distributed
+from minilm.training.loggers import check_loggers, open_loggers
 from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
-from minilm.training.outdir import claim, rotate
-from minilm.training.resume import (StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes,
-                                    truncate_metrics)
+from minilm.training.outdir import claim
+from minilm.training.resume import StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes
 from minilm.training.source import source_model
 
 SAMPLE_TEMPERATURE = 0.8
-METRICS_FILE = "metrics.jsonl"
 
 
 class TrainingError(MinilmError):
@@ -127,14 +125,11 @@ class TrainingRun:
     best_bpc: Optional[float] = None
     last_val: Optional[dict] = None
     task: Optional[Task] = None  # the retrieval task of train.retrieval_share (minilm.training.mixture)
+    loggers: list = dataclasses.field(default_factory=list)  # train.loggers, on rank 0 (minilm.training.loggers)
 
     @property
     def ckpt_path(self) -> str:
         return os.path.join(self.config.out_dir, checkpoint.FILENAME)
-
-    @property
-    def metrics_path(self) -> str:
-        return os.path.join(self.config.out_dir, METRICS_FILE)
 
     @property
     def tokens_per_step(self) -> int:
@@ -146,9 +141,8 @@ class TrainingRun:
             tqdm.write(message, file=sys.stderr)
 
     def log(self, record: dict) -> None:
-        if self.dist.main:
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        for logger in self.loggers:  # rank 0's only
+            logger.write(record)
 
     def save(self, val: Optional[dict] = None) -> str:
         if not self.dist.main:
@@ -201,6 +195,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, quie
     CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
     """
     main = int(os.environ.get("RANK", "0")) == 0
+    check_loggers(config.train.loggers)  # a missing package is said before anything is done
     with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
         return _train(config, resume=resume, quiet=quiet)
 
@@ -216,7 +211,11 @@ def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
             loss, grad_norm, lr, stop_requested = train_step(run, stop)
             bar.update(1)
             interrupted = after_step(run, bar, meter, val_set, loss, grad_norm, lr, stop_requested, stop)
-    return finish(run, val_set, interrupted, start_step, time.time() - loop_started)
+    try:
+        return finish(run, val_set, interrupted, start_step, time.time() - loop_started)
+    finally:
+        for logger in run.loggers:
+            logger.close()
 
 
 def _resume_state(config: Config, device: torch.device) -> dict:
@@ -278,18 +277,14 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Train
 
 
 def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
-    """Create out_dir, continue or restart metrics.jsonl, and say what the run is."""
+    """Create out_dir, start the loggers (continuing a resumed run's logs), and say what the run is."""
     config, dist, resumed = run.config, run.dist, state is not None
     if dist.main:
         os.makedirs(config.out_dir, exist_ok=True)
-        if resumed:
-            truncate_metrics(run.metrics_path, run.step)
-        else:
-            if os.path.exists(run.ckpt_path):
-                run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
-            kept = rotate(run.metrics_path)
-            if kept:
-                run.say(f"note: the previous {METRICS_FILE} is kept as {kept}")
+        if not resumed and os.path.exists(run.ckpt_path):
+            run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
+        run.loggers = open_loggers(config.train.loggers, config.out_dir, run.step if resumed else None,
+                                   config.to_dict(), run.say)
     m = config.model
     run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters, position {m.position}, "
             f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
@@ -362,7 +357,8 @@ def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_no
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}", refresh=False)
         run.log({"event": "train", "step": step, "tokens": step * run.tokens_per_step, "loss": round(loss, 5),
                  "lr": lr, "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
-                 "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2)})
+                 "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2),
+                 "memory_mib": peak_memory_mib(run.device)})
     if step % t.eval_interval == 0 and step < t.max_steps:
         run.last_val = run.validate(val_set)
         bpc = run.last_val["val_bpc"]
