@@ -157,12 +157,12 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
     return path
 
 
-def write_csv(rows: Sequence[dict], path: Union[str, Path]) -> str:
-    """``rows`` as CSV at ``path`` (the columns: every key, in order of first appearance),
-    directories created, written whole or not at all (``atomic_write``); returns the path."""
+def write_csv(rows: Sequence[dict], path: Union[str, Path], fields: Optional[Sequence[str]] = None) -> str:
+    """``rows`` as CSV at ``path`` (the columns: ``fields``, else every key in order of first
+    appearance), directories created, written whole or not at all (``atomic_write``); returns the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+    writer = csv.DictWriter(text, fieldnames=list(fields or dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(path, text.getvalue())

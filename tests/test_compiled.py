@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from minilm.generation.compiled import compiled_body
 from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
-from minilm.model.gpt import attend
+from minilm.model.attention import attend
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)
@@ -81,7 +81,7 @@ def test_compile_needs_the_cache(random_gpt):
 
 def test_compiled_bf16_attention_is_written_out_and_is_causal_attention(random_gpt):
     """Compiled on the CPU in bf16, the full-sequence attention is written out for inductor to
-    fuse (minilm.model.gpt.fused_by_compiler): no SDPA in the graph, and still causal softmax
+    fuse (minilm.model.attention.fused_by_compiler): no SDPA in the graph, and still causal softmax
     attention, gradients too."""
     scheme = random_gpt({"kind": "rope"}).positions
     pos = torch.arange(24, dtype=torch.float32)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import minilm.model.gpt
+import minilm.model.attention
 from minilm import GPT
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
@@ -199,7 +199,7 @@ def test_chunked_paths_give_the_same_perplexity(corpus, kind, monkeypatch):
     _, model = tiny_checkpoint(corpus, kind, block_size=64)
     tokens = torch.randint(0, 340, (129,), generator=torch.Generator().manual_seed(2))
     whole = scoring.score(model, tokens, 64, "sliding", stride=16)
-    monkeypatch.setattr(minilm.model.gpt, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
+    monkeypatch.setattr(minilm.model.attention, "MASK_BUDGET", 2 * 64 * 5)  # 5 query rows per chunk
     monkeypatch.setattr(scoring, "LOSS_CHUNK", 7)
     chunked = scoring.score(model, tokens, 64, "sliding", stride=16, batch_tokens=64)
     assert chunked == pytest.approx(whole, rel=1e-5)

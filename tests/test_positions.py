@@ -431,7 +431,7 @@ def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
 # --------------------------------------------------------------------------- shaw
 
 def test_shaw_keys_and_values_against_attention_written_out():
-    from minilm.model.gpt import attend
+    from minilm.model.attention import attend
     torch.manual_seed(0)
     shaw = make({"kind": "shaw", "max_distance": 3, "values": True}, d_model=8, n_head=2)
     with torch.no_grad():

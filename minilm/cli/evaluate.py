@@ -43,12 +43,12 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
                         help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)")
     parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),
-                        default=[1, 2, 4, 8, 16], help="multiples of each model's block_size (default 1,2,4,8,16)")
+                        help="multiples of each model's block_size (default 1,2,4,8,16)")
     parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
     parser.add_argument("--stride", type=int, help="sliding mode: tokens each segment advances (default: length/2)")
-    parser.add_argument("--max-tokens", type=int, default=65536,
+    parser.add_argument("--max-tokens", type=int,
                         help="scored validation tokens (default 65536; 0 = the whole split)")
-    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per forward pass (default 8192)")
+    parser.add_argument("--batch-tokens", type=int, help="tokens per forward pass (default 8192)")
     parser.add_argument("--stream", action="store_true",
                         help="score one long text token by token with full attention, a rolling window, and the "
                              "window with sinks at absolute and at cache positions (StreamingLLM)")
@@ -73,8 +73,13 @@ def main(argv=None) -> int:
         else:
             parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
 
-    if args.stream and (args.lengths or args.stride or args.mode != "nonoverlapping"):
-        parser.error("--stream scores one text with its own protocol: leave out --lengths, --mode and --stride")
+    if args.stream and (args.lengths or args.multiples or args.stride or args.mode != "nonoverlapping"
+                        or args.max_tokens is not None or args.batch_tokens is not None):
+        parser.error("--stream scores one text with its own protocol: leave out --lengths, --multiples, --mode, "
+                     "--stride, --max-tokens and --batch-tokens (its length is --stream-tokens)")
+    args.multiples = args.multiples or [1, 2, 4, 8, 16]
+    args.max_tokens = 65536 if args.max_tokens is None else args.max_tokens
+    args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens
     if not args.stream and (args.stream_tokens or args.max_context):
         parser.error("--stream-tokens and --max-context are options of --stream")
     return run_command(lambda: (stream_report if args.stream else report)(args, overrides))

@@ -6,11 +6,13 @@ continuation of a prompt from a checkpoint.
     minilm generate --checkpoint out/rope "ROMEO:" --set model.position.scaling.type=dynamic \\
         --set model.position.scaling.factor=4 --max-context 1024
 
-Load a checkpoint, read the prompt (argument, ``--prompt-file`` or stdin), stream the samples
+Load a checkpoint, read the prompt (argument, ``--prompt-file`` or stdin) or the prompts
+(``--prompts-file``, one batch of different lengths), stream the samples
 to stdout one after another, and write warnings, ``--stats`` and the attention map note to
 stderr."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -38,8 +40,8 @@ class SamplePrinter:
     is written before the first piece arrives, so an error found while setting up generation
     leaves stdout empty."""
 
-    def __init__(self, out, num_samples: int, head: str):
-        self.out, self.head, self.num_samples = out, head, num_samples
+    def __init__(self, out, heads: List[str]):
+        self.out, self.heads, self.num_samples = out, heads, len(heads)
         self.buffers: dict = {}  # sample -> texts held back; made as samples speak, not up front
         self.done: set = set()
         self.current = 0
@@ -48,7 +50,7 @@ class SamplePrinter:
     def _start(self) -> None:
         if not self.started:
             self.started = True
-            self._write(self.head)
+            self._write(self.heads[0])
 
     def _write(self, text: str) -> None:
         if text:
@@ -70,7 +72,7 @@ class SamplePrinter:
             self._write("\n")
             self.current += 1
             if self.current < self.num_samples:
-                self._write(f"{SEPARATOR}\n{self.head}{''.join(self.buffers.pop(self.current, []))}")
+                self._write(f"{SEPARATOR}\n{self.heads[self.current]}{''.join(self.buffers.pop(self.current, []))}")
 
     def finish(self) -> None:
         self._start()
@@ -99,6 +101,35 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
         raise GenerationError(f"the prompt argument is not valid UTF-8 (byte {ord(prompt[bad[0]]) - 0xdc00:#04x} at "
                               f"character {bad[0]}): pass UTF-8 text, or use --prompt-file")
     return prompt
+
+
+def read_prompts(path: str) -> List[str]:
+    """The prompts of ``--prompts-file``: one per line (blank lines skipped), or for a ``.jsonl``
+    file one JSON string, or object with a "prompt" string, per line (prompts with line breaks)."""
+    try:
+        with open(path, "rb") as f:
+            lines = utf8(f.read(), f"--prompts-file {path!r}").splitlines()
+    except OSError as exc:
+        raise GenerationError(f"cannot read --prompts-file {path!r}: {exc.strerror or exc}") from None
+    if not path.endswith(".jsonl"):
+        prompts = [line for line in lines if line.strip()]
+    else:
+        prompts = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError:
+                item = None
+            item = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(item, str):
+                raise GenerationError(f"--prompts-file {path!r} line {number}: expected a JSON string or an object "
+                                      f"with a \"prompt\" string")
+            prompts.append(item)
+    if not prompts:
+        raise GenerationError(f"--prompts-file {path!r} holds no prompt")
+    return prompts
 
 
 def utf8(data: bytes, what: str) -> str:
@@ -134,18 +165,21 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     if args.threads is not None:
         check_count("--threads", args.threads, 1)
         torch.set_num_threads(args.threads)
-    prompt = read_prompt(args.prompt, args.prompt_file, stdin)
+    if args.prompts_file is not None and (args.prompt is not None or args.prompt_file is not None):
+        raise GenerationError("give prompts either with --prompts-file or as one prompt (argument, --prompt-file)")
+    prompts = read_prompts(args.prompts_file) if args.prompts_file is not None else \
+        [read_prompt(args.prompt, args.prompt_file, stdin)]
     dtype = resolve_dtype(args.dtype, device, setting="--dtype")
     model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device, dtype=dtype)
-    prompt_ids = encode_prompt(tokenizer, prompt)
+    rows = [encode_prompt(tokenizer, prompt) for prompt in prompts]
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
 
     stats = Stats()
-    printer = SamplePrinter(stdout, args.num_samples, "" if args.no_echo else prompt)
+    printer = SamplePrinter(stdout, ["" if args.no_echo else p for p in prompts for _ in range(args.num_samples)])
     first_sample: List[int] = []  # its token ids, for the attention map
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
-        pieces = generate(model, tokenizer, prompt_ids, max_new_tokens=args.max_new_tokens, sampling=sampling,
+        pieces = generate(model, tokenizer, prompts=rows, max_new_tokens=args.max_new_tokens, sampling=sampling,
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
                           sink_positions=args.sink_positions,
@@ -171,7 +205,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
-        path = attention_maps.attention_map(model, prompt_ids + first_sample, tokenizer, args.attention_map)
+        path = attention_maps.attention_map(model, rows[0] + first_sample, tokenizer, args.attention_map)
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 
@@ -191,6 +225,10 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint file, an out_dir holding ckpt.pt, or a Hugging Face model directory / hf:NAME")
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
+    p.add_argument("--prompts-file", metavar="FILE",
+                   help="many prompts, decoded together as one batch (each as it would be alone, greedy): one per "
+                        "line, or in a .jsonl file a JSON string or {\"prompt\": ...} per line; the samples are "
+                        "printed in order, --num-samples of each")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")

@@ -18,7 +18,7 @@ scored text * ln 2), the characters being those of the decoded scored tokens. A 
 scheme (``position_limit()`` not None, e.g. learned) past its table is reported as
 ``n/a (bounded)``, not run.
 
-Memory stays linear in T: the model chunks masks and biases (``minilm.model.gpt.MASK_BUDGET``),
+Memory stays linear in T: the model chunks masks and biases (``minilm.model.attention.MASK_BUDGET``),
 bias-free schemes use SDPA's causal kernel, and the loss is computed from the final hidden
 states in chunks (``minilm.evaluation.scoring.LOSS_CHUNK``), so the T x vocab logits never exist at once.
 

@@ -144,9 +144,10 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
 
 
 @torch.no_grad()
-def heldout_loss(model, batches, device, dtype, dist) -> float:
+def heldout_loss(model, batches, device, dtype, dist, **forward) -> float:
     """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
-    (``dist``: rank, world, enabled, see ``minilm.training.distributed``) each rank takes a share."""
+    (``dist``: rank, world, enabled, see ``minilm.training.distributed``) each rank takes a share.
+    ``forward`` goes to every forward pass (the documents of ``data.document_mask``)."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
@@ -155,7 +156,7 @@ def heldout_loss(model, batches, device, dtype, dist) -> float:
             continue
         x, y = x.to(device), y.to(device)
         with autocast(device, dtype):
-            total[0] += token_losses(model, x, y).double().sum().to(device)
+            total[0] += token_losses(model, x, y, **forward).double().sum().to(device)
         total[1] += y.numel()
     if dist.enabled:
         torch.distributed.all_reduce(total)

@@ -8,7 +8,7 @@ than the training length, scored at every token with four kinds of attention:
 * ``sinks-absolute``: the first S tokens kept in view beside the last W - S, at their own
   positions, so a query at 10,000 sees them 10,000 back;
 * ``sinks-cache``: the same tokens at their positions within the cache, as the paper places
-  them (its section 3.2; ``minilm.model.gpt.attend_in_cache``).
+  them (its section 3.2; ``minilm.model.attention.attend_in_cache``).
 
 Each is one forward pass with the window's mask, which computes what a rolling cache fed one
 token at a time computes (tests/test_streaming.py checks it against the cached decoder). The

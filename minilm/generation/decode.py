@@ -9,7 +9,8 @@ Layers, each usable on its own:
   min_p times the most likely one) sampling, in that order, as transformers applies them.
 * ``Decoder``: feeds tokens to the model and returns next-token logits, with the right
   positions for every scheme, past the context too (see below).
-* ``generate_ids``: yields the sampled token of each sequence, step by step.
+* ``generate_rows``: yields the sampled token of each row, step by step (rows may continue
+  prompts of different lengths); ``generate_ids``: continuations of one prompt.
 * text in and out (prompts, incremental detokenization with stop strings, ``generate``):
   ``minilm.generation.text``.
 
@@ -178,8 +179,10 @@ def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: st
 
 
 class Decoder:
-    """Feeds tokens to ``model`` for ``batch_size`` sequences that share their positions and
-    returns the next-token logits (B, V): ``prefill(ids)`` once, then ``step(tokens)``.
+    """Feeds tokens to ``model`` for ``batch_size`` sequences and returns the next-token logits
+    (B, V): ``prefill(ids)`` once, then ``step(tokens)``. The sequences share their positions,
+    or with ``offsets`` (the cache's) they are prompts of different lengths, left-padded: row b
+    begins after offsets[b] tokens of padding and sits at its own positions.
 
     ``slides`` is True for bounded schemes (the window is re-encoded from position 0 once the
     sequence is longer than ``max_context``), False for the rest (a rolling cache / banded
@@ -188,7 +191,7 @@ class Decoder:
 
     def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
                  total: Optional[int] = None, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
-                 compile: bool = False):
+                 compile: bool = False, offsets: Optional[Sequence[int]] = None):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
         if compile and not use_cache:
             raise GenerationError("compile=True compiles the cached decode step: it needs use_cache=True")
@@ -203,7 +206,8 @@ class Decoder:
             check_cache_memory(model, batch_size, capacity)
             self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
                                          sinks=self.sinks if capacity == self.max_context else 0,
-                                         sink_positions=sink_positions)
+                                         sink_positions=sink_positions,
+                                         offsets=None if offsets is None else torch.tensor(offsets, device=self.device))
         self.body = compiled_body(model) if compile else None
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
@@ -290,60 +294,106 @@ def check_count(name: str, value, low: int) -> None:
         raise GenerationError(f"{name}={value!r} is invalid: expected an integer >= {low}")
 
 
-@torch.inference_mode()
-def generate_ids(model, prompt_ids: Sequence[int], *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
-                 num_samples: int = 1, seed: Optional[int] = None, max_context: Optional[int] = None,
-                 use_cache: bool = True, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
-                 stats: Optional[Stats] = None, compile: bool = False) -> Iterator[torch.Tensor]:
+def generate_ids(model, prompt_ids: Sequence[int], *, num_samples: int = 1, **options) -> Iterator[torch.Tensor]:
     """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
-    (num_samples,) tensor per step, ``max_new_tokens`` times. ``seed`` makes sampling
-    reproducible (None: a fresh random seed, recorded in ``stats``). A prompt longer than the
-    window of a bounded scheme is cropped to its last ``max_context`` tokens with a warning."""
-    check_count("max_new_tokens", max_new_tokens, 0)
+    (num_samples,) tensor per step: ``generate_rows`` with the prompt in every row."""
     check_count("num_samples", num_samples, 1)
+    yield from generate_rows(model, [prompt_ids] * num_samples, **options)
+
+
+def padded_rows(model, prompts: Sequence[Sequence[int]]) -> list:
+    """The prompts as lists of ids, each checked: not empty, every id in the vocabulary."""
+    if not prompts:
+        raise GenerationError("no prompts: give at least one")
+    rows = [[int(t) for t in ids] for ids in prompts]
+    for i, ids in enumerate(rows):
+        where = f"prompt {i + 1}" if len(rows) > 1 else "the prompt"
+        if not ids:
+            raise GenerationError(f"{where} is empty: give at least one token")
+        bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise GenerationError(f"{where}: token id {bad[0]} is out of range: valid ids are "
+                                  f"0..{model.config.vocab_size - 1}")
+    return rows
+
+
+def check_lengths(model, rows: list, max_new_tokens: int, context: int, *, use_cache: bool, sinks: int,
+                  compile: bool) -> None:
+    """GenerationError for prompts of different lengths where a setting needs one length for all
+    (they decode left-padded from a cache: ``Decoder``)."""
+    if len({len(r) for r in rows}) == 1:
+        return
+    if not use_cache or sinks or compile:
+        raise GenerationError("prompts of different lengths decode together from a KV cache: not with "
+                              "--no-cache, --sink-tokens or --compile (give prompts one at a time for those)")
+    longest = max(len(r) for r in rows)
+    if model.positions.position_limit() is not None and longest + max_new_tokens > context:
+        raise GenerationError(f"prompts of different lengths under {model.positions.kind} positions must fit "
+                              f"the context together: the longest prompt ({longest}) + max_new_tokens "
+                              f"({max_new_tokens}) > {context}; lower --max-new-tokens")
+
+
+@torch.inference_mode()
+def generate_rows(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 200,
+                  sampling: Sampling = Sampling(), seed: Optional[int] = None, max_context: Optional[int] = None,
+                  use_cache: bool = True, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
+                  stats: Optional[Stats] = None, compile: bool = False) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row, a (rows,) tensor per step, ``max_new_tokens`` times:
+    row b continues ``prompts[b]``. The rows decode together as one batch; prompts of different
+    lengths are left-padded and each row keeps its own positions (``Decoder``), so that greedy
+    decoding gives every row what it gives alone. ``seed`` makes sampling reproducible (None: a
+    fresh random seed, recorded in ``stats``). A prompt longer than the window of a bounded
+    scheme is cropped to its last ``max_context`` tokens with a warning."""
+    check_count("max_new_tokens", max_new_tokens, 0)
     if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
         raise GenerationError(f"seed={seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
     sampling.check()
-    prompt_ids = [int(t) for t in prompt_ids]
-    if not prompt_ids:
-        raise GenerationError("the prompt is empty: give at least one token")
-    bad = [t for t in prompt_ids if not 0 <= t < model.config.vocab_size]
-    if bad:
-        raise GenerationError(f"prompt token id {bad[0]} is out of range: valid ids are 0..{model.config.vocab_size - 1}")
+    rows = padded_rows(model, prompts)
+    limit = context_size(model, max_context)
+    long = [i for i, r in enumerate(rows) if len(r) > limit]
+    if model.positions.position_limit() is not None and long:
+        which = "the prompt" if len(rows) == 1 else f"prompt {long[0] + 1}"
+        warnings.warn(f"{which} has {len(rows[long[0]])} tokens but {model.positions.kind} positions allow a "
+                      f"context of {limit}: using its last {limit} tokens", GenerationWarning)
+        rows = [r[-limit:] for r in rows]
+    check_lengths(model, rows, max_new_tokens, limit, use_cache=use_cache, sinks=sinks, compile=compile)
+    longest = max(len(r) for r in rows)
+    offsets = [longest - len(r) for r in rows]
+    decoder = Decoder(model, len(rows), max_context=max_context, use_cache=use_cache, total=longest + max_new_tokens,
+                      sinks=sinks, sink_positions=sink_positions, compile=compile,
+                      offsets=offsets if any(offsets) else None)
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
-    decoder = Decoder(model, num_samples, max_context=max_context, use_cache=use_cache,
-                      total=len(prompt_ids) + max_new_tokens, sinks=sinks, sink_positions=sink_positions,
-                      compile=compile)
-    if decoder.slides and len(prompt_ids) > decoder.max_context:
-        warnings.warn(f"the prompt has {len(prompt_ids)} tokens but {model.positions.kind} positions allow a context "
-                      f"of {decoder.max_context}: using its last {decoder.max_context} tokens", GenerationWarning)
-        prompt_ids = prompt_ids[-decoder.max_context:]
     device = decoder.device
     seed = secrets.randbits(63) if seed is None else int(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
-    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = len(prompt_ids), num_samples, seed, str(device)
+    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = longest, len(rows), seed, str(device)
     stats.new_tokens, stats.prefill_seconds, stats.decode_seconds, stats.compile_seconds = 0, 0.0, 0.0, 0.0
     if max_new_tokens == 0:
         return
-    ids = torch.tensor(prompt_ids, dtype=torch.long, device=device).expand(num_samples, -1)
+    ids = torch.tensor([[0] * o + r for o, r in zip(offsets, rows)], dtype=torch.long, device=device)
     seen = None
     if sampling.repetition_penalty != 1.0:
-        seen = torch.zeros(num_samples, model.config.vocab_size, dtype=torch.bool, device=device)
-        seen[:, ids[0]] = True
+        seen = torch.zeros(len(rows), model.config.vocab_size, dtype=torch.bool, device=device)
+        for b, r in enumerate(rows):
+            seen[b, r] = True
+    yield from _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile)
 
+
+def _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile):
+    """The token loop of ``generate_rows``: prefill, then one step per new token, timed."""
     was_training = model.training
     model.eval()
     try:
         start = time.perf_counter()
         token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
-        _sync(device, timed)
+        _sync(decoder.device, timed)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for step in range(max_new_tokens):
             if step:
                 token = sample(decoder.step(token).float(), sampling, generator, seen)
-                _sync(device, timed)
+                _sync(decoder.device, timed)
                 if compile and step == 1:  # this step compiled the decode step: timed apart
                     stats.compile_seconds = time.perf_counter() - start
                     start = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
-from minilm.generation.decode import GenerationError, Sampling, Stats, generate_ids
+from minilm.generation.decode import GenerationError, Sampling, Stats, check_count, generate_rows
 from minilm.model.cache import SINK_POSITIONS
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
@@ -106,27 +106,31 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
     return ids
 
 
-def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: Sampling = Sampling(),
-             num_samples: int = 1, seed: Optional[int] = None, stop: Sequence[str] = (),
-             max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
+def generate(model, tokenizer, prompt=None, *, prompts: Optional[Sequence] = None, max_new_tokens: int = 200,
+             sampling: Sampling = Sampling(), num_samples: int = 1, seed: Optional[int] = None,
+             stop: Sequence[str] = (), max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
              sink_positions: str = SINK_POSITIONS[0], stats: Optional[Stats] = None, compile: bool = False,
              stop_ids: Optional[Sequence[int]] = None) -> Iterator[Piece]:
-    """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the
-    ``num_samples`` continuations are decoded together as one batch. Stops early once every
-    sample has hit a stop string or an end-of-text id (``stop_ids``; None: the tokenizer's,
-    ``()``: none). ``prompt`` is a string or token ids."""
+    """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the samples
+    are decoded together as one batch. ``prompt`` is a string or token ids; ``prompts`` instead
+    gives several (of any lengths), and sample ``i * num_samples + j`` is the j-th continuation
+    of prompt i. Stops early once every sample has hit a stop string or an end-of-text id
+    (``stop_ids``; None: the tokenizer's, ``()``: none)."""
     if isinstance(stop, str):
         stop = [stop]
-    prompt_ids = encode_prompt(tokenizer, prompt)
+    if (prompt is None) == (prompts is None):
+        raise GenerationError("give either one prompt or a list of prompts")
+    check_count("num_samples", num_samples, 1)
+    rows = [ids for p in ([prompt] if prompts is None else prompts) for ids in [encode_prompt(tokenizer, p)] * num_samples]
     stop_ids = tuple(tokenizer.stop_ids if stop_ids is None else stop_ids)
-    streams = None  # made once generate_ids has checked the sizes (a cache that fits) and prefilled
-    steps = generate_ids(model, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                         num_samples=num_samples, seed=seed, max_context=max_context, use_cache=use_cache,
-                         sinks=sinks, sink_positions=sink_positions, stats=stats, compile=compile)
+    streams = None  # made once generate_rows has checked the sizes (a cache that fits) and prefilled
+    steps = generate_rows(model, rows, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                          max_context=max_context, use_cache=use_cache, sinks=sinks, sink_positions=sink_positions,
+                          stats=stats, compile=compile)
     try:
         for step, tokens in enumerate(steps):
             if streams is None:
-                streams = [TextStream(tokenizer, prompt_ids, stop, stop_ids) for _ in range(num_samples)]
+                streams = [TextStream(tokenizer, ids, stop, stop_ids) for ids in rows]
             final = step == max_new_tokens - 1
             for i, token in enumerate(tokens.tolist()):
                 stream = streams[i]
@@ -139,9 +143,9 @@ def generate(model, tokenizer, prompt, *, max_new_tokens: int = 200, sampling: S
         steps.close()
 
 
-def generate_text(model, tokenizer, prompt, **options) -> List[str]:
+def generate_text(model, tokenizer, prompt=None, **options) -> List[str]:
     """The continuations (without the prompt) of ``generate``, one string per sample."""
-    texts = [""] * options.get("num_samples", 1)
+    texts = [""] * (options.get("num_samples", 1) * len(options.get("prompts") or [None]))
     for piece in generate(model, tokenizer, prompt, **options):
         texts[piece.sample] += piece.text
     return texts

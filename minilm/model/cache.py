@@ -16,9 +16,13 @@ is the other capacity - N slots (slot = N + (position - N) mod (capacity - N)): 
 sees the first N tokens and the last capacity - N. ``sink_positions`` says where attention
 places them: ``absolute``, at their own positions (a query at 10,000 sees the sinks 10,000
 back), or ``cache``, at their positions within the cache as the paper does (its section 3.2:
-sinks 0..N-1, the window after them, the query last; ``minilm.model.gpt.attend_in_cache``).
+sinks 0..N-1, the window after them, the query last; ``minilm.model.attention.attend_in_cache``).
 For ``cache`` the keys are stored before rotation, so that they can be rotated at their
 cache positions at every step.
+
+With ``offsets`` the rows are left-padded prompts of different lengths: row b's first token
+sits in slot offsets[b], so its position is the slot's minus offsets[b], and the padding before
+it, at negative positions, is hidden from the row's tokens (``minilm.model.attention.row_layout``).
 
 A ``static`` cache always hands attention all ``capacity`` slots, the empty ones at position
 ``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
@@ -47,7 +51,7 @@ def cache_dtype(weight: torch.Tensor) -> torch.dtype:
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
                  rolling: bool = False, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0], static: bool = False,
-                 dtype=torch.float32, device=None):
+                 offsets=None, dtype=torch.float32, device=None):
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
@@ -58,11 +62,20 @@ class KVCache:
         self.renumbered = rolling and sinks > 0 and sink_positions == "cache"
         if static and self.renumbered:
             raise ValueError("a static cache keeps absolute positions: it takes sink_positions='absolute' only")
+        self.offsets = None  # left-padded rows: row b's position = slot position - offsets[b]
+        if offsets is not None:
+            offsets = torch.as_tensor(offsets, dtype=torch.float32, device=device)
+            if offsets.shape != (batch_size,) or bool((offsets < 0).any()):
+                raise ValueError(f"offsets must hold one count >= 0 per row ({batch_size}), got {offsets.tolist()}")
+            if static or sinks:
+                raise ValueError("left-padded rows (offsets) take neither a static cache nor attention sinks")
+            self.offsets = offsets
         shape = (batch_size, n_head, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.slot_pos = torch.full((capacity,), EMPTY, dtype=torch.float32, device=device)
         self.capacity, self.rolling, self.batch_size, self.sinks = capacity, rolling, batch_size, sinks
+        self.sink_positions = sink_positions
         self.static = static
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # (slots, T) of the forward pass in progress

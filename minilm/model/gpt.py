@@ -28,14 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minilm.config import ModelConfig
+from minilm.model.attention import attend, attend_in_cache, attend_rows, document_layout, rotate_rows, row_layout
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.positions import PositionScheme, build
-
-# Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
-# inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
-MASK_BUDGET = 1 << 24
-QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
-
 
 class ForwardPass(NamedTuple):
     """What every block's attention needs to know of one forward pass: the new tokens'
@@ -50,125 +45,12 @@ class ForwardPass(NamedTuple):
     context_len: int
     weights_of: Optional[int] = None
     renumbered: bool = False  # attention sinks at their positions within the cache (``attend_in_cache``)
+    documents: Optional[torch.Tensor] = None  # (B, T): the document of each token (``data.document_mask``)
 
-
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
-    """(Tq, Tk) True where a query may see a key: causal, and with a ``window`` W only the last
-    W - ``sinks`` positions plus the first ``sinks`` ones."""
-    distance = q_pos[:, None] - k_pos[None, :]
-    allowed = distance >= 0
-    if window is not None:
-        band = distance < window - sinks
-        allowed &= (band | (k_pos[None, :] < sinks)) if sinks else band
-    return allowed
-
-
-def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
-           sinks: int = 0, dropout_p: float = 0.0, padded: bool = False, need_weights: bool = False):
-    """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
-    over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
-    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
-    ``padded``: the keys include a static cache's empty slots, which only the mask hides.
-    ``need_weights``: (output, weights (B, heads, Tq, Tk)), written out (SDPA returns none)."""
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if not scheme.has_bias and not need_weights:
-        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
-        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
-        if not cached and window is None and not (fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
-            mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-    chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
-    for start in range(0, Tq, chunk):
-        end = min(start + chunk, Tq)
-        qp, qc = q_pos[start:end], q[:, :, start:end]
-        # without a cache the keys are the queries' own sequence: those after the chunk's last
-        # query are never visible, so each chunk attends to a prefix (half the work overall)
-        kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
-        allowed = visible(qp, kp, window, sinks)
-        mask = allowed
-        if scheme.has_bias:
-            mask = scheme.bias(qp, kp, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
-        out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p)
-        outputs.append(out)
-        if need_weights:  # keys after a chunk's last query were never visible: weight 0
-            weights.append(F.pad(w, (0, Tk - w.shape[-1])))
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return (out, torch.cat(weights, dim=2)) if need_weights else out
-
-
-def attend_in_cache(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, context_len: int, window: int, sinks: int,
-                    expand, dropout_p: float = 0.0):
-    """Attention over a window with ``sinks`` at their positions within the cache, as StreamingLLM
-    does it (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
-    section 3.2), for unrotated ``q`` at ``q_pos`` (ascending) and unrotated ``k`` (and ``v``,
-    n_kv_head heads; ``expand`` repeats them for the query heads) at ``k_pos``.
-
-    A query at p sees the sinks (keys at positions < sinks) and the keys j with
-    0 <= p - j < window - sinks, numbered as the cache orders them: the sinks 0..sinks-1, the
-    window after them and the query last. With shift = max(0, p - window + 1) the query sits
-    at p - shift, a window key j at j - shift and sink s at s: distances within the window are
-    unchanged, and the sinks stay window - 1 - s back however long the stream. Until a query's
-    window is full (shift 0) that is plain attention at absolute positions, done for all such
-    queries at once; after it every query has its own numbering and is attended alone, its
-    keys rotated at their new positions (the cache holds them unrotated)."""
-    shift = (q_pos - (window - 1)).clamp(min=0)
-    plain = int((shift == 0).sum())
-    outputs = []
-    if plain:
-        seen = k_pos <= q_pos[plain - 1]  # without a cache the keys run past these queries
-        kp = k_pos[seen]
-        qr, kr = rotate_apart(scheme, q[:, :, :plain], q_pos[:plain], k[:, :, seen], kp, context_len)
-        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), q_pos[:plain], kp, scheme, cached=True,
-                              window=window, sinks=sinks, dropout_p=dropout_p))
-    for i in range(plain, len(q_pos)):
-        p, s = q_pos[i], shift[i]
-        seen = (k_pos < sinks) | ((k_pos <= p) & (p - k_pos < window - sinks))
-        kp = torch.where(k_pos[seen] < sinks, k_pos[seen], k_pos[seen] - s)
-        qp = (p - s).view(1)
-        qr, kr = rotate_apart(scheme, q[:, :, i:i + 1], qp, k[:, :, seen], kp, context_len)
-        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None,
-                              dropout_p=dropout_p))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-
-
-def rotate_apart(scheme: PositionScheme, q, q_pos, k, k_pos, context_len: int):
-    """The scheme's rotation of queries at ``q_pos`` and of keys at other positions ``k_pos``
-    (``rotate`` takes one set of positions for both)."""
-    q_rotated, _ = scheme.rotate(q, q, q_pos, context_len)
-    _, k_rotated = scheme.rotate(k, k, k_pos, context_len)
-    return q_rotated, k_rotated
-
-
-def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
-    """Queries per chunk of the written-out path: at most QUERY_CHUNK, and at most MASK_BUDGET
-    mask entries for the batch and heads of ``q`` over ``Tk`` keys."""
-    return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
-
-
-def fused_by_compiler(q: torch.Tensor) -> bool:
-    """Whether the full-sequence causal attention of queries ``q`` should be written out (two
-    matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
-    ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
-    queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
-    and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
-    training step is faster this way, the float32 one and eager code are not, so they and
-    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the written-out path, the scores are rounded
-    to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
-    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
-
-
-def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> tuple:
-    """(softmax(q k^T / sqrt(d) + mask) v, plus the scheme's ``value_term(weights)`` where it has
-    one (SDPA returns no weights); the weights). ``mask`` is boolean (True: visible) or additive (-inf: hidden).
-    Written out rather than SDPA with a mask, whose CPU fallback also checks every row for
-    being fully masked (none is here: a query always sees itself) and is slower for it."""
-    scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
-    scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
-    weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
-    out = weights @ v
-    return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
+    @property
+    def per_row(self) -> bool:
+        """Whether rows have positions or documents of their own (``attend_rows``)."""
+        return self.pos.dim() == 2 or self.documents is not None
 
 
 def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
@@ -235,7 +117,9 @@ class CausalSelfAttention(nn.Module):
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
         q, k, v = self.project(x)
-        if not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
+        if fp.pos.dim() == 2:
+            q, k = rotate_rows(fp.scheme, q, k, fp.pos, fp.context_len)
+        elif not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
             q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
         k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
         if cache is not None:
@@ -244,7 +128,11 @@ class CausalSelfAttention(nn.Module):
         need_weights = fp.weights_of == layer
         dropout_p = self.dropout if self.training else 0.0
         # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
-        if fp.renumbered:
+        if fp.per_row:
+            layout = row_layout(fp.pos, fp.documents, k_pos, None if cache is None else cache.offsets)
+            y = attend_rows(q.to(k.dtype), self.expand(k), self.expand(v), layout, fp.scheme, cached=cache is not None,
+                            window=window, dropout_p=dropout_p, need_weights=need_weights)
+        elif fp.renumbered:
             y = attend_in_cache(q.to(k.dtype), k, v, fp.pos, k_pos, fp.scheme, context_len=fp.context_len,
                                 window=window, sinks=sinks, expand=self.expand, dropout_p=dropout_p)
         else:
@@ -337,16 +225,18 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0,
-                  sink_positions: str = SINK_POSITIONS[0], static: bool = False) -> KVCache:
+                  sink_positions: str = SINK_POSITIONS[0], static: bool = False,
+                  offsets: Optional[torch.Tensor] = None) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
         tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
         first ``sinks`` of them kept for good: attention sinks, placed by ``sink_positions``,
         ``minilm.model.cache``). It holds the n_kv_head k/v heads.
-        ``static``: attention always sees every slot (fixed shapes, for a compiled step)."""
+        ``static``: attention always sees every slot (fixed shapes, for a compiled step).
+        ``offsets`` (batch_size,): left-padded rows, row b's first token in slot offsets[b]."""
         ref = self.wte.weight
         cache = KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim,
                         capacity, rolling=rolling, sinks=sinks, sink_positions=sink_positions, static=static,
-                        dtype=cache_dtype(ref), device=ref.device)
+                        offsets=offsets, dtype=cache_dtype(ref), device=ref.device)
         self.check_renumbering(cache.renumbered)
         return cache
 
@@ -358,21 +248,27 @@ class GPT(nn.Module):
                              f"positions are added to the embeddings: use sink_positions='absolute'")
 
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
-                sinks: int = 0, sink_positions: str = SINK_POSITIONS[0], context_len: Optional[int] = None,
-                return_hidden: bool = False, body=None, weights_of: Optional[int] = None):
+                sinks: int = 0, sink_positions: Optional[str] = None, context_len: Optional[int] = None,
+                return_hidden: bool = False, body=None, weights_of: Optional[int] = None,
+                end_of_text: Optional[int] = None, restart_positions: bool = False):
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
         query to the last ``window`` positions (sliding-window attention, what a rolling cache
         computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
-        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``;
-        with a cache, the cache's own placement counts). With a cache they sit at cache.length.., attend to everything cached, and
+        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``,
+        default the first of SINK_POSITIONS; a cache has its own placement, which
+        ``sink_positions`` may only repeat). With a cache they sit at cache.length.., attend to everything cached, and
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
         ``body`` replaces ``self.body`` (a compiled one: ``minilm.generation.compiled``).
         ``weights_of`` (a layer index) returns (logits, that layer's attention weights (B,
         n_head, T, keys)), computed by the written-out attention (``minilm.figures.attention``).
+        ``end_of_text`` (an id; no cache, no window): rows hold documents that each end with
+        that id and attention stops at their boundaries; ``restart_positions`` also numbers
+        each document from 0 (``data.document_mask``). A cache made with ``offsets`` holds
+        left-padded rows, each at its own positions (``new_cache``).
         """
         B, T = idx.shape
         self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
@@ -384,20 +280,30 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(T, device=idx.device, dtype=torch.float32)
             context_len = context_len or T
-        self.positions.start(pos)
+        self.positions.start(pos)  # the positions of the sequence's slots (rows of their own differ below)
+        documents = None
+        if end_of_text is not None:
+            if cache is not None or window is not None:
+                raise ValueError("end_of_text masks documents in a full-sequence pass: not with a cache or a window")
+            documents, within = document_layout(idx, end_of_text)
+            pos = within if restart_positions else pos
+        elif cache is not None and cache.offsets is not None:
+            pos = pos[None, :] - cache.offsets[:, None]
         if weights_of is not None and weights_of < 0:
             weights_of += len(self.blocks)  # -1: the last layer
+        if sink_positions is not None and sink_positions not in SINK_POSITIONS:
+            raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}")
         if cache is not None:
             renumbered = cache.renumbered
+            if sink_positions is not None and cache.sinks and sink_positions != cache.sink_positions:
+                raise ValueError(f"sink_positions={sink_positions!r} differs from the cache's placement "
+                                 f"{cache.sink_positions!r}: make the cache with it (new_cache), or leave it out")
         else:
-            if sink_positions not in SINK_POSITIONS:
-                raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of "
-                                 f"{', '.join(SINK_POSITIONS)}")
-            renumbered = window is not None and sinks > 0 and sink_positions == "cache"
+            renumbered = window is not None and sinks > 0 and (sink_positions or SINK_POSITIONS[0]) == "cache"
             self.check_renumbering(renumbered)
         if renumbered and weights_of is not None:
             raise ValueError("attention weights are not written out for sinks at cache positions")
-        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered)
+        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered, documents)
         out = (body or self.body)(idx, fp, return_hidden)
         if cache is not None:
             cache.commit()
@@ -410,7 +316,11 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        x = self.drop(self.positions.embed(x, fp.pos))
+        if fp.pos.dim() == 1:
+            x = self.positions.embed(x, fp.pos)
+        else:  # each row at its own positions; padding (negative positions) takes position 0's
+            x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
+        x = self.drop(x)
         weights = None
         for layer, block in enumerate(self.blocks):
             x = block(x, layer, fp)

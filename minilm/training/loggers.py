@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import io
 import json
 import os
 from typing import Callable, Optional, Sequence
 
 import yaml
 
-from minilm.common import MinilmError, atomic_write
+from minilm.common import MinilmError, atomic_write, write_csv
 from minilm.config import LOGGERS
 from minilm.training.outdir import rotate
 from minilm.training.resume import truncate_metrics
@@ -144,8 +143,4 @@ def _truncate_csv(path: str, step: int) -> None:
         return
     with open(path, newline="") as f:
         rows = [row for row in csv.DictReader(f) if int(row["step"]) <= step]
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(path, text.getvalue())
+    write_csv(rows, path, fields=CSV_FIELDS)

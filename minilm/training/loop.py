@@ -179,8 +179,15 @@ class TrainingRun:
             raise TrainingError(f"cannot save the snapshot {path!r}: {reason}") from None
         return path
 
+    @property
+    def forward_options(self) -> dict:
+        """What every forward pass of the run is given: the documents to mask (``data.document_mask``)."""
+        mode = self.config.data.document_mask
+        return {} if mode == "off" else {"end_of_text": self.prepared.eot_id, "restart_positions": mode == "restart"}
+
     def validate(self, batches) -> dict:
-        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist), self.prepared)
+        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, **self.forward_options),
+                           self.prepared)
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False) -> dict:
@@ -321,7 +328,8 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         with sync:
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
-                loss = mixed_loss(run.model(x, return_hidden=True), run.raw.lm_head.weight, y, mask) / A
+                hidden = run.model(x, return_hidden=True, **run.forward_options)
+                loss = mixed_loss(hidden, run.raw.lm_head.weight, y, mask) / A
             loss.backward()
         loss_sum += loss.detach().double().cpu()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip) if t.grad_clip > 0 else None

@@ -1,0 +1,198 @@
+"""Attention: causal scaled dot-product attention with a position scheme's bias and value
+term, over the full sequence, a window, a KV cache, attention sinks at cache positions, and
+rows that have positions of their own (``attend_rows``: documents packed into one training
+row, left-padded prompts of different lengths).
+
+Positions are explicit tensors everywhere: the scheme's hooks (``minilm.positions``) read them,
+and the masks are built from them (``visible``), never from slice lengths.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from minilm.positions import PositionScheme
+
+# Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
+# inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
+MASK_BUDGET = 1 << 24
+QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
+
+
+def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
+    """(Tq, Tk) True where a query may see a key: causal, and with a ``window`` W only the last
+    W - ``sinks`` positions plus the first ``sinks`` ones."""
+    distance = q_pos[:, None] - k_pos[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        band = distance < window - sinks
+        allowed &= (band | (k_pos[None, :] < sinks)) if sinks else band
+    return allowed
+
+
+def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
+           sinks: int = 0, dropout_p: float = 0.0, padded: bool = False, need_weights: bool = False,
+           documents: Optional[tuple] = None):
+    """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
+    over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
+    positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
+    ``padded``: the keys include a static cache's empty slots, which only the mask hides.
+    ``need_weights``: (output, weights (B, heads, Tq, Tk)), written out (SDPA returns none).
+    ``documents``: (document of each query (Tq,), of each key (Tk,)): a query sees only the
+    keys of its own document."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if not scheme.has_bias and not need_weights and documents is None:
+        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
+        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
+        if not cached and window is None and not (fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
+            mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
+    for start in range(0, Tq, chunk):
+        end = min(start + chunk, Tq)
+        qp, qc = q_pos[start:end], q[:, :, start:end]
+        # without a cache the keys are the queries' own sequence: those after the chunk's last
+        # query are never visible, so each chunk attends to a prefix (half the work overall)
+        kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
+        allowed = visible(qp, kp, window, sinks)
+        if documents is not None:
+            allowed &= documents[0][start:end, None] == documents[1][None, :len(kp)]
+        mask = allowed
+        if scheme.has_bias:
+            mask = scheme.bias(qp, kp, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
+        out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p)
+        outputs.append(out)
+        if need_weights:  # keys after a chunk's last query were never visible: weight 0
+            weights.append(F.pad(w, (0, Tk - w.shape[-1])))
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return (out, torch.cat(weights, dim=2)) if need_weights else out
+
+
+def attend_in_cache(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, context_len: int, window: int, sinks: int,
+                    expand, dropout_p: float = 0.0):
+    """Attention over a window with ``sinks`` at their positions within the cache, as StreamingLLM
+    does it (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
+    section 3.2), for unrotated ``q`` at ``q_pos`` (ascending) and unrotated ``k`` (and ``v``,
+    n_kv_head heads; ``expand`` repeats them for the query heads) at ``k_pos``.
+
+    A query at p sees the sinks (keys at positions < sinks) and the keys j with
+    0 <= p - j < window - sinks, numbered as the cache orders them: the sinks 0..sinks-1, the
+    window after them and the query last. With shift = max(0, p - window + 1) the query sits
+    at p - shift, a window key j at j - shift and sink s at s: distances within the window are
+    unchanged, and the sinks stay window - 1 - s back however long the stream. Until a query's
+    window is full (shift 0) that is plain attention at absolute positions, done for all such
+    queries at once; after it every query has its own numbering and is attended alone, its
+    keys rotated at their new positions (the cache holds them unrotated)."""
+    shift = (q_pos - (window - 1)).clamp(min=0)
+    plain = int((shift == 0).sum())
+    outputs = []
+    if plain:
+        seen = k_pos <= q_pos[plain - 1]  # without a cache the keys run past these queries
+        kp = k_pos[seen]
+        qr, kr = rotate_apart(scheme, q[:, :, :plain], q_pos[:plain], k[:, :, seen], kp, context_len)
+        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), q_pos[:plain], kp, scheme, cached=True,
+                              window=window, sinks=sinks, dropout_p=dropout_p))
+    for i in range(plain, len(q_pos)):
+        p, s = q_pos[i], shift[i]
+        seen = (k_pos < sinks) | ((k_pos <= p) & (p - k_pos < window - sinks))
+        kp = torch.where(k_pos[seen] < sinks, k_pos[seen], k_pos[seen] - s)
+        qp = (p - s).view(1)
+        qr, kr = rotate_apart(scheme, q[:, :, i:i + 1], qp, k[:, :, seen], kp, context_len)
+        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None,
+                              dropout_p=dropout_p))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def rotate_apart(scheme: PositionScheme, q, q_pos, k, k_pos, context_len: int):
+    """The scheme's rotation of queries at ``q_pos`` and of keys at other positions ``k_pos``
+    (``rotate`` takes one set of positions for both)."""
+    q_rotated, _ = scheme.rotate(q, q, q_pos, context_len)
+    _, k_rotated = scheme.rotate(k, k, k_pos, context_len)
+    return q_rotated, k_rotated
+
+
+def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
+    """Queries per chunk of the written-out path: at most QUERY_CHUNK, and at most MASK_BUDGET
+    mask entries for the batch and heads of ``q`` over ``Tk`` keys."""
+    return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
+
+
+def fused_by_compiler(q: torch.Tensor) -> bool:
+    """Whether the full-sequence causal attention of queries ``q`` should be written out (two
+    matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
+    ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
+    queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
+    and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
+    training step is faster this way, the float32 one and eager code are not, so they and
+    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the written-out path, the scores are rounded
+    to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
+    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
+
+
+def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> tuple:
+    """(softmax(q k^T / sqrt(d) + mask) v, plus the scheme's ``value_term(weights)`` where it has
+    one (SDPA returns no weights); the weights). ``mask`` is boolean (True: visible) or additive (-inf: hidden).
+    Written out rather than SDPA with a mask, whose CPU fallback also checks every row for
+    being fully masked (none is here: a query always sees itself) and is slower for it."""
+    scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
+    weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
+    out = weights @ v
+    return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
+
+
+
+
+def document_layout(idx: torch.Tensor, end_of_text: int) -> tuple:
+    """(document index (B, T), position within the document (B, T)) of every token of ``idx``,
+    rows of documents that each end with the ``end_of_text`` id: the id belongs to the document
+    it closes, the token after it starts the next one at position 0. A row's first document
+    starts at its first token (its true start may lie before the row, as in any packed window)."""
+    ends = (idx == end_of_text).long()
+    documents = ends.cumsum(1) - ends
+    index = torch.arange(idx.shape[1], device=idx.device)
+    begins = torch.zeros_like(ends, dtype=torch.bool)
+    begins[:, 1:] = ends[:, :-1].bool()
+    first = torch.where(begins, index, torch.zeros_like(index)).cummax(dim=1).values
+    return documents, (index - first).float()
+
+
+def row_layout(pos: torch.Tensor, documents: Optional[torch.Tensor], k_pos: torch.Tensor,
+               offsets: Optional[torch.Tensor]) -> tuple:
+    """(query positions, key positions, query documents, key documents), each (B, ...), for
+    ``attend_rows``. Without a cache the keys are the queries and ``documents`` (B, T) says
+    where each token belongs (None: one document per row). With a cache of left-padded rows
+    (``offsets`` (B,): the padding before each row's first token) the keys sit at the cache's
+    positions minus the row's offset; padding, at negative positions, is a document apart
+    (it attends to itself, so that its rows stay finite, and nothing real attends to it)."""
+    if offsets is None:
+        rows = pos.expand(documents.shape) if pos.dim() == 1 else pos
+        return rows, rows, documents, documents
+    k_rows = k_pos[None, :] - offsets[:, None]
+    return pos, k_rows, (pos >= 0).long(), (k_rows >= 0).long()
+
+
+def rotate_rows(scheme: PositionScheme, q, k, pos: torch.Tensor, context_len: int):
+    """The scheme's rotation of q and k, each row b at its own positions ``pos[b]``."""
+    pairs = [scheme.rotate(q[b:b + 1], k[b:b + 1], pos[b], context_len) for b in range(q.shape[0])]
+    return torch.cat([qr for qr, _ in pairs]), torch.cat([kr for _, kr in pairs])
+
+
+def attend_rows(q, k, v, layout: tuple, scheme: PositionScheme, *, cached: bool, window: Optional[int],
+                dropout_p: float = 0.0, need_weights: bool = False):
+    """``attend`` for rows that have positions and documents of their own (``row_layout``):
+    each row alone, queries at its positions over its keys, a query seeing only the keys of its
+    own document. A loop over rows keeps every scheme's hooks as they are (one row's positions);
+    it serves packed training rows (``data.document_mask``) and batches of prompts."""
+    q_pos, k_pos, q_doc, k_doc = layout
+    results = [attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], q_pos[b], k_pos[b], scheme, cached=cached, window=window,
+                      dropout_p=dropout_p, need_weights=need_weights, documents=(q_doc[b], k_doc[b]))
+               for b in range(q.shape[0])]
+    if need_weights:
+        return torch.cat([out for out, _ in results]), torch.cat([w for _, w in results])
+    return torch.cat(results)

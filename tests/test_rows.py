@@ -1,0 +1,166 @@
+"""Rows of their own (minilm.model.attention.attend_rows): documents packed into one row, where
+a token's logits do not see the document before it, and prompts of different lengths decoded
+together, where every row gets what it gets alone (greedy, every position scheme)."""
+import json
+
+import pytest
+import torch
+
+from minilm.cli import generate as generate_command
+from minilm.generation.decode import GenerationError, Sampling, context_size, generate_ids, generate_rows
+from minilm.model.attention import document_layout
+from tests.test_generate_cli import checkpoints, run  # noqa: F401  (checkpoints is a fixture)
+from tests.test_generation import scheme_id, schemes
+
+GREEDY = Sampling(temperature=0)
+EOT = 2
+
+
+def test_document_layout_numbers_documents_and_positions_within_them():
+    idx = torch.tensor([[5, 6, EOT, 7, 8, 9, EOT, EOT, 4]])
+    documents, within = document_layout(idx, EOT)
+    assert documents.tolist() == [[0, 0, 0, 1, 1, 1, 1, 2, 3]]
+    assert within.tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 0]]
+
+
+def packed(first_document, last_document):
+    return torch.cat([first_document, torch.tensor([EOT]), last_document])[None]
+
+
+@pytest.mark.parametrize("position", schemes(), ids=scheme_id)
+def test_a_document_does_not_see_the_one_before_it(random_gpt, position):
+    model = random_gpt(position, block_size=32).eval()
+    g = torch.Generator().manual_seed(0)
+    last = torch.randint(3, 97, (9,), generator=g)
+    before, other = torch.randint(3, 97, (12,), generator=g), torch.randint(3, 97, (12,), generator=g)
+    shorter = torch.randint(3, 97, (5,), generator=g)
+    # one context length for every pass: dynamic NTK and LongRoPE read it (the scheme, not the mask)
+    with torch.no_grad():
+        masked = model(packed(before, last), end_of_text=EOT, context_len=32)[0, -9:]
+        # the same length before it: only attention could carry the earlier document's content
+        assert torch.allclose(masked, model(packed(other, last), end_of_text=EOT, context_len=32)[0, -9:], rtol=1e-4, atol=1e-4)
+        unmasked = model(packed(before, last), context_len=32)[0, -9:]
+        assert not torch.allclose(masked, unmasked, atol=1e-3)  # without the mask it does see it
+        restarted = model(packed(before, last), end_of_text=EOT, restart_positions=True, context_len=32)[0, -9:]
+        # positions restarted: any length before it, and the document as if it stood alone
+        assert torch.allclose(restarted, model(packed(shorter, last), end_of_text=EOT,
+                                               restart_positions=True, context_len=32)[0, -9:], rtol=1e-4, atol=1e-4)
+        assert torch.allclose(restarted, model(last[None], context_len=32)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_first_document_of_a_row_is_unchanged_by_the_mask(random_gpt):
+    model = random_gpt({"kind": "alibi"}).eval()
+    x = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    x[:, 12] = EOT
+    with torch.no_grad():
+        assert torch.allclose(model(x, end_of_text=EOT)[:, :13], model(x)[:, :13], rtol=1e-4, atol=1e-4)
+
+
+def test_documents_are_refused_with_a_cache(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    with pytest.raises(ValueError, match="end_of_text"):
+        model(torch.zeros(1, 3, dtype=torch.long), model.new_cache(1, 8), end_of_text=EOT)
+
+
+def greedy(model, prompts, n, **kw):
+    return torch.stack(list(generate_rows(model, prompts, max_new_tokens=n, sampling=GREEDY, **kw)), 1).tolist()
+
+
+@pytest.mark.parametrize("position", schemes(), ids=scheme_id)
+def test_prompts_of_different_lengths_decode_as_each_alone(random_gpt, position):
+    model = random_gpt(position, block_size=32)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (3, 11, 6)]
+    bounded = model.positions.position_limit() is not None
+    new = context_size(model) - 11 if bounded else 60  # rolling schemes go far past the context (the cache wraps)
+    together = greedy(model, prompts, new)
+    alone = [greedy(model, [p], new)[0] for p in prompts]
+    assert together == alone
+    assert len({t for row in together for t in row}) >= 10  # not vacuous: greedy decoding wanders
+
+
+def test_rows_of_one_length_are_the_samples_of_generate_ids(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    rows = greedy(model, [[4, 5, 6]] * 2, 10)
+    ids = torch.stack(list(generate_ids(model, [4, 5, 6], num_samples=2, max_new_tokens=10, sampling=GREEDY)), 1)
+    assert rows == ids.tolist()
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"use_cache": False}, "--no-cache"),
+    ({"sinks": 2}, "--sink-tokens"),
+    ({"compile": True}, "--compile"),
+])
+def test_different_lengths_refuse_what_needs_one_length(random_gpt, options, match):
+    model = random_gpt({"kind": "rope"})
+    with pytest.raises(GenerationError, match=match):
+        greedy(model, [[1, 2], [3, 4, 5]], 4, **options)
+
+
+def test_a_bounded_scheme_refuses_prompts_that_would_slide(random_gpt):
+    model = random_gpt({"kind": "learned"}, block_size=16)
+    with pytest.raises(GenerationError, match="must fit the context together"):
+        greedy(model, [[1, 2], [3, 4, 5]], 20)
+
+
+def test_an_empty_prompt_among_many_is_named(random_gpt):
+    with pytest.raises(GenerationError, match="prompt 2 is empty"):
+        greedy(random_gpt({"kind": "rope"}), [[1], []], 3)
+
+
+# --------------------------------------------------------------------------- generate --prompts-file
+
+def run_generate(argv, capsys):
+    status, out, err = run(capsys, *argv)
+    return status, out, err
+
+
+def test_prompts_file_prints_each_prompt_as_it_would_alone(checkpoints, tmp_path, capsys):  # noqa: F811
+    prompts = ["ROMEO:", "JULIET: O Romeo, Romeo", "A"]  # of different lengths
+    lines = tmp_path / "prompts.txt"
+    lines.write_text("\n".join(prompts[:2]) + "\n\n" + prompts[2] + "\n")
+    common = ["--checkpoint", checkpoints["rope"], "--temperature", "0", "--max-new-tokens", "12", "--ignore-eos"]
+    status, out, err = run_generate(common + ["--prompts-file", str(lines)], capsys)
+    assert status == 0, err
+    together = out.split(f"{generate_command.SEPARATOR}\n")
+    alone = []
+    for prompt in prompts:
+        status, single, err = run_generate(common + [prompt], capsys)
+        assert status == 0, err
+        alone.append(single)
+    assert together == alone
+    assert [t.startswith(p) for t, p in zip(together, prompts)] == [True] * 3
+
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text("".join(json.dumps(p if i % 2 else {"prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    status, from_jsonl, err = run_generate(common + ["--prompts-file", str(jsonl)], capsys)
+    assert status == 0, err
+    assert from_jsonl == out
+
+
+@pytest.mark.parametrize("content, name, match", [
+    ("\n\n", "p.txt", "holds no prompt"),
+    ('{"text": "x"}\n', "p.jsonl", "line 1: expected a JSON string"),
+    ('"a"\nnot json\n', "p.jsonl", "line 2"),
+])
+def test_bad_prompts_files_are_one_line_errors(checkpoints, tmp_path, capsys, content, name, match):  # noqa: F811
+    path = tmp_path / name
+    path.write_text(content)
+    status, out, err = run_generate(["--checkpoint", checkpoints["rope"], "--prompts-file", str(path)], capsys)
+    assert status == 2 and out == ""
+    assert match in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompts_file_and_a_prompt_are_not_both_given(checkpoints, tmp_path, capsys):  # noqa: F811
+    path = tmp_path / "p.txt"
+    path.write_text("a\n")
+    status, _, err = run_generate(["--checkpoint", checkpoints["rope"], "--prompts-file", str(path), "ROMEO"], capsys)
+    assert status == 2 and "either with --prompts-file" in err
+
+
+def test_a_sink_placement_that_contradicts_the_cache_is_refused(random_gpt):
+    model = random_gpt({"kind": "rope"})
+    cache = model.new_cache(1, 8, rolling=True, sinks=2, sink_positions="cache")
+    with pytest.raises(ValueError, match="differs from the cache's placement"):
+        model(torch.zeros(1, 3, dtype=torch.long), cache, sink_positions="absolute")
+    model(torch.zeros(1, 3, dtype=torch.long), cache, sink_positions="cache")  # repeating it is fine
