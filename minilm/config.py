@@ -163,19 +163,19 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    corpus: str = option("shakespeare", help="shakespeare (embedded) or a .txt file / a directory of .txt files")
+    corpus: str = option("shakespeare", help="shakespeare (embedded), a .txt or .jsonl file, or a directory of them")
     vocab_size: int = option(4096, help="sentencepiece BPE vocabulary; model.vocab_size follows it")
     dir: str = option("data", help="where prepared corpora land")
     text_field: str = option("text", help="the field of a .jsonl line that holds its document's text")
     end_of_text: bool = option(False, help="the tokenizer's eos id between documents, instead of two blank lines")
-    document_mask: str = option("off", choices=("off", "mask", "restart"),
+    document_mask: str = option("none", choices=("none", "mask", "restart"),
                                 help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
 
     def __post_init__(self):
         check_choices(self, "data")
-        if self.document_mask != "off" and not self.end_of_text:
+        if self.document_mask != "none" and not self.end_of_text:
             raise ConfigError(f"data.document_mask={self.document_mask!r} needs documents marked: set "
-                              f"data.end_of_text=true (or data.document_mask='off')")
+                              f"data.end_of_text=true (or data.document_mask='none')")
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """Tests for minilm.data.tokenizer and minilm.data: corpus conversion and split, tokenizer, preparation, batches."""
+import hashlib
 import json
 import os
 import random
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from minilm.config import DataConfig
-from minilm.data import corpus as data, shakespeare as plays, tokenizer as tokenizer_module
+from minilm.data import corpus as data, shakespeare as plays, sources, tokenizer as tokenizer_module
 from minilm.data.corpus import DataError, get_batch, prepare
 from minilm.data.tokenizer import Tokenizer, TokenizerError
 
@@ -237,7 +238,7 @@ def test_stale_or_half_written_dirs_are_rebuilt(damage, corpus_file, tmp_path, m
             raise KeyboardInterrupt
 
         with monkeypatch.context() as m:
-            m.setattr(data, "encode_text", boom)
+            m.setattr(Tokenizer, "encode_batch", boom)
             with pytest.raises(KeyboardInterrupt):
                 prepare(cfg, quiet=True)
         assert not (p.dir / "manifest.json").exists()
@@ -262,8 +263,8 @@ def test_directory_corpus_split_is_deterministic(tmp_path):
 
     build(tmp_path / "a", range(20))
     build(tmp_path / "b", reversed(range(20)))
-    train_a, val_a = data.user_documents(tmp_path / "a")
-    train_b, val_b = data.user_documents(tmp_path / "b")
+    train_a, val_a = sources.user_documents(tmp_path / "a")
+    train_b, val_b = sources.user_documents(tmp_path / "b")
     assert [n for n, _ in val_a] == [n for n, _ in val_b] and len(val_a) == 2
     assert train_a == train_b and len(train_a) == 18
     assert not {n for n, _ in train_a} & {n for n, _ in val_a}
@@ -274,10 +275,10 @@ def test_directory_corpus_split_is_deterministic(tmp_path):
     two.mkdir()
     (two / "x.txt").write_text("one text\n")
     (two / "y.txt").write_text("another text\n")
-    train, val = data.user_documents(two)
+    train, val = sources.user_documents(two)
     assert len(train) == 1 and len(val) == 1
 
-    train, val = data.user_documents(tmp_path / "a" / "doc00.txt")  # single file: last ~10% at a line break
+    train, val = sources.user_documents(tmp_path / "a" / "doc00.txt")  # single file: last ~10% at a line break
     text = (tmp_path / "a" / "doc00.txt").read_text()
     assert train[0][1] + val[0][1] == text and train[0][1].endswith("\n")
     assert 0.03 < len(val[0][1]) / len(text) < 0.2
@@ -287,14 +288,14 @@ def test_clear_errors(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         prepare(DataConfig(corpus=str(tmp_path / "nope"), dir=str(tmp_path / "d")), quiet=True)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="without .txt files"):
+    with pytest.raises(DataError, match="without .txt or .jsonl files"):
         prepare(DataConfig(corpus=str(tmp_path / "empty"), dir=str(tmp_path / "d")), quiet=True)
     (tmp_path / "empty" / "a.txt").write_text("  \n")
     with pytest.raises(DataError, match="has no text"):
-        data.user_documents(tmp_path / "empty")
+        sources.user_documents(tmp_path / "empty")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(DataError, match="UTF-8"):
-        data.user_documents(tmp_path / "latin1.txt")
+        sources.user_documents(tmp_path / "latin1.txt")
     with pytest.raises(DataError, match="too large"):
         prepare(DataConfig(vocab_size=2 ** 32 + 1, dir=str(tmp_path / "d")), quiet=True)
     tiny = tmp_path / "tiny.txt"
@@ -331,6 +332,15 @@ def test_prepare_shakespeare_with_real_vocab(tmp_path, monkeypatch, shakespeare)
     p = prepare(DataConfig(vocab_size=4096, dir=str(tmp_path)), quiet=True)
     assert p.dir.name == "shakespeare-4096" and p.tokenizer.vocab_size == 4096
     assert p.manifest["val"]["documents"] == ["the-tempest", "hamlet"]
+    # without data.end_of_text the manifest is what earlier versions wrote, so their directories stay valid
+    assert list(p.manifest) == ["format_version", "corpus", "source_fingerprint", "vocab_size", "tokenizer_settings",
+                                "token_dtype", "train", "val", "files", "created", "seconds"]
+    assert list(p.manifest["train"]) == list(p.manifest["val"]) == ["documents", "chars", "tokens"]
+    assert p.eot_id is None and p.manifest["format_version"] == 1
+    earlier = hashlib.sha256(f"converter={plays.CONVERTER_VERSION}\n".encode())  # every byte of every play
+    for rel, path in plays.shakespeare_files():
+        earlier.update(f"{rel}\0{path.stat().st_size}\0".encode() + path.read_bytes())
+    assert p.manifest["source_fingerprint"] == earlier.hexdigest()
     assert 0.25 < p.tokens_per_char("train") < 0.4 and 0.25 < p.tokens_per_char("val") < 0.45
     assert p.tokenizer.decode(p.val) == p.val_text()
     assert p.val_text().startswith("The Tempest\n\nACT I\n")

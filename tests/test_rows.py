@@ -164,3 +164,47 @@ def test_a_sink_placement_that_contradicts_the_cache_is_refused(random_gpt):
     with pytest.raises(ValueError, match="differs from the cache's placement"):
         model(torch.zeros(1, 3, dtype=torch.long), cache, sink_positions="absolute")
     model(torch.zeros(1, 3, dtype=torch.long), cache, sink_positions="cache")  # repeating it is fine
+
+
+# --------------------------------------------------------------------------- training with documents
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory):
+    """A .jsonl corpus of 400 short documents: a training row of 32 tokens spans several."""
+    from tests.conftest import tiny_text
+    root = tmp_path_factory.mktemp("documents")
+    lines = [line for line in tiny_text(1200).splitlines() if line.strip()]
+    with open(root / "docs.jsonl", "w") as f:
+        for i in range(0, len(lines), 3):
+            f.write(json.dumps({"text": "\n".join(lines[i:i + 3])}) + "\n")
+    return root
+
+
+def document_run(root, tmp_path, mode):
+    from minilm.config import load_config, resolve_config
+    from minilm.training.loop import train
+    overrides = [f"data.corpus={root / 'docs.jsonl'}", "data.vocab_size=400", f"data.dir={root / 'data'}",
+                 "data.end_of_text=true", f"data.document_mask={mode}", "model.position.kind=learned",
+                 "model.n_layer=1", "model.n_head=2",
+                 "model.d_model=32", "model.block_size=32", "train.batch_size=4", "train.max_steps=3",
+                 "train.warmup_steps=1", "train.eval_iters=1", "train.log_interval=1", "train.sample_tokens=0",
+                 "train.final_eval_tokens=500", "train.dtype=float32", "train.device=cpu", f"out_dir={tmp_path / mode}"]
+    summary = train(resolve_config(load_config(None, overrides)), quiet=True)
+    with open(tmp_path / mode / "metrics.jsonl") as f:
+        losses = [r["loss"] for r in map(json.loads, f) if r.get("event") == "train"]
+    return summary, losses
+
+
+def test_training_masks_documents_as_configured(short_documents, tmp_path):
+    runs = {mode: document_run(short_documents, tmp_path, mode) for mode in ("none", "mask", "restart")}
+    first = {mode: losses[0] for mode, (_, losses) in runs.items()}
+    # the same weights and batches: only what each token sees differs, so the first losses differ
+    # (positions restarting matter to absolute positions, learned here; to rope they would not)
+    assert len(set(first.values())) == 3
+    assert all(summary["final_val_loss"] > 0 for summary, _ in runs.values())
+
+
+def test_a_document_mask_without_end_of_text_is_a_config_error():
+    from minilm.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="data.document_mask='mask' needs documents marked"):
+        load_config(None, ["data.document_mask=mask"])

@@ -28,7 +28,8 @@ def _make_corpus(args) -> list:
     state = read_checkpoint(args.checkpoint)
     text = ""
     if args.mix:
-        text = join_documents(corpus_documents(state["config"]["data"]["corpus"])[0])
+        data = state["config"]["data"]
+        text = join_documents(corpus_documents(data["corpus"], data.get("text_field", "text"))[0])
     return _write(args, tokenizer_from_bytes(state["tokenizer"]), text)
 
 

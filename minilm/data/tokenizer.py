@@ -9,7 +9,9 @@ vocabulary become UTF-8 byte tokens instead of ``<unk>``).
 
 Because the newline is a piece of its own, no token ever spans a line break, so a
 long text can be encoded in chunks that end at a newline with the same result as
-encoding it at once (``minilm.data`` relies on this).
+encoding it at once: ``StreamEncoder`` encodes a text of any length that way as it is read
+(checking first that the tokenizer, perhaps a Hugging Face one, allows it), for
+``minilm.data.corpus``.
 
 Ids: 0 ``<unk>``, 1 ``<s>`` (bos), 2 ``</s>`` (eos), 3 ``"\\n"``, then the 256 byte
 pieces, then the learned pieces. There is no padding id. The serialized model
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Optional, Sequence
 
 import numpy as np
@@ -56,6 +59,8 @@ TRAINER_SETTINGS = dict(
     hard_vocab_limit=True,
 )
 RANDOM_SEED = 1234  # sentencepiece samples lines when a corpus has more than input_sentence_size
+ENCODE_CHUNK_CHARS = 1 << 16  # long texts are encoded in chunks of about this many characters
+ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))  # encoding threads (the ids do not depend on them)
 
 
 class TokenizerError(MinilmError):
@@ -194,3 +199,81 @@ def check_vocab_size(vocab_size) -> None:
 def settings() -> dict:
     """The tokenizer settings recorded in data manifests (a change means re-preparing)."""
     return {"version": SETTINGS_VERSION, "random_seed": RANDOM_SEED, **TRAINER_SETTINGS}
+
+
+# --------------------------------------------------------------------------- long texts
+
+BREAK = re.compile(r"(?<=\S\n)(?=\S)")  # after a newline that has a non-space character on each side
+BREAK_PROBES = ("a\nb", "Ab.\nCd", "x:\n1", "\u00e9\n\u6771")
+
+
+def newline_chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
+    """Pieces of about ``size`` characters that end at a newline between two non-space characters
+    (minilm's tokenizer never merges across a newline; regex pre-tokenizers such as GPT-2's
+    start a new word there too)."""
+    pieces, start = [], 0
+    while start < len(text):
+        found = BREAK.search(text, start + size)
+        end = found.start() if found else len(text)
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def splits_at_newlines(tokenizer) -> bool:
+    """Whether encoding text in ``newline_chunks`` gives the same ids as one ``encode``: false for a
+    tokenizer that adds something at the start of every text (a dummy-prefix space)."""
+    return all(tokenizer.encode(probe) == tokenizer.encode(probe[:cut + 1]) + tokenizer.encode(probe[cut + 1:])
+               for probe in BREAK_PROBES for cut in [probe.index("\n")])
+
+
+class StreamEncoder:
+    """Encodes a text handed over in pieces (``add``) with any tokenizer (minilm's or a Hugging Face
+    one), writing the ids (``token_dtype``) to ``out`` (anything with ``write(bytes)``) in order:
+    the text is cut into ``newline_chunks`` as it comes (the same ids as one ``encode``), and the
+    chunks are encoded together once about ``batch`` chunks' worth wait. ``end`` closes a stretch
+    (a document) and may put an id after it; ``finish`` writes all that waits. A tokenizer that
+    cannot be split at a newline gets each stretch whole. ``tokens`` counts the ids written."""
+
+    def __init__(self, tokenizer, out, chunk_chars: Optional[int] = None, batch: int = 16):
+        self.tokenizer, self.out, self.size = tokenizer, out, chunk_chars or ENCODE_CHUNK_CHARS
+        self.aligned = splits_at_newlines(tokenizer)
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.pending, self.pending_chars, self.threshold = [], 0, self.size * batch
+        self.ready, self.ready_chars, self.batch_chars, self.tokens = [], 0, self.size * batch, 0
+
+    def add(self, text: str) -> None:
+        self.pending.append(text)
+        self.pending_chars += len(text)
+        if self.aligned and self.pending_chars >= self.threshold:
+            pieces = newline_chunks("".join(self.pending), self.size)
+            rest = pieces.pop()  # after the last break found: it may go on
+            self._queue(pieces)
+            self.pending, self.pending_chars = [rest], len(rest)
+            self.threshold = max(self.batch_chars, 2 * len(rest))  # no break in sight: wait for more
+
+    def end(self, token_id: Optional[int] = None) -> None:
+        text = "".join(self.pending)
+        self.pending, self.pending_chars, self.threshold = [], 0, self.batch_chars
+        self._queue(newline_chunks(text, self.size) if self.aligned else [text] if text else [])
+        if token_id is not None:
+            self.ready.append(token_id)
+
+    def finish(self) -> None:
+        self.end()
+        self._flush()
+
+    def _queue(self, pieces: list[str]) -> None:
+        self.ready.extend(pieces)
+        self.ready_chars += sum(len(p) for p in pieces)
+        if self.ready_chars >= self.batch_chars:
+            self._flush()
+
+    def _flush(self) -> None:
+        texts = [r for r in self.ready if isinstance(r, str)]
+        encoded = iter(self.tokenizer.encode_batch(texts, num_threads=ENCODE_THREADS) if texts else [])
+        for item in self.ready:
+            data = np.asarray(next(encoded) if isinstance(item, str) else [item], dtype=self.dtype)
+            self.out.write(data.tobytes())
+            self.tokens += len(data)
+        self.ready, self.ready_chars = [], 0

@@ -207,7 +207,7 @@ class Decoder:
             self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
                                          sinks=self.sinks if capacity == self.max_context else 0,
                                          sink_positions=sink_positions,
-                                         offsets=None if offsets is None else torch.tensor(offsets, device=self.device))
+                                         offsets=None if offsets is None else torch.as_tensor(offsets, device=self.device))
         self.body = compiled_body(model) if compile else None
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
@@ -297,8 +297,7 @@ def check_count(name: str, value, low: int) -> None:
 def generate_ids(model, prompt_ids: Sequence[int], *, num_samples: int = 1, **options) -> Iterator[torch.Tensor]:
     """Yield the next token of each of ``num_samples`` continuations of ``prompt_ids``, a
     (num_samples,) tensor per step: ``generate_rows`` with the prompt in every row."""
-    check_count("num_samples", num_samples, 1)
-    yield from generate_rows(model, [prompt_ids] * num_samples, **options)
+    yield from generate_rows(model, [prompt_ids], num_samples=num_samples, **options)
 
 
 def padded_rows(model, prompts: Sequence[Sequence[int]]) -> list:
@@ -334,17 +333,19 @@ def check_lengths(model, rows: list, max_new_tokens: int, context: int, *, use_c
 
 
 @torch.inference_mode()
-def generate_rows(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 200,
+def generate_rows(model, prompts: Sequence[Sequence[int]], *, num_samples: int = 1, max_new_tokens: int = 200,
                   sampling: Sampling = Sampling(), seed: Optional[int] = None, max_context: Optional[int] = None,
                   use_cache: bool = True, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
                   stats: Optional[Stats] = None, compile: bool = False) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, a (rows,) tensor per step, ``max_new_tokens`` times:
-    row b continues ``prompts[b]``. The rows decode together as one batch; prompts of different
+    row i * num_samples + j is the j-th continuation of ``prompts[i]``. The rows decode together
+    as one batch (the cache checked to fit before anything is allocated); prompts of different
     lengths are left-padded and each row keeps its own positions (``Decoder``), so that greedy
     decoding gives every row what it gives alone. ``seed`` makes sampling reproducible (None: a
     fresh random seed, recorded in ``stats``). A prompt longer than the window of a bounded
     scheme is cropped to its last ``max_context`` tokens with a warning."""
     check_count("max_new_tokens", max_new_tokens, 0)
+    check_count("num_samples", num_samples, 1)
     if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
         raise GenerationError(f"seed={seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
     sampling.check()
@@ -358,25 +359,27 @@ def generate_rows(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: in
         rows = [r[-limit:] for r in rows]
     check_lengths(model, rows, max_new_tokens, limit, use_cache=use_cache, sinks=sinks, compile=compile)
     longest = max(len(r) for r in rows)
-    offsets = [longest - len(r) for r in rows]
-    decoder = Decoder(model, len(rows), max_context=max_context, use_cache=use_cache, total=longest + max_new_tokens,
-                      sinks=sinks, sink_positions=sink_positions, compile=compile,
-                      offsets=offsets if any(offsets) else None)
+    offsets = torch.tensor([longest - len(r) for r in rows]).repeat_interleave(num_samples)
+    decoder = Decoder(model, len(offsets), max_context=max_context, use_cache=use_cache,
+                      total=longest + max_new_tokens, sinks=sinks, sink_positions=sink_positions, compile=compile,
+                      offsets=offsets if bool(offsets.any()) else None)
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
     device = decoder.device
     seed = secrets.randbits(63) if seed is None else int(seed)
     generator = torch.Generator(device=device).manual_seed(seed)
-    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = longest, len(rows), seed, str(device)
+    stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = longest, len(offsets), seed, str(device)
     stats.new_tokens, stats.prefill_seconds, stats.decode_seconds, stats.compile_seconds = 0, 0.0, 0.0, 0.0
     if max_new_tokens == 0:
         return
-    ids = torch.tensor([[0] * o + r for o, r in zip(offsets, rows)], dtype=torch.long, device=device)
+    padded = torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    ids = padded.expand(num_samples, -1) if len(rows) == 1 else padded.repeat_interleave(num_samples, dim=0)
     seen = None
     if sampling.repetition_penalty != 1.0:
         seen = torch.zeros(len(rows), model.config.vocab_size, dtype=torch.bool, device=device)
-        for b, r in enumerate(rows):
-            seen[b, r] = True
+        for i, r in enumerate(rows):
+            seen[i, r] = True
+        seen = seen.repeat_interleave(num_samples, dim=0)
     yield from _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
-from minilm.generation.decode import GenerationError, Sampling, Stats, check_count, generate_rows
+from minilm.generation.decode import GenerationError, Sampling, Stats, generate_rows
 from minilm.model.cache import SINK_POSITIONS
 
 CONTEXT_TOKENS = 5  # prompt tokens decoded along with the first new ones, so joins come out right
@@ -120,17 +120,16 @@ def generate(model, tokenizer, prompt=None, *, prompts: Optional[Sequence] = Non
         stop = [stop]
     if (prompt is None) == (prompts is None):
         raise GenerationError("give either one prompt or a list of prompts")
-    check_count("num_samples", num_samples, 1)
-    rows = [ids for p in ([prompt] if prompts is None else prompts) for ids in [encode_prompt(tokenizer, p)] * num_samples]
+    rows = [encode_prompt(tokenizer, p) for p in ([prompt] if prompts is None else prompts)]
     stop_ids = tuple(tokenizer.stop_ids if stop_ids is None else stop_ids)
     streams = None  # made once generate_rows has checked the sizes (a cache that fits) and prefilled
-    steps = generate_rows(model, rows, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
-                          max_context=max_context, use_cache=use_cache, sinks=sinks, sink_positions=sink_positions,
-                          stats=stats, compile=compile)
+    steps = generate_rows(model, rows, num_samples=num_samples, max_new_tokens=max_new_tokens, sampling=sampling,
+                          seed=seed, max_context=max_context, use_cache=use_cache, sinks=sinks,
+                          sink_positions=sink_positions, stats=stats, compile=compile)
     try:
         for step, tokens in enumerate(steps):
             if streams is None:
-                streams = [TextStream(tokenizer, ids, stop, stop_ids) for ids in rows]
+                streams = [TextStream(tokenizer, ids, stop, stop_ids) for ids in rows for _ in range(num_samples)]
             final = step == max_new_tokens - 1
             for i, token in enumerate(tokens.tolist()):
                 stream = streams[i]

@@ -183,14 +183,15 @@ class TrainingRun:
     def forward_options(self) -> dict:
         """What every forward pass of the run is given: the documents to mask (``data.document_mask``)."""
         mode = self.config.data.document_mask
-        return {} if mode == "off" else {"end_of_text": self.prepared.eot_id, "restart_positions": mode == "restart"}
+        return {} if mode == "none" else {"end_of_text": self.prepared.eot_id, "restart_positions": mode == "restart"}
 
     def validate(self, batches) -> dict:
         return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, **self.forward_options),
                            self.prepared)
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False) -> dict:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False,
+          reprepare: bool = False) -> dict:
     """Train as ``config`` says; return a summary dict.
 
     Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
@@ -200,15 +201,16 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, quie
     A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
     serves one live run at a time (``minilm.training.outdir``). Raises a MinilmError (ConfigError,
     CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
+    ``reprepare`` tokenizes the corpus again even where its prepared files look current.
     """
     main = int(os.environ.get("RANK", "0")) == 0
     check_loggers(config.train.loggers)  # a missing package is said before anything is done
     with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
-        return _train(config, resume=resume, quiet=quiet)
+        return _train(config, resume=resume, quiet=quiet, reprepare=reprepare)
 
 
-def _train(config: Config, *, resume: bool, quiet: bool) -> dict:
-    run = setup(config, resume=resume, quiet=quiet)
+def _train(config: Config, *, resume: bool, quiet: bool, reprepare: bool = False) -> dict:
+    run = setup(config, resume=resume, quiet=quiet, reprepare=reprepare)
     val_set = eval_batches(run.prepared.val, run.config)
     start_step, loop_started, interrupted = run.step, time.time(), None
     meter = {"tokens": 0, "since": time.time()}  # tokens/s over the steps since the last log line
@@ -239,7 +241,7 @@ def _resume_state(config: Config, device: torch.device) -> dict:
     return state
 
 
-def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> TrainingRun:
+def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepare: bool = False) -> TrainingRun:
     """Stages 1-2: data, model, optimiser and data generator, fresh, from init_from or resumed."""
     started, t = time.time(), config.train
     dist = init_distributed(t)
@@ -256,7 +258,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False) -> Train
     if not dist.main:  # rank 0 prepares the data, the others then reuse its files
         dist.barrier()
     prepared = prepare(config.data, quiet=not (dist.main and not quiet),
-                       tokenizer=source.tokenizer if source else None)
+                       tokenizer=source.tokenizer if source else None, reprepare=reprepare and dist.main)
     if dist.main:
         dist.barrier()
     config = resolve_config(config, tokenizer=prepared.tokenizer)
