@@ -160,10 +160,11 @@ def test_end_of_text_after_every_document_and_only_there(mixed, tmp_path, monkey
     assert len(calls) == 2
 
     assert prepare(cfg, quiet=True).dir == p.dir and len(calls) == 2  # reused
-    off = prepare(DataConfig(corpus=str(mixed), vocab_size=VOCAB, dir=cfg.dir), quiet=True)  # changed: rebuilt
-    assert len(calls) == 3 and off.dir == p.dir and off.eot_id is None and 2 not in off.train.tolist()
+    off = prepare(DataConfig(corpus=str(mixed), vocab_size=VOCAB, dir=cfg.dir), quiet=True)  # a directory beside it
+    assert len(calls) == 3 and off.dir != p.dir and off.eot_id is None and 2 not in off.train.tolist()
+    assert p.dir.name == off.dir.name + "-eot"
     assert "end_of_text" not in off.manifest and "eot_id" not in off.manifest
-    assert prepare(cfg, quiet=True).eot_id == 2 and len(calls) == 4  # and back
+    assert prepare(cfg, quiet=True).eot_id == 2 and len(calls) == 3  # both kept: switching back rebuilds nothing
 
 
 def test_end_of_text_with_a_given_tokenizer(mixed, tmp_path):

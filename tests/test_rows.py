@@ -138,6 +138,23 @@ def test_prompts_file_prints_each_prompt_as_it_would_alone(checkpoints, tmp_path
     assert from_jsonl == out
 
 
+def test_a_prompt_line_keeps_characters_that_python_would_split_at(checkpoints, tmp_path, capsys):  # noqa: F811
+    prompts = ["ROMEO:\u2028a", "JULIET:\x0cb"]  # a line separator and a form feed inside lines
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    text = tmp_path / "p.txt"
+    text.write_text("\r\n".join(prompts) + "\r\n")
+    outs = []
+    for source in (path, text):
+        status, out, err = run_generate(["--checkpoint", checkpoints["rope"], "--prompts-file", str(source),
+                                         "--max-new-tokens", "2", "--temperature", "0"], capsys)
+        assert status == 0, err
+        samples = out.split(f"{generate_command.SEPARATOR}\n")
+        assert [s.startswith(p) for s, p in zip(samples, prompts)] == [True, True] and len(samples) == 2
+        outs.append(out)
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.parametrize("content, name, match", [
     ("\n\n", "p.txt", "holds no prompt"),
     ('{"text": "x"}\n', "p.jsonl", "line 1: expected a JSON string"),
@@ -208,3 +225,28 @@ def test_a_document_mask_without_end_of_text_is_a_config_error():
     from minilm.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="data.document_mask='mask' needs documents marked"):
         load_config(None, ["data.document_mask=mask"])
+
+
+def test_held_out_and_length_evaluation_mask_documents_as_training_does(random_gpt):
+    from minilm.config import DataConfig
+    from minilm.evaluation.scoring import document_forward, heldout_loss, score_many
+    from minilm.training.distributed import Dist
+    model = random_gpt({"kind": "learned"}, block_size=32).eval()
+    x = torch.randint(3, 97, (3, 33), generator=torch.Generator().manual_seed(4))
+    x[:, 10] = EOT
+    batches, one = [(x[:, :-1], x[:, 1:])], Dist()
+    forward = document_forward(DataConfig(end_of_text=True, document_mask="restart"), EOT)
+    assert forward == {"end_of_text": EOT, "restart_positions": True}
+    assert document_forward(DataConfig(), EOT) == {}
+    masked = heldout_loss(model, batches, torch.device("cpu"), None, one, **forward)
+    assert masked != pytest.approx(heldout_loss(model, batches, torch.device("cpu"), None, one), rel=1e-6)
+    stream = x.flatten()[:97]
+    scored = score_many(model, stream, [(32, "nonoverlapping", None)], forward=forward)[0]
+    by_hand = torch.cat([torch.nn.functional.cross_entropy(
+        model(stream[None, s:s + 32], **forward)[0], stream[s + 1:s + 33], reduction="none") for s in (0, 32, 64)])
+    assert scored == pytest.approx(by_hand.mean().item(), rel=1e-5)
+
+
+def test_restart_positions_needs_end_of_text(random_gpt):
+    with pytest.raises(ValueError, match="give end_of_text too"):
+        random_gpt({"kind": "rope"})(torch.zeros(1, 3, dtype=torch.long), restart_positions=True)

@@ -81,7 +81,8 @@ def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F81
                          (["--stream-tokens", "999999"], "fewer than the 1,000,000 a stream of 999,999 needs"),
                          (["--lengths", "16"], "leave out --lengths"),
                          (["--multiples", "1,2"], "leave out --lengths, --multiples"),
-                         (["--max-tokens", "100"], "--max-tokens and --batch-tokens")]:
+                         (["--max-tokens", "100"], "--max-tokens and --batch-tokens"),
+                         (["--batch-tokens", "100"], "--max-tokens and --batch-tokens")]:
         try:  # in-process: the same main as the script (a process start costs seconds)
             status = evaluate_command.main([rope, "--stream", "--no-files", "--quiet", *bad])
         except SystemExit as exc:

@@ -108,7 +108,7 @@ def read_prompts(path: str) -> List[str]:
     file one JSON string, or object with a "prompt" string, per line (prompts with line breaks)."""
     try:
         with open(path, "rb") as f:
-            lines = utf8(f.read(), f"--prompts-file {path!r}").splitlines()
+            lines = [line.removesuffix("\r") for line in utf8(f.read(), f"--prompts-file {path!r}").split("\n")]
     except OSError as exc:
         raise GenerationError(f"cannot read --prompts-file {path!r}: {exc.strerror or exc}") from None
     if not path.endswith(".jsonl"):

@@ -120,8 +120,13 @@ class Prepared:
 
 
 def prepared_dir(data_cfg) -> Path:
-    """Where ``prepare`` puts a corpus: ``<dir>/<corpus name>-<vocab_size>``."""
-    return Path(data_cfg.dir) / f"{corpus_name(data_cfg.corpus)}-{data_cfg.vocab_size}"
+    """Where ``prepare`` puts a corpus: ``<dir>/<corpus name>-<vocab_size>``, with ``-eot`` for
+    ``data.end_of_text`` (the two token streams live side by side)."""
+    return Path(data_cfg.dir) / f"{corpus_name(data_cfg.corpus)}-{data_cfg.vocab_size}{_eot_suffix(data_cfg)}"
+
+
+def _eot_suffix(data_cfg) -> str:
+    return "-eot" if getattr(data_cfg, "end_of_text", False) else ""
 
 
 def _sha256_file(path: Path) -> str:
@@ -304,7 +309,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
             return _load(directory, manifest)
-        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}")
+        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}{_eot_suffix(data_cfg)}")
     expected = _expected(data_cfg, fingerprint, tokenizer_hash)
     manifest = None if reprepare else _valid_manifest(directory, expected)
     if manifest is not None:

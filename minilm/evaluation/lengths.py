@@ -43,7 +43,7 @@ from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
 from minilm.common import write_csv as common_write_csv
 from minilm.data import corpus as data
-from minilm.evaluation.scoring import MODES, score_many, segments
+from minilm.evaluation.scoring import MODES, document_forward, score_many, segments
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.positions import describe
 
@@ -95,8 +95,8 @@ _VAL_CACHE: dict = {}
 
 def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
     """The validation split of ``config.data`` as ids of ``tokenizer`` (memoised per process)."""
-    key = (config.data.corpus, config.data.dir, config.data.vocab_size,
-           hashlib.sha1(tokenizer.to_bytes()).hexdigest())
+    key = (config.data.corpus, config.data.dir, config.data.vocab_size, config.data.end_of_text,
+           config.data.text_field, hashlib.sha1(tokenizer.to_bytes()).hexdigest())
     if key not in _VAL_CACHE:
         _VAL_CACHE[key] = np.asarray(data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).val)
     return _VAL_CACHE[key]
@@ -175,7 +175,8 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         with tqdm(total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet,
                   leave=False) as bar:
             nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
-                                             dtype=compute_dtype, progress=bar, by_position=positions)))
+                                             dtype=compute_dtype, progress=bar, by_position=positions,
+                                             forward=document_forward(config.data, tokenizer.eos_id))))
         binned = {cell: _binned(curve, position_bin) for cell, curve in zip(cells, positions)}
         for m in modes:
             for t in these:

@@ -99,8 +99,18 @@ def _runs(n: int, requests, shared: bool) -> dict:
 
 
 @torch.no_grad()
+def document_forward(data_cfg, eot_id: Optional[int]) -> dict:
+    """What every forward pass over a corpus needs under ``data.document_mask`` (training, held-out
+    and length evaluation alike): the end-of-text id that closes each document, and whether
+    positions restart there; nothing for ``none``."""
+    if data_cfg.document_mask == "none":
+        return {}
+    return {"end_of_text": eot_id, "restart_positions": data_cfg.document_mask == "restart"}
+
+
 def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
-               dtype: Optional[torch.dtype] = None, progress=None, by_position: Optional[list] = None) -> list:
+               dtype: Optional[torch.dtype] = None, progress=None, by_position: Optional[list] = None,
+               forward: Optional[dict] = None) -> list:
     """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
     stride), computed in ``dtype`` autocast (None: float32); ``progress.update(segments)`` as
     it goes. Segments that start at the same token share one run of the model when the
@@ -108,7 +118,9 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
 
     ``by_position``: a list that receives, for each request, the mean nats at each position
     0..length-1 of its segments (a float64 tensor) for ``nonoverlapping`` requests (every
-    segment scored from position 0) and None for the others."""
+    segment scored from position 0) and None for the others. ``forward`` goes to every forward
+    pass (``document_forward``; a document mask keeps every segment's prefix its own, so
+    segments still share runs)."""
     n = len(tokens) - 1
     sums = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     counts = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
@@ -126,7 +138,7 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
             x = torch.stack([tokens[b:e] for b, e in batch]).to(device)
             y = torch.stack([tokens[b + 1:e + 1] for b, e in batch]).to(device)
             with autocast(device, dtype):
-                losses = token_losses(model, x, y, first)
+                losses = token_losses(model, x, y, first, **(forward or {}))
             losses = losses.double().cpu()
             cumulative = F.pad(losses.cumsum(dim=1), (1, 0)).tolist()  # [row][j]: positions < first + j
             for row, (begin, stop) in enumerate(batch):

@@ -271,6 +271,7 @@ class Stats:
     decode_seconds: float = 0.0  # from the first new token to the last one (after the compiling step)
     seed: Optional[int] = None
     device: str = "cpu"
+    padded: bool = False  # prompts of different lengths, left-padded to prompt_tokens
 
     def lines(self) -> List[str]:
         b = self.num_samples
@@ -280,9 +281,10 @@ class Stats:
         prefill_rate = self.prompt_tokens * b / self.prefill_seconds if self.prefill_seconds else float("nan")
         decode_rate = decode_steps * b / self.decode_seconds if self.decode_seconds else float("nan")
         return [
-            f"prompt: {self.prompt_tokens} tokens, new: {self.new_tokens} tokens x {b} sample{'s' * (b > 1)}, "
-            f"seed {self.seed}",
-            f"prefill: {self.prompt_tokens * b} tokens in {self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
+            f"prompt{'s: up to' if self.padded else ':'} {self.prompt_tokens} tokens, new: {self.new_tokens} tokens "
+            f"x {b} sample{'s' * (b > 1)}, seed {self.seed}",
+            f"prefill: {self.prompt_tokens * b} tokens{' (padding included)' * self.padded} in "
+            f"{self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
         ] + ([f"compile: the first decode step took {self.compile_seconds:.3f} s (compiling it)"] if compiled else []) + [
             f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
             f"peak memory: {peak_memory(self.device)}",
@@ -300,7 +302,7 @@ def generate_ids(model, prompt_ids: Sequence[int], *, num_samples: int = 1, **op
     yield from generate_rows(model, [prompt_ids], num_samples=num_samples, **options)
 
 
-def padded_rows(model, prompts: Sequence[Sequence[int]]) -> list:
+def checked_prompts(model, prompts: Sequence[Sequence[int]]) -> list:
     """The prompts as lists of ids, each checked: not empty, every id in the vocabulary."""
     if not prompts:
         raise GenerationError("no prompts: give at least one")
@@ -349,13 +351,15 @@ def generate_rows(model, prompts: Sequence[Sequence[int]], *, num_samples: int =
     if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
         raise GenerationError(f"seed={seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
     sampling.check()
-    rows = padded_rows(model, prompts)
+    rows = checked_prompts(model, prompts)
     limit = context_size(model, max_context)
     long = [i for i, r in enumerate(rows) if len(r) > limit]
     if model.positions.position_limit() is not None and long:
-        which = "the prompt" if len(rows) == 1 else f"prompt {long[0] + 1}"
-        warnings.warn(f"{which} has {len(rows[long[0]])} tokens but {model.positions.kind} positions allow a "
-                      f"context of {limit}: using its last {limit} tokens", GenerationWarning)
+        which = "the prompt" if len(rows) == 1 else f"prompt{'s' * (len(long) > 1)} " + ", ".join(
+            str(i + 1) for i in long)
+        warnings.warn(f"{which} {'has' if len(long) == 1 else 'have'} {max(len(rows[i]) for i in long)} tokens"
+                      f"{' at most' * (len(long) > 1)} but {model.positions.kind} positions allow a context of {limit}: "
+                      f"using the last {limit} tokens", GenerationWarning)
         rows = [r[-limit:] for r in rows]
     check_lengths(model, rows, max_new_tokens, limit, use_cache=use_cache, sinks=sinks, compile=compile)
     longest = max(len(r) for r in rows)
@@ -370,6 +374,7 @@ def generate_rows(model, prompts: Sequence[Sequence[int]], *, num_samples: int =
     generator = torch.Generator(device=device).manual_seed(seed)
     stats.prompt_tokens, stats.num_samples, stats.seed, stats.device = longest, len(offsets), seed, str(device)
     stats.new_tokens, stats.prefill_seconds, stats.decode_seconds, stats.compile_seconds = 0, 0.0, 0.0, 0.0
+    stats.padded = decoder.cache is not None and decoder.cache.offsets is not None
     if max_new_tokens == 0:
         return
     padded = torch.tensor([[0] * (longest - len(r)) + r for r in rows], dtype=torch.long, device=device)

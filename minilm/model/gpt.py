@@ -16,7 +16,9 @@ The position scheme is a plug-in from ``minilm.positions`` and acts through its 
 in every layer (before the cache write; after it, at cache positions, for sinks placed there:
 ``attend_in_cache``), ``bias`` on the attention logits and
 ``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit tensors:
-``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without.
+``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without; rows of their own
+(left-padded prompts, documents that restart at each end-of-text id) hold one row of positions
+each (``minilm.model.attention.attend_rows``).
 """
 from __future__ import annotations
 
@@ -282,6 +284,8 @@ class GPT(nn.Module):
             context_len = context_len or T
         self.positions.start(pos)  # the positions of the sequence's slots (rows of their own differ below)
         documents = None
+        if restart_positions and end_of_text is None:
+            raise ValueError("restart_positions restarts them at each end_of_text id: give end_of_text too")
         if end_of_text is not None:
             if cache is not None or window is not None:
                 raise ValueError("end_of_text masks documents in a full-sequence pass: not with a cache or a window")

@@ -66,7 +66,7 @@ from minilm.common import MinilmError, WriteError, autocast, peak_memory_mib, re
 from minilm.config import Config, resolve_config
 from minilm.data.corpus import Prepared, prepare
 from minilm.data.retrieval import Task
-from minilm.evaluation.scoring import eval_batches, heldout_loss, split_batches
+from minilm.evaluation.scoring import document_forward, eval_batches, heldout_loss, split_batches
 from minilm.generation.decode import Sampling
 from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
@@ -182,8 +182,7 @@ class TrainingRun:
     @property
     def forward_options(self) -> dict:
         """What every forward pass of the run is given: the documents to mask (``data.document_mask``)."""
-        mode = self.config.data.document_mask
-        return {} if mode == "none" else {"end_of_text": self.prepared.eot_id, "restart_positions": mode == "restart"}
+        return document_forward(self.config.data, self.prepared.eot_id)
 
     def validate(self, batches) -> dict:
         return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, **self.forward_options),
