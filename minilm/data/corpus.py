@@ -120,8 +120,7 @@ class Prepared:
 
 
 def prepared_dir(data_cfg) -> Path:
-    """Where ``prepare`` puts a corpus: ``<dir>/<corpus name>-<vocab_size>``, with ``-eot`` for
-    ``data.end_of_text`` (the two token streams live side by side)."""
+    """Where ``prepare`` puts a corpus: ``<dir>/<corpus name>-<vocab_size>``, ``-eot`` added for end_of_text."""
     return Path(data_cfg.dir) / f"{corpus_name(data_cfg.corpus)}-{data_cfg.vocab_size}{_eot_suffix(data_cfg)}"
 
 
