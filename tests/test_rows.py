@@ -250,3 +250,16 @@ def test_held_out_and_length_evaluation_mask_documents_as_training_does(random_g
 def test_restart_positions_needs_end_of_text(random_gpt):
     with pytest.raises(ValueError, match="give end_of_text too"):
         random_gpt({"kind": "rope"})(torch.zeros(1, 3, dtype=torch.long), restart_positions=True)
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi", "shaw", "learned"])
+def test_a_batch_masks_each_row_at_its_own_documents(random_gpt, kind):
+    """Under shared positions the mask covers the whole batch at once: each row as if alone."""
+    position = {"kind": kind, "values": True} if kind == "shaw" else {"kind": kind}
+    model = random_gpt(position).eval()
+    x = torch.randint(3, 97, (3, 24), generator=torch.Generator().manual_seed(5))
+    x[0, 5], x[1, 12], x[1, 18] = EOT, EOT, EOT  # row 2: one document
+    with torch.no_grad():
+        together = model(x, end_of_text=EOT)
+        alone = torch.cat([model(x[b:b + 1], end_of_text=EOT) for b in range(3)])
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4)

@@ -41,8 +41,8 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
     ``padded``: the keys include a static cache's empty slots, which only the mask hides.
     ``need_weights``: (output, weights (B, heads, Tq, Tk)), written out (SDPA returns none).
-    ``documents``: (document of each query (Tq,), of each key (Tk,)): a query sees only the
-    keys of its own document."""
+    ``documents``: (document of each query, of each key), (Tq,) and (Tk,) for one row or
+    (B, Tq) and (B, Tk) for every row of the batch: a query sees only the keys of its own document."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if not scheme.has_bias and not need_weights and documents is None:
         # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
@@ -61,10 +61,11 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
         kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
         allowed = visible(qp, kp, window, sinks)
         if documents is not None:
-            allowed &= documents[0][start:end, None] == documents[1][None, :len(kp)]
+            same = documents[0][..., start:end, None] == documents[1][..., None, :len(kp)]
+            allowed = allowed & (same if same.dim() == 2 else same[:, None])  # (B, 1, queries, keys) for a batch
         mask = allowed
         if scheme.has_bias:
-            mask = scheme.bias(qp, kp, qc).to(q.dtype).masked_fill(~allowed, float("-inf"))
+            mask = torch.where(allowed, scheme.bias(qp, kp, qc).to(q.dtype), float("-inf"))
         out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p)
         outputs.append(out)
         if need_weights:  # keys after a chunk's last query were never visible: weight 0
@@ -188,7 +189,9 @@ def attend_rows(q, k, v, layout: tuple, scheme: PositionScheme, *, cached: bool,
     """``attend`` for rows that have positions and documents of their own (``row_layout``):
     each row alone, queries at its positions over its keys, a query seeing only the keys of its
     own document. A loop over rows keeps every scheme's hooks as they are (one row's positions);
-    it serves packed training rows (``data.document_mask``) and batches of prompts."""
+    it serves documents whose positions restart (``data.document_mask: restart``) and batches of
+    prompts of different lengths. Documents under shared positions need no loop: ``attend``
+    masks them for the whole batch."""
     q_pos, k_pos, q_doc, k_doc = layout
     results = [attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], q_pos[b], k_pos[b], scheme, cached=cached, window=window,
                       dropout_p=dropout_p, need_weights=need_weights, documents=(q_doc[b], k_doc[b]))

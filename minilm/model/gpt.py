@@ -51,8 +51,9 @@ class ForwardPass(NamedTuple):
 
     @property
     def per_row(self) -> bool:
-        """Whether rows have positions or documents of their own (``attend_rows``)."""
-        return self.pos.dim() == 2 or self.documents is not None
+        """Whether rows have positions of their own (``attend_rows``); documents under shared
+        positions are masked for the whole batch at once."""
+        return self.pos.dim() == 2
 
 
 def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
@@ -140,7 +141,8 @@ class CausalSelfAttention(nn.Module):
         else:
             y = attend(q.to(k.dtype), self.expand(k), self.expand(v), fp.pos, k_pos, fp.scheme,
                        cached=cache is not None, window=window, sinks=sinks, dropout_p=dropout_p,
-                       padded=cache is not None and cache.static, need_weights=need_weights)
+                       padded=cache is not None and cache.static, need_weights=need_weights,
+                       documents=None if fp.documents is None else (fp.documents, fp.documents))
         y, weights = y if need_weights else (y, None)
         out = self.proj(y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
         return (out, weights) if need_weights else out
