@@ -263,8 +263,8 @@ def test_directory_corpus_split_is_deterministic(tmp_path):
 
     build(tmp_path / "a", range(20))
     build(tmp_path / "b", reversed(range(20)))
-    train_a, val_a = sources.user_documents(tmp_path / "a")
-    train_b, val_b = sources.user_documents(tmp_path / "b")
+    train_a, val_a = sources.corpus_documents(str(tmp_path / "a"))
+    train_b, val_b = sources.corpus_documents(str(tmp_path / "b"))
     assert [n for n, _ in val_a] == [n for n, _ in val_b] and len(val_a) == 2
     assert train_a == train_b and len(train_a) == 18
     assert not {n for n, _ in train_a} & {n for n, _ in val_a}
@@ -275,10 +275,10 @@ def test_directory_corpus_split_is_deterministic(tmp_path):
     two.mkdir()
     (two / "x.txt").write_text("one text\n")
     (two / "y.txt").write_text("another text\n")
-    train, val = sources.user_documents(two)
+    train, val = sources.corpus_documents(str(two))
     assert len(train) == 1 and len(val) == 1
 
-    train, val = sources.user_documents(tmp_path / "a" / "doc00.txt")  # single file: last ~10% at a line break
+    train, val = sources.corpus_documents(str(tmp_path / "a" / "doc00.txt"))  # single file: last ~10% at a line break
     text = (tmp_path / "a" / "doc00.txt").read_text()
     assert train[0][1] + val[0][1] == text and train[0][1].endswith("\n")
     assert 0.03 < len(val[0][1]) / len(text) < 0.2
@@ -292,10 +292,10 @@ def test_clear_errors(tmp_path):
         prepare(DataConfig(corpus=str(tmp_path / "empty"), dir=str(tmp_path / "d")), quiet=True)
     (tmp_path / "empty" / "a.txt").write_text("  \n")
     with pytest.raises(DataError, match="has no text"):
-        sources.user_documents(tmp_path / "empty")
+        sources.corpus_documents(str(tmp_path / "empty"))
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(DataError, match="UTF-8"):
-        sources.user_documents(tmp_path / "latin1.txt")
+        sources.corpus_documents(str(tmp_path / "latin1.txt"))
     with pytest.raises(DataError, match="too large"):
         prepare(DataConfig(vocab_size=2 ** 32 + 1, dir=str(tmp_path / "d")), quiet=True)
     tiny = tmp_path / "tiny.txt"

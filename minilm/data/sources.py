@@ -298,13 +298,9 @@ def _find_cut(blocks: Iterator[str], n: int) -> tuple[int, bool]:
     return cut, first is not None and first < cut and last >= cut
 
 
-def split_text(text: str, fraction: float = VAL_FRACTION) -> tuple[str, str]:
-    """Split one text into (train, val): val starts after the first newline at or after (1 - fraction) of it."""
-    target = int(len(text) * (1 - fraction))
-    newline = text.find("\n", target)
-    if newline == -1 or newline + 1 >= len(text):
-        newline = text.rfind("\n", 0, target)
-    cut = newline + 1 if newline > 0 else target
+def split_text(text: str) -> tuple[str, str]:
+    """Split one text into (train, val): val starts after the first newline at or after (1 - VAL_FRACTION) of it."""
+    cut, _ = _find_cut(iter([text]), len(text))
     return text[:cut], text[cut:]
 
 
@@ -368,12 +364,6 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
 def corpus_documents(corpus: str, field: str = "text") -> tuple[list[Document], list[Document]]:
     """(train, val) documents of a corpus, held in memory (for small corpora; ``plan`` streams)."""
     train, val = plan(corpus, field)
-    return train.materialized(), val.materialized()
-
-
-def user_documents(path: Union[str, Path], field: str = "text") -> tuple[list[Document], list[Document]]:
-    """(train, val) lists of (name, text) for a user corpus, held in memory."""
-    train, val = plan(str(path), field)
     return train.materialized(), val.materialized()
 
 

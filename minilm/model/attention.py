@@ -166,14 +166,13 @@ def document_layout(idx: torch.Tensor, end_of_text: int) -> tuple:
 def row_layout(pos: torch.Tensor, documents: Optional[torch.Tensor], k_pos: torch.Tensor,
                offsets: Optional[torch.Tensor]) -> tuple:
     """(query positions, key positions, query documents, key documents), each (B, ...), for
-    ``attend_rows``. Without a cache the keys are the queries and ``documents`` (B, T) says
-    where each token belongs (None: one document per row). With a cache of left-padded rows
+    ``attend_rows``, from the rows' positions ``pos`` (B, T). Without a cache the keys are the
+    queries and ``documents`` (B, T) says where each token belongs. With a cache of left-padded rows
     (``offsets`` (B,): the padding before each row's first token) the keys sit at the cache's
     positions minus the row's offset; padding, at negative positions, is a document apart
     (it attends to itself, so that its rows stay finite, and nothing real attends to it)."""
     if offsets is None:
-        rows = pos.expand(documents.shape) if pos.dim() == 1 else pos
-        return rows, rows, documents, documents
+        return pos, pos, documents, documents
     k_rows = k_pos[None, :] - offsets[:, None]
     return pos, k_rows, (pos >= 0).long(), (k_rows >= 0).long()
 

@@ -120,7 +120,7 @@ class CausalSelfAttention(nn.Module):
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
         q, k, v = self.project(x)
-        if fp.pos.dim() == 2:
+        if fp.per_row:
             q, k = rotate_rows(fp.scheme, q, k, fp.pos, fp.context_len)
         elif not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
             q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
@@ -322,7 +322,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        if fp.pos.dim() == 1:
+        if not fp.per_row:
             x = self.positions.embed(x, fp.pos)
         else:  # each row at its own positions; padding (negative positions) takes position 0's
             x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
