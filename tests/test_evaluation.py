@@ -164,6 +164,19 @@ def test_score_many_equals_every_window_scored_alone(random_gpt, position):
     assert got == pytest.approx(expected, rel=1e-5)
 
 
+def test_scoring_records_no_autograd_history(random_gpt):
+    """Held-out scoring runs its forward passes without autograd (a graph over every segment cost
+    4x the time of the study's evaluation and its memory), whatever the caller's grad mode."""
+    model = random_gpt({"kind": "rope"}, block_size=32).eval()
+    tracked = []
+    model.register_forward_hook(lambda module, args, output: tracked.append(output.requires_grad))
+    tokens = torch.randint(0, 97, (101,), generator=torch.Generator().manual_seed(3))
+    with torch.enable_grad():
+        scoring.score_many(model, tokens, SHARED_REQUESTS, batch_tokens=40)
+        scoring.score(model, tokens, 16)
+    assert tracked and not any(tracked)
+
+
 def test_schemes_that_read_the_sequence_length_are_not_prefix_invariant(random_gpt):
     """Dynamic NTK rescales with the length processed, so a segment's logits differ inside a
     longer one: such a scheme must run each segment alone (and says so)."""

@@ -98,7 +98,6 @@ def _runs(n: int, requests, shared: bool) -> dict:
     return {(key if shared else key[0], max(end for _, end, _ in these)): these for key, these in reads.items()}
 
 
-@torch.no_grad()
 def document_forward(data_cfg, eot_id: Optional[int]) -> dict:
     """What every forward pass over a corpus needs under ``data.document_mask`` (training, held-out
     and length evaluation alike): the end-of-text id that closes each document, and whether
@@ -108,6 +107,7 @@ def document_forward(data_cfg, eot_id: Optional[int]) -> dict:
     return {"end_of_text": eot_id, "restart_positions": data_cfg.document_mask == "restart"}
 
 
+@torch.no_grad()
 def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
                dtype: Optional[torch.dtype] = None, progress=None, by_position: Optional[list] = None,
                forward: Optional[dict] = None) -> list:
