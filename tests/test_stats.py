@@ -59,3 +59,76 @@ def test_paired_beats_unpaired():
     a = [x * 0.98 for x in b]
     assert stats.interval(a).high > stats.interval(b).low  # unpaired intervals overlap
     assert stats.verdict([x / y for x, y in zip(a, b)], "<", 1.0) == "yes"
+
+
+# --------------------------------------------------------------------------- hypothesis tests
+
+# Student's (1908) worked example: the extra hours of sleep of 10 patients under two hypnotics
+# (Cushny and Peebles 1905), as paired differences; R's t.test(extra ~ group, data = sleep,
+# paired = TRUE) prints t = -4.0621, df = 9, p-value = 0.002833 (two-sided).
+SLEEP = [1.2, 2.4, 1.3, 1.3, 0.0, 1.0, 1.8, 0.8, 4.6, 1.4]
+
+
+def test_t_test_reproduces_students_sleep_example():
+    t, df = stats.t_statistic(SLEEP, 0.0)
+    assert (t, df) == (pytest.approx(4.0621, abs=5e-5), 9)
+    assert 2 * stats.t_test(SLEEP, 0.0, ">") == pytest.approx(0.002833, abs=5e-7)
+    assert stats.t_test(SLEEP, 0.0, "<") == pytest.approx(1 - 0.002833 / 2, abs=5e-7)
+    # the same test against another threshold is the test of the shifted values
+    assert stats.t_test(SLEEP, 1.0, ">") == pytest.approx(stats.t_test([v - 1 for v in SLEEP], 0.0, ">"))
+    assert stats.t_test([2.0, 2.0, 2.0], 1.0, ">") == 0.0 and stats.t_test([2.0, 2.0], 1.0, "<") == 1.0
+    with pytest.raises(ValueError):
+        stats.t_test([1.0], 0.0, ">")
+    with pytest.raises(ValueError):
+        stats.t_test(SLEEP, 0.0, "=")
+
+
+def test_tost_is_the_larger_one_sided_p_and_agrees_with_the_90_percent_interval():
+    # sleep data, margins (-2, 2): mean 1.58, se 0.38893; upper test t = (1.58 - 2) / 0.38893 = -1.0799,
+    # P(T_9 < -1.0799) = 0.15416; the lower test (t = 9.20) is far below it
+    assert stats.tost(SLEEP, -2.0, 2.0) == pytest.approx(0.15416, abs=5e-5)
+    assert stats.tost(SLEEP, -2.0, 2.0) == max(stats.t_test(SLEEP, -2.0, ">"), stats.t_test(SLEEP, 2.0, "<"))
+    # Schuirmann: equivalent at 5% exactly when the 90% t-interval lies inside the margins
+    ci = stats.interval(SLEEP, confidence=0.90)
+    for low, high in [(-2, 2), (0.5, 2.5), (0.9, 2.3), (0.87, 2.29), (0.86, 2.30), (1.0, 3.0)]:
+        assert (stats.tost(SLEEP, low, high) < 0.05) == (low < ci.low and ci.high < high), (low, high)
+    with pytest.raises(ValueError):
+        stats.tost(SLEEP, 1.0, 1.0)
+
+
+def test_exact_binomial_tails_against_hand_sums():
+    # P(X <= 3) for X ~ Bin(20, 1/2) = (1 + 20 + 190 + 1140) / 2^20
+    assert stats.binomial_test(3, 20, 0.5, "<") == pytest.approx(1351 / 2 ** 20, rel=1e-12)
+    # P(X >= 15) = P(X <= 5) = (1 + 20 + 190 + 1140 + 4845 + 15504) / 2^20
+    assert stats.binomial_test(15, 20, 0.5, ">") == pytest.approx(21700 / 2 ** 20, rel=1e-12)
+    assert stats.binomial_test(0, 10, 0.1, "<") == pytest.approx(0.9 ** 10, rel=1e-12)
+    assert stats.binomial_test(10, 10, 0.5, "<") == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        stats.binomial_test(11, 10, 0.5, "<")
+
+
+def test_two_proportion_score_test_on_the_aspirin_trial():
+    # Physicians' Health Study (Agresti, Categorical Data Analysis, table 2.3): myocardial
+    # infarction in 189 of 11,034 on placebo and 104 of 11,037 on aspirin. The pooled score
+    # statistic squared is Pearson's X^2 of the 2x2 table, computed here from expected counts.
+    table = [[189, 11034 - 189], [104, 11037 - 104]]
+    rows, cols, total = [sum(r) for r in table], [sum(c) for c in zip(*table)], 22071
+    pearson = sum((table[i][j] - rows[i] * cols[j] / total) ** 2 / (rows[i] * cols[j] / total)
+                  for i in range(2) for j in range(2))
+    assert pearson == pytest.approx(25.01, abs=0.01)
+    p = stats.two_proportion_test(189, 11034, 104, 11037, ">")
+    assert p == pytest.approx(0.5 * math.erfc(math.sqrt(pearson) / math.sqrt(2)), rel=1e-9)
+    assert stats.two_proportion_test(104, 11037, 189, 11034, "<") == pytest.approx(p, rel=1e-12)
+    assert stats.two_proportion_test(189, 11034, 104, 11037, "<") == pytest.approx(1 - p, rel=1e-9)
+    assert stats.two_proportion_test(10, 10, 10, 10, ">") == 1.0
+
+
+def test_holm_on_the_textbook_example():
+    # Holm's step-down procedure, the usual worked example: p = 0.01, 0.04, 0.03, 0.005 at alpha 0.05.
+    # Sorted: 0.005 x 4 = 0.02 (reject), 0.01 x 3 = 0.03 (reject), 0.03 x 2 = 0.06 (stop): H1 and H4 rejected.
+    adjusted = stats.holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [a < 0.05 for a in adjusted] == [True, False, False, True]
+    # monotone in the sorted order, capped at 1, and Bonferroni for the smallest
+    assert stats.holm([0.2, 0.5, 0.9]) == pytest.approx([0.6, 1.0, 1.0])
+    assert stats.holm([]) == [] and stats.holm([0.04]) == [0.04]

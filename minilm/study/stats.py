@@ -22,6 +22,24 @@ whose interval is ``wilson``'s (Wilson 1927), the score interval
 which stays inside [0, 1] and is not empty at k = 0 or k = n (where a t-interval on
 per-seed proportions would print "0 ± 0").
 
+Hypothesis tests, for claims written down before a run (each gives a p-value, so that many
+claims can be corrected together):
+
+* ``t_test``: the one-sided one-sample t-test (Student 1908) of "the mean of the per-seed
+  values is below (above) a threshold": t = (mean - threshold) / (s / sqrt(n)), n - 1
+  degrees of freedom. Superiority claims ("A beats B": log(ppl_A / ppl_B) < 0 per seed).
+* ``tost``: two one-sided tests for equivalence (Schuirmann 1987): "the mean lies inside
+  (low, high)" holds when both "mean > low" and "mean < high" are rejected-against, i.e.
+  p = max(p_low, p_high); at level alpha this is the same as the (1 - 2 alpha) t-interval
+  lying inside the margins. "Flat" and "ties" claims, with their margin stated beforehand.
+* ``binomial_test``: the exact one-sided binomial test of a proportion against p0 (the
+  retrieval claims "accuracy below 50%").
+* ``two_proportion_test``: the one-sided score (z) test of p_a - p_b against 0 with the
+  pooled proportion (Agresti, Categorical Data Analysis, section 3.1.3).
+* ``holm``: Holm's step-down adjusted p-values (Holm 1979): sort p_(1) <= ... <= p_(m),
+  adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)); a claim holds at family-wise
+  error rate alpha when its adjusted p-value is below alpha.
+
 The t quantile is computed here (no SciPy): the t CDF through the regularized incomplete
 beta function (continued fraction, Numerical Recipes section 6.4), inverted by bisection.
 """
@@ -174,3 +192,83 @@ def verdict(paired: Sequence[float], expect: str, threshold: float, confidence: 
     if below or above:
         return "yes" if below == (expect == "<") else "no"
     return "unresolved"
+
+
+# --------------------------------------------------------------------------- hypothesis tests
+
+def _check_expect(expect: str) -> None:
+    if expect not in ("<", ">"):
+        raise ValueError(f"expect={expect!r}: valid: '<', '>'")
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def t_statistic(values: Sequence[float], threshold: float) -> tuple:
+    """(t, degrees of freedom) of the one-sample t-test of ``values`` against ``threshold``."""
+    values = [float(v) for v in values]
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"a t-test needs at least 2 values, got {n}")
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    if sd == 0.0:
+        return (math.copysign(math.inf, mean - threshold) if mean != threshold else 0.0), n - 1
+    return (mean - threshold) / (sd / math.sqrt(n)), n - 1
+
+
+def t_test(values: Sequence[float], threshold: float, expect: str) -> float:
+    """p-value of the one-sided one-sample t-test of "mean ``expect`` threshold" (``expect``
+    '<' or '>'; the null hypothesis is the other side, equality included)."""
+    _check_expect(expect)
+    t, df = t_statistic(values, threshold)
+    if math.isinf(t):
+        return 0.0 if (t < 0) == (expect == "<") else 1.0
+    return t_cdf(t, df) if expect == "<" else 1.0 - t_cdf(t, df)
+
+
+def tost(values: Sequence[float], low: float, high: float) -> float:
+    """p-value of the two one-sided tests (Schuirmann 1987) of "low < mean < high": the larger
+    of the p-values of "mean > low" and "mean < high"."""
+    if not low < high:
+        raise ValueError(f"tost needs low < high, got low={low}, high={high}")
+    return max(t_test(values, low, ">"), t_test(values, high, "<"))
+
+
+def binomial_test(successes: int, trials: int, p0: float, expect: str) -> float:
+    """Exact one-sided p-value of "the proportion ``expect`` p0" after ``successes`` of ``trials``:
+    P(X <= successes) for '<', P(X >= successes) for '>', X ~ Binomial(trials, p0)."""
+    _check_expect(expect)
+    if trials < 1 or not 0 <= successes <= trials or not 0.0 < p0 < 1.0:
+        raise ValueError(f"binomial_test needs 0 <= successes <= trials, trials >= 1 and 0 < p0 < 1, "
+                         f"got {successes} of {trials}, p0={p0}")
+    ks = range(0, successes + 1) if expect == "<" else range(successes, trials + 1)
+    log = [math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
+           + k * math.log(p0) + (trials - k) * math.log1p(-p0) for k in ks]
+    top = max(log)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in log))
+
+
+def two_proportion_test(a_successes: int, a_trials: int, b_successes: int, b_trials: int, expect: str) -> float:
+    """One-sided p-value of "p_a - p_b ``expect`` 0": the score test with the pooled proportion,
+    z = (p_a - p_b) / sqrt(p (1 - p) (1/n_a + 1/n_b)), p = (k_a + k_b) / (n_a + n_b)."""
+    _check_expect(expect)
+    pooled = (a_successes + b_successes) / (a_trials + b_trials)
+    d = a_successes / a_trials - b_successes / b_trials
+    se = math.sqrt(pooled * (1 - pooled) * (1 / a_trials + 1 / b_trials))
+    if se == 0.0:  # both at 0% or both at 100%: no evidence either way
+        return 1.0 if d == 0 else float(((d < 0) != (expect == "<")))
+    z = d / se
+    return normal_cdf(z) if expect == "<" else normal_cdf(-z)
+
+
+def holm(pvalues: Sequence[float]) -> list:
+    """Holm's (1979) step-down adjusted p-values, in the order given (module docstring)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
