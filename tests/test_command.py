@@ -45,6 +45,7 @@ def test_a_built_wheel_trains_from_the_shipped_configs_anywhere(tmp_path):
     wheel = next((tmp_path / "dist").glob("minilm-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "minilm/configs/rope.yaml" in names and "minilm/configs/alibi.yaml" in names
+    assert "minilm/study/registered/length-generalization.yaml" in names  # the study's report reads it
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "minilm = minilm.__main__:main" in zipfile.ZipFile(wheel).read(entry).decode()
     site = tmp_path / "site"

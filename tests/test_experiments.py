@@ -28,7 +28,8 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     text = (out / "report.md").read_text(encoding="utf-8")
     for heading in ("## Protocol", "## 1. Perplexity: every scheme trained at L", "## 2. Loss by position",
                     "## 3. Retrieval: every scheme", f"## 4. Extending rope from {L} to {4 * L}",
-                    "## 5. Expectations from the literature", "## Wall time", "## Configs",
+                    "## 5. The claims of `minilm/study/registered/length-generalization.yaml`",
+                    "## 6. Expectations from the literature", "## Wall time", "## Configs",
                     "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
@@ -45,8 +46,13 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
     steps = plan["extension"]["curve_steps"]
     assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in plan["extension"]["methods"] for s in steps}
-    verdict_rows = [line for line in text.splitlines() if line.startswith("| ") and " (n=2) | " in line]
+    exploratory = text.split("## 6. Expectations")[1]
+    verdict_rows = [line for line in exploratory.splitlines() if line.startswith("| ") and " (n=2) | " in line]
     assert verdict_rows and all(any(v in row for v in ("| yes |", "| no |", "| unresolved |")) for row in verdict_rows)
+    primary_rows = [line for line in text.split("## 5. ")[1].split("## 6.")[0].splitlines()
+                    if line.startswith("| ") and not line.startswith("| id |")][1:]
+    assert len(primary_rows) >= 5 and all(row.rstrip(" |").endswith(("supported", "not tested"))
+                                          for row in primary_rows)
     plan_block = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
     assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 20
     probes = list(csv.DictReader(open(out / "retrieval.csv")))
@@ -95,7 +101,7 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
     assert state["run"]["command"].startswith("python -m minilm experiment length-generalization --quick")
     assert experiment_cli.main(["length-generalization", "--out", str(out), "--report-only"]) == 0
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "## 6. Discussion" in text and "mean nothing" in text
+    assert "## 7. Discussion" in text and "mean nothing" in text
 
 
 def test_the_sinusoidal_base_ablation_is_an_experiment_of_its_own(tiny_corpus, tmp_path):

@@ -26,6 +26,7 @@ from minilm.model.gpt import GPT
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.plan import KINDS, METHOD_NAMES, ExperimentError, Study
+from minilm.study.primary import hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
 
 
@@ -93,7 +94,8 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
         lines += _ablation(study, figures) + _comparison(study, 2) + _discussion(study, 3)
     else:
         lines += (_scratch(study, figures) + _positions(study, figures) + _retrieval(study, figures)
-                  + _extension(study, figures) + _comparison(study, 5) + _discussion(study, 6))
+                  + _extension(study, figures) + _primary(study, 5, commit) + _comparison(study, 6)
+                  + _discussion(study, 7))
     lines += _runs_and_configs(study)
     return str(atomic_write(os.path.join(study.out, "report.md"), "\n".join(lines)))
 
@@ -323,13 +325,42 @@ def _ablation(study: Study, figures: dict) -> list:
     return lines
 
 
+def _primary(study: Study, number: int, commit: str) -> list:
+    """The pre-registered claims (``minilm.study.primary``), their tests and Holm's correction."""
+    path = path_for(study.plan["experiment"])
+    alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path)
+    last, before = registration(path, commit)
+    shown = os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
+    if before:
+        status = (f"last changed in commit `{last[:12]}`, an ancestor of the run's commit: written before the run. "
+                  f"These are the study's primary claims; everything in section {number + 1} is exploratory.")
+        title = f"## {number}. Primary claims (pre-registered in `{shown}`), with Holm's correction"
+    else:
+        why = (f"last changed in `{last[:12]}`, which the run's commit does not contain (or the file differs from it)"
+               if before is False else "git cannot tell when it was written (no checkout, or the file or the run's "
+               "commit unknown)")
+        status = (f"{why}: these claims were **not** written before this run, so their tests are exploratory "
+                  f"here, like everything in section {number + 1}.")
+        title = f"## {number}. The claims of `{shown}` (not pre-registered for this run: exploratory)"
+    rows = [[o.claim.id, o.claim.claim, o.claim.source, o.claim.test, hypothesis(o.claim), o.estimate,
+             "n/a" if o.p is None else f"{o.p:.3g}", f"{o.adjusted:.3g}", o.verdict if o.p is not None
+             else "not tested"] for o in tested]
+    return [title, "", f"The claims file: {status} Perplexity claims test the per-seed log ratio ppl(a) / ppl(b) "
+            f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test the probes "
+            f"pooled over seeds (exact binomial, or the two-proportion score test). p-values are one-sided; Holm's "
+            f"correction runs over all {len(tested)} claims (an untested claim counts as p = 1); *supported* means "
+            f"adjusted p < {alpha:g}, *not supported* is not evidence of the opposite.", "",
+            table(["id", "claim", "source", "test", "alternative", "estimate", "p", "Holm p", "verdict"], rows,
+                  "lllllllrl"), ""]
+
+
 def _comparison(study: Study, number: int) -> list:
     modes = study.plan["eval"]["modes"]
     header = ["expectation", "published evidence", "holds when ratio"]
     for mode in modes:
         header += [f"paired ratio, {mode}", f"verdict, {mode}"]
-    lines = [f"## {number}. Expectations from the literature, with verdicts (written before the run)", "",
-             "Perplexity: each row compares two perplexities through their ratio, computed per seed (mean ± 95% "
+    lines = [f"## {number}. Expectations from the literature, with verdicts (written before the run; exploratory)",
+             "", "Perplexity: each row compares two perplexities through their ratio, computed per seed (mean ± 95% "
              "interval over seeds).", "", table(header, verdicts(study.cells, study.plan)), ""]
     if study.plan["experiment"] == "length-generalization":
         lines += ["Retrieval: a proportion (Wilson interval) or a difference of two (Newcombe's interval), probes "

@@ -1,0 +1,206 @@
+"""The primary claims of a study: read from the file written before the run
+(``minilm/study/registered/<experiment>.yaml``), each tested once, and corrected together.
+
+A claim names its test (the file's header says what each computes):
+
+* ``superiority`` and ``equivalence`` read perplexities: per seed r = ppl(a) / ppl(b)
+  (paired: every scheme of a seed saw the same batches), and test the mean of log r over
+  seeds with Student's t (``stats.t_test``) or with two one-sided tests against the margin
+  (``stats.tost``, Schuirmann 1987). Log ratios make "10% better" and "10% worse" symmetric.
+* ``proportion`` and ``difference`` read retrieval: the probes of a cell pooled over seeds
+  (and over depths unless the claim names one) are binomial trials (``stats.binomial_test``,
+  ``stats.two_proportion_test``). Retrieval past L is not read when the gate fails
+  (``claims.gate``): such a claim is "not tested".
+
+Holm's step-down correction (``stats.holm``) runs over every claim of the file, a claim that
+could not be tested entering with p = 1, so the family is the one written down, not the one
+that happened to run. A claim is *supported* when its adjusted p-value is below ``alpha``;
+otherwise *not supported* (which is not evidence of the opposite).
+
+Whether the file was written before the run is read from git: the commit that last changed
+it must be an ancestor of the run's commit (``registration``). When it is not, the report
+labels the table exploratory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+from typing import Optional
+
+import yaml
+
+from minilm.common import MinilmError
+from minilm.study.claims import gate, paired_ratio, pooled
+from minilm.study.stats import binomial_test, holm, interval, t_test, tost, two_proportion_test
+
+REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
+TESTS = {"superiority": "perplexity", "equivalence": "perplexity", "proportion": "retrieval",
+         "difference": "retrieval"}
+CELL_KEYS = {"section", "label", "length", "step", "when", "depth"}
+
+
+class ClaimsError(MinilmError):
+    """A malformed claims file; the message is one line naming the claim and the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    id: str
+    claim: str
+    source: str
+    test: str
+    a: dict
+    b: Optional[dict] = None
+    expect: Optional[str] = None
+    threshold: Optional[float] = None
+    margin: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One claim's test: the estimate as text, its p-value (None: not tested, and why) and,
+    once the family is corrected, the adjusted p-value and the verdict."""
+
+    claim: Claim
+    estimate: str
+    p: Optional[float]
+    adjusted: Optional[float] = None
+    verdict: str = ""
+
+
+def path_for(experiment: str) -> str:
+    return os.path.join(REGISTERED, f"{experiment}.yaml")
+
+
+def load(path: str) -> tuple:
+    """(alpha, mode, [Claim, ...]) of a claims file, checked key by key."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = yaml.safe_load(f)
+    except OSError as exc:
+        raise ClaimsError(f"cannot read the claims file {path!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ClaimsError(f"the claims file {path!r} is not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(tree, dict) or not isinstance(tree.get("claims"), list) or not tree["claims"]:
+        raise ClaimsError(f"{path}: expected a mapping with a non-empty list 'claims'")
+    alpha = tree.get("alpha", 0.05)
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ClaimsError(f"{path}: alpha={alpha!r} is invalid: expected a number between 0 and 1")
+    claims = [_claim(path, entry) for entry in tree["claims"]]
+    ids = [c.id for c in claims]
+    if len(set(ids)) != len(ids):
+        raise ClaimsError(f"{path}: claim ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return float(alpha), tree.get("mode", "nonoverlapping"), claims
+
+
+def _claim(path: str, entry) -> Claim:
+    name = entry.get("id", "?") if isinstance(entry, dict) else "?"
+    fields = {f.name for f in dataclasses.fields(Claim)}
+    if not isinstance(entry, dict) or not {"id", "claim", "source", "test", "a"} <= set(entry):
+        raise ClaimsError(f"{path}: claim {name!r} needs id, claim, source, test and a")
+    unknown = set(entry) - fields
+    if unknown:
+        raise ClaimsError(f"{path}: claim {name!r} has unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
+    claim = Claim(**entry)
+    if claim.test not in TESTS:
+        raise ClaimsError(f"{path}: claim {name!r}: test={claim.test!r} is invalid; valid: {', '.join(TESTS)}")
+    needs_b = claim.test != "proportion"
+    for key, cell in (("a", claim.a), ("b", claim.b)):
+        if cell is None and (key == "a" or needs_b):
+            raise ClaimsError(f"{path}: claim {name!r} (test {claim.test}) needs the cell {key}")
+        if cell is not None and (not isinstance(cell, dict) or not {"section", "label", "length"} <= set(cell)
+                                 or set(cell) - CELL_KEYS):
+            raise ClaimsError(f"{path}: claim {name!r}: cell {key}={cell!r} is invalid: expected section, label "
+                              f"and length, optionally {', '.join(sorted(CELL_KEYS - {'section', 'label', 'length'}))}")
+    if claim.test == "equivalence":
+        if not isinstance(claim.margin, (int, float)) or claim.margin <= 0:
+            raise ClaimsError(f"{path}: claim {name!r}: an equivalence test needs margin > 0, got {claim.margin!r}")
+    elif claim.expect not in ("<", ">"):
+        raise ClaimsError(f"{path}: claim {name!r}: expect={claim.expect!r} is invalid: valid: '<', '>'")
+    if claim.test == "proportion" and not (isinstance(claim.threshold, (int, float)) and 0 < claim.threshold < 1):
+        raise ClaimsError(f"{path}: claim {name!r}: a proportion test needs 0 < threshold < 1, got {claim.threshold!r}")
+    return claim
+
+
+# --------------------------------------------------------------------------- testing
+
+def outcomes(cells, rows, plan: dict, path: Optional[str] = None) -> tuple:
+    """(alpha, [Outcome, ...]) of every claim of the plan's file, Holm-corrected."""
+    alpha, mode, claims = load(path or path_for(plan["experiment"]))
+    L = plan["model"]["block_size"]
+    _, _, passed = gate(rows, plan) if rows else (None, None, False)
+    tested = [_test(claim, cells, rows, L, mode, passed) for claim in claims]
+    adjusted = holm([1.0 if o.p is None else o.p for o in tested])
+    return alpha, [dataclasses.replace(o, adjusted=a, verdict="supported" if a < alpha else "not supported")
+                   for o, a in zip(tested, adjusted)]
+
+
+def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool) -> Outcome:
+    if TESTS[claim.test] == "perplexity":
+        return _perplexity(claim, cells, L, mode)
+    past_L = any(cell["length"] > 1 for cell in (claim.a, claim.b) if cell)
+    found = [_pooled(rows, cell, L) for cell in (claim.a, claim.b) if cell]
+    if any(p is None for p in found):
+        return Outcome(claim, "not run", None)
+    if past_L and not passed:
+        return Outcome(claim, "not read (the gate failed)", None)
+    if claim.test == "proportion":
+        (p,) = found
+        return Outcome(claim, f"{p.format()} (n={p.trials})",
+                       binomial_test(p.successes, p.trials, claim.threshold, claim.expect))
+    a, b = found
+    return Outcome(claim, f"{100 * (a.rate - b.rate):+.1f} points ({a.successes}/{a.trials} vs {b.successes}/{b.trials})",
+                   two_proportion_test(a.successes, a.trials, b.successes, b.trials, claim.expect))
+
+
+def _perplexity(claim: Claim, cells, L: int, mode: str) -> Outcome:
+    where = [(c["section"], c["label"], int(c["length"] * L), c.get("step")) for c in (claim.a, claim.b)]
+    ratios = paired_ratio(cells, where[0], where[1], mode)
+    if len(ratios) < 2:
+        return Outcome(claim, "not run" if not ratios else f"ratio {ratios[0]:.3f} (one seed: no test)", None)
+    logs = [math.log(r) for r in ratios]
+    ci = interval(ratios)
+    estimate = f"ratio {ci.format(3)} (n={ci.n})"
+    if claim.test == "equivalence":
+        bound = math.log(1 + claim.margin)
+        return Outcome(claim, estimate, tost(logs, -bound, bound))
+    return Outcome(claim, estimate, t_test(logs, math.log(claim.threshold or 1.0), claim.expect))
+
+
+def _pooled(rows, cell: dict, L: int):
+    return pooled(rows, cell["section"], cell["label"], int(cell["length"] * L), cell.get("depth"), cell.get("when"))
+
+
+def hypothesis(claim: Claim) -> str:
+    """What the test's alternative says, in a few symbols."""
+    if claim.test == "equivalence":
+        return f"ratio within ×/÷ {1 + claim.margin:g}"
+    if claim.test == "superiority":
+        return f"ratio {claim.expect} {claim.threshold or 1:g}"
+    if claim.test == "proportion":
+        return f"accuracy {claim.expect} {100 * claim.threshold:g}%"
+    return f"difference {claim.expect} 0"
+
+
+# --------------------------------------------------------------------------- registration
+
+def registration(path: str, run_commit: str) -> tuple:
+    """(the commit that last changed ``path``, whether it is an ancestor of ``run_commit``):
+    False when the file differs from that commit now; None for either when git cannot tell
+    (not a checkout, the file never committed, the run's commit unknown)."""
+    repo, run = os.path.dirname(os.path.abspath(path)), run_commit.split()[0] if run_commit else ""
+    try:
+        last = subprocess.run(["git", "log", "-1", "--format=%H", "--", os.path.basename(path)], cwd=repo,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+    if not last or len(run) != 40:
+        return last or None, None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", os.path.basename(path)], cwd=repo,
+                           capture_output=True, text=True).stdout.strip()
+    if dirty:  # what the run read is not what any commit holds
+        return last, False
+    ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", last, run], cwd=repo, capture_output=True)
+    return last, {0: True, 1: False}.get(ancestor.returncode)

@@ -1,0 +1,131 @@
+"""minilm.study.primary: the pre-registered claims file, each claim's test, Holm's correction
+over the whole family, and whether the file was committed before the run."""
+import math
+import subprocess
+
+import pytest
+import yaml
+
+from minilm.study import plan as experiments, primary, stats
+from tests.test_experiments import cells, probes
+
+
+def write(tmp_path, claims, **top):
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"alpha": 0.05, **top, "claims": claims}), encoding="utf-8")
+    return str(path)
+
+
+FLAT = {"id": "flat", "claim": "alibi flat", "source": "paper", "test": "equivalence", "margin": 0.1,
+        "a": {"section": "scratch", "label": "alibi", "length": 4}, "b": {"section": "scratch", "label": "alibi",
+                                                                          "length": 1}}
+WORSE = {"id": "worse", "claim": "rope worse at 4L", "source": "paper", "test": "superiority", "expect": ">",
+         "a": {"section": "scratch", "label": "rope", "length": 4}, "b": {"section": "scratch", "label": "rope",
+                                                                         "length": 1}}
+LOST = {"id": "lost", "claim": "rope loses the needle", "source": "paper", "test": "proportion", "expect": "<",
+        "threshold": 0.5, "a": {"section": "scratch", "label": "rope", "length": 4}}
+GAIN = {"id": "gain", "claim": "PI beats none", "source": "paper", "test": "difference", "expect": ">",
+        "a": {"section": "extension", "label": "linear", "length": 4, "when": "after"},
+        "b": {"section": "extension", "label": "none", "length": 4, "when": "after"}}
+
+
+def test_each_claim_is_its_own_test_and_holm_runs_over_the_family(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1, 2, 3])
+    L = plan["model"]["block_size"]
+    study = (cells("scratch", "alibi", L, [40, 50, 45]) + cells("scratch", "alibi", 4 * L, [40.4, 50.2, 44.9])
+             + cells("scratch", "rope", L, [40, 50, 45]) + cells("scratch", "rope", 4 * L, [48, 61, 53]))
+    rows = (probes("rope", L, [32, 31, 32], seeds=(1, 2, 3)) + probes("rope", 4 * L, [9, 12, 10], seeds=(1, 2, 3))
+            + probes("linear", 4 * L, [30, 31, 29], section="extension", when="after", seeds=(1, 2, 3))
+            + probes("none", 4 * L, [20, 24, 22], section="extension", when="after", seeds=(1, 2, 3)))
+    alpha, tested = primary.outcomes(study, rows, plan, write(tmp_path, [FLAT, WORSE, LOST, GAIN]))
+    by_id = {o.claim.id: o for o in tested}
+    flat = [math.log(a / b) for a, b in zip([40.4, 50.2, 44.9], [40, 50, 45])]
+    assert by_id["flat"].p == pytest.approx(stats.tost(flat, -math.log(1.1), math.log(1.1)))
+    worse = [math.log(a / b) for a, b in zip([48, 61, 53], [40, 50, 45])]
+    assert by_id["worse"].p == pytest.approx(stats.t_test(worse, 0.0, ">"))
+    assert by_id["lost"].p == pytest.approx(stats.binomial_test(31, 96, 0.5, "<"))
+    assert by_id["gain"].p == pytest.approx(stats.two_proportion_test(90, 96, 66, 96, ">"))
+    assert [o.adjusted for o in tested] == pytest.approx(stats.holm([o.p for o in tested]))
+    assert alpha == 0.05 and all(o.verdict == ("supported" if o.adjusted < 0.05 else "not supported") for o in tested)
+    assert by_id["worse"].verdict == "supported" and by_id["flat"].estimate.startswith("ratio 1.00")
+
+
+def test_an_untested_claim_stays_in_the_family_with_p_one(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1, 2])
+    L = plan["model"]["block_size"]
+    study = cells("scratch", "rope", L, [40, 50]) + cells("scratch", "rope", 4 * L, [48, 61])
+    unlearned = probes("rope", L, [3, 2]) + probes("rope", 4 * L, [2, 1])
+    _, tested = primary.outcomes(study, unlearned, plan, write(tmp_path, [WORSE, LOST, GAIN]))
+    worse, lost, gain = tested
+    assert lost.p is None and lost.estimate.startswith("not read") and gain.estimate == "not run"
+    assert worse.adjusted == pytest.approx(min(1.0, 3 * worse.p))  # the family keeps all three claims
+    assert lost.adjusted == 1.0 and lost.verdict == "not supported"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"test": "better"}, "test='better' is invalid; valid: superiority, equivalence, proportion, difference"),
+    ({"margin": None}, "needs margin > 0"),
+    ({"b": None}, "needs the cell b"),
+    ({"b": {"section": "scratch", "label": "alibi"}}, "expected section, label and length"),
+    ({"a": {"section": "scratch", "label": "alibi", "length": 4, "seed": 1}}, "expected section, label and length"),
+    ({"colour": "red"}, "unknown keys ['colour']"),
+])
+def test_a_malformed_claim_is_a_one_line_error_naming_it(tmp_path, change, message):
+    path = write(tmp_path, [{**FLAT, **change}])
+    with pytest.raises(primary.ClaimsError, match="claim 'flat'") as error:
+        primary.load(path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    with pytest.raises(primary.ClaimsError, match="repeat"):
+        primary.load(write(tmp_path, [FLAT, FLAT]))
+    with pytest.raises(primary.ClaimsError, match="expect=None"):
+        primary.load(write(tmp_path, [{**WORSE, "expect": None}]))
+    with pytest.raises(primary.ClaimsError, match="alpha=2"):
+        primary.load(write(tmp_path, [FLAT], alpha=2))
+
+
+def test_the_shipped_claims_name_cells_the_full_study_makes():
+    plan = experiments.make_plan("length-generalization")
+    alpha, mode, claims = primary.load(primary.path_for("length-generalization"))
+    assert alpha == 0.05 and mode in plan["eval"]["modes"] and len(claims) >= 5
+    for claim in claims:
+        for cell in (claim.a, claim.b):
+            if cell is None:
+                continue
+            labels = experiments.KINDS if cell["section"] == "scratch" else plan["extension"]["methods"]
+            assert cell["label"] in labels, claim.id
+            multiples = plan["retrieval" if primary.TESTS[claim.test] == "retrieval" else "eval"]["multiples"]
+            if cell["section"] == "extension" and "step" in cell:
+                multiples = plan["extension"]["curve_multiples"]
+                assert cell["step"] in plan["extension"]["curve_steps"], claim.id
+            assert cell["length"] in multiples, claim.id
+            assert cell.get("depth", 0.0) in plan["retrieval"]["depths"], claim.id
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_registration_reads_whether_the_claims_were_committed_before_the_run(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    claims = repo / "claims.yaml"
+    claims.write_text("first\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "claims")
+    written = git(repo, "rev-parse", "HEAD")
+    (repo / "code.py").write_text("x = 1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "the run's code")
+    run = git(repo, "rev-parse", "HEAD")
+    assert primary.registration(str(claims), run) == (written, True)
+    assert primary.registration(str(claims), run + " (dirty: 1 uncommitted or untracked files, e.g. x)") == \
+        (written, True)
+    claims.write_text("changed after the run\n")
+    assert primary.registration(str(claims), run) == (written, False)  # the file differs from any commit
+    git(repo, "commit", "-qam", "claims changed after the run")
+    assert primary.registration(str(claims), run)[1] is False
+    assert primary.registration(str(claims), "unknown (not a git checkout)")[1] is None
+    assert primary.registration(str(tmp_path / "elsewhere.yaml"), run) == (None, None)
