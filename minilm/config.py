@@ -105,6 +105,9 @@ class ModelConfig:
     embedding_scale: Union[float, str] = option(
         "auto", role=ARCHITECTURE, help="token embedding multiplier before positions are added: auto (sqrt(d_model) "
                                         "for sinusoidal, else 1), sqrt_d_model, or a number")
+    embedding_init_std: float = option(
+        0.02, role=TRAJECTORY, help="std of the token embedding's initial weights (GPT-2: 0.02; fairseq, with "
+                                    "embedding_scale sqrt_d_model: d_model^-0.5)")
     # architecture options (the defaults are the original minilm GPT; see minilm.model.gpt)
     parallel_residual: bool = option(False, role=ARCHITECTURE, help="x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)")
     tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
@@ -131,6 +134,9 @@ class ModelConfig:
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
             raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} "
                               f"or a number > 0")
+        init = self.embedding_init_std
+        if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 < init < math.inf:
+            raise ConfigError(f"model.embedding_init_std={init!r} is invalid: expected a number > 0")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
         self._check_architecture()
@@ -192,6 +198,9 @@ class TrainConfig:
     optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"),
                             help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)")
     muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
+    position_lr_scale: float = option(1.0, role=TRAJECTORY,
+                                      help="the position scheme's parameters (never weight-decayed) take this times "
+                                           "the schedule's rate, e.g. T5's bias table, which starts at zero")
     grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
     retrieval_share: float = option(0.0, role=TRAJECTORY,
                                     help="share of sequences that are retrieval sequences (minilm.data.retrieval)")
@@ -236,8 +245,10 @@ class TrainConfig:
         if not 0 <= self.retrieval_share < 1:
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
                               f"(none) to below 1")
-        if not self.muon_lr_scale > 0:
-            raise ConfigError(f"train.muon_lr_scale={self.muon_lr_scale} is invalid: expected a number > 0")
+        for name in ("muon_lr_scale", "position_lr_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"train.{name}={value!r} is invalid: expected a number > 0")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 

@@ -75,3 +75,37 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
 def test_a_bad_optimizer_name_is_one_line():
     with pytest.raises(ConfigError, match="train.optimizer='sgd' is invalid: valid: adamw, muon"):
         TrainConfig(optimizer="sgd")
+
+
+def test_position_lr_scale_gives_the_position_parameters_their_own_rate_without_decay():
+    model = GPT(ModelConfig(vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8, position={"kind": "t5"}))
+    names = {id(p): n for n, p in model.named_parameters()}
+    plain = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    assert len(plain.param_groups) == 2  # as before the option: an old optimiser state still loads
+    scaled = make_optimizer(model, TrainConfig(weight_decay=0.1, position_lr_scale=25.0), torch.device("cpu"))
+    scaled.set_lr(0.002)
+    *_, positions = scaled.param_groups
+    assert {names[id(p)] for p in positions["params"]} == {"positions.relative_bias.weight"}
+    assert positions["lr"] == pytest.approx(0.05) and positions["weight_decay"] == 0.0
+    assert {g["lr"] for g in scaled.param_groups[:2]} == {0.002}
+    # one AdamW step moves each bias by about the group's rate (Adam's first step is lr * sign(g))
+    table = model.positions.relative_bias.weight
+    before = table.detach().clone()
+    model(torch.randint(0, 300, (2, 8))).sum().backward()
+    scaled.step()
+    moved = (table.detach() - before)[table.grad != 0].abs()
+    assert moved.numel() and torch.allclose(moved, torch.full_like(moved, 0.05), rtol=1e-3)
+    with pytest.raises(ConfigError, match="train.position_lr_scale=0 is invalid: expected a number > 0"):
+        TrainConfig(position_lr_scale=0)
+
+
+def test_embedding_init_std_sets_the_token_embedding_only():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8,
+                            tie_embeddings=False, embedding_init_std=64 ** -0.5))
+    assert model.wte.weight.std().item() == pytest.approx(0.125, rel=0.02)
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8)).wte.weight.std().item() \
+        == pytest.approx(0.02, rel=0.02)
+    with pytest.raises(ConfigError, match="model.embedding_init_std=-1 is invalid: expected a number > 0"):
+        ModelConfig(embedding_init_std=-1)

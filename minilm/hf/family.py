@@ -23,7 +23,8 @@ from minilm.common import MinilmError
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # HF name -> minilm mlp
 HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # minilm mlp -> HF name
 SHARED = frozenset({"vocab_size", "n_layer", "n_head", "d_model", "block_size", "dropout", "position",
-                    "embedding_scale"})  # handled by the export itself: sizes, the kind's family, no scale
+                    "embedding_scale", "embedding_init_std"})  # handled by the export itself: sizes, the kind's
+# family, no scale; how the weights were initialised does not change what they compute
 
 
 class HFError(MinilmError):

@@ -211,13 +211,17 @@ class GPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self):
-        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer).
-        The position scheme initialises its own parameters."""
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2 n_layer);
+        the token embedding N(0, ``embedding_init_std``) (0.02 unless set: fairseq's transformer LM,
+        the set-up of the ALiBi paper's sinusoidal baseline, draws it from N(0, d_model^-0.5) and
+        multiplies it by sqrt(d_model), so a token's embedding has unit-scale entries beside the
+        unit-amplitude sin/cos table). The position scheme initialises its own parameters."""
         for name, module in self.named_modules():
             if name.startswith("positions"):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std if module is self.wte
+                                else 0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         for name, param in self.named_parameters():

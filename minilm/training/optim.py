@@ -132,17 +132,29 @@ class Optimizers:
 
 def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
     """AdamW (decay on 2-D weights, never on the position scheme's parameters), or with
-    ``t.optimizer == "muon"`` Muon for the blocks' matrices and AdamW for everything else."""
+    ``t.optimizer == "muon"`` Muon for the blocks' matrices and AdamW for everything else.
+
+    ``t.position_lr_scale`` != 1 gives the position scheme's parameters a group of their own at
+    that multiple of the schedule's rate. A table that starts at zero, such as T5's per-bucket
+    biases, moves at most about lr per AdamW step: over the study's schedule (sum of lr about
+    0.55) it cannot reach the few logits that ALiBi's fixed slopes put between near and far keys
+    (1/4 per token on the steepest of 4 heads), however the gradient points. At 1 the groups are
+    the ones before the option existed, so old optimiser states still load."""
     muon = t.optimizer == "muon"
-    matrices, decay, no_decay = [], [], []
+    matrices, decay, no_decay, positions = [], [], [], []
+    own_group = t.position_lr_scale != 1.0
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         if muon and is_hidden_matrix(name, param):
             matrices.append(param)
+        elif own_group and name.startswith("positions."):
+            positions.append(param)
         else:
             (decay if param.dim() >= 2 and not name.startswith("positions.") else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if positions:
+        groups.append({"params": positions, "weight_decay": 0.0, "lr_scale": t.position_lr_scale})
     parts = [torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2),
                                fused=device.type in ("cpu", "cuda"))]
     if muon:
