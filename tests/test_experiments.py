@@ -28,8 +28,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     text = (out / "report.md").read_text(encoding="utf-8")
     for heading in ("## Protocol", "## 1. Perplexity: every scheme trained at L", "## 2. Loss by position",
                     "## 3. Retrieval: every scheme", f"## 4. Extending rope from {L} to {4 * L}",
-                    "## 5. The claims of `minilm/study/registered/length-generalization.yaml`",
-                    "## 6. Expectations from the literature", "## Wall time", "## Configs",
+                    "`minilm/study/registered/length-generalization.yaml`", "## 6. Expectations from the literature", "## Wall time", "## Configs",
                     "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
@@ -46,6 +45,10 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
     steps = plan["extension"]["curve_steps"]
     assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in plan["extension"]["methods"] for s in steps}
+    heading = next(line for line in text.splitlines() if line.startswith("## 5. "))
+    # a checkout where git shows the claims file committed before the run's commit, or anywhere else
+    assert heading.startswith(("## 5. Primary claims (pre-registered in `minilm/study/registered/",
+                               "## 5. The claims of `minilm/study/registered/"))
     exploratory = text.split("## 6. Expectations")[1]
     verdict_rows = [line for line in exploratory.splitlines() if line.startswith("| ") and " (n=2) | " in line]
     assert verdict_rows and all(any(v in row for v in ("| yes |", "| no |", "| unresolved |")) for row in verdict_rows)

@@ -428,6 +428,41 @@ def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
         assert torch.equal(hidden, plain)
 
 
+
+def test_randomized_sampled_at_evaluation_draws_as_in_training_and_refuses_a_cache():
+    """eval_positions: sampled (the official code's behaviour): a model in eval mode draws a sorted
+    sample from [0, max_positions) at every forward pass; the draw follows torch's generator; not
+    prefix-invariant; a KV cache and a sequence longer than max_positions are refused in one line."""
+    from minilm import GPT, ModelConfig
+    from minilm.positions import PositionError
+    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16,
+                         position={"kind": "randomized", "inner": {"kind": "rope"}, "eval_positions": "sampled"})
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    assert model.positions.draws_at_evaluation and not model.positions.prefix_invariant
+    idx = torch.randint(0, 50, (1, 16))
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = model(idx)
+        drawn = model.positions._map(torch.arange(16, dtype=torch.float32))
+        assert len(set(drawn.tolist())) == 16 and torch.all(drawn[1:] > drawn[:-1]) and float(drawn.max()) < 128
+        assert float(drawn.max()) > 15  # not the plain positions
+        assert not torch.equal(first, model(idx))  # a fresh draw
+        torch.manual_seed(1)
+        assert torch.equal(first, model(idx))  # the same draw from the same generator state
+        plain = GPT(ModelConfig(**{**config.__dict__, "position": {"kind": "randomized", "inner": {"kind": "rope"}}}))
+        plain.load_state_dict(model.state_dict())
+        plain.eval()
+        assert plain.positions.prefix_invariant and torch.equal(plain(idx), plain(idx))
+        assert not torch.allclose(plain(idx), first)
+        with pytest.raises(PositionError, match="cannot be drawn from max_positions=128"):
+            model(torch.randint(0, 50, (1, 129)))
+    with pytest.raises(PositionError, match="eval_positions: sampled.*model.position.eval_positions=plain"):
+        model.new_cache(1, 32)
+    with pytest.raises(ValueError, match="eval_positions='random' is invalid: valid: plain, sampled"):
+        make({"kind": "randomized", "eval_positions": "random"}, d_model=8, block_size=10)
+
+
 # --------------------------------------------------------------------------- shaw
 
 def test_shaw_keys_and_values_against_attention_written_out():

@@ -32,7 +32,7 @@ from torch import nn
 from minilm.config import ModelConfig
 from minilm.model.attention import attend, attend_in_cache, attend_rows, document_layout, rotate_rows, row_layout
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
-from minilm.positions import PositionScheme, build
+from minilm.positions import PositionError, PositionScheme, build, describe
 
 class ForwardPass(NamedTuple):
     """What every block's attention needs to know of one forward pass: the new tokens'
@@ -241,6 +241,10 @@ class GPT(nn.Module):
         ``minilm.model.cache``). It holds the n_kv_head k/v heads.
         ``static``: attention always sees every slot (fixed shapes, for a compiled step).
         ``offsets`` (batch_size,): left-padded rows, row b's first token in slot offsets[b]."""
+        if self.positions.draws_at_evaluation:
+            raise PositionError(f"{describe(self.config.position)} draws its positions at random at evaluation "
+                                f"(eval_positions: sampled), which a KV cache cannot follow: load the model with "
+                                f"model.position.eval_positions=plain to generate")
         ref = self.wte.weight
         cache = KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim,
                         capacity, rolling=rolling, sinks=sinks, sink_positions=sink_positions, static=static,

@@ -166,6 +166,7 @@ class PositionScheme(nn.Module):
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
     has_value_term: bool = False  # True when value_term() adds to the attention output
     scaled_embedding: bool = False  # True when model.embedding_scale auto means sqrt(d_model) (a unit-amplitude table)
+    draws_at_evaluation: bool = False  # True when positions are drawn at random in eval mode too (no cache then)
 
     def __init__(self, *, d_model: int, n_head: int, block_size: int):
         super().__init__()

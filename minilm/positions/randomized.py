@@ -2,9 +2,17 @@
 Length Generalization of Transformers") as a wrapper, like ``interpolated``: it holds another
 scheme (``inner``) and, in training, hands it a sorted random sample of T distinct integer
 positions from [0, max_positions) instead of 0..T-1, drawn afresh for every forward pass.
-The model thus meets positions up to max_positions while training on T tokens. At evaluation
-and in generation (``model.eval()``) it hands on the ordinary positions unchanged, as the
-paper does, so the cache and every length behave as for the wrapped scheme.
+The model thus meets positions up to max_positions while training on T tokens.
+
+At evaluation (``model.eval()``) ``eval_positions`` decides. ``plain`` (the default) hands on
+the ordinary positions 0..T-1, so the cache and every length behave as for the wrapped scheme.
+``sampled`` draws a sorted sample at evaluation too, as the official code does (its noisy
+encodings sample on every call, training or not): the model then sees at test time the
+kind of positions it was trained on (a mean gap of max_positions / T between neighbours,
+8 in the study at L, where plain positions have a gap of 1). A sampled evaluation is not
+prefix-invariant (a segment's positions depend on its length) and cannot be cached (the
+positions of tokens not yet generated are not drawn): ``new_cache`` refuses it, and a
+sequence longer than max_positions cannot be drawn.
 
 The paper's variants are the schemes it wraps: randomized sinusoidal, learned (a table of
 max_positions rows), rope and alibi are ``inner: {kind: ...}``. ``max_positions`` defaults to
@@ -16,17 +24,23 @@ import torch
 
 from minilm.positions.base import PositionError, PositionScheme, build, check_number, register
 
+EVAL_POSITIONS = ("plain", "sampled")  # what a model in eval mode is handed (module docstring)
+
 
 @register("randomized")
 class Randomized(PositionScheme):
     description = "wraps another kind; trains on sorted random positions from [0, max_positions) (Ruoss et al. 2023)"
-    options = {"inner": {"kind": "rope"}, "max_positions": None}  # None: 8 x block_size
+    options = {"inner": {"kind": "rope"}, "max_positions": None, "eval_positions": "plain"}  # None: 8 x block_size
     setting_options = ("inner",)
 
-    def __init__(self, *, inner: dict, max_positions, d_model: int, n_head: int, block_size: int):
+    def __init__(self, *, inner: dict, max_positions, eval_positions: str, d_model: int, n_head: int,
+                 block_size: int):
         if max_positions is None:
             max_positions = 8 * block_size
         check_number("randomized", "max_positions", max_positions, low=1, low_open=False, integer=True)
+        if eval_positions not in EVAL_POSITIONS:
+            raise PositionError(f"randomized: eval_positions={eval_positions!r} is invalid: valid: "
+                                f"{', '.join(EVAL_POSITIONS)}")
         if max_positions < block_size:
             raise PositionError(f"randomized: max_positions={max_positions} is smaller than block_size={block_size}: "
                                 f"T distinct positions need at least T to choose from")
@@ -35,11 +49,13 @@ class Randomized(PositionScheme):
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self.scaled_embedding = self.inner.scaled_embedding
-        self._table = None  # in training: the sampled position of each position 0..T-1
+        self.eval_positions = eval_positions
+        self.draws_at_evaluation = eval_positions == "sampled"
+        self._table = None  # when drawn: the sampled position of each position 0..T-1
 
     @property
     def prefix_invariant(self):
-        return self.inner.prefix_invariant
+        return self.inner.prefix_invariant and not self.draws_at_evaluation
 
     def position_limit(self):
         return self.inner.position_limit()
@@ -49,7 +65,11 @@ class Randomized(PositionScheme):
 
     def start(self, pos):
         self._table = None
-        if self.training:
+        if self.training or self.draws_at_evaluation:
+            if len(pos) > self.max_positions:
+                raise PositionError(f"randomized: {len(pos)} positions cannot be drawn from max_positions="
+                                    f"{self.max_positions}: keep sequences within {self.max_positions} tokens or "
+                                    f"evaluate with eval_positions=plain")
             sample = torch.randperm(self.max_positions)[:len(pos)].sort().values
             self._table = sample.to(device=pos.device, dtype=torch.float32)
         self.inner.start(self._map(pos))
@@ -70,4 +90,4 @@ class Randomized(PositionScheme):
         return self.inner.value_term(weights, self._map(q_pos), self._map(k_pos))
 
     def extra_repr(self):
-        return f"max_positions={self.max_positions}"
+        return f"max_positions={self.max_positions}, eval_positions={self.eval_positions}"

@@ -37,6 +37,8 @@ import dataclasses
 import os
 from typing import Optional
 
+import torch
+
 from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, atomic_write, resolve_device
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
@@ -173,8 +175,12 @@ def train_job(config_tree: dict, overwrite: bool) -> dict:
     return {k: v for k, v in summary.items() if k != "sample"}
 
 
-def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str) -> list:
-    """Results of one checkpoint at ``lengths`` in ``modes``; ``settings`` is the plan's eval section."""
+def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str,
+                 seed: int) -> list:
+    """Results of one checkpoint at ``lengths`` in ``modes``; ``settings`` is the plan's eval section.
+    torch's generator starts from ``seed`` (what a scheme that draws its positions at evaluation
+    reads), so a job gives the same numbers in whichever worker, after whichever job, it runs."""
+    torch.manual_seed(seed)
     return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=settings["max_tokens"],
                                            fixed_stride=settings["fixed_stride"], position_bin=settings["position_bin"],
                                            overrides=overrides, labels=["-"], batch_tokens=settings["batch_tokens"],
@@ -183,7 +189,9 @@ def evaluate_job(path: str, lengths: list, modes: list, overrides: list, setting
 
 def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
                   device: str) -> list:
-    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``)."""
+    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``);
+    torch's generator starts from ``seed``, as in ``evaluate_job``."""
+    torch.manual_seed(seed)
     model, tokenizer, config, _ = load_model(path, overrides, device=resolve_device(device))
     prepared = data.prepare(config.data, quiet=True, tokenizer=tokenizer)
     task = Task.from_tokens(prepared.train, config.model.vocab_size)
@@ -247,7 +255,7 @@ class Study:
                             ",".join(map(str, lengths))])
             settings = {**self.plan["eval"], "max_tokens": self.scored_tokens,
                         "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L}
-            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"])
+            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"], where["seed"])
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
             self._evaluations[what] = (key, cells)
         self._readers.append((key, lambda results, where=where, cells=cells: [
