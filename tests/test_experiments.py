@@ -192,3 +192,18 @@ def test_retrieval_claims_are_read_only_past_the_gate():
     assert not claims.gate(unlearned, plan)[2]
     rows = {row[0]: row for row in claims.retrieval_verdicts(unlearned, plan)}
     assert rows["rope at 4L, depths pooled: below 50%"][-1] == "not read (gate failed)"
+
+
+def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1], [
+        "schemes={t5: {position: {max_distance: 24}, train: {position_lr_scale: 10}}, "
+        "sinusoidal: {model: {embedding_init_std: 0.125}}}"])
+    t5 = experiments.run_config(plan, str(tmp_path / "t5"), {"kind": "t5"}, 1)
+    assert t5.model.position == {"kind": "t5", "max_distance": 24} and t5.train.position_lr_scale == 10
+    sinusoidal = experiments.run_config(plan, str(tmp_path / "s"), {"kind": "sinusoidal"}, 1)
+    assert sinusoidal.model.embedding_init_std == 0.125 and sinusoidal.train.position_lr_scale == 1
+    rope = experiments.run_config(plan, str(tmp_path / "r"), {"kind": "rope"}, 1)
+    assert rope.model.position == {"kind": "rope"} and rope.model.embedding_init_std == 0.02
+    with pytest.raises(experiments.ExperimentError, match="max_distance"):
+        experiments.run_config(experiments.make_plan("length-generalization", True, [1], [
+            "schemes={t5: {position: {max_distance: 0}}}"]), str(tmp_path / "bad"), {"kind": "t5"}, 1)

@@ -78,6 +78,8 @@ FULL = {
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
+    # per kind: position options and model / train keys that make a baseline faithful to its paper
+    "schemes": {},
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -148,13 +150,17 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
 def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
                init_from: Optional[str] = None):
     """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
-    with snapshots at the curve steps, with ``init_from``), this position and seed."""
-    train_settings = {**RUN_DEFAULTS, **plan["train"]}
+    with snapshots at the curve steps, with ``init_from``), this position and seed, and what the
+    plan's ``schemes`` section sets for this kind (its position options, model and train keys:
+    the settings that make a baseline faithful to its paper)."""
+    tweaks = plan.get("schemes", {}).get(position["kind"], {})
+    position = {**position, **tweaks.get("position", {})}
+    train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
         train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
                               snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
-    tree = {"model": {**plan["model"], "position": position,
+    tree = {"model": {**plan["model"], **tweaks.get("model", {}), "position": position,
                       "block_size": block_size or plan["model"]["block_size"]},
             "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
     try:

@@ -171,6 +171,12 @@ def _protocol(study: Study) -> list:
         f"interval is on the expected side of the threshold, *no* when it is wholly on the other side, "
         f"*unresolved* when it contains the threshold (or with one seed).",
     ]
+    if plan.get("schemes"):
+        lines.append("- **Settings of single schemes** (what makes each baseline faithful to its paper; the measurements "
+                     "behind them: docs/design.md, \"Measured choices\"): " + "; ".join(
+                         f"{kind}: " + ", ".join(f"{section}.{key}={value}" for section, values in tweaks.items()
+                                                 for key, value in values.items())
+                         for kind, tweaks in plan["schemes"].items()) + ".")
     if plan["experiment"] == "length-generalization":
         lines += _retrieval_protocol(study)
     return lines + [""]
