@@ -1,5 +1,6 @@
 """Helpers every layer shares: the one error class users see, closest-name suggestions,
-atomic writes, device and dtype resolution, autocast, peak memory and markdown tables.
+atomic writes, device and dtype resolution, autocast, peak memory, markdown tables, and the
+YAML loader configs and plans are read with (YAML 1.2 floats, a key given twice refused).
 
 This module imports nothing else from minilm, so any module may import it
 (docs/design.md, "Layers").
@@ -22,6 +23,7 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import torch
+import yaml
 
 try:
     import resource
@@ -312,3 +314,38 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str =
              "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- YAML
+
+class YAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)
+    and refusing a key given twice in one mapping (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def parse_yaml(text):
+    return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """'line L, column C: what is wrong' of a YAML error, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"

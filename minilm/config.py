@@ -11,49 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import yaml
 
-from minilm.common import MinilmError, suggest
+from minilm.common import MinilmError, parse_yaml, suggest, yaml_problem
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import canonical, validate
-
-
-class YAMLLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)
-    and refusing a key given twice in one mapping (PyYAML silently keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-YAMLLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def parse_yaml(text):
-    return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """'line L, column C: what is wrong' of a YAML error, on one line."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}"
 
 
 EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number

@@ -27,7 +27,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
     text = (out / "report.md").read_text(encoding="utf-8")
     for heading in ("## Protocol", "## 1. Perplexity: every scheme trained at L", "## 2. Loss by position",
-                    "## 3. Retrieval: every scheme", f"## 4. Extending rope from {L} to {4 * L}",
+                    "## 3. Retrieval: every scheme", f"## 4. Extending from {L} to {4 * L}, with the controls",
                     "`minilm/study/registered/length-generalization.yaml`", "## 6. Expectations from the literature", "## Wall time", "## Configs",
                     "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
         assert heading in text
@@ -44,7 +44,10 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {c["status"] for c in scratch if c["label"] == "learned" and int(c["length"]) > L} == {"bounded"}
     curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
     steps = plan["extension"]["curve_steps"]
-    assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in plan["extension"]["methods"] for s in steps}
+    labels = experiments.extension_labels(plan)  # the methods, learned + PI, sinusoidal + PI, training kept at L
+    assert set(labels) > set(plan["extension"]["methods"]) and "keep" in labels
+    assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in labels for s in steps}
+    assert {c["label"] for c in cells if c["section"] == "oracle"} == {"rope", "alibi"}
     heading = next(line for line in text.splitlines() if line.startswith("## 5. "))
     # a checkout where git shows the claims file committed before the run's commit, or anywhere else
     assert heading.startswith(("## 5. Primary claims (pre-registered in `minilm/study/registered/",
@@ -61,7 +64,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     probes = list(csv.DictReader(open(out / "retrieval.csv")))
     r = plan["retrieval"]
     assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == \
-        {(m, w) for m in plan["extension"]["methods"] for w in ("before", "after")}
+        {(m, w) for m in experiments.extension_labels(plan) for w in ("before", "after")}
     scratch_probes = [p for p in probes if p["section"] == "scratch"]
     assert len(scratch_probes) == len(experiments.KINDS) * 2 * len(r["multiples"]) * len(r["depths"])
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
@@ -137,7 +140,7 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
         experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
         experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[10, 5]"])
-    with pytest.raises(experiments.ExperimentError, match="valid: none, linear, ntk, yarn, llama3"):
+    with pytest.raises(experiments.ExperimentError, match="valid: none, linear, ntk, dynamic, yarn, llama3"):
         experiments.make_plan("length-generalization", True, None, ["extension.methods=[pi]"])
     with pytest.raises(experiments.ExperimentError, match="eval.modes"):
         experiments.make_plan("length-generalization", True, None, ["eval.modes=[strided]"])
@@ -207,3 +210,32 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
     with pytest.raises(experiments.ExperimentError, match="max_distance"):
         experiments.run_config(experiments.make_plan("length-generalization", True, [1], [
             "schemes={t5: {position: {max_distance: 0}}}"]), str(tmp_path / "bad"), {"kind": "t5"}, 1)
+
+
+def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
+    """The oracle trains from scratch at 4L on the pretraining's tokens, training kept at L uses the
+    fine-tuning's tokens in rows of L, and learned / sinusoidal extend from their own source; each
+    extension's step 0 is its source with the method applied zero-shot."""
+    plan = experiments.make_plan("length-generalization", False, [1])
+    study = experiments.Study(plan, str(tmp_path))
+    study.scored_tokens = 8192  # what prepare_data would fix; the graph does not need the corpus
+    study.build()
+    L, f = plan["model"]["block_size"], plan["extension"]["factor"]
+    tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
+    runs = study.runs
+    assert tokens(runs["rope-512-oracle-s1"]) == tokens(runs["rope-s1"]) == tokens(runs["alibi-512-oracle-s1"])
+    assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
+    keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
+    assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"
+    assert keep.config.train.init_from.endswith("rope-s1") and keep.config.model.position == {"kind": "rope"}
+    learned = runs["learned-pi-512-s1"]
+    assert learned.source == "learned-s1" and learned.config.model.position["kind"] == "interpolated"
+    assert experiments.scaling_override("learned-pi", f, 4 * L) == [
+        "model.position={kind: interpolated, inner: {kind: learned}}", "model.block_size=512"]
+    assert experiments.scaling_override("sinusoidal-pi", f) == [
+        "model.position={kind: interpolated, inner: {kind: sinusoidal}, factor: 4}"]
+    assert experiments.scaling_override("keep", f) == experiments.scaling_override("none", f) == []
+    before = {job.key for job in study.jobs if job.key.startswith("retrieval") and "learned-s1" in job.key}
+    assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
+    with pytest.raises(experiments.ExperimentError, match="controls has"):
+        experiments.make_plan("length-generalization", True, None, ["controls.oracle=[rotary]"])

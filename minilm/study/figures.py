@@ -16,7 +16,7 @@ import numpy as np
 
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.study.claims import cell_interval, pooled, position_curves
-from minilm.study.plan import KINDS, METHOD_NAMES
+from minilm.study.plan import KINDS, LABEL_NAMES, extension_labels
 from minilm.study.stats import interval
 
 DPI = 90
@@ -186,12 +186,13 @@ def study_figures(study) -> dict:
                                     path("perplexity-by-length.png"), f"trained at L = {L} tokens: perplexity "
                                     f"against length, mean and 95% interval over {seeds} seeds", L)}
     longest, last, bin_width = max(lengths), ext["curve_steps"][-1], plan["eval"]["position_bin"]
-    names = {m: METHOD_NAMES[m] for m in ext["methods"]}
+    labels = extension_labels(plan)
+    names = {m: LABEL_NAMES[m] for m in labels}
     panels = [(f"every scheme, trained at L = {L}", _position_series(cells, "scratch", KINDS, longest,
                                                                       bin_width=bin_width))]
     if int(max(ext["curve_multiples"]) * L) >= longest:
-        panels.append((f"rope extended to {int(ext['factor'] * L)}, after {last} fine-tuning steps",
-                       _position_series(cells, "extension", ext["methods"], longest, step=last, names=names,
+        panels.append((f"extended to {int(ext['factor'] * L)}, after {last} fine-tuning steps",
+                       _position_series(cells, "extension", labels, longest, step=last, names=names,
                                         bin_width=bin_width)))
     out["positions"] = position_figure(panels, path("loss-by-position.png"), f"mean loss at each position of "
                                        f"{longest}-token segments (bins of {bin_width}; mean and 95% interval over "
@@ -199,9 +200,9 @@ def study_figures(study) -> dict:
     steps = ext["curve_steps"]
     curves = [(f"at {int(m * L)} tokens ({m:g}L)",
                [(names[method], [(s, cell_interval(cells, "extension", method, int(m * L), modes[0], step=s))
-                                 for s in steps]) for method in ext["methods"]]) for m in ext["curve_multiples"]]
+                                 for s in steps]) for method in labels]) for m in ext["curve_multiples"]]
     out["extension"] = curve_figure(curves, path("extension-perplexity-by-step.png"),
-                                    f"rope extended from {L} to {int(ext['factor'] * L)}: {modes[0]} perplexity "
+                                    f"extended from {L} to {int(ext['factor'] * L)}: {modes[0]} perplexity "
                                     f"against fine-tuning steps (mean, 95% interval)")
     r, rows = plan["retrieval"], study.retrieval
     probe_lengths = [int(m * L) for m in r["multiples"]]
@@ -212,8 +213,8 @@ def study_figures(study) -> dict:
                                       f"at L = {L}; probes pooled over {seeds} seeds")
     out["extension_retrieval"] = heatmap_figure(
         [(f"{names[m]}, {when}", probe_lengths, r["depths"], grid("extension", m, when))
-         for m in ext["methods"] for when in ("before", "after")],
-        path("extension-retrieval-by-length-and-depth.png"), f"retrieval accuracy (%) of rope extended to "
+         for m in labels for when in ("before", "after")],
+        path("extension-retrieval-by-length-and-depth.png"), f"retrieval accuracy (%) extended to "
         f"{int(ext['factor'] * L)}: before (zero-shot) and after {last} fine-tuning steps", columns=2)
     return {name: os.path.basename(p) for name, p in out.items()}
 

@@ -50,7 +50,13 @@ from minilm.study.jobs import Done, Job, run_jobs
 from minilm.training.loop import train
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
-METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "llama3"}
+METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic": "dynamic NTK",
+                "yarn": "YaRN", "llama3": "llama3"}
+# extensions of the other schemes that have one (position interpolation of a table or of sin/cos),
+# and the control that keeps training at L with the fine-tuning's tokens
+OTHER_EXTENSIONS = {"learned-pi": ("learned", "learned + PI"), "sinusoidal-pi": ("sinusoidal", "sinusoidal + PI")}
+CONTROL_NAMES = {"keep": "rope, training kept at L"}
+LABEL_NAMES = {**METHOD_NAMES, **{k: name for k, (_, name) in OTHER_EXTENSIONS.items()}, **CONTROL_NAMES}
 EXPERIMENTS = ("length-generalization", "sinusoidal-base")
 
 # The full study. float32: bf16 autocast trained this small shape slower than float32 even
@@ -80,6 +86,9 @@ FULL = {
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
     # per kind: position options and model / train keys that make a baseline faithful to its paper
     "schemes": {},
+    # oracle: these kinds trained from scratch at factor x L on the pretraining's tokens (what
+    # extension is compared with); keep_training: rope trained on at L with the fine-tuning's tokens
+    "controls": {"oracle": ["rope", "alibi"], "keep_training": True, "other_extensions": list(OTHER_EXTENSIONS)},
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -88,15 +97,17 @@ QUICK["seeds"] = [1, 2]
 QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32})
 QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
 QUICK["finetune"].update({"warmup_steps": 2})
-QUICK["extension"].update({"methods": ["none", "linear", "yarn"], "curve_steps": [0, 5, 10]})
+QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
 
 # The sinusoidal base ablation, an experiment of its own: the study's sinusoidal model at
 # three bases (its training recipe, the study's seeds), perplexity against length.
-BASE_FULL = {**{k: copy.deepcopy(v) for k, v in FULL.items() if k not in ("extension", "retrieval", "finetune")},
+BASE_FULL = {**{k: copy.deepcopy(v) for k, v in FULL.items() if k not in ("extension", "retrieval", "finetune",
+                                                                          "controls")},
              "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
-BASE_QUICK = {**{k: copy.deepcopy(v) for k, v in QUICK.items() if k not in ("extension", "retrieval", "finetune")},
+BASE_QUICK = {**{k: copy.deepcopy(v) for k, v in QUICK.items() if k not in ("extension", "retrieval", "finetune",
+                                                                            "controls")},
               "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
          ("sinusoidal-base", False): BASE_FULL, ("sinusoidal-base", True): BASE_QUICK}
@@ -136,6 +147,12 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
         if unknown:
             raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
+        controls = plan.get("controls", {})
+        bad = ([k for k in controls.get("oracle", []) if k not in KINDS]
+               + [k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS])
+        if bad:
+            raise ExperimentError(f"controls has {bad}: oracle takes kinds ({', '.join(KINDS)}), other_extensions "
+                                  f"takes {', '.join(OTHER_EXTENSIONS)}")
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
@@ -148,11 +165,12 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
 
 
 def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
-               init_from: Optional[str] = None):
+               init_from: Optional[str] = None, batch_scale: int = 1):
     """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
     with snapshots at the curve steps, with ``init_from``), this position and seed, and what the
     plan's ``schemes`` section sets for this kind (its position options, model and train keys:
-    the settings that make a baseline faithful to its paper)."""
+    the settings that make a baseline faithful to its paper). ``batch_scale`` multiplies the
+    batch size (a control at another length on the same number of tokens)."""
     tweaks = plan.get("schemes", {}).get(position["kind"], {})
     position = {**position, **tweaks.get("position", {})}
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
@@ -160,6 +178,7 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
         steps = plan["extension"]["curve_steps"]
         train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
                               snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
+    train_settings["batch_size"] = max(1, round(train_settings["batch_size"] * batch_scale))
     tree = {"model": {**plan["model"], **tweaks.get("model", {}), "position": position,
                       "block_size": block_size or plan["model"]["block_size"]},
             "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
@@ -169,9 +188,33 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
         raise ExperimentError(f"experiment settings: {exc}") from None
 
 
-def scaling_override(method: str, factor: float) -> list:
-    """The evaluation-time override that applies extension ``method`` to a rope checkpoint."""
-    return [] if method == "none" else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
+def interpolated_position(name: str, factor: float) -> dict:
+    """The position setting of ``OTHER_EXTENSIONS`` ``name``: its kind inside interpolated. A learned
+    table leaves the factor to be computed, (block_size - 1) / (rows - 1), so that the last position
+    lands on the last trained row (factor x L would leave the last positions past the table);
+    sinusoidal takes ``factor``."""
+    kind = OTHER_EXTENSIONS[name][0]
+    return {"kind": "interpolated", "inner": {"kind": kind}, **({} if kind == "learned" else {"factor": factor})}
+
+
+def scaling_override(method: str, factor: float, length: int = 0) -> list:
+    """The evaluation-time overrides that apply extension ``method`` to its source checkpoint
+    zero-shot, as at ``length`` tokens (rope's scaling methods; learned or sinusoidal inside
+    interpolated for ``OTHER_EXTENSIONS``; nothing for no scaling and the keep-training control)."""
+    if method in OTHER_EXTENSIONS:
+        position = interpolated_position(method, factor)
+        text = f"{{kind: interpolated, inner: {{kind: {position['inner']['kind']}}}" + (
+            f", factor: {factor}}}" if "factor" in position else "}")
+        return [f"model.position={text}"] + ([] if "factor" in position else [f"model.block_size={length}"])
+    return [] if method in ("none", "keep") else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
+
+
+def extension_labels(plan: dict) -> list:
+    """The rows of the extension's tables: the plan's methods, the other schemes' extensions and
+    the keep-training control it runs."""
+    controls = plan.get("controls", {})
+    return [*plan["extension"]["methods"], *controls.get("other_extensions", []),
+            *(["keep"] if controls.get("keep_training") else [])]
 
 
 # --------------------------------------------------------------------------- work done in the workers
@@ -211,10 +254,11 @@ class StudyRun:
     """One trained model of the study (``train`` job ``key``) and what it is for."""
 
     key: str
-    section: str  # scratch | extension | ablation (the sinusoidal-base experiment)
+    section: str  # scratch | extension | oracle | ablation (the sinusoidal-base experiment)
     label: str  # the row of its table (scheme, base, method)
     seed: int
     config: object
+    source: str = ""  # extension: the run it starts from (its step 0, the method applied zero-shot)
 
 
 class Study:
@@ -242,9 +286,10 @@ class Study:
     def L(self) -> int:
         return self.plan["model"]["block_size"]
 
-    def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(), **kw) -> str:
+    def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(),
+               source: str = "", **kw) -> str:
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
-        self.runs[name] = StudyRun(f"train {name}", section, label, seed, config)
+        self.runs[name] = StudyRun(f"train {name}", section, label, seed, config, source)
         self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
         return f"train {name}"
 
@@ -302,23 +347,35 @@ class Study:
         if self.plan["experiment"] == "sinusoidal-base":
             self._build_base_ablation()
             return self.jobs
-        seeds, ext = self.plan["seeds"], self.plan["extension"]
-        long = int(ext["factor"] * self.L)
+        seeds, ext, controls = self.plan["seeds"], self.plan["extension"], self.plan.get("controls", {})
+        f, long = ext["factor"], int(ext["factor"] * self.L)
         for seed in seeds:
             self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
         for seed in seeds:
             for method in ext["methods"]:
-                position = {"kind": "rope", **({"scaling": {"type": method, "factor": ext["factor"]}}
-                                               if method != "none" else {})}
-                self._train(f"rope-{method}-{long}-s{seed}", "extension", method, seed, position,
-                            "fine-tune the extensions", after=[f"train rope-s{seed}"], block_size=long,
-                            init_from=os.path.join(self.runs_dir, f"rope-s{seed}"))
+                position = {"kind": "rope", **({"scaling": {"type": method, "factor": f}} if method != "none" else {})}
+                self._extend(f"rope-{method}-{long}-s{seed}", method, seed, "rope", position, block_size=long)
+            if controls.get("keep_training"):  # the fine-tuning's tokens in rows of L
+                self._extend(f"rope-keep-{self.L}-s{seed}", "keep", seed, "rope", {"kind": "rope"},
+                             block_size=self.L, batch_scale=f)
         for seed in seeds:
             for kind in KINDS:
                 if kind != "rope":
                     self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch")
+            for name in controls.get("other_extensions", []):
+                self._extend(f"{name}-{long}-s{seed}", name, seed, OTHER_EXTENSIONS[name][0],
+                             interpolated_position(name, f), block_size=long)
+            for kind in controls.get("oracle", []):  # the pretraining's tokens in rows of factor x L
+                self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
+                            "train the oracle controls", block_size=long, batch_scale=1 / f)
         self._build_evaluations()
         return self.jobs
+
+    def _extend(self, name: str, label: str, seed: int, source_kind: str, position: dict, **kw) -> None:
+        """A fine-tuning run from the seed's ``source_kind`` model (section extension)."""
+        source = f"{source_kind}-s{seed}"
+        self._train(name, "extension", label, seed, position, "fine-tune the extensions", after=[f"train {source}"],
+                    source=source, init_from=os.path.join(self.runs_dir, source), **kw)
 
     def _build_base_ablation(self) -> None:
         for seed in self.plan["seeds"]:
@@ -332,15 +389,16 @@ class Study:
 
     def _build_evaluations(self) -> None:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
-        for run in [r for r in self.runs.values() if r.section == "scratch"]:
+        for run in [r for r in self.runs.values() if r.section in ("scratch", "oracle")]:
+            phase = "from scratch" if run.section == "scratch" else "of the oracle controls"
             self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
-                           dict(section="scratch", label=run.label, seed=run.seed, step=None),
-                           phase="evaluate from scratch")
-            self._retrieval(run.key, run.config.out_dir, (), dict(section="scratch", label=run.label, seed=run.seed),
-                            run.seed, "retrieval from scratch")
+                           dict(section=run.section, label=run.label, seed=run.seed, step=None),
+                           phase=f"evaluate {phase}")
+            self._retrieval(run.key, run.config.out_dir, (), dict(section=run.section, label=run.label, seed=run.seed),
+                            run.seed, f"retrieval {phase}")
         for run in [r for r in self.runs.values() if r.section == "extension"]:
-            source = os.path.join(self.runs_dir, f"rope-s{run.seed}")
-            start = scaling_override(run.label, ext["factor"])
+            source = os.path.join(self.runs_dir, run.source or f"rope-s{run.seed}")
+            start = scaling_override(run.label, ext["factor"], int(ext["factor"] * self.L))
             where = dict(section="extension", label=run.label, seed=run.seed)
             for step in ext["curve_steps"]:
                 path = source if step == 0 else (run.config.out_dir if step == ext["curve_steps"][-1] else
@@ -348,8 +406,8 @@ class Study:
                 self._evaluate(run.key, path, ext["curve_multiples"],
                                modes if step == ext["curve_steps"][-1] else modes[:1], {**where, "step": step},
                                overrides=start if step == 0 else (), phase="evaluate the extension curves")
-            self._retrieval(f"train rope-s{run.seed}", source, start, {**where, "when": "before"}, run.seed,
-                            "retrieval before and after extension")
+            self._retrieval(f"train {os.path.basename(source)}", source, start, {**where, "when": "before"},
+                            run.seed, "retrieval before and after extension")
             self._retrieval(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed,
                             "retrieval before and after extension")
 

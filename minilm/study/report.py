@@ -25,7 +25,7 @@ from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
 from minilm.study.figures import study_figures
-from minilm.study.plan import KINDS, METHOD_NAMES, ExperimentError, Study
+from minilm.study.plan import KINDS, LABEL_NAMES, ExperimentError, Study, extension_labels
 from minilm.study.primary import hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
 
@@ -251,7 +251,9 @@ def _positions(study: Study, figures: dict) -> list:
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
     ext, last = plan["extension"], plan["extension"]["curve_steps"][-1]
     rows = [[kind] + spans("scratch", kind) for kind in KINDS]
-    rows += [[f"rope + {METHOD_NAMES[m]}, fine-tuned"] + spans("extension", m, last) for m in ext["methods"]]
+    rows += [[f"{LABEL_NAMES[m]}, fine-tuned"] + spans("extension", m, last) for m in extension_labels(plan)]
+    rows += [[f"{kind} trained at {int(ext['factor'] * L)} (oracle)"] + spans("oracle", kind)
+             for kind in plan.get("controls", {}).get("oracle", [])]
     lines = ["## 2. Loss by position: does a scheme use the context past L?", "",
              f"Mean loss (nats per token) over position ranges of the nonoverlapping {longest}-token segments (mean ± "
              f"95% interval over seeds); lower further right means the context is used:", "",
@@ -292,24 +294,35 @@ def _retrieval(study: Study, figures: dict) -> list:
 
 def _extension(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
-    ext, modes = plan["extension"], plan["eval"]["modes"]
+    ext, modes, labels = plan["extension"], plan["eval"]["modes"], extension_labels(plan)
     f, steps = int(ext["factor"]), ext["curve_steps"]
-    names = {m: METHOD_NAMES[m] for m in ext["methods"]}
-    lines = [f"## 4. Extending rope from {L} to {f * L}", "",
+    oracle = plan.get("controls", {}).get("oracle", [])
+    names = {m: LABEL_NAMES[m] for m in labels}
+    lines = [f"## 4. Extending from {L} to {f * L}, with the controls", "",
+             f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
+             f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
+             f"from scratch at {f * L} on the pretraining's tokens (what extension is compared with).", "",
              f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
              table(["method"] + [f"{s} steps" for s in steps],
                    [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
-                    for m in ext["methods"]], "l" + "r" * len(steps)), ""]
+                    for m in labels], "l" + "r" * len(steps)), ""]
     if "extension" in figures:
         lines += [f"![extension perplexity by step]({figures['extension']})", ""]
     lengths = [int(m * L) for m in ext["curve_multiples"]]
+    oracle_names = {kind: f"{kind} trained at {f * L} (oracle)" for kind in oracle}
     for mode in modes:
         lines += [f"After {steps[-1]} steps, {mode} protocol:", "",
-                  _length_table(cells, "extension", ext["methods"], lengths, mode, step=steps[-1], names=names), ""]
+                  _length_table(cells, "extension", labels, lengths, mode, step=steps[-1], names=names)]
+        if oracle:
+            lines[-1] += "\n" + "\n".join(_length_table(cells, "oracle", oracle, lengths, mode,
+                                                         names=oracle_names).splitlines()[2:])
+        lines.append("")
     probe_lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
     body = [[names[m], when] + [_accuracy(study.retrieval, "extension", m, t, when=when) for t in probe_lengths]
-            for m in ext["methods"] for when in ("before", "after")]
-    lines += ["Retrieval accuracy with depths pooled, before (step 0, the scaling applied zero-shot) and after "
+            for m in labels for when in ("before", "after")]
+    body += [[oracle_names[kind], "-"] + [_accuracy(study.retrieval, "oracle", kind, t) for t in probe_lengths]
+             for kind in oracle]
+    lines += ["Retrieval accuracy with depths pooled, before (step 0, the method applied zero-shot) and after "
               "fine-tuning: pooled over seeds, [95% Wilson interval], (per seed):", "",
               table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
                     "ll" + "r" * len(probe_lengths)), ""]
