@@ -85,7 +85,13 @@ FULL = {
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
     # per kind: position options and model / train keys that make a baseline faithful to its paper
-    "schemes": {},
+    # (the pilots behind each: docs/design.md, "Measured choices"). T5: 32 buckets up to L / 4, as
+    # T5's 128 for inputs of 512, and a bias table that can reach ALiBi's scale in 500 steps.
+    # Sinusoidal: fairseq's token embedding (N(0, d^-1/2) times sqrt(d)), the ALiBi paper's set-up.
+    # Randomized: positions drawn at evaluation too, as the official code does.
+    "schemes": {"t5": {"position": {"max_distance": 32}, "train": {"position_lr_scale": 30.0}},
+                "sinusoidal": {"model": {"embedding_init_std": 128 ** -0.5}},
+                "randomized": {"position": {"eval_positions": "sampled"}}},
     # oracle: these kinds trained from scratch at factor x L on the pretraining's tokens (what
     # extension is compared with); keep_training: rope trained on at L with the fine-tuning's tokens
     "controls": {"oracle": ["rope", "alibi"], "keep_training": True, "other_extensions": list(OTHER_EXTENSIONS)},
@@ -100,6 +106,8 @@ QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
+QUICK["schemes"]["t5"]["position"] = {"num_buckets": 8, "max_distance": 8}  # L / 4 again (L = 32)
+QUICK["schemes"]["sinusoidal"]["model"]["embedding_init_std"] = 32 ** -0.5
 
 # The sinusoidal base ablation, an experiment of its own: the study's sinusoidal model at
 # three bases (its training recipe, the study's seeds), perplexity against length.
