@@ -224,6 +224,10 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     runs = study.runs
     assert tokens(runs["rope-512-oracle-s1"]) == tokens(runs["rope-s1"]) == tokens(runs["alibi-512-oracle-s1"])
+    three = experiments.Study(experiments.make_plan("length-generalization", False, [1, 2, 3]), str(tmp_path / "3"))
+    three.scored_tokens = 8192
+    three.build()  # the oracle at its first oracle_seeds (2) seeds only
+    assert {r.seed for r in three.runs.values() if r.section == "oracle"} == {1, 2}
     assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
     keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
     assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"

@@ -91,7 +91,7 @@ def test_the_shipped_claims_name_cells_the_full_study_makes():
         for cell in (claim.a, claim.b):
             if cell is None:
                 continue
-            labels = experiments.KINDS if cell["section"] == "scratch" else plan["extension"]["methods"]
+            labels = experiments.KINDS if cell["section"] == "scratch" else experiments.extension_labels(plan)
             assert cell["label"] in labels, claim.id
             multiples = plan["retrieval" if primary.TESTS[claim.test] == "retrieval" else "eval"]["multiples"]
             if cell["section"] == "extension" and "step" in cell:

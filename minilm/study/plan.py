@@ -84,17 +84,16 @@ FULL = {
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
-    # per kind: position options and model / train keys that make a baseline faithful to its paper
-    # (the pilots behind each: docs/design.md, "Measured choices"). T5: 32 buckets up to L / 4, as
-    # T5's 128 for inputs of 512, and a bias table that can reach ALiBi's scale in 500 steps.
-    # Sinusoidal: fairseq's token embedding (N(0, d^-1/2) times sqrt(d)), the ALiBi paper's set-up.
-    # Randomized: positions drawn at evaluation too, as the official code does.
+    # per kind, what makes a baseline faithful to its paper (pilots: docs/design.md, "Measured choices"): T5's
+    # 32 buckets up to L / 4 (T5: 128 for inputs of 512) and a bias table that can reach ALiBi's scale in 500
+    # steps; fairseq's token embedding for sinusoidal; randomized positions drawn at evaluation too.
     "schemes": {"t5": {"position": {"max_distance": 32}, "train": {"position_lr_scale": 30.0}},
                 "sinusoidal": {"model": {"embedding_init_std": 128 ** -0.5}},
                 "randomized": {"position": {"eval_positions": "sampled"}}},
-    # oracle: these kinds trained from scratch at factor x L on the pretraining's tokens (what
-    # extension is compared with); keep_training: rope trained on at L with the fine-tuning's tokens
-    "controls": {"oracle": ["rope", "alibi"], "keep_training": True, "other_extensions": list(OTHER_EXTENSIONS)},
+    # oracle: these kinds trained from scratch at factor x L on the pretraining's tokens, at the first oracle_seeds
+    # seeds (a run at 4L costs 1.4 of one at L); keep_training: rope trained on at L with the fine-tuning's tokens
+    "controls": {"oracle": ["rope", "alibi"], "oracle_seeds": 2, "keep_training": True,
+                 "other_extensions": list(OTHER_EXTENSIONS)},
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -373,7 +372,8 @@ class Study:
             for name in controls.get("other_extensions", []):
                 self._extend(f"{name}-{long}-s{seed}", name, seed, OTHER_EXTENSIONS[name][0],
                              interpolated_position(name, f), block_size=long)
-            for kind in controls.get("oracle", []):  # the pretraining's tokens in rows of factor x L
+            oracle = controls.get("oracle", []) if seed in seeds[:controls.get("oracle_seeds", len(seeds))] else []
+            for kind in oracle:  # the pretraining's tokens in rows of factor x L
                 self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
                             "train the oracle controls", block_size=long, batch_scale=1 / f)
         self._build_evaluations()

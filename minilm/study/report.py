@@ -301,7 +301,9 @@ def _extension(study: Study, figures: dict) -> list:
     lines = [f"## 4. Extending from {L} to {f * L}, with the controls", "",
              f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
              f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
-             f"from scratch at {f * L} on the pretraining's tokens (what extension is compared with).", "",
+             f"from scratch at {f * L} on the pretraining's tokens (what extension is compared with)"
+             + (f", at the first {plan['controls'].get('oracle_seeds')} seeds only" if oracle and
+                plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"]) else "") + ".", "",
              f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
              table(["method"] + [f"{s} steps" for s in steps],
                    [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
