@@ -70,6 +70,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
     assert all(p["trials"] == str(r["trials"]) for p in probes)
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    assert "id: alibi-flat" in state["claims"]["text"]  # the claims as the run read them when it started
     curves = [c["by_position"] for c in state["cells"] if c["mode"] == "nonoverlapping" and c["section"] == "scratch"
               and c["length"] == 8 * L and c["status"] == "ok"]
     assert curves and all(len(c) == 8 * L // plan["eval"]["position_bin"] for c in curves)
@@ -243,3 +244,8 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
     with pytest.raises(experiments.ExperimentError, match="controls has"):
         experiments.make_plan("length-generalization", True, None, ["controls.oracle=[rotary]"])
+    with pytest.raises(experiments.ExperimentError, match="schemes has"):
+        experiments.make_plan("length-generalization", True, None, ["schemes.t5.trian={lr: 1}"])
+    odd = experiments.make_plan("length-generalization", False, [1], ["train.batch_size=10"])
+    with pytest.raises(experiments.ExperimentError, match="batch_size 10 x 0.25 = 2.5 rows"):
+        experiments.run_config(odd, str(tmp_path / "odd"), {"kind": "rope"}, 1, block_size=512, batch_scale=0.25)

@@ -107,5 +107,7 @@ def test_embedding_init_std_sets_the_token_embedding_only():
     assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.02)
     assert GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8)).wte.weight.std().item() \
         == pytest.approx(0.02, rel=0.02)
+    tied = GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8, embedding_init_std=0.125))
+    assert tied.lm_head.weight is tied.wte.weight and tied.wte.weight.std().item() == pytest.approx(0.125, rel=0.02)
     with pytest.raises(ConfigError, match="model.embedding_init_std=-1 is invalid: expected a number > 0"):
         ModelConfig(embedding_init_std=-1)

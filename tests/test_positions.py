@@ -450,6 +450,10 @@ def test_randomized_sampled_at_evaluation_draws_as_in_training_and_refuses_a_cac
         assert not torch.equal(first, model(idx))  # a fresh draw
         torch.manual_seed(1)
         assert torch.equal(first, model(idx))  # the same draw from the same generator state
+        pair = model(idx.repeat(2, 1))  # one draw per row: two copies of a sequence are scored apart
+        assert not torch.allclose(pair[0], pair[1])
+        torch.manual_seed(1)
+        assert torch.allclose(model(idx.repeat(2, 1))[0], first, atol=1e-6)  # the first row takes the first draw
         plain = GPT(ModelConfig(**{**config.__dict__, "position": {"kind": "randomized", "inner": {"kind": "rope"}}}))
         plain.load_state_dict(model.state_dict())
         plain.eval()

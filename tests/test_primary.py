@@ -81,6 +81,21 @@ def test_a_malformed_claim_is_a_one_line_error_naming_it(tmp_path, change, messa
         primary.load(write(tmp_path, [{**WORSE, "expect": None}]))
     with pytest.raises(primary.ClaimsError, match="alpha=2"):
         primary.load(write(tmp_path, [FLAT], alpha=2))
+    with pytest.raises(primary.ClaimsError, match="needs when: before or after"):
+        primary.load(write(tmp_path, [{**GAIN, "b": {"section": "extension", "label": "none", "length": 4}}]))
+    with pytest.raises(primary.ClaimsError, match="ratio threshold must be > 0"):
+        primary.load(write(tmp_path, [{**WORSE, "threshold": 0}]))
+
+
+def test_a_run_tests_the_claims_it_recorded_and_a_diverged_cell_is_not_tested(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1, 2])
+    L = plan["model"]["block_size"]
+    study = cells("scratch", "rope", L, [40, 50]) + cells("scratch", "rope", 4 * L, [48, float("nan")])
+    recorded = yaml.safe_dump({"claims": [WORSE]})
+    _, (worse,) = primary.outcomes(study, [], plan, str(tmp_path / "edited-since.yaml"), recorded)
+    assert worse.p is None and "not finite" in worse.estimate and worse.adjusted == 1.0
+    with pytest.raises(primary.ClaimsError, match="mode='strided' is not among"):
+        primary.outcomes(study, [], plan, "x.yaml", yaml.safe_dump({"mode": "strided", "claims": [WORSE]}))
 
 
 def test_the_shipped_claims_name_cells_the_full_study_makes():

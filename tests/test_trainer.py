@@ -148,6 +148,23 @@ def test_resume_errors(tiny_config):
         train(tiny_config("train.optimizer=muon"), resume=True, quiet=True)
 
 
+def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_config):
+    """A model option added after a checkpoint was written (here model.embedding_init_std) is
+    missing from its config: resuming reads it at its default, the behaviour of the code then;
+    changing the optimiser's groups on resume (train.position_lr_scale) is a one-line error."""
+    t5 = "model.position={kind: t5, max_distance: 32}"  # a scheme with parameters of its own
+    config = tiny_config("train.max_steps=2", t5)
+    train(config, quiet=True)
+    state = checkpoint.load(config.out_dir)
+    del state["config"]["model"]["embedding_init_std"]
+    checkpoint.save(state, config.out_dir)
+    assert train(tiny_config("train.max_steps=3", t5), resume=True, quiet=True)["steps"] == 3
+    with pytest.raises(ConfigError, match="model.embedding_init_std=0.05 but the checkpoint has 0.02"):
+        train(tiny_config("train.max_steps=4", t5, "model.embedding_init_std=0.05"), resume=True, quiet=True)
+    with pytest.raises(ConfigError, match=r"train.position_lr_scale=10.0 .* the checkpoint's optimiser state"):
+        train(tiny_config("train.max_steps=4", t5, "train.position_lr_scale=10.0"), resume=True, quiet=True)
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypatch):
     config = tiny_config()
     original = trainer.mixed_loss

@@ -13,6 +13,7 @@ This module knows the file format only; turning a checkpoint back into a model i
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import pickle
@@ -22,6 +23,7 @@ from typing import Optional
 import torch
 
 from minilm.common import MinilmError, atomic_write, first_sentence
+from minilm.config import DataConfig, ModelConfig
 
 FORMAT = "minilm-checkpoint"
 VERSION = 1
@@ -83,3 +85,16 @@ def load(path: str, map_location: Optional[str] = "cpu") -> dict:
             raise CheckpointError(f"{path!r} is incomplete: it lacks '{key}'")
     state["path"] = path
     return state
+
+
+def with_defaults(config: dict) -> dict:
+    """A checkpoint's config dict with the keys it lacks (options added after it was written) at
+    the values that reproduce what the code did then: ``model.embedding_scale`` 1 (no scaling
+    existed), every other model and data option at its default. A copy; the state is untouched."""
+    config = {**config, "model": dict(config.get("model", {})), "data": dict(config.get("data", {}))}
+    config["model"].setdefault("embedding_scale", 1.0)
+    for section, cls in (("model", ModelConfig), ("data", DataConfig)):
+        for f in dataclasses.fields(cls):
+            if f.name not in config[section] and f.default is not dataclasses.MISSING:
+                config[section][f.name] = f.default
+    return config

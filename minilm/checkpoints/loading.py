@@ -52,7 +52,7 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
     given). Raises CheckpointError or ConfigError with one-line messages."""
     state = read_checkpoint(path)
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
-    state["config"]["model"].setdefault("embedding_scale", 1.0)  # checkpoints from before it: unscaled
+    state["config"]["model"].setdefault("embedding_scale", 1.0)  # before it: unscaled (format.with_defaults)
     trained = state["config"]["model"]
     tree = apply_overrides(copy.deepcopy(state["config"]), overrides, allowed=CHANGEABLE,
                            what="at evaluation time, in generation or for fine-tuning (after training)")

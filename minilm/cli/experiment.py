@@ -10,7 +10,7 @@ import sys
 import time
 
 from minilm.cli import Parser, run_command
-from minilm.study import plan as experiments, report
+from minilm.study import plan as experiments, primary, report
 from minilm.training.outdir import rotate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,6 +76,7 @@ def run(args, argv, out: str) -> int:
                                           f"--overwrite to run it again over its runs, --report-only to rewrite its "
                                           f"report, or another --out")
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
+    study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now
     study.build()
     kept = rotate(os.path.join(out, "discussion.md")) if earlier else None
     if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost

@@ -227,6 +227,10 @@ class GPT(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("proj.weight"):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        if self.lm_head.weight is self.wte.weight and self.config.embedding_init_std != 0.02:
+            # the tied head's 0.02 draw above overwrote the embedding's: draw it again, last, so that at
+            # the default every weight of a tied model is what it was before the option existed
+            nn.init.normal_(self.wte.weight, mean=0.0, std=self.config.embedding_init_std)
 
     def num_params(self) -> int:
         """Trainable parameters, a tied LM head counted once (with the embedding)."""
@@ -283,6 +287,15 @@ class GPT(nn.Module):
         left-padded rows, each at its own positions (``new_cache``).
         """
         B, T = idx.shape
+        if self.positions.draws_at_evaluation and not self.training and B > 1:
+            # positions drawn at evaluation (randomized, eval_positions: sampled): one draw per row, so that
+            # the rows of a batch are independent samples and no score depends on how rows were batched
+            rows = [self.forward(idx[b:b + 1], cache, window=window, sinks=sinks, sink_positions=sink_positions,
+                                 context_len=context_len, return_hidden=return_hidden, body=body, weights_of=weights_of,
+                                 end_of_text=end_of_text, restart_positions=restart_positions) for b in range(B)]
+            if weights_of is not None:
+                return tuple(torch.cat(part) for part in zip(*rows))
+            return torch.cat(rows)
         self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
         if cache is not None:
             if cache.batch_size != B:

@@ -7,7 +7,7 @@ The model thus meets positions up to max_positions while training on T tokens.
 At evaluation (``model.eval()``) ``eval_positions`` decides. ``plain`` (the default) hands on
 the ordinary positions 0..T-1, so the cache and every length behave as for the wrapped scheme.
 ``sampled`` draws a sorted sample at evaluation too, as the official code does (its noisy
-encodings sample on every call, training or not): the model then sees at test time the
+encodings sample on every call, training or not), one per row of a batch (``GPT.forward``): the model then sees at test time the
 kind of positions it was trained on (a mean gap of max_positions / T between neighbours,
 8 in the study at L, where plain positions have a gap of 1). A sampled evaluation is not
 prefix-invariant (a segment's positions depend on its length) and cannot be cached (the

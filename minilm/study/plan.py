@@ -1,34 +1,23 @@
 """The experiments: train short, test long, then extend; every run with several seeds, side by
-side in parallel processes.
+side in parallel processes (``python -m minilm experiment NAME``).
 
-    python -m minilm experiment {length-generalization,sinusoidal-base} [--quick] [--seeds 1,2,3] [--workers N] [key=value ...]
+**length-generalization** (Press et al. 2022; Chen et al. 2023, PI; Peng et al. 2023, YaRN).
+For every seed s (every run of seed s sees the same batches, so comparisons are paired):
+1. **From scratch**: one model per kind of ``KINDS`` at training length L (the plan's
+   ``schemes`` settings for the kinds that need them to be faithful), ``train.retrieval_share``
+   of the rows from the retrieval task (``minilm.data.retrieval``).
+2. **Perplexity** at ``eval.multiples`` of L in the modes of ``minilm.evaluation.scoring``, with
+   the mean loss by position; **retrieval** probes at ``retrieval.multiples`` and ``depths``.
+3. **Extension** to ``factor`` x L: rope with each of ``extension.methods``, learned and
+   sinusoidal by interpolation (``controls.other_extensions``), one fine-tuning run each with
+   snapshots at ``curve_steps`` (step 0: the source with the method applied zero-shot).
+4. **Controls**: rope trained on at L with the fine-tuning's tokens (``keep_training``), and
+   ``controls.oracle`` trained from scratch at factor x L on the pretraining's tokens.
+**sinusoidal-base**: the study's sinusoidal model at three bases, perplexity against length.
 
-**length-generalization** (Press et al. 2022, "Train Short, Test Long"; Chen et al. 2023,
-position interpolation; Peng et al. 2023, YaRN). For every seed s (the same batches for
-every run of seed s, so comparisons between schemes are paired):
-
-1. **From scratch**: one model per scheme in ``KINDS`` (every kind of the registry that
-   trains from scratch; ``interpolated`` is the extension below) at training length L, with
-   ``train.retrieval_share`` of the sequences from the retrieval task (``minilm.data.retrieval``).
-2. **Perplexity** of each at ``eval.multiples`` of L in the modes of
-   ``minilm.evaluation.scoring`` (non-overlapping; sliding, stride T/2; fixed stride L), with
-   the mean loss by position of the non-overlapping segments.
-3. **Retrieval** probes at ``retrieval.multiples`` of L and ``retrieval.depths``
-   (``minilm.evaluation.retrieval``).
-4. **Extension** of the rope model of seed s from L to ``factor`` x L with each method of
-   ``extension.methods`` (no scaling, PI = linear, NTK, YaRN, llama3): one fine-tuning run
-   per method, with snapshots at ``extension.curve_steps``; every snapshot is evaluated at
-   ``curve_multiples`` (step 0 is the source with the scaling applied), the last one in every
-   mode; retrieval before (step 0) and after.
-
-**sinusoidal-base**: the study's sinusoidal model at bases 1000 / 10,000 / 100,000, perplexity
-against length.
-
-The runs are ``minilm.study.jobs`` jobs (``workers`` processes, one torch thread each). Results are
-one row per (run, seed, step, mode, length) in ``Study.cells`` and one per (run, seed, length,
-depth) in ``Study.retrieval``; ``minilm.study.report`` turns them into tables, verdicts,
-figures and ``report.md``. Checkpoints go under ``<out>/runs/`` (kept out of git by a
-``.gitignore`` there).
+Runs are ``minilm.study.jobs`` jobs. Results: one row per (run, seed, step, mode, length) in
+``Study.cells``, one per (run, seed, length, depth) in ``Study.retrieval``; ``minilm.study.report``
+writes them up. Checkpoints go under ``<out>/runs/`` (a ``.gitignore`` keeps them out of git).
 """
 from __future__ import annotations
 
@@ -154,6 +143,11 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
         if unknown:
             raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
+        odd = {kind: sorted(set(tweaks) - {"position", "model", "train"}) for kind, tweaks in plan["schemes"].items()
+               if kind not in KINDS or not isinstance(tweaks, dict) or set(tweaks) - {"position", "model", "train"}}
+        if odd:
+            raise ExperimentError(f"schemes has {odd}: keys are kinds ({', '.join(KINDS)}) holding position, model "
+                                  f"and train settings")
         controls = plan.get("controls", {})
         bad = ([k for k in controls.get("oracle", []) if k not in KINDS]
                + [k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS])
@@ -185,7 +179,11 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
         steps = plan["extension"]["curve_steps"]
         train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
                               snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
-    train_settings["batch_size"] = max(1, round(train_settings["batch_size"] * batch_scale))
+    batch = train_settings["batch_size"] * batch_scale
+    if batch < 1 or abs(batch - round(batch)) > 1e-9:
+        raise ExperimentError(f"a control needs batch_size {train_settings['batch_size']} x {batch_scale:g} = {batch:g} "
+                              f"rows for the same tokens: choose a batch size that extension.factor divides")
+    train_settings["batch_size"] = round(batch)
     tree = {"model": {**plan["model"], **tweaks.get("model", {}), "position": position,
                       "block_size": block_size or plan["model"]["block_size"]},
             "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
@@ -288,6 +286,7 @@ class Study:
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
         self._evaluations: dict = {}  # (checkpoint, overrides) -> (key, {(mode, length)}) of its evaluation job
+        self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
     def L(self) -> int:
@@ -431,7 +430,8 @@ class Study:
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
-        return {"plan": self.plan, "workers": self.workers, "cells": self.cells, "retrieval": self.retrieval,
+        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "cells": self.cells,
+                "retrieval": self.retrieval,
                 "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
                          for name, run in self.runs.items()},
                 "done": {key: dataclasses.asdict(done) for key, done in self.done.items()}}
@@ -439,7 +439,7 @@ class Study:
     @classmethod
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
-        study.cells, study.retrieval = state["cells"], state["retrieval"]
+        study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study

@@ -74,13 +74,19 @@ def path_for(experiment: str) -> str:
     return os.path.join(REGISTERED, f"{experiment}.yaml")
 
 
-def load(path: str) -> tuple:
-    """(alpha, mode, [Claim, ...]) of a claims file, checked key by key."""
+def read(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
-            tree = yaml.safe_load(f)
+            return f.read()
     except OSError as exc:
         raise ClaimsError(f"cannot read the claims file {path!r}: {exc.strerror or exc}") from None
+
+
+def load(path: str, text: Optional[str] = None) -> tuple:
+    """(alpha, mode, [Claim, ...]) of a claims file (or of ``text``, the file as a run recorded
+    it), checked key by key."""
+    try:
+        tree = yaml.safe_load(read(path) if text is None else text)
     except yaml.YAMLError as exc:
         raise ClaimsError(f"the claims file {path!r} is not YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(tree, dict) or not isinstance(tree.get("claims"), list) or not tree["claims"]:
@@ -121,17 +127,29 @@ def _claim(path: str, entry) -> Claim:
         raise ClaimsError(f"{path}: claim {name!r}: expect={claim.expect!r} is invalid: valid: '<', '>'")
     if claim.test == "proportion" and not (isinstance(claim.threshold, (int, float)) and 0 < claim.threshold < 1):
         raise ClaimsError(f"{path}: claim {name!r}: a proportion test needs 0 < threshold < 1, got {claim.threshold!r}")
+    if claim.test == "superiority" and claim.threshold is not None and not (
+            isinstance(claim.threshold, (int, float)) and claim.threshold > 0):
+        raise ClaimsError(f"{path}: claim {name!r}: a ratio threshold must be > 0, got {claim.threshold!r}")
+    for key, cell in (("a", claim.a), ("b", claim.b)):
+        if cell and cell["section"] == "extension" and TESTS[claim.test] == "retrieval" and "when" not in cell:
+            raise ClaimsError(f"{path}: claim {name!r}: retrieval cell {key} of the extension needs when: before "
+                              f"or after (else it would pool both)")
     return claim
 
 
 # --------------------------------------------------------------------------- testing
 
-def outcomes(cells, rows, plan: dict, path: Optional[str] = None) -> tuple:
-    """(alpha, [Outcome, ...]) of every claim of the plan's file, Holm-corrected."""
-    alpha, mode, claims = load(path or path_for(plan["experiment"]))
+def outcomes(cells, rows, plan: dict, path: Optional[str] = None, text: Optional[str] = None) -> tuple:
+    """(alpha, [Outcome, ...]) of every claim of the plan's file (or of ``text``), Holm-corrected."""
+    path = path or path_for(plan["experiment"])
+    alpha, mode, claims = load(path, text)
+    if mode not in plan["eval"]["modes"]:
+        raise ClaimsError(f"{path}: mode={mode!r} is not among the study's eval.modes {plan['eval']['modes']}")
     L = plan["model"]["block_size"]
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
     tested = [_test(claim, cells, rows, L, mode, passed) for claim in claims]
+    tested = [o if o.p is None or math.isfinite(o.p) else dataclasses.replace(o, p=None, estimate=o.estimate +
+                                                                             " (not finite: no test)") for o in tested]
     adjusted = holm([1.0 if o.p is None else o.p for o in tested])
     return alpha, [dataclasses.replace(o, adjusted=a, verdict="supported" if a < alpha else "not supported")
                    for o, a in zip(tested, adjusted)]
@@ -160,9 +178,11 @@ def _perplexity(claim: Claim, cells, L: int, mode: str) -> Outcome:
     ratios = paired_ratio(cells, where[0], where[1], mode)
     if len(ratios) < 2:
         return Outcome(claim, "not run" if not ratios else f"ratio {ratios[0]:.3f} (one seed: no test)", None)
+    if not all(r > 0 and math.isfinite(r) for r in ratios):
+        return Outcome(claim, f"ratios {ratios} (not finite: no test)", None)
     logs = [math.log(r) for r in ratios]
-    ci = interval(ratios)
-    estimate = f"ratio {ci.format(3)} (n={ci.n})"
+    ci = interval(logs)  # the geometric mean ratio and its interval: what the tests on log r read
+    estimate = f"ratio {math.exp(ci.mean):.3f} [{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] (n={ci.n})"
     if claim.test == "equivalence":
         bound = math.log(1 + claim.margin)
         return Outcome(claim, estimate, tost(logs, -bound, bound))
@@ -185,6 +205,18 @@ def hypothesis(claim: Claim) -> str:
 
 
 # --------------------------------------------------------------------------- registration
+
+def snapshot(experiment: str, run_commit: str) -> Optional[dict]:
+    """What a run records of its claims file when it starts (``Study.claims``): the text it tests,
+    the commit that last changed the file and whether that commit is in the run's history. The
+    report reads this record, so a later edit of the file does not change a finished run's
+    claims (None where the experiment has no claims file)."""
+    path = path_for(experiment)
+    if not os.path.exists(path):
+        return None
+    last, before = registration(path, run_commit)
+    return {"text": read(path), "commit": last, "registered": before}
+
 
 def registration(path: str, run_commit: str) -> tuple:
     """(the commit that last changed ``path``, whether it is an ancestor of ``run_commit``):

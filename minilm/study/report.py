@@ -251,7 +251,8 @@ def _positions(study: Study, figures: dict) -> list:
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
     ext, last = plan["extension"], plan["extension"]["curve_steps"][-1]
     rows = [[kind] + spans("scratch", kind) for kind in KINDS]
-    rows += [[f"{LABEL_NAMES[m]}, fine-tuned"] + spans("extension", m, last) for m in extension_labels(plan)]
+    rows += [[f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
+             + spans("extension", m, last) for m in extension_labels(plan)]
     rows += [[f"{kind} trained at {int(ext['factor'] * L)} (oracle)"] + spans("oracle", kind)
              for kind in plan.get("controls", {}).get("oracle", [])]
     lines = ["## 2. Loss by position: does a scheme use the context past L?", "",
@@ -348,12 +349,16 @@ def _ablation(study: Study, figures: dict) -> list:
 
 def _primary(study: Study, number: int, commit: str) -> list:
     """The pre-registered claims (``minilm.study.primary``), their tests and Holm's correction."""
-    path = path_for(study.plan["experiment"])
-    alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path)
-    last, before = registration(path, commit)
+    path, recorded = path_for(study.plan["experiment"]), study.claims
+    if recorded:  # the file as the run read it when it started
+        alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path, recorded["text"])
+        last, before = recorded["commit"], recorded["registered"]
+    else:  # a run from before runs recorded their claims: the file and git as they are now
+        alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path)
+        last, before = registration(path, commit)
     shown = os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
     if before:
-        status = (f"last changed in commit `{last[:12]}`, an ancestor of the run's commit: written before the run. "
+        status = (f"last changed in commit `{last[:12]}`, which the run's commit contains: written before the run. "
                   f"These are the study's primary claims; everything in section {number + 1} is exploratory.")
         title = f"## {number}. Primary claims (pre-registered in `{shown}`), with Holm's correction"
     else:

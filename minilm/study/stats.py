@@ -220,7 +220,9 @@ def t_statistic(values: Sequence[float], threshold: float) -> tuple:
 
 def t_test(values: Sequence[float], threshold: float, expect: str) -> float:
     """p-value of the one-sided one-sample t-test of "mean ``expect`` threshold" (``expect``
-    '<' or '>'; the null hypothesis is the other side, equality included)."""
+    '<' or '>'; the null hypothesis is the other side, equality included). Values without any
+    spread give t = +-inf and p = 0 or 1: the test then trusts seeds that agreed exactly, which
+    is anti-conservative when they did so by chance (a rounding, a saturated metric)."""
     _check_expect(expect)
     t, df = t_statistic(values, threshold)
     if math.isinf(t):

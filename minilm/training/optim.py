@@ -98,8 +98,8 @@ class Optimizers:
     """Several torch optimisers stepped, zeroed, saved and restored as one; ``param_groups``
     lists the groups of all of them (the schedule sets ``lr`` on each)."""
 
-    def __init__(self, kind: str, parts: list):
-        self.kind, self.parts = kind, parts
+    def __init__(self, kind: str, parts: list, position_lr_scale: float = 1.0):
+        self.kind, self.parts, self.position_lr_scale = kind, parts, position_lr_scale
 
     @property
     def param_groups(self) -> list:
@@ -127,7 +127,13 @@ class Optimizers:
             raise ConfigError(f"cannot resume: train.optimizer={self.kind!r} but the checkpoint was trained with "
                               f"{kind!r}; use train.optimizer={kind} or start a new out_dir")
         for part, part_state in zip(self.parts, state["parts"] if "parts" in state else [state]):
-            part.load_state_dict(part_state)
+            try:
+                part.load_state_dict(part_state)
+            except ValueError:  # torch: another number or size of parameter groups
+                raise ConfigError(f"cannot resume: train.position_lr_scale={self.position_lr_scale!r} gives the "
+                                  f"position parameters {'a group of their own' if self.position_lr_scale != 1 else 'no group of their own'}, "
+                                  f"unlike the checkpoint's optimiser state: resume with the checkpoint's "
+                                  f"train.position_lr_scale or start a new out_dir") from None
 
 
 def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
@@ -159,4 +165,4 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
                                fused=device.type in ("cpu", "cuda"))]
     if muon:
         parts.insert(0, Muon([{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay))
-    return Optimizers("muon" if muon else "adamw", parts)
+    return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from minilm.checkpoints.format import with_defaults
 from minilm.common import atomic_write
 from minilm.config import TRAJECTORY, Config, ConfigError, TrainConfig, fields_with
 
@@ -64,8 +65,10 @@ def _first_difference(a, b, prefix=""):
 
 
 def check_resumable(config: Config, state: dict) -> None:
-    """Resuming needs the same model, data and seed; train settings may change (e.g. max_steps)."""
-    ours, theirs = config.to_dict(), state["config"]
+    """Resuming needs the same model, data and seed; train settings may change (e.g. max_steps).
+    A key the checkpoint lacks (an option added after it was written) counts at the value that
+    reproduces what the code did then (``checkpoints.format.with_defaults``)."""
+    ours, theirs = config.to_dict(), with_defaults(state["config"])
     for section in ("model", "data", "seed"):
         diff = _first_difference(ours.get(section), theirs.get(section), f"{section}.")
         if diff:
