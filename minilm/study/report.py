@@ -245,7 +245,9 @@ def _positions(study: Study, figures: dict) -> list:
     def spans(section, label, step=None):
         curves = position_curves(cells, section, label, longest, step)
         if not curves:
-            return ["n/a (bounded)" if section == "scratch" else ""] * (len(edges) - 1)
+            bounded = any(c["status"] == "bounded" for c in cells if c["section"] == section and c["label"] == label
+                          and c["length"] == longest)
+            return ["n/a (bounded)" if bounded else ""] * (len(edges) - 1)
         return [interval([sum(c[a // width:b // width]) / len(c[a // width:b // width]) for c in curves]).format(3)
                 for a, b in zip(edges, edges[1:])]
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
