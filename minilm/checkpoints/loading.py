@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from minilm.checkpoints.extension import complete_position, load_source_weights
-from minilm.checkpoints.format import CheckpointError, load
+from minilm.checkpoints.format import CheckpointError, load, with_defaults
 from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, apply_overrides, build_config, fields_with
 from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
 from minilm.hf.reading import is_hf_source, read_hf
@@ -52,7 +52,7 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
     given). Raises CheckpointError or ConfigError with one-line messages."""
     state = read_checkpoint(path)
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
-    state["config"]["model"].setdefault("embedding_scale", 1.0)  # before it: unscaled (format.with_defaults)
+    state["config"] = with_defaults(state["config"])  # options newer than the checkpoint, as the code then was
     trained = state["config"]["model"]
     tree = apply_overrides(copy.deepcopy(state["config"]), overrides, allowed=CHANGEABLE,
                            what="at evaluation time, in generation or for fine-tuning (after training)")

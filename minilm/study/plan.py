@@ -27,6 +27,7 @@ import os
 from typing import Optional
 
 import torch
+import yaml
 
 from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, atomic_write, resolve_device
@@ -208,8 +209,7 @@ def scaling_override(method: str, factor: float, length: int = 0) -> list:
     interpolated for ``OTHER_EXTENSIONS``; nothing for no scaling and the keep-training control)."""
     if method in OTHER_EXTENSIONS:
         position = interpolated_position(method, factor)
-        text = f"{{kind: interpolated, inner: {{kind: {position['inner']['kind']}}}" + (
-            f", factor: {factor}}}" if "factor" in position else "}")
+        text = yaml.safe_dump(position, default_flow_style=True, sort_keys=False).strip()
         return [f"model.position={text}"] + ([] if "factor" in position else [f"model.block_size={length}"])
     return [] if method in ("none", "keep") else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
 
