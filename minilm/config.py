@@ -74,6 +74,9 @@ class ModelConfig:
     embedding_init_std: float = option(
         0.02, role=TRAJECTORY, help="std of the token embedding's initial weights (GPT-2: 0.02; fairseq, with "
                                     "embedding_scale sqrt_d_model: d_model^-0.5)")
+    concat_position_dims: int = option(
+        0, role=ARCHITECTURE, help="0: positions added to the token embedding; N: an N-dim position encoding "
+                                   "concatenated after a (d_model - N)-dim token embedding (same width)")
     # architecture options (the defaults are the original minilm GPT; see minilm.model.gpt)
     parallel_residual: bool = option(False, role=ARCHITECTURE, help="x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)")
     tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
@@ -103,6 +106,13 @@ class ModelConfig:
         init = self.embedding_init_std
         if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 < init < math.inf:
             raise ConfigError(f"model.embedding_init_std={init!r} is invalid: expected a number > 0")
+        concat = self.concat_position_dims
+        if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
+            raise ConfigError(f"model.concat_position_dims={concat!r} is invalid: expected 0 (added) or an even "
+                              f"number of dimensions below d_model={self.d_model}")
+        if concat and self.tie_embeddings:
+            raise ConfigError(f"model.concat_position_dims={concat} gives the token embedding d_model - {concat} "
+                              f"dimensions, which an LM head of d_model cannot share: set model.tie_embeddings false")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
         self._check_architecture()

@@ -111,26 +111,54 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
     assert "## 7. Discussion" in text and "mean nothing" in text
 
 
-def test_the_sinusoidal_base_ablation_is_an_experiment_of_its_own(tiny_corpus, tmp_path):
-    out = tmp_path / "base"
-    code = experiment_cli.main(["sinusoidal-base", "--quick", "--out", str(out), "--seeds", "1,2", "--workers", "1",
-                                "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
-                                f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"])
+def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp_path):
+    out = tmp_path / "ablation"
+    data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}",
+            "train.max_steps=5"]
+    code = experiment_cli.main(["ablation", "--quick", "--out", str(out), "--seeds", "1,2", "--workers", "1",
+                                "--quiet", "ablation.groups=[base, concat]", *data])
     assert code == 0
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "# The sinusoidal base" in text and "| base 1000 |" in text and "| base 100000 |" in text
-    assert "sinusoidal base 100,000 beats 10,000 at 2L" in text and "Retrieval" not in text
+    assert "# Ablations" in text and "## 1.1 Sinusoidal base frequency" in text and "## 1.2 Concatenated" in text
+    assert "| sinusoidal | base 100,000 |" in text and "| learned | concatenated (16 + 16 dims) |" in text
+    assert "Retrieval" not in text and "dim dropout" not in text  # the groups not chosen are not run
     cells = list(csv.DictReader(open(out / "results.csv")))
-    assert {c["label"] for c in cells} == {"1000", "10000", "100000"} and {c["seed"] for c in cells} == {"1", "2"}
+    # the references (sinusoidal, learned) are run once and shared by the groups that read them
+    assert {c["label"] for c in cells} == {"sinusoidal", "sinusoidal-base1000", "sinusoidal-base100000",
+                                           "sinusoidal-concat", "learned", "learned-concat"}
+    assert {c["seed"] for c in cells} == {"1", "2"}
+    # a ratio in the table is the per-seed ratio of the two cells, averaged
+    L = experiments.QUICK["model"]["block_size"]
+    ppl = {(c["label"], c["seed"]): float(c["ppl"]) for c in cells if int(c["length"]) == L}
+    mean = sum(ppl[("sinusoidal-base1000", s)] / ppl[("sinusoidal", s)] for s in "12") / 2
+    assert f"| sinusoidal | base 1,000 | " in text and f"| {mean:.3f} ± " in text
+    assert "the claims of `minilm/study/registered/ablation.yaml`" in text.lower()
     if have_matplotlib():
-        assert os.path.getsize(out / "sinusoidal-base-perplexity-by-length.png") > 1000
+        assert os.path.getsize(out / "ablation-perplexity-by-length.png") > 1000
     # run again over it: the earlier run's hand-written discussion is kept aside, not carried into this report
     (out / "discussion.md").write_text("About the first run only.\n", encoding="utf-8")
-    assert experiment_cli.main(["sinusoidal-base", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1",
-                                "--quiet", "--overwrite", f"data.corpus={tiny_corpus / 'corpus.txt'}",
-                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"]) == 0
+    assert experiment_cli.main(["ablation", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1",
+                                "--quiet", "--overwrite", "ablation.groups=[base]", *data]) == 0
     assert (out / "discussion.md.1").read_text(encoding="utf-8") == "About the first run only.\n"
     assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_ablation_variants_are_sized_for_the_plan():
+    full, quick = (experiments.make_plan("ablation", q)["ablation"]["variants"] for q in (False, True))
+    assert full["sinusoidal-concat"]["model"] == {"concat_position_dims": 64}
+    assert quick["learned-concat"]["model"] == {"concat_position_dims": 16}
+    assert full["learned-2x-tokens"]["train"] == {"max_steps": 1000, "warmup_steps": 100}
+    assert full["rope-no-task"]["train"] == {"retrieval_share": 0.0}
+    gap = experiments.make_plan("ablation", True, None, ["ablation.groups=[gap]"])["ablation"]["variants"]
+    assert set(gap) == {"sinusoidal", "rope", "learned", "sinusoidal-no-task", "rope-no-task", "learned-no-task",
+                        "sinusoidal-2x-tokens", "learned-2x-tokens", "learned-table-lr10"}
+    with pytest.raises(experiments.ExperimentError, match="ablation.groups=.*valid: base, dim-dropout, concat, gap"):
+        experiments.make_plan("ablation", True, None, ["ablation.groups=[bases]"])
+    # a variant's settings reach its run's config, over the scheme's own settings of the plan
+    plan = experiments.make_plan("ablation", False)
+    v = plan["ablation"]["variants"]["sinusoidal-concat"]
+    config = experiments.run_config(plan, "/tmp/x", v["position"], 1, settings={"model": v["model"], "train": v["train"]})
+    assert config.model.concat_position_dims == 64 and config.model.embedding_init_std == 128 ** -0.5
 
 
 def test_plan_overrides_and_errors(capsys, tmp_path):
@@ -148,7 +176,7 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
     with pytest.raises(experiments.ExperimentError, match="retrieval.depths"):
         experiments.make_plan("length-generalization", True, None, ["retrieval.depths=[2]"])
     with pytest.raises(experiments.ExperimentError, match="unknown section 'extension'"):
-        experiments.make_plan("sinusoidal-base", True, None, ["extension.factor=2"])
+        experiments.make_plan("ablation", True, None, ["extension.factor=2"])
     assert experiment_cli.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
     assert "error: experiment settings: model.d_model=32 is not divisible by model.n_head=3" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:

@@ -198,9 +198,10 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.positions = build(config.position, d_model=config.d_model, n_head=config.n_head,
+        concat = config.concat_position_dims  # 0: positions added to all d_model dimensions
+        self.positions = build(config.position, d_model=concat or config.d_model, n_head=config.n_head,
                                block_size=config.block_size)
-        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.wte = nn.Embedding(config.vocab_size, config.d_model - concat)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config)
@@ -336,6 +337,18 @@ class GPT(nn.Module):
             cache.commit()
         return out
 
+    def embed_positions(self, x, fp: ForwardPass):
+        """The token embeddings ``x`` with the scheme's positions added (``embed``) or, under
+        ``model.concat_position_dims`` N, an N-dim encoding concatenated after them."""
+        concat = self.config.concat_position_dims
+        if concat:
+            tokens, x = x, x.new_zeros(*x.shape[:-1], concat)
+        if not fp.per_row:
+            x = self.positions.embed(x, fp.pos)
+        else:  # each row at its own positions; padding (negative positions) takes position 0's
+            x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
+        return torch.cat([tokens, x], dim=-1) if concat else x
+
     def body(self, idx, fp: ForwardPass, return_hidden: bool):
         """The computation of ``forward`` once positions are known: embedding, blocks, final norm
         and (unless ``return_hidden``) the LM head. No Python state changes here, so that a
@@ -343,10 +356,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        if not fp.per_row:
-            x = self.positions.embed(x, fp.pos)
-        else:  # each row at its own positions; padding (negative positions) takes position 0's
-            x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
+        x = self.embed_positions(x, fp)
         x = self.drop(x)
         weights = None
         for layer, block in enumerate(self.blocks):

@@ -128,9 +128,13 @@ def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "Pos
 def validate(position: dict, model_config, *, reach: bool = True) -> None:
     """Raise PositionError when ``position`` cannot be built for this model shape, or (with
     ``reach``) when its positions do not reach the training length ``model_config.block_size``."""
-    block = model_config.block_size
-    limit = build(position, d_model=model_config.d_model, n_head=model_config.n_head,
-                  block_size=block).position_limit()
+    block, concat = model_config.block_size, getattr(model_config, "concat_position_dims", 0)
+    scheme = build(position, d_model=concat or model_config.d_model, n_head=model_config.n_head, block_size=block)
+    if concat and not scheme.embeds:
+        raise PositionError(f"{describe(position)} acts inside attention and adds nothing to the embeddings, so "
+                            f"model.concat_position_dims={concat} has nothing to concatenate: use 0, or a scheme "
+                            f"that embeds (sinusoidal, learned)")
+    limit = scheme.position_limit()
     if reach and limit is not None and limit < block - 1e-6:
         raise PositionError(f"{position} covers positions 0..{limit - 1:g} but model.block_size={block} needs "
                             f"0..{block - 1}: leave out the factor of interpolated to have it computed, or give "

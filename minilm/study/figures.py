@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
+from minilm.study.ablation import GROUPS, reference_of
 from minilm.study.claims import cell_interval, pooled, position_curves
 from minilm.study.plan import KINDS, LABEL_NAMES, extension_labels
 from minilm.study.stats import interval
@@ -176,8 +177,8 @@ def _position_series(cells, section, labels, length, step=None, names=None, bin_
 
 def study_figures(study) -> dict:
     """Every figure of a study's report, named after what it shows: {key: file name}."""
-    if study.plan["experiment"] == "sinusoidal-base":
-        return _base_figures(study)
+    if study.plan["experiment"] == "ablation":
+        return _ablation_figures(study)
     plan, cells, L = study.plan, study.cells, study.L
     modes, ext, seeds = plan["eval"]["modes"], plan["extension"], len(plan["seeds"])
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
@@ -219,13 +220,18 @@ def study_figures(study) -> dict:
     return {name: os.path.basename(p) for name, p in out.items()}
 
 
-def _base_figures(study) -> dict:
+def _ablation_figures(study) -> dict:
+    """One panel per group of the ablation: each of its variants and references against length."""
     plan, cells, L = study.plan, study.cells, study.L
-    bases = [f"{b:g}" for b in plan["ablation"]["bases"]]
+    variants, mode = plan["ablation"]["variants"], plan["eval"]["modes"][0]
     lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
-    figure = length_figure(
-        [(mode, _series(cells, "ablation", bases, lengths, mode, names={b: f"base {b}" for b in bases}))
-         for mode in plan["eval"]["modes"]],
-        os.path.join(study.out, "sinusoidal-base-perplexity-by-length.png"),
-        f"sinusoidal positions with three bases, trained at L = {L}: perplexity against length", L)
+    panels = []
+    for group in plan["ablation"]["groups"]:
+        names = [n for n, v in variants.items() if v["group"] == group]
+        labels = list(dict.fromkeys(n for name in names for n in (reference_of(variants, name), name)))
+        panels.append((GROUPS[group], _series(cells, "ablation", labels, lengths, mode, names={
+            n: f"{variants[n]['scheme']}, {variants[n]['condition']}" for n in labels})))
+    figure = length_figure(panels, os.path.join(study.out, "ablation-perplexity-by-length.png"),
+                           f"ablations, trained at L = {L}: {mode} perplexity against length (mean, 95% interval "
+                           f"over {len(plan['seeds'])} seeds)", L)
     return {"ablation": os.path.basename(figure)}

@@ -13,11 +13,10 @@ For every seed s (every run of seed s sees the same batches, so comparisons are 
    snapshots at ``curve_steps`` (step 0: the source with the method applied zero-shot).
 4. **Controls**: rope trained on at L with the fine-tuning's tokens (``keep_training``), and
    ``controls.oracle`` trained from scratch at factor x L on the pretraining's tokens.
-**sinusoidal-base**: the study's sinusoidal model at three bases, perplexity against length.
+**ablation**: variants of the study's models against references (``minilm.study.ablation``).
 
-Runs are ``minilm.study.jobs`` jobs. Results: one row per (run, seed, step, mode, length) in
-``Study.cells``, one per (run, seed, length, depth) in ``Study.retrieval``; ``minilm.study.report``
-writes them up. Checkpoints go under ``<out>/runs/`` (a ``.gitignore`` keeps them out of git).
+Runs are ``minilm.study.jobs`` jobs; their results are ``Study.cells`` and ``Study.retrieval``,
+which ``minilm.study.report`` writes up. Checkpoints go under ``<out>/runs/`` (git-ignored).
 """
 from __future__ import annotations
 
@@ -26,18 +25,15 @@ import dataclasses
 import os
 from typing import Optional
 
-import torch
 import yaml
 
-from minilm.checkpoints.loading import load_model
-from minilm.common import MinilmError, atomic_write, resolve_device
+from minilm.common import MinilmError, atomic_write
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
 from minilm.data import corpus as data
-from minilm.data.retrieval import Task
-from minilm.evaluation import lengths as evaluation, retrieval
 from minilm.evaluation.scoring import MODES
+from minilm.study.ablation import GROUPS, select
 from minilm.study.jobs import Done, Job, run_jobs
-from minilm.training.loop import train
+from minilm.study.work import evaluate_job, retrieval_job, train_job
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
 METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic": "dynamic NTK",
@@ -47,7 +43,7 @@ METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware
 OTHER_EXTENSIONS = {"learned-pi": ("learned", "learned + PI"), "sinusoidal-pi": ("sinusoidal", "sinusoidal + PI")}
 CONTROL_NAMES = {"keep": "rope, training kept at L"}
 LABEL_NAMES = {**METHOD_NAMES, **{k: name for k, (_, name) in OTHER_EXTENSIONS.items()}, **CONTROL_NAMES}
-EXPERIMENTS = ("length-generalization", "sinusoidal-base")
+EXPERIMENTS = ("length-generalization", "ablation")
 
 # The full study. float32: bf16 autocast trained this small shape slower than float32 even
 # on a CPU with native bf16 units, and float32 numbers do not depend on the CPU's bf16
@@ -98,16 +94,15 @@ QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
 QUICK["schemes"]["t5"]["position"] = {"num_buckets": 8, "max_distance": 8}  # L / 4 again (L = 32)
 QUICK["schemes"]["sinusoidal"]["model"]["embedding_init_std"] = 32 ** -0.5
 
-# The sinusoidal base ablation, an experiment of its own: the study's sinusoidal model at
-# three bases (its training recipe, the study's seeds), perplexity against length.
-BASE_FULL = {**{k: copy.deepcopy(v) for k, v in FULL.items() if k not in ("extension", "retrieval", "finetune",
-                                                                          "controls")},
-             "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
-BASE_QUICK = {**{k: copy.deepcopy(v) for k, v in QUICK.items() if k not in ("extension", "retrieval", "finetune",
-                                                                            "controls")},
-              "experiment": "sinusoidal-base", "ablation": {"bases": [1000.0, 10000.0, 100000.0], "multiples": [1, 2, 4]}}
+# The ablation experiment (``minilm.study.ablation``): variants of the study's models against
+# references trained beside them, with the study's recipe and seeds; perplexity only.
+ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "train",
+                                                                                            "schemes", "seeds")},
+                                  "experiment": "ablation", "ablation": {"groups": list(GROUPS), "multiples": multiples},
+                                  "eval": {**study["eval"], "modes": ["nonoverlapping"]}}
+                                 for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4])))
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
-         ("sinusoidal-base", False): BASE_FULL, ("sinusoidal-base", True): BASE_QUICK}
+         ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
 
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
 RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
@@ -158,6 +153,11 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
+    if "ablation" in plan:
+        unknown = [g for g in plan["ablation"]["groups"] if g not in GROUPS]
+        if unknown or not plan["ablation"]["groups"]:
+            raise ExperimentError(f"ablation.groups={plan['ablation']['groups']} is invalid: valid: {', '.join(GROUPS)}")
+        plan["ablation"]["variants"] = select(plan, plan["ablation"]["groups"])
     if "retrieval" in plan:
         r = plan["retrieval"]
         if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
@@ -167,13 +167,16 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
 
 
 def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
-               init_from: Optional[str] = None, batch_scale: int = 1):
+               init_from: Optional[str] = None, batch_scale: int = 1, settings: Optional[dict] = None):
     """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
     with snapshots at the curve steps, with ``init_from``), this position and seed, and what the
     plan's ``schemes`` section sets for this kind (its position options, model and train keys:
-    the settings that make a baseline faithful to its paper). ``batch_scale`` multiplies the
-    batch size (a control at another length on the same number of tokens)."""
-    tweaks = plan.get("schemes", {}).get(position["kind"], {})
+    the settings that make a baseline faithful to its paper), then ``settings`` (model and train
+    keys of an ablation's variant). ``batch_scale`` multiplies the batch size (a control at
+    another length on the same number of tokens)."""
+    tweaks = copy.deepcopy(plan.get("schemes", {}).get(position["kind"], {}))
+    for section, values in (settings or {}).items():
+        tweaks.setdefault(section, {}).update(values)
     position = {**position, **tweaks.get("position", {})}
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     if init_from is not None:
@@ -222,36 +225,6 @@ def extension_labels(plan: dict) -> list:
             *(["keep"] if controls.get("keep_training") else [])]
 
 
-# --------------------------------------------------------------------------- work done in the workers
-
-def train_job(config_tree: dict, overwrite: bool) -> dict:
-    summary = train(build_config(config_tree), quiet=True, overwrite=overwrite)
-    return {k: v for k, v in summary.items() if k != "sample"}
-
-
-def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str,
-                 seed: int) -> list:
-    """Results of one checkpoint at ``lengths`` in ``modes``; ``settings`` is the plan's eval section.
-    torch's generator starts from ``seed`` (what a scheme that draws its positions at evaluation
-    reads), so a job gives the same numbers in whichever worker, after whichever job, it runs."""
-    torch.manual_seed(seed)
-    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=settings["max_tokens"],
-                                           fixed_stride=settings["fixed_stride"], position_bin=settings["position_bin"],
-                                           overrides=overrides, labels=["-"], batch_tokens=settings["batch_tokens"],
-                                           device=device, quiet=True)
-
-
-def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
-                  device: str) -> list:
-    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``);
-    torch's generator starts from ``seed``, as in ``evaluate_job``."""
-    torch.manual_seed(seed)
-    model, tokenizer, config, _ = load_model(path, overrides, device=resolve_device(device))
-    prepared = data.prepare(config.data, quiet=True, tokenizer=tokenizer)
-    task = Task.from_tokens(prepared.train, config.model.vocab_size)
-    return retrieval.accuracy(model, task, prepared.val, lengths, depths, trials=trials, seed=seed)
-
-
 # --------------------------------------------------------------------------- the study
 
 @dataclasses.dataclass
@@ -259,7 +232,7 @@ class StudyRun:
     """One trained model of the study (``train`` job ``key``) and what it is for."""
 
     key: str
-    section: str  # scratch | extension | oracle | ablation (the sinusoidal-base experiment)
+    section: str  # scratch | extension | oracle | ablation (the ablation experiment)
     label: str  # the row of its table (scheme, base, method)
     seed: int
     config: object
@@ -350,8 +323,8 @@ class Study:
         """The job graph: training first (rope first, it unblocks the extension), then the rest."""
         if self.scored_tokens is None:
             self.prepare_data()
-        if self.plan["experiment"] == "sinusoidal-base":
-            self._build_base_ablation()
+        if self.plan["experiment"] == "ablation":
+            self._build_ablation()
             return self.jobs
         seeds, ext, controls = self.plan["seeds"], self.plan["extension"], self.plan.get("controls", {})
         f, long = ext["factor"], int(ext["factor"] * self.L)
@@ -384,15 +357,14 @@ class Study:
         self._train(name, "extension", label, seed, position, "fine-tune the extensions", after=[f"train {source}"],
                     source=source, init_from=os.path.join(self.runs_dir, source), **kw)
 
-    def _build_base_ablation(self) -> None:
+    def _build_ablation(self) -> None:
         for seed in self.plan["seeds"]:
-            for base in self.plan["ablation"]["bases"]:
-                run = f"sinusoidal-base{base:g}-s{seed}"
-                key = self._train(run, "ablation", f"{base:g}", seed, {"kind": "sinusoidal", "base": float(base)},
-                                  "train the base ablation")
-                self._evaluate(key, self.runs[run].config.out_dir, self.plan["ablation"]["multiples"],
-                               self.plan["eval"]["modes"], dict(section="ablation", label=f"{base:g}", seed=seed,
-                                                                step=None), phase="evaluate the base ablation")
+            for name, v in self.plan["ablation"]["variants"].items():
+                key = self._train(f"{name}-s{seed}", "ablation", name, seed, v["position"], "train the ablation",
+                                  settings={"model": v["model"], "train": v["train"]})
+                self._evaluate(key, self.runs[f"{name}-s{seed}"].config.out_dir, self.plan["ablation"]["multiples"],
+                               self.plan["eval"]["modes"], dict(section="ablation", label=name, seed=seed, step=None),
+                               phase="evaluate the ablation")
 
     def _build_evaluations(self) -> None:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]

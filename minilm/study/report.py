@@ -23,6 +23,7 @@ from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as tab
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
+from minilm.study import ablation
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.plan import KINDS, LABEL_NAMES, ExperimentError, Study, extension_labels
@@ -90,8 +91,8 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
         write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
-    if study.plan["experiment"] == "sinusoidal-base":
-        lines += _ablation(study, figures) + _comparison(study, 2) + _discussion(study, 3)
+    if study.plan["experiment"] == "ablation":
+        lines += _ablation(study, figures) + _primary(study, 2, commit) + _discussion(study, 3)
     else:
         lines += (_scratch(study, figures) + _positions(study, figures) + _retrieval(study, figures)
                   + _extension(study, figures) + _primary(study, 5, commit) + _comparison(study, 6)
@@ -119,7 +120,7 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
     plan = study.plan
     return [
         "# Length generalization: train short, test long, then extend" if plan["experiment"] ==
-        "length-generalization" else "# The sinusoidal base: does a longer wavelength range extrapolate better?",
+        "length-generalization" else "# Ablations: variants of the study's models against references",
         "",
         f"Command: `{command}`  ",
         f"Started: {started_at}; **wall time {wall / 60:.1f} min** with {study.workers} worker processes of one "
@@ -337,15 +338,27 @@ def _extension(study: Study, figures: dict) -> list:
 
 
 def _ablation(study: Study, figures: dict) -> list:
-    plan, cells, L = study.plan, study.cells, study.L
+    plan, cells, L, mode = study.plan, study.cells, study.L, study.plan["eval"]["modes"][0]
     lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
-    bases = [f"{b:g}" for b in plan["ablation"]["bases"]]
-    lines = ["## 1. Sinusoidal base frequency (the fair, sqrt(d_model)-scaled sinusoidal model)", ""]
-    for mode in plan["eval"]["modes"]:
-        lines += [f"Perplexity, {mode} protocol:", "",
-                  _length_table(cells, "ablation", bases, lengths, mode, names={b: f"base {b}" for b in bases}), ""]
+    header = (["scheme", "condition"] + [f"ppl {t} ({t // L}L)" for t in lengths]
+              + [f"/ reference at {t // L}L" for t in lengths])
+    settings = [f"`{name}`: {v['scheme']}, {v['condition']}: " + ", ".join(
+        [f"position {v['position']}"] + [f"{section}.{k}={x}" for section in ("model", "train")
+                                         for k, x in v[section].items()])
+        for name, v in plan["ablation"]["variants"].items()]
+    lines = ["## 1. Variants against references", "", "Each run is the recipe of the protocol with these settings "
+             "(the scheme's own settings of the protocol apply to its variants too):", "",
+             *[f"- {text}" for text in settings], "",
+             f"Perplexity ({mode} protocol), mean ± 95% interval over seeds; each variant's paired ratio to its "
+             f"reference (the same scheme {ablation.REFERENCE}, same seeds and batches), mean ± 95% interval.", ""]
+    for number, group in enumerate(plan["ablation"]["groups"], 1):
+        lines += [f"## 1.{number} {ablation.GROUPS[group]}", "",
+                  table(header, ablation.group_rows(plan, cells, group, mode), "ll" + "r" * 2 * len(lengths)), ""]
+        if group == "gap":
+            lines += ["Each scheme at L against sinusoidal under the same condition (paired ratio):", "",
+                      table(["condition", "ratio", f"at L = {L}"], ablation.gap_rows(plan, cells, mode), "llr"), ""]
     if "ablation" in figures:
-        lines += [f"![sinusoidal base ablation]({figures['ablation']})", ""]
+        lines += [f"![the ablation's perplexity against length]({figures['ablation']})", ""]
     return lines
 
 
