@@ -131,7 +131,7 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     L = experiments.QUICK["model"]["block_size"]
     ppl = {(c["label"], c["seed"]): float(c["ppl"]) for c in cells if int(c["length"]) == L}
     mean = sum(ppl[("sinusoidal-base1000", s)] / ppl[("sinusoidal", s)] for s in "12") / 2
-    assert f"| sinusoidal | base 1,000 | " in text and f"| {mean:.3f} ± " in text
+    assert "| sinusoidal | base 1,000 | " in text and f"| {mean:.3f} ± " in text
     assert "the claims of `minilm/study/registered/ablation.yaml`" in text.lower()
     if have_matplotlib():
         assert os.path.getsize(out / "ablation-perplexity-by-length.png") > 1000
