@@ -150,6 +150,8 @@ class DataConfig:
     dir: str = option("data", help="where prepared corpora land")
     text_field: str = option("text", help="the field of a .jsonl line that holds its document's text")
     end_of_text: bool = option(False, help="the tokenizer's eos id between documents, instead of two blank lines")
+    holdout_tokens: int = option(0, help="the last N tokens of the train split, never trained on: text to choose "
+                                         "settings on without the validation split (evaluate --split holdout)")
     document_mask: str = option("none", choices=("none", "mask", "restart"),
                                 help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
 

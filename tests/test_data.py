@@ -11,7 +11,8 @@ import torch
 
 from minilm.config import DataConfig
 from minilm.data import corpus as data, shakespeare as plays, sources, tokenizer as tokenizer_module
-from minilm.data.corpus import DataError, get_batch, prepare
+from minilm.data.batches import get_batch
+from minilm.data.corpus import DataError, prepare
 from minilm.data.tokenizer import Tokenizer, TokenizerError
 
 WORDS = ("the king queen lord lady sword crown night day love death fair foul speak hear "
@@ -65,11 +66,11 @@ def test_shakespeare_split_is_hamlet_and_tempest_only(shakespeare):
     assert not set(train_names) & set(val_names)
     assert len(train_names) == len(set(train_names)) >= 30
     assert all("Hamlet" != text.splitlines()[0] for _, text in train)
-    val_text = data.join_documents(val)
-    fraction = len(val_text) / (len(val_text) + len(data.join_documents(train)))
+    val_text = sources.join_documents(val)
+    fraction = len(val_text) / (len(val_text) + len(sources.join_documents(train)))
     assert 0.04 < fraction < 0.07
     assert "HAMLET:\nTo be, or not to be" in val_text
-    assert "To be, or not to be" not in data.join_documents(train)
+    assert "To be, or not to be" not in sources.join_documents(train)
     files = {os.path.basename(rel)[:-3]: path for rel, path in plays.shakespeare_files()}
     assert sorted(files) == sorted(train_names + val_names)
     assert plays.play_to_text(files["hamlet"].read_text(), "Hamlet") == dict(val)["hamlet"]  # deterministic

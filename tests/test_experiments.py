@@ -2,15 +2,17 @@
 --quick end to end with 2 seeds, the extension curve's snapshots, the plan, the verdicts."""
 import csv
 import json
+import math
 import os
 
 import pytest
+import torch
 import yaml
 
 from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
-from minilm.study import claims, plan as experiments
+from minilm.study import claims, extension, plan as experiments
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +20,8 @@ def quick_study(tiny_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "lg"
     code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seeds", "3,4",
                                 "--workers", "2", "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}",
-                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20"])
+                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20",
+                                "sweep.lrs=[1.0e-4, 3.0e-3]"])  # neither is finetune.lr (5e-4)
     assert code == 0
     return out
 
@@ -40,11 +43,11 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
     assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
     assert {c["seed"] for c in cells} == {"3", "4"}
-    assert len({c["tokens"] for c in cells}) == 1  # every cell scores the same tokens
+    assert len({c["tokens"] for c in cells if c["section"] != "sweep"}) == 1  # every cell scores the same tokens
     assert {c["status"] for c in scratch if c["label"] == "learned" and int(c["length"]) > L} == {"bounded"}
     curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
     steps = plan["extension"]["curve_steps"]
-    labels = experiments.extension_labels(plan)  # the methods, learned + PI, sinusoidal + PI, training kept at L
+    labels = extension.extension_labels(plan)  # the methods, learned + PI, sinusoidal + PI, training kept at L
     assert set(labels) > set(plan["extension"]["methods"]) and "keep" in labels
     assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in labels for s in steps}
     assert {c["label"] for c in cells if c["section"] == "oracle"} == {"rope", "alibi"}
@@ -64,7 +67,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     probes = list(csv.DictReader(open(out / "retrieval.csv")))
     r = plan["retrieval"]
     assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == \
-        {(m, w) for m in experiments.extension_labels(plan) for w in ("before", "after")}
+        {(m, w) for m in extension.extension_labels(plan) for w in ("before", "after")}
     scratch_probes = [p for p in probes if p["section"] == "scratch"]
     assert len(scratch_probes) == len(experiments.KINDS) * 2 * len(r["multiples"]) * len(r["depths"])
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
@@ -101,6 +104,30 @@ def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
     assert by_step[0] == pytest.approx(source.nll, rel=1e-5)  # step 0: the source with the scaling applied
 
 
+def test_the_sweep_chooses_the_fine_tuning_rate_on_held_out_training_text(quick_study):
+    out, L = quick_study, experiments.QUICK["model"]["block_size"]
+    state = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    sweep = [c for c in state["cells"] if c["section"] == "sweep"]
+    # each rate at each seed, scored at L and 4L on the holdout: 2048 held-out tokens, fewer than the validation's
+    assert {(c["label"], c["seed"], c["length"]) for c in sweep} == {
+        (lr, seed, t) for lr in ("0.0001", "0.003") for seed in (3, 4) for t in (L, 4 * L)}
+    assert {c["tokens"] for c in sweep} == {2047 // (4 * L) * 4 * L}
+    val = next(c for c in state["cells"] if c["section"] == "scratch")
+    assert val["tokens"] != sweep[0]["tokens"]
+    mean_log = {lr: sum(math.log(c["ppl"]) for c in sweep if c["label"] == lr and c["length"] == 4 * L) / 2
+                for lr in ("0.0001", "0.003")}
+    chosen = float(min(mean_log, key=mean_log.get))
+    assert state["finetune_lr"] == chosen
+    # every extension run (and the keep-training control) trained at that rate, as its checkpoint says
+    for name, run in state["runs"].items():
+        if run["section"] == "extension":
+            config = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]
+            assert config["train"]["lr"] == pytest.approx(chosen) and run["config"]["train"]["lr"] == chosen
+            assert config["train"]["min_lr"] == pytest.approx(chosen / 10)
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "Fine-tuning learning rate, chosen on held-out training text" in text
+
+
 def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study):
     out = quick_study
     (out / "discussion.md").write_text("The numbers of this tiny run mean nothing.\n", encoding="utf-8")
@@ -132,7 +159,8 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     ppl = {(c["label"], c["seed"]): float(c["ppl"]) for c in cells if int(c["length"]) == L}
     mean = sum(ppl[("sinusoidal-base1000", s)] / ppl[("sinusoidal", s)] for s in "12") / 2
     assert "| sinusoidal | base 1,000 | " in text and f"| {mean:.3f} ± " in text
-    assert "the claims of `minilm/study/registered/ablation.yaml`" in text.lower()
+    heading = next(line for line in text.splitlines() if line.startswith("## 2. "))
+    assert "`minilm/study/registered/ablation.yaml`" in heading  # pre-registered or not, by what git shows
     if have_matplotlib():
         assert os.path.getsize(out / "ablation-perplexity-by-length.png") > 1000
     # run again over it: the earlier run's hand-written discussion is kept aside, not carried into this report
@@ -242,9 +270,10 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
 
 
 def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
-    """The oracle trains from scratch at 4L on the pretraining's tokens, training kept at L uses the
-    fine-tuning's tokens in rows of L, and learned / sinusoidal extend from their own source; each
-    extension's step 0 is its source with the method applied zero-shot."""
+    """The oracle trains from scratch at 4L on the pretraining's sequences (4x its tokens; with
+    oracle_batch_scale 1/4, its tokens), training kept at L uses the fine-tuning's tokens in rows
+    of L, and learned / sinusoidal extend from their own source; each extension's step 0 is its
+    source with the method applied zero-shot."""
     plan = experiments.make_plan("length-generalization", False, [1])
     study = experiments.Study(plan, str(tmp_path))
     study.scored_tokens = 8192  # what prepare_data would fix; the graph does not need the corpus
@@ -252,22 +281,30 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     L, f = plan["model"]["block_size"], plan["extension"]["factor"]
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     runs = study.runs
-    assert tokens(runs["rope-512-oracle-s1"]) == tokens(runs["rope-s1"]) == tokens(runs["alibi-512-oracle-s1"])
-    three = experiments.Study(experiments.make_plan("length-generalization", False, [1, 2, 3]), str(tmp_path / "3"))
+    assert tokens(runs["rope-512-oracle-s1"]) == f * tokens(runs["rope-s1"]) == tokens(runs["alibi-512-oracle-s1"])
+    assert runs["rope-512-oracle-s1"].config.train.batch_size == runs["rope-s1"].config.train.batch_size
+    three = experiments.Study(experiments.make_plan("length-generalization", False, [1, 2, 3], [
+        "controls.oracle_seeds=2", "controls.oracle_batch_scale=0.25"]), str(tmp_path / "3"))
     three.scored_tokens = 8192
     three.build()  # the oracle at its first oracle_seeds (2) seeds only
     assert {r.seed for r in three.runs.values() if r.section == "oracle"} == {1, 2}
+    assert tokens(three.runs["alibi-512-oracle-s2"]) == tokens(three.runs["alibi-s2"])
+    # the extension runs wait for the sweep's held-out evaluations, which wait for the sweep's runs
+    job = {j.key: j for j in study.jobs}
+    sweeps = [k for k in job if k.startswith("eval holdout rope-linear-512-lr")]
+    assert len(sweeps) == 3 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
+    assert job["train rope-yarn-512-s1"].resolve is not None and job["train rope-s1"].resolve is None
     assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
     keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
     assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"
     assert keep.config.train.init_from.endswith("rope-s1") and keep.config.model.position == {"kind": "rope"}
     learned = runs["learned-pi-512-s1"]
     assert learned.source == "learned-s1" and learned.config.model.position["kind"] == "interpolated"
-    assert experiments.scaling_override("learned-pi", f, 4 * L) == [
+    assert extension.scaling_override("learned-pi", f, 4 * L) == [
         "model.position={kind: interpolated, inner: {kind: learned}}", "model.block_size=512"]
-    assert experiments.scaling_override("sinusoidal-pi", f) == [
+    assert extension.scaling_override("sinusoidal-pi", f) == [
         "model.position={kind: interpolated, inner: {kind: sinusoidal}, factor: 4}"]
-    assert experiments.scaling_override("keep", f) == experiments.scaling_override("none", f) == []
+    assert extension.scaling_override("keep", f) == extension.scaling_override("none", f) == []
     before = {job.key for job in study.jobs if job.key.startswith("retrieval") and "learned-s1" in job.key}
     assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
     with pytest.raises(experiments.ExperimentError, match="controls has"):

@@ -14,9 +14,10 @@ import sentencepiece as spm
 
 from minilm.config import DataConfig
 from minilm.data import corpus as data
-from minilm.data.corpus import DataError, join_documents, prepare
+from minilm.data.corpus import DataError, prepare
+from minilm.data.sources import join_documents
 from minilm.data.shakespeare import shakespeare_documents
-from minilm.data.tokenizer import Tokenizer, TokenizerError
+from minilm.data.tokenizer import Tokenizer, TokenizerError, newline_chunks
 from tests.conftest import REPO, tiny_text
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -288,7 +289,7 @@ def test_chunked_encoding_equals_one_encode_or_is_not_chunked(byte_level, small_
     text = tiny_text(200, seed=5) + "  two  spaces\n\n\tand 12 digits.\n"
     for tokenizer in (byte_level, small_sp, HFTokenizer.from_sentencepiece(small_sp), prefixed):
         assert data.encode_text(tokenizer, text, chunk_chars=100).tolist() == tokenizer.encode(text)
-    assert len(data._chunks(text, 100)) > 10
+    assert len(newline_chunks(text, 100)) > 10
 
 
 def test_a_vocabulary_past_uint16_gets_uint32_token_files(corpus_file, tmp_path):

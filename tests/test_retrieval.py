@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from minilm.config import ModelConfig
-from minilm.data.corpus import get_batch
+from minilm.data.batches import get_batch
 from minilm.data.retrieval import IGNORE, SLOT, SUITE, RetrievalError, Task, probe, suite_probe, training_rows
 from minilm.evaluation.retrieval import accuracy
 from minilm.model.gpt import GPT

@@ -46,6 +46,9 @@ def main(argv=None) -> int:
                         help="multiples of each model's block_size (default 1,2,4,8,16)")
     parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
     parser.add_argument("--stride", type=int, help="sliding mode: tokens each segment advances (default: length/2)")
+    parser.add_argument("--split", choices=evaluation.SPLITS, default="val",
+                        help="what is scored: the validation split, or the text held out of the train split "
+                             "(data.holdout_tokens) to choose settings on")
     parser.add_argument("--max-tokens", type=int,
                         help="scored validation tokens (default 65536; 0 = the whole split)")
     parser.add_argument("--batch-tokens", type=int, help="tokens per forward pass (default 8192)")
@@ -80,6 +83,8 @@ def main(argv=None) -> int:
     args.multiples = args.multiples or [1, 2, 4, 8, 16]
     args.max_tokens = 65536 if args.max_tokens is None else args.max_tokens
     args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens
+    if args.stream and args.split != "val":
+        parser.error("--stream scores the validation split: --split is an option of the length tables")
     if not args.stream and (args.stream_tokens or args.max_context):
         parser.error("--stream-tokens and --max-context are options of --stream")
     return run_command(lambda: (stream_report if args.stream else report)(args, overrides))
@@ -91,9 +96,9 @@ def report(args, overrides) -> int:
     results = evaluation.evaluate_checkpoints(
         args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
         max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
-        dtype=args.dtype, device=args.device, quiet=args.quiet)
+        dtype=args.dtype, device=args.device, quiet=args.quiet, split=args.split)
     first = results[0]
-    print(f"validation perplexity, {args.mode} segments"
+    print(f"{'validation' if args.split == 'val' else 'held-out training text'} perplexity, {args.mode} segments"
           + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
           + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n")
     print(evaluation.markdown_table(results, "ppl") + "\n")

@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
 from minilm.cli import Parser, run_command
-from minilm.data.corpus import corpus_documents, join_documents
+from minilm.data.sources import corpus_documents, join_documents
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.evaluation import passkey
 from minilm.evaluation.passkey import DEFAULT_DEPTHS, PasskeyError, accuracy, markdown, write_corpus

@@ -1,4 +1,4 @@
-"""Prepared corpora: token files, cached and manifest-checked, and batches. What a corpus
+"""Prepared corpora: token files, cached and manifest-checked (batches: ``minilm.data.batches``). What a corpus
 is, its documents and their split: ``minilm.data.sources``.
 
 ``prepare`` turns a corpus into ``<dir>/<name>-<vocab_size>/`` holding ``tokenizer.model``
@@ -55,17 +55,14 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from minilm.common import WriteError, atomic_write, remove_stale_temporaries, temporary_path
 from minilm.data import tokenizer as tokenizer_module
 from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
 from minilm.data.shakespeare import SHAKESPEARE
-from minilm.data.sources import (DOC_SEPARATOR, DataError, Split, corpus_documents, join_documents,  # noqa: F401
-                                 listed_names, plan, source_fingerprint, strip_newlines)
+from minilm.data.sources import DOC_SEPARATOR, DataError, Split, listed_names, plan, source_fingerprint, strip_newlines
 from minilm.data.tokenizer import ENCODE_CHUNK_CHARS, StreamEncoder, Tokenizer, TokenizerError, token_dtype
-from minilm.data.tokenizer import newline_chunks as _chunks  # noqa: F401  (its name here before)
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
 LISTED_DOCUMENTS = 100_000  # a manifest names at most this many documents of a split ("more_documents": the rest)
@@ -96,9 +93,10 @@ class Prepared:
     val_chars: int
     manifest: dict = field(repr=False, default_factory=dict)
     eot_id: Optional[int] = None  # the id after every document (data.end_of_text), else None
+    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))  # data.holdout_tokens: never trained on
 
     def tokens_per_char(self, split: str) -> float:
-        """Tokens per character of the 'train' or 'val' text."""
+        """Tokens per character of the 'train', 'val' or 'holdout' text (the holdout's: the train split's)."""
         tokens, chars = self._split(split)
         return len(tokens) / chars
 
@@ -112,11 +110,14 @@ class Prepared:
         return (self.dir / "val.txt").read_text(encoding="utf-8")
 
     def _split(self, split: str):
-        if split == "train":
+        if split in ("train", "holdout"):
             return self.train, self.train_chars
         if split == "val":
             return self.val, self.val_chars
-        raise DataError(f"split={split!r} is invalid: valid: train, val")
+        raise DataError(f"split={split!r} is invalid: valid: train, val, holdout")
+
+    def tokens(self, split: str) -> np.ndarray:
+        return self.holdout if split == "holdout" else self._split(split)[0]
 
 
 def prepared_dir(data_cfg) -> Path:
@@ -272,17 +273,24 @@ def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
         raise DataError(f"data.{exc}") from None
 
 
-def _load(directory: Path, manifest: dict) -> Prepared:
+def _load(directory: Path, manifest: dict, holdout: int = 0) -> Prepared:
+    """The prepared files; the last ``holdout`` tokens of the train split (``data.holdout_tokens``)
+    become ``Prepared.holdout``, and the train split every run samples from ends before them."""
     dtype = np.dtype(manifest.get("token_dtype", "uint16"))  # manifests before uint32 files: uint16
 
     def tokens(name: str) -> np.ndarray:
         path = directory / name
         return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype=dtype)
 
+    train = tokens("train.bin")
+    if holdout > len(train) // 2:
+        raise DataError(f"data.holdout_tokens={holdout} is invalid: the train split has {len(train)} tokens; hold "
+                        f"out at most half of them ({len(train) // 2})")
+    keep = len(train) - holdout
+    chars = manifest["train"]["chars"] * keep // max(1, len(train))  # the kept text's share, in proportion
     return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
-                    train=tokens("train.bin"), val=tokens("val.bin"),
-                    train_chars=manifest["train"]["chars"], val_chars=manifest["val"]["chars"],
-                    manifest=manifest, eot_id=manifest.get("eot_id"))
+                    train=train[:keep], val=tokens("val.bin"), train_chars=chars, val_chars=manifest["val"]["chars"],
+                    manifest=manifest, eot_id=manifest.get("eot_id"), holdout=train[keep:])
 
 
 def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None,
@@ -307,13 +315,13 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         manifest = None if reprepare else _valid_manifest(directory, _expected(data_cfg, fingerprint))
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
-            return _load(directory, manifest)
+            return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
         directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}{_eot_suffix(data_cfg)}")
     expected = _expected(data_cfg, fingerprint, tokenizer_hash)
     manifest = None if reprepare else _valid_manifest(directory, expected)
     if manifest is not None:
         _log(f"reusing {directory}", quiet)
-        return _load(directory, manifest)
+        return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
 
     started = time.time()
     how = (f"a {data_cfg.vocab_size}-piece tokenizer" if tokenizer is None
@@ -333,7 +341,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
         raise DataError(f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): "
                         f"{reason}") from None
-    return _load(directory, manifest)
+    return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
 
 
 def _progress(desc: str, total: int, quiet: bool) -> tqdm:
@@ -421,30 +429,3 @@ def _build(data_cfg, directory: Path, expected: dict, train: Split, val: Split, 
     _log(f"prepared {train_entry['tokens']:,} train / {val_entry['tokens']:,} val tokens "
          f"in {time.time() - started:.1f}s", quiet)
     return manifest
-
-
-# =========================================================================== batches
-
-def get_batch(tokens, batch_size: int, block_size: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample ``batch_size`` random sequences of ``block_size + 1`` tokens: inputs x and targets y.
-
-    ``tokens`` is a 1-D array of ids (np.memmap/ndarray or tensor); the start positions
-    come from ``generator`` (a CPU torch.Generator), so saving its state makes the
-    sequence of batches resumable. Returns int64 CPU tensors of shape (batch_size, block_size).
-    """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise DataError(f"batch_size={batch_size!r} is invalid: expected an integer >= 1")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise DataError(f"block_size={block_size!r} is invalid: expected an integer >= 1")
-    n = len(tokens)
-    if n < block_size + 1:
-        raise DataError(f"the split has {n} tokens, fewer than block_size + 1 = {block_size + 1}: "
-                        f"use a smaller block_size or more text")
-    starts = torch.randint(n - block_size, (batch_size,), generator=generator)
-    index = starts[:, None] + torch.arange(block_size + 1)
-    if isinstance(tokens, torch.Tensor):
-        rows = tokens[index].long()
-    else:
-        rows = torch.from_numpy(np.asarray(tokens[index.numpy()], dtype=np.int64))
-    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

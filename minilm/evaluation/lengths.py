@@ -91,14 +91,22 @@ class Result:
 # --------------------------------------------------------------------------- checkpoints
 
 _VAL_CACHE: dict = {}
+SPLITS = ("val", "holdout")  # what is scored: the validation split, or text held out of the train split
 
 
-def validation_tokens(config, tokenizer, quiet: bool = False) -> np.ndarray:
-    """The validation split of ``config.data`` as ids of ``tokenizer`` (memoised per process)."""
+def validation_tokens(config, tokenizer, quiet: bool = False, split: str = "val") -> np.ndarray:
+    """The validation split of ``config.data`` (or ``split`` "holdout": the last
+    ``data.holdout_tokens`` of the train split) as ids of ``tokenizer`` (memoised per process)."""
     key = (config.data.corpus, config.data.dir, config.data.vocab_size, config.data.end_of_text,
-           config.data.text_field, hashlib.sha1(tokenizer.to_bytes()).hexdigest())
+           config.data.text_field, config.data.holdout_tokens, split, hashlib.sha1(tokenizer.to_bytes()).hexdigest())
     if key not in _VAL_CACHE:
-        _VAL_CACHE[key] = np.asarray(data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).val)
+        if split not in SPLITS:
+            raise EvaluationError(f"split={split!r} is invalid: valid: {', '.join(SPLITS)}")
+        tokens = data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).tokens(split)
+        if not len(tokens):
+            raise EvaluationError("the holdout split is empty: the model was trained with data.holdout_tokens=0; "
+                                  "score the validation split, or train with data.holdout_tokens=N")
+        _VAL_CACHE[key] = np.asarray(tokens)
     return _VAL_CACHE[key]
 
 
@@ -117,7 +125,7 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
                          max_tokens: Optional[int] = DEFAULT_MAX_TOKENS, position_bin: int = 0,
                          overrides: Sequence[str] = (), labels: Optional[Sequence[str]] = None,
                          batch_tokens: int = 8192, dtype: str = "float32", device: str = "auto",
-                         quiet: bool = False) -> list:
+                         quiet: bool = False, split: str = "val") -> list:
     """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
 
     ``mode`` is one of ``minilm.evaluation.scoring.MODES`` or a list of them; every (mode,
@@ -127,7 +135,8 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
     applied to every checkpoint's config (position scaling at evaluation time, another
     corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
     overridden position). ``position_bin`` > 0: each nonoverlapping Result also holds the
-    mean loss by position in the segment, averaged over bins of that many positions."""
+    mean loss by position in the segment, averaged over bins of that many positions. ``split``
+    "holdout" scores the train split's held-out text (``data.holdout_tokens``) instead."""
     modes = _checked_modes(mode, stride)
     if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
         raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
@@ -152,12 +161,12 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
 
     results = []
     for index, (path, model, tokenizer, config, these) in enumerate(loaded):
-        val = validation_tokens(config, tokenizer, quiet=quiet)
+        val = validation_tokens(config, tokenizer, quiet=quiet, split=split)
         available = len(val) - 1
         budget = available if max_tokens is None else min(max_tokens, available)
         if budget < longest:
             limited = "" if budget == available else f" (max_tokens={max_tokens})"
-            raise EvaluationError(f"{path}: the validation split has {budget} scorable tokens{limited}, fewer than "
+            raise EvaluationError(f"{path}: the {split} split has {budget} scorable tokens{limited}, fewer than "
                                   f"the longest length {longest}: use shorter lengths or more text")
         n = budget // longest * longest
         tokens = torch.from_numpy(np.asarray(val[:n + 1], dtype=np.int64))

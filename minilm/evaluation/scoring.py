@@ -38,7 +38,7 @@ import torch.distributed
 import torch.nn.functional as F
 
 from minilm.common import MinilmError, autocast
-from minilm.data.corpus import get_batch
+from minilm.data.batches import get_batch
 
 MODES = ("nonoverlapping", "sliding", "fixed-stride")
 LOSS_CHUNK = 4096  # rows of hidden states turned into logits at once

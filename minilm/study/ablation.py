@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from minilm.common import markdown_table
 from minilm.study.stats import interval
 
 REFERENCE = "as in the study"
@@ -126,3 +127,29 @@ def select(plan: dict, groups: Sequence[str]) -> dict:
     chosen = {n for n, v in table.items() if v["group"] in groups}
     schemes = {table[n]["scheme"] for n in chosen} | ({"sinusoidal"} if "gap" in groups else set())
     return {n: v for n, v in table.items() if n in chosen or (v["group"] is None and v["scheme"] in schemes)}
+
+
+def report_lines(plan: dict, cells: Sequence[dict], figures: dict) -> list:
+    """Section 1 of the ablation's report: the variants' settings, one table per group, the gap table."""
+    L, mode = plan["model"]["block_size"], plan["eval"]["modes"][0]
+    lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
+    header = (["scheme", "condition"] + [f"ppl {t} ({t // L}L)" for t in lengths]
+              + [f"/ reference at {t // L}L" for t in lengths])
+    settings = [f"`{name}`: {v['scheme']}, {v['condition']}: " + ", ".join(
+        [f"position {v['position']}"] + [f"{section}.{k}={x}" for section in ("model", "train")
+                                         for k, x in v[section].items()])
+        for name, v in plan["ablation"]["variants"].items()]
+    lines = ["## 1. Variants against references", "", "Each run is the recipe of the protocol with these settings "
+             "(the scheme's own settings of the protocol apply to its variants too):", "",
+             *[f"- {text}" for text in settings], "",
+             f"Perplexity ({mode} protocol), mean ± 95% interval over seeds; each variant's paired ratio to its "
+             f"reference (the same scheme {REFERENCE}, same seeds and batches), mean ± 95% interval.", ""]
+    for number, group in enumerate(plan["ablation"]["groups"], 1):
+        lines += [f"## 1.{number} {GROUPS[group]}", "",
+                  markdown_table(header, group_rows(plan, cells, group, mode), "ll" + "r" * 2 * len(lengths)), ""]
+        if group == "gap":
+            lines += ["Each scheme at L against sinusoidal under the same condition (paired ratio):", "",
+                      markdown_table(["condition", "ratio", f"at L = {L}"], gap_rows(plan, cells, mode), "llr"), ""]
+    if "ablation" in figures:
+        lines += [f"![the ablation's perplexity against length]({figures['ablation']})", ""]
+    return lines

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from minilm.study.plan import METHOD_NAMES
+from minilm.study.extension import METHOD_NAMES
 from minilm.study.stats import Interval, Proportion, interval, verdict, wilson
 
 GATE = 0.90

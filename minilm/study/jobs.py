@@ -1,7 +1,8 @@
 """Independent jobs (training runs, evaluations) in parallel worker processes.
 
 A study is a graph of jobs: a ``Job`` names the keys of the jobs it needs (``after``); a job
-starts when they are done. ``run_jobs`` keeps ``workers`` processes busy, each limited to
+starts when they are done, with its arguments, or with what its ``resolve`` makes of the
+results so far (a setting chosen by earlier jobs: the study's fine-tuning rate). ``run_jobs`` keeps ``workers`` processes busy, each limited to
 ``threads`` torch threads: on a small CPU, independent one-thread runs side by side use the
 cores better than one run with many threads (small matrices scale poorly across threads).
 Ready jobs start in the order given, so list the ones that unblock others first.
@@ -21,7 +22,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from tqdm import tqdm
@@ -36,6 +37,10 @@ class Job:
     args: tuple = ()
     after: tuple = ()  # keys of the jobs that must finish first
     phase: str = ""  # the report's wall time is given per phase
+    resolve: Optional[Callable] = None  # (done so far) -> args, called here when the job starts, instead of args
+
+    def arguments(self, done: dict) -> tuple:
+        return self.resolve(done) if self.resolve is not None else self.args
 
 
 @dataclass
@@ -90,7 +95,7 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: boo
             _limit_threads(threads)
             try:
                 for job in jobs:
-                    done[job.key] = Done(*_timed(job.fn, job.args), job.phase)
+                    done[job.key] = Done(*_timed(job.fn, job.arguments(done)), job.phase)
                     bar.update(1)
             finally:
                 torch.set_num_threads(previous)
@@ -108,7 +113,7 @@ def _run_parallel(jobs, workers, threads, done, bar) -> None:
         while pending or running:
             for job in [j for j in pending if all(k in done for k in j.after)][:workers - len(running)]:
                 pending.remove(job)
-                running[pool.submit(_timed, job.fn, job.args)] = job
+                running[pool.submit(_timed, job.fn, job.arguments(done))] = job
             if not running:
                 raise ValueError(f"jobs {[j.key for j in pending]} can never start")
             finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)

@@ -12,7 +12,8 @@ For every seed s (every run of seed s sees the same batches, so comparisons are 
    sinusoidal by interpolation (``controls.other_extensions``), one fine-tuning run each with
    snapshots at ``curve_steps`` (step 0: the source with the method applied zero-shot).
 4. **Controls**: rope trained on at L with the fine-tuning's tokens (``keep_training``), and
-   ``controls.oracle`` trained from scratch at factor x L on the pretraining's tokens.
+   ``controls.oracle`` trained from scratch at factor x L on the pretraining's sequences.
+The extension's learning rate is chosen by a sweep on held-out training text (``minilm.study.sweep``).
 **ablation**: variants of the study's models against references (``minilm.study.ablation``).
 
 Runs are ``minilm.study.jobs`` jobs; their results are ``Study.cells`` and ``Study.retrieval``,
@@ -25,24 +26,17 @@ import dataclasses
 import os
 from typing import Optional
 
-import yaml
-
 from minilm.common import MinilmError, atomic_write
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
+from minilm.study import sweep
 from minilm.study.ablation import GROUPS, select
+from minilm.study.extension import METHOD_NAMES, OTHER_EXTENSIONS, interpolated_position, scaling_override
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.work import evaluate_job, retrieval_job, train_job
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
-METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic": "dynamic NTK",
-                "yarn": "YaRN", "llama3": "llama3"}
-# extensions of the other schemes that have one (position interpolation of a table or of sin/cos),
-# and the control that keeps training at L with the fine-tuning's tokens
-OTHER_EXTENSIONS = {"learned-pi": ("learned", "learned + PI"), "sinusoidal-pi": ("sinusoidal", "sinusoidal + PI")}
-CONTROL_NAMES = {"keep": "rope, training kept at L"}
-LABEL_NAMES = {**METHOD_NAMES, **{k: name for k, (_, name) in OTHER_EXTENSIONS.items()}, **CONTROL_NAMES}
 EXPERIMENTS = ("length-generalization", "ablation")
 
 # The full study. float32: bf16 autocast trained this small shape slower than float32 even
@@ -61,10 +55,12 @@ FULL = {
     "seeds": [1, 2, 3],
     "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False,
               "tie_embeddings": False},
-    "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data"},
+    # the train split's last 32,768 tokens are held out of every run: the sweep chooses the fine-tuning rate there
+    "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data", "holdout_tokens": 32768},
     "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
               "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu", "retrieval_share": 0.5},
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
+    "sweep": {"method": "linear", "lrs": [1.0e-4, 2.0e-4, 5.0e-4]},  # minilm.study.sweep: the extension's rate
     "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
                   "curve_multiples": [1, 2, 4, 8]},
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
@@ -76,9 +72,10 @@ FULL = {
     "schemes": {"t5": {"position": {"max_distance": 32}, "train": {"position_lr_scale": 30.0}},
                 "sinusoidal": {"model": {"embedding_init_std": 128 ** -0.5}},
                 "randomized": {"position": {"eval_positions": "sampled"}}},
-    # oracle: these kinds trained from scratch at factor x L on the pretraining's tokens, at the first oracle_seeds
-    # seeds (a run at 4L costs 1.4 of one at L); keep_training: rope trained on at L with the fine-tuning's tokens
-    "controls": {"oracle": ["rope", "alibi"], "oracle_seeds": 2, "keep_training": True,
+    # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
+    # (1: its sequences, factor x its tokens; 1 / factor, its tokens, learned nothing: docs/design.md), at the first
+    # oracle_seeds seeds; keep_training: rope trained on at L with the fine-tuning's tokens
+    "controls": {"oracle": ["rope", "alibi"], "oracle_seeds": 1, "oracle_batch_scale": 1.0, "keep_training": True,
                  "other_extensions": list(OTHER_EXTENSIONS)},
 }
 
@@ -90,6 +87,7 @@ QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr"
 QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
+QUICK["data"]["holdout_tokens"] = 2048
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
 QUICK["schemes"]["t5"]["position"] = {"num_buckets": 8, "max_distance": 8}  # L / 4 again (L = 32)
 QUICK["schemes"]["sinusoidal"]["model"]["embedding_init_std"] = 32 ** -0.5
@@ -150,6 +148,11 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         if bad:
             raise ExperimentError(f"controls has {bad}: oracle takes kinds ({', '.join(KINDS)}), other_extensions "
                                   f"takes {', '.join(OTHER_EXTENSIONS)}")
+        s = plan.get("sweep", {"method": "linear", "lrs": []})
+        if s["method"] not in METHOD_NAMES or any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and
+                                                                                  not plan["data"]["holdout_tokens"]):
+            raise ExperimentError(f"sweep={s} is invalid: expected a method ({', '.join(METHOD_NAMES)}) and rates > 0, "
+                                  f"chosen on data.holdout_tokens > 0 of held-out training text")
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
@@ -167,9 +170,11 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
 
 
 def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
-               init_from: Optional[str] = None, batch_scale: int = 1, settings: Optional[dict] = None):
+               init_from: Optional[str] = None, batch_scale: int = 1, settings: Optional[dict] = None,
+               finetune: Optional[dict] = None):
     """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
-    with snapshots at the curve steps, with ``init_from``), this position and seed, and what the
+    with snapshots at the curve steps, with ``init_from``; ``finetune`` in place of the plan's
+    fine-tuning settings: the sweep's rate), this position and seed, and what the
     plan's ``schemes`` section sets for this kind (its position options, model and train keys:
     the settings that make a baseline faithful to its paper), then ``settings`` (model and train
     keys of an ablation's variant). ``batch_scale`` multiplies the batch size (a control at
@@ -181,7 +186,7 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
-        train_settings.update(plan["finetune"], init_from=init_from, max_steps=steps[-1],
+        train_settings.update(finetune or plan["finetune"], init_from=init_from, max_steps=steps[-1],
                               snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
     batch = train_settings["batch_size"] * batch_scale
     if batch < 1 or abs(batch - round(batch)) > 1e-9:
@@ -195,34 +200,6 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
         return resolve_config(build_config(copy.deepcopy(tree)))
     except ConfigError as exc:
         raise ExperimentError(f"experiment settings: {exc}") from None
-
-
-def interpolated_position(name: str, factor: float) -> dict:
-    """The position setting of ``OTHER_EXTENSIONS`` ``name``: its kind inside interpolated. A learned
-    table leaves the factor to be computed, (block_size - 1) / (rows - 1), so that the last position
-    lands on the last trained row (factor x L would leave the last positions past the table);
-    sinusoidal takes ``factor``."""
-    kind = OTHER_EXTENSIONS[name][0]
-    return {"kind": "interpolated", "inner": {"kind": kind}, **({} if kind == "learned" else {"factor": factor})}
-
-
-def scaling_override(method: str, factor: float, length: int = 0) -> list:
-    """The evaluation-time overrides that apply extension ``method`` to its source checkpoint
-    zero-shot, as at ``length`` tokens (rope's scaling methods; learned or sinusoidal inside
-    interpolated for ``OTHER_EXTENSIONS``; nothing for no scaling and the keep-training control)."""
-    if method in OTHER_EXTENSIONS:
-        position = interpolated_position(method, factor)
-        text = yaml.safe_dump(position, default_flow_style=True, sort_keys=False).strip()
-        return [f"model.position={text}"] + ([] if "factor" in position else [f"model.block_size={length}"])
-    return [] if method in ("none", "keep") else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
-
-
-def extension_labels(plan: dict) -> list:
-    """The rows of the extension's tables: the plan's methods, the other schemes' extensions and
-    the keep-training control it runs."""
-    controls = plan.get("controls", {})
-    return [*plan["extension"]["methods"], *controls.get("other_extensions", []),
-            *(["keep"] if controls.get("keep_training") else [])]
 
 
 # --------------------------------------------------------------------------- the study
@@ -258,7 +235,10 @@ class Study:
         self.retrieval: list = []
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
-        self._evaluations: dict = {}  # (checkpoint, overrides) -> (key, {(mode, length)}) of its evaluation job
+        self._evaluations: dict = {}  # (checkpoint, overrides, split) -> (key, {(mode, length)}) of its evaluation job
+        self._sweep: list = []  # keys of the sweep's evaluation jobs (``minilm.study.sweep``)
+        self._tuned: dict = {}  # name -> run_config arguments of the runs at the rate the sweep chooses
+        self.finetune_lr: Optional[float] = None  # the rate the sweep chose
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
@@ -266,32 +246,51 @@ class Study:
         return self.plan["model"]["block_size"]
 
     def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(),
-               source: str = "", **kw) -> str:
+               source: str = "", tuned: bool = False, **kw) -> str:
+        """A training job; ``tuned``: a fine-tuning run at the rate the sweep chooses, which it waits for."""
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
         self.runs[name] = StudyRun(f"train {name}", section, label, seed, config, source)
-        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase))
+        resolve = None
+        if tuned and self._sweep:
+            self._tuned[name] = (position, seed, kw)
+            after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),
+                                                                             self.overwrite)
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase,
+                             resolve))
         return f"train {name}"
 
-    def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="") -> None:
+    def _tuned_config(self, name: str, done: dict):
+        """The config of tuned run ``name`` at the rate the sweep chose from the results in ``done``."""
+        if self.finetune_lr is None:
+            self.finetune_lr = sweep.choose(self.plan, [row for key, read in self._readers if key in self._sweep
+                                                        for row in read(done[key].value)])
+        position, seed, kw = self._tuned[name]
+        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed,
+                          finetune=sweep.finetune_at(self.plan, self.finetune_lr), **kw)
+
+    def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="",
+                  split: str = "val") -> str:
         """Cells of ``where`` at ``multiples`` of L in ``modes``, from a new evaluation job (all
-        its cells in one ``score_many`` pass) or from one already planned for the same checkpoint
-        and overrides with (at least) those cells."""
+        its cells in one ``score_many`` pass) or from one already planned for the same checkpoint,
+        overrides and split with (at least) those cells; returns the job's key."""
         lengths = [int(m * self.L) for m in multiples]
         cells = {(mode, t) for mode in modes for t in lengths}
-        what = (path, tuple(overrides))
+        what = (path, tuple(overrides), split)
         key, planned = self._evaluations.get(what, (None, set()))
         if not cells <= planned:
-            key = " ".join(["eval", os.path.relpath(path, self.runs_dir), *overrides, ",".join(modes),
-                            ",".join(map(str, lengths))])
-            settings = {**self.plan["eval"], "max_tokens": self.scored_tokens,
-                        "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L}
-            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"], where["seed"])
+            key = " ".join(["eval", *([split] if split != "val" else []), os.path.relpath(path, self.runs_dir),
+                            *overrides, ",".join(modes), ",".join(map(str, lengths))])
+            settings = {**self.plan["eval"], "max_tokens": self.scored_tokens if split == "val" else
+                        self.plan["data"]["holdout_tokens"] - 1, "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L}
+            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"], where["seed"],
+                    split)
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
             self._evaluations[what] = (key, cells)
         self._readers.append((key, lambda results, where=where, cells=cells: [
             {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
              "tokens": r.tokens, "chars": r.chars, "status": r.status, "by_position": r.by_position}
             for r in results if (r.mode, r.length) in cells]))
+        return key
 
     def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str) -> None:
         """Retrieval rows of ``where`` at the plan's lengths and depths; probes depend on the seed only."""
@@ -330,6 +329,7 @@ class Study:
         f, long = ext["factor"], int(ext["factor"] * self.L)
         for seed in seeds:
             self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
+        self._sweep = sweep.build(self) if sweep.rates(self.plan) else []
         for seed in seeds:
             for method in ext["methods"]:
                 position = {"kind": "rope", **({"scaling": {"type": method, "factor": f}} if method != "none" else {})}
@@ -347,7 +347,7 @@ class Study:
             oracle = controls.get("oracle", []) if seed in seeds[:controls.get("oracle_seeds", len(seeds))] else []
             for kind in oracle:  # the pretraining's tokens in rows of factor x L
                 self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
-                            "train the oracle controls", block_size=long, batch_scale=1 / f)
+                            "train the oracle controls", block_size=long, batch_scale=controls["oracle_batch_scale"])
         self._build_evaluations()
         return self.jobs
 
@@ -355,7 +355,7 @@ class Study:
         """A fine-tuning run from the seed's ``source_kind`` model (section extension)."""
         source = f"{source_kind}-s{seed}"
         self._train(name, "extension", label, seed, position, "fine-tune the extensions", after=[f"train {source}"],
-                    source=source, init_from=os.path.join(self.runs_dir, source), **kw)
+                    source=source, init_from=os.path.join(self.runs_dir, source), tuned=True, **kw)
 
     def _build_ablation(self) -> None:
         for seed in self.plan["seeds"]:
@@ -396,13 +396,16 @@ class Study:
         if not self.jobs:
             self.build()
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
+        for name in self._tuned:  # their configs as they ran, at the rate the sweep chose
+            self.runs[name].config = self._tuned_config(name, self.done)
         for key, read in self._readers:
             rows = read(self.done[key].value)
             (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
-        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "cells": self.cells,
+        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lr": self.finetune_lr,
+                "cells": self.cells,
                 "retrieval": self.retrieval,
                 "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
                          for name, run in self.runs.items()},
@@ -412,6 +415,7 @@ class Study:
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
+        study.finetune_lr = state.get("finetune_lr")
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study

@@ -23,10 +23,11 @@ from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as tab
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import ablation
+from minilm.study import ablation, sweep
 from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
 from minilm.study.figures import study_figures
-from minilm.study.plan import KINDS, LABEL_NAMES, ExperimentError, Study, extension_labels
+from minilm.study.extension import LABEL_NAMES, extension_labels
+from minilm.study.plan import KINDS, ExperimentError, Study
 from minilm.study.primary import hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
 
@@ -92,7 +93,7 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
     if study.plan["experiment"] == "ablation":
-        lines += _ablation(study, figures) + _primary(study, 2, commit) + _discussion(study, 3)
+        lines += ablation.report_lines(study.plan, study.cells, figures) + _primary(study, 2, commit) + _discussion(study, 3)
     else:
         lines += (_scratch(study, figures) + _positions(study, figures) + _retrieval(study, figures)
                   + _extension(study, figures) + _primary(study, 5, commit) + _comparison(study, 6)
@@ -213,7 +214,7 @@ def _retrieval_protocol(study: Study) -> list:
         f"is read only if the best scheme reaches {100 * GATE:.0f}% at L with depths pooled.",
         f"- **Extension** of the rope model of each seed to {long} ({ext['factor']:g}x): {steps[-1]} steps x "
         f"{ft['batch_size']} x {long} tokens ({ft_tokens / 1e6:.3f}M tokens, **{100 * ft_tokens / pre_tokens:.1f}% "
-        f"of pretraining**, the same share of retrieval sequences), lr {ft['lr']:g} cosine to {ft['min_lr']:g}; one "
+        f"of pretraining**, the same share of retrieval sequences), {_finetune_rate(study)}; one "
         f"run per method and seed, with snapshots at steps {', '.join(map(str, steps[1:-1]))}; step 0 ('before') is "
         f"the source with the scaling applied zero-shot.",
     ]
@@ -305,9 +306,10 @@ def _extension(study: Study, figures: dict) -> list:
     lines = [f"## 4. Extending from {L} to {f * L}, with the controls", "",
              f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
              f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
-             f"from scratch at {f * L} on the pretraining's tokens (what extension is compared with)"
-             + (f", at the first {plan['controls'].get('oracle_seeds')} seeds only" if oracle and
+             f"from scratch at {f * L} ({_oracle_budget(plan)}; what extension is compared with)"
+             + (f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only" if oracle and
                 plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"]) else "") + ".", "",
+             *sweep.report_lines(plan, cells, study.finetune_lr),
              f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
              table(["method"] + [f"{s} steps" for s in steps],
                    [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
@@ -337,29 +339,15 @@ def _extension(study: Study, figures: dict) -> list:
     return lines
 
 
-def _ablation(study: Study, figures: dict) -> list:
-    plan, cells, L, mode = study.plan, study.cells, study.L, study.plan["eval"]["modes"][0]
-    lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
-    header = (["scheme", "condition"] + [f"ppl {t} ({t // L}L)" for t in lengths]
-              + [f"/ reference at {t // L}L" for t in lengths])
-    settings = [f"`{name}`: {v['scheme']}, {v['condition']}: " + ", ".join(
-        [f"position {v['position']}"] + [f"{section}.{k}={x}" for section in ("model", "train")
-                                         for k, x in v[section].items()])
-        for name, v in plan["ablation"]["variants"].items()]
-    lines = ["## 1. Variants against references", "", "Each run is the recipe of the protocol with these settings "
-             "(the scheme's own settings of the protocol apply to its variants too):", "",
-             *[f"- {text}" for text in settings], "",
-             f"Perplexity ({mode} protocol), mean ± 95% interval over seeds; each variant's paired ratio to its "
-             f"reference (the same scheme {ablation.REFERENCE}, same seeds and batches), mean ± 95% interval.", ""]
-    for number, group in enumerate(plan["ablation"]["groups"], 1):
-        lines += [f"## 1.{number} {ablation.GROUPS[group]}", "",
-                  table(header, ablation.group_rows(plan, cells, group, mode), "ll" + "r" * 2 * len(lengths)), ""]
-        if group == "gap":
-            lines += ["Each scheme at L against sinusoidal under the same condition (paired ratio):", "",
-                      table(["condition", "ratio", f"at L = {L}"], ablation.gap_rows(plan, cells, mode), "llr"), ""]
-    if "ablation" in figures:
-        lines += [f"![the ablation's perplexity against length]({figures['ablation']})", ""]
-    return lines
+def _finetune_rate(study: Study) -> str:
+    ft = sweep.finetune_at(study.plan, study.finetune_lr)
+    return f"lr {ft['lr']:g}{' (the sweep chose it: section 4)' if study.finetune_lr else ''} cosine to {ft['min_lr']:g}"
+
+
+def _oracle_budget(plan: dict) -> str:
+    rows = plan["train"]["batch_size"] * plan.get("controls", {}).get("oracle_batch_scale", 1 / plan["extension"]["factor"])
+    tokens = rows * plan["extension"]["factor"] / plan["train"]["batch_size"]
+    return f"{rows:g} rows per step, {tokens:g}x the pretraining's tokens"
 
 
 def _primary(study: Study, number: int, commit: str) -> list:

@@ -20,15 +20,16 @@ def train_job(config_tree: dict, overwrite: bool) -> dict:
 
 
 def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str,
-                 seed: int) -> list:
-    """Results of one checkpoint at ``lengths`` in ``modes``; ``settings`` is the plan's eval section.
+                 seed: int, split: str = "val") -> list:
+    """Results of one checkpoint at ``lengths`` in ``modes`` on ``split`` (val, or the holdout of
+    the train split); ``settings`` is the plan's eval section.
     torch's generator starts from ``seed`` (what a scheme that draws its positions at evaluation
     reads), so a job gives the same numbers in whichever worker, after whichever job, it runs."""
     torch.manual_seed(seed)
     return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=settings["max_tokens"],
                                            fixed_stride=settings["fixed_stride"], position_bin=settings["position_bin"],
                                            overrides=overrides, labels=["-"], batch_tokens=settings["batch_tokens"],
-                                           device=device, quiet=True)
+                                           device=device, quiet=True, split=split)
 
 
 def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,

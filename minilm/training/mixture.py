@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from minilm.data.corpus import get_batch
+from minilm.data.batches import get_batch
 from minilm.data.retrieval import IGNORE, Task, training_rows
 from minilm.training.losses import lm_loss
 

@@ -1,0 +1,90 @@
+"""The fine-tuning learning-rate sweep of the length-generalization study (issue #27).
+
+The extension's learning rate is not guessed: before any extension run starts, each seed's
+rope model is fine-tuned to factor x L with ``sweep.method`` (PI: linear, by default) at
+every rate of ``sweep.lrs``, with the extension's budget, and each run is scored at factor x L
+on text held out of the train split (``data.holdout_tokens``: text no run of the study trained
+on), never on the validation split that the report's tables read. The rate with the lowest
+mean log perplexity over seeds there is the one every extension run and the keep-training
+control use (``choose``); the cosine ends at the same fraction of it as ``finetune`` says
+(min_lr / lr). Without ``sweep.lrs`` the extension uses ``finetune.lr`` as written.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from minilm.common import markdown_table
+from minilm.study.stats import interval
+
+SECTION = "sweep"  # the cells of the sweep, and the runs' section
+
+
+def rates(plan: dict) -> list:
+    return list(plan.get(SECTION, {}).get("lrs", []))
+
+
+def finetune_at(plan: dict, lr: Optional[float]) -> dict:
+    """The plan's fine-tuning settings at peak rate ``lr`` (None: as written), min_lr in proportion."""
+    ft = plan["finetune"]
+    return dict(ft) if lr is None else {**ft, "lr": lr, "min_lr": lr * ft["min_lr"] / ft["lr"]}
+
+
+def label(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def build(study) -> list:
+    """Add the sweep's fine-tuning runs and their held-out evaluations to ``study``; returns the
+    keys of the evaluation jobs, which the tuned runs wait for."""
+    plan, L = study.plan, study.L
+    method, factor = plan[SECTION]["method"], plan["extension"]["factor"]
+    long = int(factor * L)
+    position = {"kind": "rope", **({"scaling": {"type": method, "factor": factor}} if method != "none" else {})}
+    keys = []
+    for seed in plan["seeds"]:
+        source = f"rope-s{seed}"
+        for lr in rates(plan):
+            name = f"rope-{method}-{long}-lr{label(lr)}-s{seed}"
+            key = study._train(name, SECTION, label(lr), seed, position, "sweep the fine-tuning rate",
+                               after=[f"train {source}"], source=source,
+                               init_from=os.path.join(study.runs_dir, source), block_size=long,
+                               finetune=finetune_at(plan, lr))
+            keys.append(study._evaluate(key, study.runs[name].config.out_dir, [1, factor], ["nonoverlapping"],
+                                        dict(section=SECTION, label=label(lr), seed=seed, step=None),
+                                        phase="evaluate the sweep on held-out training text", split="holdout"))
+    return keys
+
+
+def choose(plan: dict, cells: list) -> Optional[float]:
+    """The swept rate with the lowest mean log perplexity over seeds at factor x L on the
+    held-out text (the smaller rate on a tie); None without a sweep."""
+    long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
+    scores = {}
+    for lr in rates(plan):
+        values = [math.log(c["ppl"]) for c in cells if c["section"] == SECTION and c["label"] == label(lr)
+                  and c["length"] == long and c["ppl"] is not None]
+        if values:
+            scores[lr] = sum(values) / len(values)
+    return min(sorted(scores), key=lambda lr: scores[lr]) if scores else None
+
+
+def report_lines(plan: dict, cells: list, chosen: Optional[float]) -> list:
+    """The sweep's table for the report: held-out perplexity at L and factor x L per rate."""
+    if not rates(plan):
+        return []
+    L, factor = plan["model"]["block_size"], plan["extension"]["factor"]
+    lengths = [L, int(factor * L)]
+
+    def text(lr, t):
+        values = [c["ppl"] for c in cells if c["section"] == SECTION and c["label"] == label(lr) and c["length"] == t
+                  and c["ppl"] is not None]
+        return interval(values).format() if values else ""
+
+    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")] + [text(lr, t) for t in lengths] for lr in rates(plan)]
+    return [f"Fine-tuning learning rate, chosen on held-out training text: {plan[SECTION]['method']} fine-tuning of "
+            f"each seed's rope model at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "
+            f"the train split (held out of every run; never the validation split), mean ± 95% interval over seeds. "
+            f"The lowest mean log perplexity at {lengths[1]} chooses the rate of every extension run:", "",
+            markdown_table(["peak lr"] + [f"held-out ppl at {t}" for t in lengths], rows, "lrr"), ""]
