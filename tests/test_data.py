@@ -192,6 +192,21 @@ def test_prepare_writes_and_reuses(corpus_file, tmp_path, monkeypatch):
     assert len(calls) == 4
 
 
+def test_the_holdout_is_the_end_of_the_train_split_and_never_sampled(corpus_file, tmp_path):
+    whole = prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data")), quiet=True)
+    held = prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"),
+                              holdout_tokens=500), quiet=True)
+    assert held.dir == whole.dir  # the same prepared files: the holdout is a view of them
+    assert len(held.holdout) == 500 and len(held.train) == len(whole.train) - 500
+    assert np.array_equal(np.concatenate([held.train, held.holdout]), whole.train)
+    assert np.array_equal(held.tokens("holdout"), held.holdout) and np.array_equal(held.val, whole.val)
+    assert held.tokens_per_char("holdout") == pytest.approx(whole.tokens_per_char("train"), rel=1e-3)
+    with pytest.raises(DataError, match=r"data.holdout_tokens=\d+ is invalid: the train split has \d+ tokens; hold out "
+                                        r"at most half"):
+        prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"),
+                           holdout_tokens=len(whole.train)), quiet=True)
+
+
 def test_prepare_with_a_given_tokenizer(corpus_file, small_tokenizer, tmp_path, monkeypatch):
     calls = counting_train(monkeypatch)
     cfg = DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"))

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -287,6 +288,24 @@ def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": ROOT}
     return subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), *args], capture_output=True,
                           text=True, env=env, cwd=ROOT)
+
+
+def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
+    root, data, _ = corpus
+    held = {**data, "holdout_tokens": 400}
+    prepared = prepare(build_config({"data": held}).data, quiet=True)
+    rope, model = tiny_checkpoint((root, held, prepared), "rope")
+    [result] = evaluation.evaluate_checkpoints([rope], lengths=[16], split="holdout", max_tokens=None, quiet=True)
+    tokens = torch.from_numpy(np.asarray(prepared.holdout[:385], dtype=np.int64))  # 399 scorable -> 384
+    assert result.tokens == 384 and result.nll == pytest.approx(direct_nll(model, tokens, 16), rel=1e-5)
+    [val] = evaluation.evaluate_checkpoints([rope], lengths=[16], max_tokens=384, quiet=True)
+    assert val.nll != pytest.approx(result.nll, rel=1e-6)  # another text
+    out = run_cli(rope, "--split", "holdout", "--lengths", "16", "--no-files", "--quiet")
+    assert out.returncode == 0 and out.stdout.startswith("held-out training text perplexity"), out.stderr
+    plain, _ = tiny_checkpoint(corpus, "rope", seed=1)  # trained without a holdout
+    out = run_cli(plain, "--split", "holdout", "--lengths", "16", "--no-files", "--quiet")
+    assert out.returncode == 2 and "the holdout split is empty: the model was trained with data.holdout_tokens=0" \
+        in out.stderr and "Traceback" not in out.stderr
 
 
 def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
