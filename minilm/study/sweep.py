@@ -77,14 +77,21 @@ def report_lines(plan: dict, cells: list, chosen: Optional[float]) -> list:
     L, factor = plan["model"]["block_size"], plan["extension"]["factor"]
     lengths = [L, int(factor * L)]
 
-    def text(lr, t):
-        values = [c["ppl"] for c in cells if c["section"] == SECTION and c["label"] == label(lr) and c["length"] == t
-                  and c["ppl"] is not None]
-        return interval(values).format() if values else ""
+    def ppl(lr, t):
+        return {c["seed"]: c["ppl"] for c in cells if c["section"] == SECTION and c["label"] == label(lr)
+                and c["length"] == t and c["ppl"] is not None}
 
-    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")] + [text(lr, t) for t in lengths] for lr in rates(plan)]
+    def ratio(lr):  # paired, per seed, against the chosen rate at factor x L
+        mine, best = ppl(lr, lengths[1]), ppl(chosen, lengths[1]) if chosen is not None else {}
+        values = [mine[s] / best[s] for s in sorted(mine) if s in best]
+        return "-" if lr == chosen else (interval(values).format(3) if values else "")
+
+    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")]
+            + [interval(list(ppl(lr, t).values())).format() if ppl(lr, t) else "" for t in lengths] + [ratio(lr)]
+            for lr in rates(plan)]
     return [f"Fine-tuning learning rate, chosen on held-out training text: {plan[SECTION]['method']} fine-tuning of "
             f"each seed's rope model at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "
             f"the train split (held out of every run; never the validation split), mean ± 95% interval over seeds. "
             f"The lowest mean log perplexity at {lengths[1]} chooses the rate of every extension run:", "",
-            markdown_table(["peak lr"] + [f"held-out ppl at {t}" for t in lengths], rows, "lrr"), ""]
+            markdown_table(["peak lr"] + [f"held-out ppl at {t}" for t in lengths]
+                           + [f"/ the chosen rate's at {lengths[1]} (paired)"], rows, "lrrr"), ""]
