@@ -156,6 +156,9 @@ class DataConfig:
                                 help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
 
     def __post_init__(self):
+        holdout = self.holdout_tokens
+        if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 0:
+            raise ConfigError(f"data.holdout_tokens={holdout!r} is invalid: expected 0 (none) or a number of tokens")
         check_choices(self, "data")
         if self.document_mask != "none" and not self.end_of_text:
             raise ConfigError(f"data.document_mask={self.document_mask!r} needs documents marked: set "

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from minilm.config import DataConfig
+from minilm.config import ConfigError, DataConfig
 from minilm.data import corpus as data, shakespeare as plays, sources, tokenizer as tokenizer_module
 from minilm.data.batches import get_batch
 from minilm.data.corpus import DataError, prepare
@@ -200,7 +200,9 @@ def test_the_holdout_is_the_end_of_the_train_split_and_never_sampled(corpus_file
     assert len(held.holdout) == 500 and len(held.train) == len(whole.train) - 500
     assert np.array_equal(np.concatenate([held.train, held.holdout]), whole.train)
     assert np.array_equal(held.tokens("holdout"), held.holdout) and np.array_equal(held.val, whole.val)
-    assert held.tokens_per_char("holdout") == pytest.approx(whole.tokens_per_char("train"), rel=1e-3)
+    for bad in (-5, 1.5, True):
+        with pytest.raises(ConfigError, match=r"data.holdout_tokens=.* is invalid: expected 0 \(none\) or a number"):
+            DataConfig(corpus=str(corpus_file), holdout_tokens=bad)
     with pytest.raises(DataError, match=r"data.holdout_tokens=\d+ is invalid: the train split has \d+ tokens; hold out "
                                         r"at most half"):
         prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"),

@@ -12,7 +12,7 @@ import yaml
 from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
-from minilm.study import claims, extension, plan as experiments
+from minilm.study import claims, extension, plan as experiments, sweep
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,8 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
     assert {c["seed"] for c in cells} == {"3", "4"}
     assert len({c["tokens"] for c in cells if c["section"] != "sweep"}) == 1  # every cell scores the same tokens
+    scored = int(next(c["tokens"] for c in cells if c["section"] == "scratch"))
+    assert f"the first {scored:,} tokens" in text  # the protocol names the validation cells' count, not the sweep's
     assert {c["status"] for c in scratch if c["label"] == "learned" and int(c["length"]) > L} == {"bounded"}
     curve = [c for c in cells if c["section"] == "extension" and c["mode"] == "nonoverlapping"]
     steps = plan["extension"]["curve_steps"]
@@ -291,7 +293,7 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     assert tokens(three.runs["alibi-512-oracle-s2"]) == tokens(three.runs["alibi-s2"])
     # the extension runs wait for the sweep's held-out evaluations, which wait for the sweep's runs
     job = {j.key: j for j in study.jobs}
-    sweeps = [k for k in job if k.startswith("eval holdout rope-linear-512-lr")]
+    sweeps = [k for k in job if k.startswith("eval holdout rope-none-512-lr")]
     assert len(sweeps) == 3 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
     assert job["train rope-yarn-512-s1"].resolve is not None and job["train rope-s1"].resolve is None
     assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
@@ -314,3 +316,23 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     odd = experiments.make_plan("length-generalization", False, [1], ["train.batch_size=10"])
     with pytest.raises(experiments.ExperimentError, match="batch_size 10 x 0.25 = 2.5 rows"):
         experiments.run_config(odd, str(tmp_path / "odd"), {"kind": "rope"}, 1, block_size=512, batch_scale=0.25)
+
+
+def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1, 2])
+    long = 4 * plan["model"]["block_size"]
+    cells = lambda values: [{"section": "sweep", "label": f"{lr:g}", "seed": seed, "length": long, "ppl": ppl}  # noqa
+                            for (lr, seed), ppl in values.items()]
+    # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on seed 1
+    chosen = sweep.choose(plan, cells({(1e-4, 1): 100.0, (1e-4, 2): 100.0, (2e-4, 1): 90.0, (2e-4, 2): 90.0,
+                                       (5e-4, 1): 80.0, (5e-4, 2): 112.8125}))
+    assert chosen == 2e-4
+    assert sweep.choose(plan, cells({(1e-4, 1): float("inf"), (1e-4, 2): 1.0, (2e-4, 1): 50.0, (2e-4, 2): 50.0})) == 2e-4
+    with pytest.raises(sweep.SweepError, match=r"no rate of sweep.lrs=\[0.0001, 0.0002, 0.0005\] gave a finite"):
+        sweep.choose(plan, cells({(1e-4, 1): float("nan")}))
+    assert sweep.finetune_at(plan, 2e-4) == {**plan["finetune"], "lr": 2e-4, "min_lr": pytest.approx(2e-5)}
+    short = experiments.Study(experiments.make_plan("length-generalization", True, [1], ["data.holdout_tokens=100"]),
+                              str(tmp_path))
+    with pytest.raises(experiments.ExperimentError, match="data.holdout_tokens=100 is too few for the sweep: it scores "
+                                                          "128-token segments; hold out at least 129"):
+        short.prepare_data()

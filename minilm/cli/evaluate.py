@@ -104,10 +104,11 @@ def report(args, overrides) -> int:
     print(evaluation.markdown_table(results, "ppl") + "\n")
     print(evaluation.markdown_table(results, "bpc"))
     if not args.no_files:
-        csv_path = args.csv or default_output(first.checkpoint, f"eval-{args.mode}.csv")
+        name = f"eval-{'' if args.split == 'val' else args.split + '-'}{args.mode}"  # eval-holdout-*: not the val's
+        csv_path = args.csv or default_output(first.checkpoint, f"{name}.csv")
         print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
-            png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"eval-{args.mode}.png"))
+            png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"{name}.png"), split=args.split)
             print(f"wrote {png}", file=sys.stderr)
     return 0
 

@@ -1,4 +1,4 @@
-"""``python -m minilm experiment {length-generalization,sinusoidal-base} [--quick] [--out DIR]
+"""``python -m minilm experiment {length-generalization,ablation} [--quick] [--out DIR]
 [--seeds 1,2,3] [--workers N] [key=value ...]``: run a whole study (``minilm.study.plan``) in
 parallel worker processes and write its report (``minilm.study.report``)."""
 from __future__ import annotations

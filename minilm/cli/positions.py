@@ -140,7 +140,7 @@ def plot(argv) -> str:
         shape = {**DEFAULT_SHAPE, **args["shape"]}
         if shape["d_model"] % shape["n_head"]:
             raise UsageError(f"--d-model={shape['d_model']} is not divisible by --n-head={shape['n_head']}")
-        scheme = build(position, **shape)
+        scheme = build(position, **shape).eval()  # as at evaluation: no dropout of any kind
     path = plots.plot_scheme(scheme, position, args["out"], source=source)
     return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
 

@@ -11,7 +11,6 @@ Everything else lives in minilm.training.loop.
 """
 import argparse
 import json
-import sys
 
 from minilm.cli import Parser, run_command
 from minilm.config import config_keys, load_config, resolve_config

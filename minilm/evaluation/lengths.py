@@ -105,7 +105,8 @@ def validation_tokens(config, tokenizer, quiet: bool = False, split: str = "val"
         tokens = data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).tokens(split)
         if not len(tokens):
             raise EvaluationError("the holdout split is empty: the model was trained with data.holdout_tokens=0; "
-                                  "score the validation split, or train with data.holdout_tokens=N")
+                                  "score the validation split, or train with data.holdout_tokens=N"
+                                  if split == "holdout" else f"the {split} split of {config.data.corpus!r} is empty")
         _VAL_CACHE[key] = np.asarray(tokens)
     return _VAL_CACHE[key]
 
@@ -268,7 +269,7 @@ def write_csv(results: Sequence, path: str) -> str:
 
 
 def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",
-         dashed: Sequence[str] = ()) -> str:
+         dashed: Sequence[str] = (), split: str = "val") -> str:
     """PNG of perplexity against length (log x; log y too when it spans more than 10x), one line per label (``dashed`` labels dashed);
     a dotted vertical line at each distinct training length. Needs matplotlib (object API, no
     pyplot, no display)."""
@@ -287,7 +288,8 @@ def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation le
     wide = bool(values) and max(values) > 10 * min(values)  # a log axis keeps blown-up curves from flattening the others
     log2_axes(ax, [r.length for r in results], log_y=wide)
     ax.set_xlabel("evaluation length (tokens); dotted: training length")
-    ax.set_ylabel("validation perplexity" + (" (log scale)" if wide else ""))
+    ax.set_ylabel(("validation" if split == "val" else "held-out training text") + " perplexity"
+                  + (" (log scale)" if wide else ""))
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -60,7 +60,8 @@ FULL = {
     "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
               "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu", "retrieval_share": 0.5},
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
-    "sweep": {"method": "linear", "lrs": [1.0e-4, 2.0e-4, 5.0e-4]},  # minilm.study.sweep: the extension's rate
+    # minilm.study.sweep: the extension's rate, chosen for direct fine-tuning (the baseline the claims test against)
+    "sweep": {"method": "none", "lrs": [1.0e-4, 2.0e-4, 5.0e-4]},
     "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
                   "curve_multiples": [1, 2, 4, 8]},
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
@@ -317,6 +318,10 @@ class Study:
             raise ExperimentError(f"the validation split has {available} scorable tokens, fewer than the longest "
                                   f"evaluation length {longest}: use more text or shorter eval.multiples")
         self.scored_tokens = available // longest * longest
+        need = int(self.plan.get("extension", {}).get("factor", 0) * self.L) + 1
+        if sweep.rates(self.plan) and self.plan["data"]["holdout_tokens"] < need:
+            raise ExperimentError(f"data.holdout_tokens={self.plan['data']['holdout_tokens']} is too few for the sweep: "
+                                  f"it scores {need - 1}-token segments; hold out at least {need}")
 
     def build(self) -> list:
         """The job graph: training first (rope first, it unblocks the extension), then the rest."""
@@ -347,7 +352,7 @@ class Study:
             oracle = controls.get("oracle", []) if seed in seeds[:controls.get("oracle_seeds", len(seeds))] else []
             for kind in oracle:  # the pretraining's tokens in rows of factor x L
                 self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
-                            "train the oracle controls", block_size=long, batch_scale=controls["oracle_batch_scale"])
+                            "train the oracle controls", block_size=long, batch_scale=controls.get("oracle_batch_scale", 1 / f))
         self._build_evaluations()
         return self.jobs
 

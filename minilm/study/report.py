@@ -141,7 +141,7 @@ def _protocol(study: Study) -> list:
     first = next(iter(study.runs.values())).config
     t, n = plan["train"], len(plan["seeds"])
     pre_tokens = t["max_steps"] * t["batch_size"] * L
-    cell = next((c for c in study.cells), None)
+    cell = next((c for c in study.cells if c["section"] != sweep.SECTION), None)  # the sweep scores the holdout
     scored = f"{cell['tokens']:,} tokens ({cell['chars']:,} characters)" if cell else "n/a"
     e = plan["eval"]
     stride = e["fixed_stride"] or L

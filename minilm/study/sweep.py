@@ -1,13 +1,18 @@
 """The fine-tuning learning-rate sweep of the length-generalization study (issue #27).
 
 The extension's learning rate is not guessed: before any extension run starts, each seed's
-rope model is fine-tuned to factor x L with ``sweep.method`` (PI: linear, by default) at
-every rate of ``sweep.lrs``, with the extension's budget, and each run is scored at factor x L
+rope model is fine-tuned to factor x L with ``sweep.method`` at every rate of ``sweep.lrs``,
+with the extension's budget, and each run is scored at factor x L
 on text held out of the train split (``data.holdout_tokens``: text no run of the study trained
 on), never on the validation split that the report's tables read. The rate with the lowest
 mean log perplexity over seeds there is the one every extension run and the keep-training
 control use (``choose``); the cosine ends at the same fraction of it as ``finetune`` says
 (min_lr / lr). Without ``sweep.lrs`` the extension uses ``finetune.lr`` as written.
+
+One rate serves every method, as in the papers, and it is tuned for one of them: the study
+tunes it for direct fine-tuning (``none``), the baseline its claims say PI and YaRN beat, so a
+tuned rate can only make those claims harder to support. (The sweep's run at the chosen rate is
+the same run as that method's extension run; it is trained twice, a few seconds each.)
 """
 from __future__ import annotations
 
@@ -15,10 +20,14 @@ import math
 import os
 from typing import Optional
 
-from minilm.common import markdown_table
+from minilm.common import MinilmError, markdown_table
 from minilm.study.stats import interval
 
 SECTION = "sweep"  # the cells of the sweep, and the runs' section
+
+
+class SweepError(MinilmError):
+    """The sweep could not choose a rate; the message is one line for the user."""
 
 
 def rates(plan: dict) -> list:
@@ -59,14 +68,18 @@ def build(study) -> list:
 
 def choose(plan: dict, cells: list) -> Optional[float]:
     """The swept rate with the lowest mean log perplexity over seeds at factor x L on the
-    held-out text (the smaller rate on a tie); None without a sweep."""
+    held-out text (the smaller rate on a tie; a rate with a non-finite perplexity on any seed is
+    out); None without a sweep, a ``SweepError`` when no rate is left."""
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
     scores = {}
     for lr in rates(plan):
         values = [math.log(c["ppl"]) for c in cells if c["section"] == SECTION and c["label"] == label(lr)
                   and c["length"] == long and c["ppl"] is not None]
-        if values:
+        if values and all(math.isfinite(v) for v in values):  # a rate that diverged on any seed is out
             scores[lr] = sum(values) / len(values)
+    if rates(plan) and not scores:
+        raise SweepError(f"no rate of sweep.lrs={rates(plan)} gave a finite held-out perplexity at {long} tokens on "
+                         f"every seed: try smaller rates")
     return min(sorted(scores), key=lambda lr: scores[lr]) if scores else None
 
 
