@@ -193,6 +193,8 @@ class TrainConfig:
                         help="auto: bf16 autocast where the hardware has fast bf16, else float32")
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
     compile: bool = option(False, help="torch.compile the training step")
+    activation_checkpointing: bool = option(False, help="keep only each block's input and recompute the block in the "
+                                                        "backward pass: less activation memory, about 1/3 more compute")
     init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
     sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
     final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")

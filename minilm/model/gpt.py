@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from minilm.config import ModelConfig
@@ -209,6 +210,7 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.embedding_scale = embedding_multiplier(config, self.positions)
+        self.checkpoint_blocks = False  # train.activation_checkpointing: recompute each block in the backward pass
         self._init_weights()
 
     def _init_weights(self):
@@ -360,6 +362,10 @@ class GPT(nn.Module):
         x = self.drop(x)
         weights = None
         for layer, block in enumerate(self.blocks):
+            if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
+                # only the block's input is kept; its dropout masks are drawn again alike (the RNG state is kept)
+                x = torch.utils.checkpoint.checkpoint(block, x, layer, fp, use_reentrant=False)
+                continue
             x = block(x, layer, fp)
             if fp.weights_of == layer:
                 x, weights = x

@@ -267,6 +267,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     if state is not None or source is not None:
         raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
     raw.to(device)
+    raw.checkpoint_blocks = t.activation_checkpointing
     model = raw
     if dist.enabled:
         model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
