@@ -39,13 +39,16 @@ def style(label: str) -> dict:
             "marker": MARKERS[index % len(MARKERS)]}
 
 
-def _draw(ax, series: Sequence, dashed=(), markers: bool = True) -> None:
-    for label, points in series:
+def _draw(ax, series: Sequence, dashed=(), markers: bool = True, ranked: bool = False) -> None:
+    """``ranked``: looks by the series' rank in this panel (panels whose labels are their own)."""
+    for rank, (label, points) in enumerate(series):
         points = [(x, ci) for x, ci in points if ci is not None]
         if not points:
             continue
         xs = [x for x, _ in points]
-        look = style(label)
+        look = style(label) if not ranked else {"color": COLOURS[rank % len(COLOURS)],
+                                                "linestyle": LINES[rank % len(LINES)],
+                                                "marker": MARKERS[rank % len(MARKERS)]}
         if label in dashed:
             look["linestyle"] = "--"
         if not markers:
@@ -61,21 +64,22 @@ def _wide(panels) -> bool:
     return bool(values) and max(values) > 10 * min(values)
 
 
-def length_figure(panels: Sequence, path: str, title: str, train_length: int, dashed=()) -> str:
-    """Perplexity against evaluation length, one panel per (panel title, series)."""
+def length_figure(panels: Sequence, path: str, title: str, train_length: int, dashed=(), own_series: bool = False) -> str:
+    """Perplexity against evaluation length, one panel per (panel title, series); ``own_series``:
+    each panel has series of its own (a legend each, looks by rank), else one legend for all."""
     Figure = require_matplotlib()
     fig = Figure(figsize=(6.0 * len(panels), 4.8))
     wide = _wide(panels)
     for index, (name, series) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), index + 1)
-        _draw(ax, series, dashed)
+        _draw(ax, series, dashed, ranked=own_series)
         log2_axes(ax, [x for _, points in series for x, _ in points], wide)
         ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("evaluation length (tokens); dotted: training length")
         ax.set_ylabel("validation perplexity" + (" (log scale)" if wide else ""))
         ax.set_title(name, fontsize=10)
-        if index == 0:
-            ax.legend(fontsize=7, ncol=2)
+        if index == 0 or own_series:
+            ax.legend(fontsize=7, ncol=1 if own_series else 2)
     fig.suptitle(title)
     fig.tight_layout()
     return save_figure(fig, path, dpi=DPI)
@@ -234,5 +238,5 @@ def _ablation_figures(study) -> dict:
             n: f"{variants[n]['scheme']}, {variants[n]['condition']}" for n in labels})))
     figure = length_figure(panels, os.path.join(study.out, "ablation-perplexity-by-length.png"),
                            f"ablations, trained at L = {L}: {mode} perplexity against length (mean, 95% interval "
-                           f"over {len(plan['seeds'])} seeds)", L)
+                           f"over {len(plan['seeds'])} seeds)", L, own_series=True)
     return {"ablation": os.path.basename(figure)}
