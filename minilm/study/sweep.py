@@ -21,6 +21,7 @@ import os
 from typing import Optional
 
 from minilm.common import MinilmError, markdown_table
+from minilm.study.extension import METHOD_NAMES
 from minilm.study.stats import interval
 
 SECTION = "sweep"  # the cells of the sweep, and the runs' section
@@ -102,8 +103,8 @@ def report_lines(plan: dict, cells: list, chosen: Optional[float]) -> list:
     rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")]
             + [interval(list(ppl(lr, t).values())).format() if ppl(lr, t) else "" for t in lengths] + [ratio(lr)]
             for lr in rates(plan)]
-    return [f"Fine-tuning learning rate, chosen on held-out training text: {plan[SECTION]['method']} fine-tuning of "
-            f"each seed's rope model at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "
+    return [f"Fine-tuning learning rate, chosen on held-out training text: fine-tuning of each seed's rope model "
+            f"({METHOD_NAMES[plan[SECTION]['method']]}) at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "
             f"the train split (held out of every run; never the validation split), mean ± 95% interval over seeds. "
             f"The lowest mean log perplexity at {lengths[1]} chooses the rate of every extension run:", "",
             markdown_table(["peak lr"] + [f"held-out ppl at {t}" for t in lengths]
