@@ -1,6 +1,6 @@
 """Activation memory of one training forward pass with and without train.activation_checkpointing:
-the bytes of the tensors autograd keeps for the backward pass (each storage counted once),
-measured with ``torch.autograd.graph.saved_tensors_hooks``, plus the time of forward + backward.
+the bytes of the tensors autograd keeps for the backward pass (``common.saved_tensor_bytes``),
+plus the time of forward + backward.
 
     python bench/bench_activation_memory.py [--block-size 1024] [--batch-size 8] [--config rope.yaml]
 
@@ -16,26 +16,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from minilm import GPT  # noqa: E402
+from minilm.common import saved_tensor_bytes  # noqa: E402
 from minilm.config import load_config  # noqa: E402
 
 
 def measure(model, idx, checkpointed: bool) -> tuple:
     model.checkpoint_blocks = checkpointed
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.dtype)
-        if key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
     model.zero_grad(set_to_none=True)
     started = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(idx[:, :-1])
+    saved, logits = saved_tensor_bytes(lambda: model(idx[:, :-1]))
     F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten()).backward()
-    return total[0], time.perf_counter() - started
+    return saved, time.perf_counter() - started
 
 
 def main() -> None:

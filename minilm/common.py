@@ -281,6 +281,23 @@ def peak_memory_mib(device: Union[str, torch.device] = "cpu") -> Optional[float]
     return round(rss / 2**20 if sys.platform == "darwin" else rss / 2**10, 1)
 
 
+def saved_tensor_bytes(forward: Callable[[], object]) -> tuple:
+    """(bytes of the tensors autograd keeps for the backward pass while ``forward()`` runs, each
+    storage counted once; what ``forward`` returned): the activation memory of a training step."""
+    seen, total = set(), [0]
+
+    def pack(tensor):
+        key = (tensor.untyped_storage().data_ptr(), tensor.dtype)
+        if key not in seen:
+            seen.add(key)
+            total[0] += tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = forward()
+    return total[0], out
+
+
 def peak_memory(device: Union[str, torch.device] = "cpu") -> str:
     """``peak_memory_mib`` as text that says what it measured."""
     mib = peak_memory_mib(device)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm import GPT, ModelConfig
+from minilm.common import saved_tensor_bytes
 from minilm.training.loop import train
 
 
@@ -36,18 +37,7 @@ def saved_bytes(checkpointed: bool, T: int = 256) -> int:
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=61, n_layer=4, n_head=4, d_model=64, block_size=T)).train()
     model.checkpoint_blocks = checkpointed
-    seen, total = set(), [0]
-
-    def pack(t):
-        key = (t.untyped_storage().data_ptr(), t.dtype)
-        if key not in seen:
-            seen.add(key)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(torch.zeros(2, T, dtype=torch.long))
-    return total[0]
+    return saved_tensor_bytes(lambda: model(torch.zeros(2, T, dtype=torch.long)))[0]
 
 
 def test_checkpointing_keeps_fewer_activations():
@@ -62,3 +52,10 @@ def test_a_run_with_activation_checkpointing_follows_the_plain_one(tiny_config):
         finals.append(train(config, quiet=True))
     assert finals[0]["final_val_loss"] is not None
     assert finals[1]["final_val_loss"] == pytest.approx(finals[0]["final_val_loss"], rel=1e-5)
+
+
+def test_saved_tensor_bytes_counts_each_storage_once():
+    x = torch.ones(1000, requires_grad=True)  # float32: 4,000 bytes
+    # x * x keeps x twice (one storage); exp keeps its output (another 4,000 bytes)
+    saved, out = saved_tensor_bytes(lambda: (x * x).exp())
+    assert saved == 8000 and out.shape == (1000,)
