@@ -217,7 +217,7 @@ def _umask() -> int:
 # --------------------------------------------------------------------------- hardware
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _mps_available() -> bool:
@@ -248,12 +248,14 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(name: str, device: torch.device, *, setting: str = "dtype") -> torch.dtype:
-    """The compute dtype for ``name``: float32, bfloat16, or auto = bfloat16 on CUDA with bf16
-    support and on CPUs with native bf16 units, else float32 (emulated bf16 is far slower)."""
+    """The compute dtype for ``name``: float32, bfloat16, float16, or auto = bfloat16 on CUDA with
+    bf16 support and on CPUs with native bf16 units, else float32 (emulated bf16 is far slower)."""
     if name == "float32":
         return torch.float32
     if name == "bfloat16":
         return torch.bfloat16
+    if name == "float16":  # for GPUs without bf16; training pairs it with a gradient scaler
+        return torch.float16
     if name != "auto":
         raise MinilmError(f"{setting} {name!r} is unknown: valid: {', '.join(DTYPES)}")
     if device.type == "cuda":

@@ -189,7 +189,7 @@ class TrainConfig:
     eval_iters: int = option(20, help="held-out batches per evaluation")
     log_interval: int = option(10, help="steps between metrics.jsonl lines")
     checkpoint_interval: int = option(500, help="steps between checkpoints (written atomically)")
-    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16"),
+    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: bf16 autocast where the hardware has fast bf16, else float32")
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
     compile: bool = option(False, help="torch.compile the training step")

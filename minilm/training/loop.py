@@ -125,6 +125,8 @@ class TrainingRun:
     best_bpc: Optional[float] = None
     last_val: Optional[dict] = None
     task: Optional[Task] = None  # the retrieval task of train.retrieval_share (minilm.training.mixture)
+    scaler: Optional[torch.amp.GradScaler] = None  # train.dtype float16: the loss scale (else None)
+    skipped_steps: int = 0  # float16: steps whose gradients overflowed, skipped (the scale then halves)
     loggers: list = dataclasses.field(default_factory=list)  # train.loggers, on rank 0 (minilm.training.loggers)
 
     @property
@@ -164,6 +166,7 @@ class TrainingRun:
             "data_state": {"generator": self.generator.get_state(), "world_size": self.dist.world,
                            "tokens_seen": self.step * self.tokens_per_step},
             "best_val_bpc": self.best_bpc, "val": val,
+            **({"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps} if self.scaler else {}),
         }, self.ckpt_path)
 
     def save_snapshot(self) -> str:
@@ -280,6 +283,11 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
         set_rng_state(state["rng"], device)
         run.generator.set_state(state["data_state"]["generator"])
+    if dtype == torch.float16:  # fp16 overflows where bf16 does not: scale the loss, skip steps that overflow
+        run.scaler = torch.amp.GradScaler(device.type)
+        if state is not None and "scaler" in state:
+            run.scaler.load_state_dict(state["scaler"])
+            run.skipped_steps = int(state.get("skipped_steps", 0))
     run.task = task_for(config, prepared)
     _start_metrics(run, state)
     return run
@@ -332,9 +340,12 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
                 hidden = run.model(x, return_hidden=True, **run.forward_options)
                 loss = mixed_loss(hidden, run.raw.lm_head.weight, y, mask) / A
-            loss.backward()
+            (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+    if run.scaler:  # the true gradients, then their norm (computed anyway: an inf in it is an overflow)
+        run.optimizer.unscale(run.scaler)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip or math.inf) \
+        if t.grad_clip > 0 or run.scaler else None
     # one small all-reduce: mean loss over ranks, and agreement on stopping
     flags = torch.tensor([float(loss_sum), 1.0 if stop.signum is not None else 0.0], dtype=torch.float64)
     if dist.enabled:
@@ -342,13 +353,21 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         torch.distributed.all_reduce(flags)
         flags = flags.cpu()
     loss_value = float(flags[0]) / dist.world
+    if run.scaler and math.isfinite(loss_value) and not torch.isfinite(grad_norm):
+        run.scaler.update()  # float16: the scaled gradients overflowed; no part steps, the scale halves
+        run.skipped_steps += 1
+        run.optimizer.zero_grad(set_to_none=True)
+        run.step += 1
+        return loss_value, None, lr, float(flags[1]) > 0
     if not math.isfinite(loss_value) or (grad_norm is not None and not torch.isfinite(grad_norm)):
         what = "loss" if not math.isfinite(loss_value) else "gradient norm"
         kept = f"the last good checkpoint {run.ckpt_path} is kept" if os.path.exists(run.ckpt_path) \
             else "no checkpoint was written"
         raise TrainingError(f"{what} is {loss_value if what == 'loss' else float(grad_norm)} at step "
                             f"{run.step + 1}: stopping; {kept}; try a lower train.lr or train.grad_clip")
-    run.optimizer.step()
+    run.optimizer.step(run.scaler)
+    if run.scaler:
+        run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.step += 1
     return loss_value, grad_norm, lr, float(flags[1]) > 0
@@ -368,7 +387,8 @@ def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_no
         run.log({"event": "train", "step": step, "tokens": step * run.tokens_per_step, "loss": round(loss, 5),
                  "lr": lr, "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
                  "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2),
-                 "memory_mib": peak_memory_mib(run.device)})
+                 "memory_mib": peak_memory_mib(run.device),
+                 **({"skipped_steps": run.skipped_steps, "loss_scale": run.scaler.get_scale()} if run.scaler else {})})
     if step % t.eval_interval == 0 and step < t.max_steps:
         run.last_val = run.validate(val_set)
         bpc = run.last_val["val_bpc"]
@@ -407,6 +427,7 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         "best_val_bpc": run.best_bpc,
         "final_val_loss": final and final["val_loss"], "final_val_bpc": final and final["val_bpc"],
         "final_val_ppl": final and final["val_ppl"], "interrupted": interrupted, "sample": sample,
+        **({"skipped_steps": run.skipped_steps} if run.scaler else {}),
     }
     if sample is not None:
         run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---")

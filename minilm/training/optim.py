@@ -20,6 +20,7 @@ once (a batched matmul), and works with any torch.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -110,9 +111,18 @@ class Optimizers:
         for group in self.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
 
-    def step(self) -> None:
+    def step(self, scaler: Optional[torch.amp.GradScaler] = None) -> None:
+        """Step every part (through ``scaler`` under float16, which skips a part with inf gradients)."""
         for part in self.parts:
-            part.step()
+            if scaler is not None:
+                scaler.step(part)
+            else:
+                part.step()
+
+    def unscale(self, scaler: torch.amp.GradScaler) -> None:
+        """Divide every part's gradients by the loss scale (before clipping), recording any inf."""
+        for part in self.parts:
+            scaler.unscale_(part)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts:
