@@ -217,7 +217,8 @@ def _umask() -> int:
 # --------------------------------------------------------------------------- hardware
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16")  # what evaluation and generation compute in
+TRAIN_DTYPES = (*DTYPES, "float16")  # training also takes float16, with a gradient scaler
 
 
 def _mps_available() -> bool:
@@ -247,17 +248,19 @@ def cpu_has_fast_bf16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def resolve_dtype(name: str, device: torch.device, *, setting: str = "dtype") -> torch.dtype:
-    """The compute dtype for ``name``: float32, bfloat16, float16, or auto = bfloat16 on CUDA with
-    bf16 support and on CPUs with native bf16 units, else float32 (emulated bf16 is far slower)."""
+def resolve_dtype(name: str, device: torch.device, *, setting: str = "dtype",
+                  valid: Sequence[str] = DTYPES) -> torch.dtype:
+    """The compute dtype for ``name`` (one of ``valid``): float32, bfloat16, float16 (training
+    only: ``TRAIN_DTYPES``), or auto = bfloat16 on CUDA with bf16 support and on CPUs with native
+    bf16 units, else float32 (emulated bf16 is far slower)."""
     if name == "float32":
         return torch.float32
     if name == "bfloat16":
         return torch.bfloat16
+    if name not in valid:
+        raise MinilmError(f"{setting} {name!r} is unknown: valid: {', '.join(valid)}")
     if name == "float16":  # for GPUs without bf16; training pairs it with a gradient scaler
         return torch.float16
-    if name != "auto":
-        raise MinilmError(f"{setting} {name!r} is unknown: valid: {', '.join(DTYPES)}")
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type == "cpu":

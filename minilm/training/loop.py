@@ -62,7 +62,8 @@ from tqdm import tqdm
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded
-from minilm.common import MinilmError, WriteError, autocast, peak_memory_mib, resolve_device, resolve_dtype
+from minilm.common import (TRAIN_DTYPES, MinilmError, WriteError, autocast, peak_memory_mib, resolve_device,
+                           resolve_dtype)
 from minilm.config import Config, resolve_config
 from minilm.data.corpus import Prepared, prepare
 from minilm.data.retrieval import Task
@@ -248,7 +249,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     started, t = time.time(), config.train
     dist = init_distributed(t)
     device = resolve_device(t.device, setting="train.device", local_rank=dist.local_rank)
-    dtype = resolve_dtype(t.dtype, device, setting="train.dtype")
+    dtype = resolve_dtype(t.dtype, device, setting="train.dtype", valid=TRAIN_DTYPES)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
