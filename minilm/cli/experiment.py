@@ -24,7 +24,7 @@ def parse_args(argv):
     parser.add_argument("experiment", choices=experiments.EXPERIMENTS)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument("--quick", action="store_true",
-                        help="tiny models and budgets: a smoke test of every part (about half a minute on 2 CPU cores)")
+                        help="tiny models and budgets: a smoke test of every part (10-35 s on 2 CPU cores)")
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
     parser.add_argument("--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 3 seeds; "
                                                          "--quick: 2)")
