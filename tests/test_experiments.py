@@ -321,7 +321,8 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
 def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1, 2])
     long = 4 * plan["model"]["block_size"]
-    cells = lambda values: [{"section": "sweep", "label": f"{lr:g}", "seed": seed, "length": long, "ppl": ppl}  # noqa
+    cells = lambda values: [{"section": "sweep", "label": f"{lr:g}", "seed": seed, "length": long,  # noqa
+                             "mode": "nonoverlapping", "ppl": ppl}
                             for (lr, seed), ppl in values.items()]
     # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on seed 1
     chosen = sweep.choose(plan, cells({(1e-4, 1): 100.0, (1e-4, 2): 100.0, (2e-4, 1): 90.0, (2e-4, 2): 90.0,

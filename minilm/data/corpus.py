@@ -304,7 +304,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
     (``data_cfg.vocab_size`` is then ignored), see the module docstring. Raises DataError
     for a bad corpus or vocab size.
     """
-    tokenizer_hash = None
+    tokenizer_hash, holdout = None, getattr(data_cfg, "holdout_tokens", 0)  # configs from before the option: none
     if tokenizer is not None:
         data_cfg = replace(data_cfg, vocab_size=tokenizer.vocab_size)
         tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
@@ -315,13 +315,13 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         manifest = None if reprepare else _valid_manifest(directory, _expected(data_cfg, fingerprint))
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
-            return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
+            return _load(directory, manifest, holdout)
         directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}{_eot_suffix(data_cfg)}")
     expected = _expected(data_cfg, fingerprint, tokenizer_hash)
     manifest = None if reprepare else _valid_manifest(directory, expected)
     if manifest is not None:
         _log(f"reusing {directory}", quiet)
-        return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
+        return _load(directory, manifest, holdout)
 
     started = time.time()
     how = (f"a {data_cfg.vocab_size}-piece tokenizer" if tokenizer is None
@@ -341,7 +341,7 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
         raise DataError(f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): "
                         f"{reason}") from None
-    return _load(directory, manifest, getattr(data_cfg, "holdout_tokens", 0))
+    return _load(directory, manifest, holdout)
 
 
 def _progress(desc: str, total: int, quiet: bool) -> tqdm:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from minilm.common import markdown_table
+from minilm.study.claims import paired_ratio, per_seed
 from minilm.study.stats import interval
 
 REFERENCE = "as in the study"
@@ -71,15 +72,9 @@ def reference_of(table: dict, name: str) -> str:
     return next(n for n, v in table.items() if v["scheme"] == scheme and v["group"] is None)
 
 
-def per_seed(cells: Sequence[dict], name: str, length: int, mode: str) -> dict:
-    return {c["seed"]: c["ppl"] for c in cells if c["section"] == "ablation" and c["label"] == name
-            and c["length"] == length and c["mode"] == mode and c["ppl"] is not None}
-
-
 def ratio_text(cells: Sequence[dict], a: str, b: str, length: int, mode: str) -> str:
     """ppl(a) / ppl(b) per seed (paired), mean ± the 95% t half-width over seeds."""
-    x, y = per_seed(cells, a, length, mode), per_seed(cells, b, length, mode)
-    ratios = [x[s] / y[s] for s in sorted(x) if s in y]
+    ratios = paired_ratio(cells, ("ablation", a, length, None), ("ablation", b, length, None), mode)
     return interval(ratios).format(3) if ratios else ""
 
 
@@ -97,7 +92,7 @@ def group_rows(plan: dict, cells: Sequence[dict], group: str, mode: str) -> list
     rows = []
     for name in order:
         v, ref = table[name], reference_of(table, name)
-        ppl = [list(per_seed(cells, name, t, mode).values()) for t in lengths]
+        ppl = [list(per_seed(cells, "ablation", name, t, mode).values()) for t in lengths]
         rows.append([v["scheme"], v["condition"], *[interval(p).format() if p else "n/a" for p in ppl],
                      *["-" if name == ref else ratio_text(cells, name, ref, t, mode) or "n/a" for t in lengths]])
     return rows

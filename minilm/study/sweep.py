@@ -21,10 +21,12 @@ import os
 from typing import Optional
 
 from minilm.common import MinilmError, markdown_table
+from minilm.study.claims import paired_ratio, per_seed
 from minilm.study.extension import METHOD_NAMES
 from minilm.study.stats import interval
 
 SECTION = "sweep"  # the cells of the sweep, and the runs' section
+MODE = "nonoverlapping"  # how the sweep scores the held-out text
 
 
 class SweepError(MinilmError):
@@ -61,7 +63,7 @@ def build(study) -> list:
                                after=[f"train {source}"], source=source,
                                init_from=os.path.join(study.runs_dir, source), block_size=long,
                                finetune=finetune_at(plan, lr))
-            keys.append(study._evaluate(key, study.runs[name].config.out_dir, [1, factor], ["nonoverlapping"],
+            keys.append(study._evaluate(key, study.runs[name].config.out_dir, [1, factor], [MODE],
                                         dict(section=SECTION, label=label(lr), seed=seed, step=None),
                                         phase="evaluate the sweep on held-out training text", split="holdout"))
     return keys
@@ -74,8 +76,7 @@ def choose(plan: dict, cells: list) -> Optional[float]:
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
     scores = {}
     for lr in rates(plan):
-        values = [math.log(c["ppl"]) for c in cells if c["section"] == SECTION and c["label"] == label(lr)
-                  and c["length"] == long and c["ppl"] is not None]
+        values = [math.log(ppl) for ppl in per_seed(cells, SECTION, label(lr), long, MODE).values()]
         if values and all(math.isfinite(v) for v in values):  # a rate that diverged on any seed is out
             scores[lr] = sum(values) / len(values)
     if rates(plan) and not scores:
@@ -92,16 +93,15 @@ def report_lines(plan: dict, cells: list, chosen: Optional[float]) -> list:
     lengths = [L, int(factor * L)]
 
     def ppl(lr, t):
-        return {c["seed"]: c["ppl"] for c in cells if c["section"] == SECTION and c["label"] == label(lr)
-                and c["length"] == t and c["ppl"] is not None}
+        values = list(per_seed(cells, SECTION, label(lr), t, MODE).values())
+        return interval(values).format() if values else ""
 
     def ratio(lr):  # paired, per seed, against the chosen rate at factor x L
-        mine, best = ppl(lr, lengths[1]), ppl(chosen, lengths[1]) if chosen is not None else {}
-        values = [mine[s] / best[s] for s in sorted(mine) if s in best]
+        values = [] if chosen is None else paired_ratio(cells, (SECTION, label(lr), lengths[1], None),
+                                                        (SECTION, label(chosen), lengths[1], None), MODE)
         return "-" if lr == chosen else (interval(values).format(3) if values else "")
 
-    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")]
-            + [interval(list(ppl(lr, t).values())).format() if ppl(lr, t) else "" for t in lengths] + [ratio(lr)]
+    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")] + [ppl(lr, t) for t in lengths] + [ratio(lr)]
             for lr in rates(plan)]
     return [f"Fine-tuning learning rate, chosen on held-out training text: fine-tuning of each seed's rope model "
             f"({METHOD_NAMES[plan[SECTION]['method']]}) at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "

@@ -354,24 +354,23 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         torch.distributed.all_reduce(flags)
         flags = flags.cpu()
     loss_value = float(flags[0]) / dist.world
-    if run.scaler and math.isfinite(loss_value) and not torch.isfinite(grad_norm):
-        run.scaler.update()  # float16: the scaled gradients overflowed; no part steps, the scale halves
+    # float16: the scaled gradients overflowed; no part steps, and the scaler's update halves the scale
+    overflow = run.scaler is not None and math.isfinite(loss_value) and not torch.isfinite(grad_norm)
+    if overflow:
         run.skipped_steps += 1
-        run.optimizer.zero_grad(set_to_none=True)
-        run.step += 1
-        return loss_value, None, lr, float(flags[1]) > 0
-    if not math.isfinite(loss_value) or (grad_norm is not None and not torch.isfinite(grad_norm)):
+    elif not math.isfinite(loss_value) or (grad_norm is not None and not torch.isfinite(grad_norm)):
         what = "loss" if not math.isfinite(loss_value) else "gradient norm"
         kept = f"the last good checkpoint {run.ckpt_path} is kept" if os.path.exists(run.ckpt_path) \
             else "no checkpoint was written"
         raise TrainingError(f"{what} is {loss_value if what == 'loss' else float(grad_norm)} at step "
                             f"{run.step + 1}: stopping; {kept}; try a lower train.lr or train.grad_clip")
-    run.optimizer.step(run.scaler)
+    else:
+        run.optimizer.step(run.scaler)
     if run.scaler:
         run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     run.step += 1
-    return loss_value, grad_norm, lr, float(flags[1]) > 0
+    return loss_value, None if overflow else grad_norm, lr, float(flags[1]) > 0
 
 
 def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool,
