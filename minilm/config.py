@@ -150,8 +150,8 @@ class DataConfig:
     dir: str = option("data", help="where prepared corpora land")
     text_field: str = option("text", help="the field of a .jsonl line that holds its document's text")
     end_of_text: bool = option(False, help="the tokenizer's eos id between documents, instead of two blank lines")
-    holdout_tokens: int = option(0, help="the last N tokens of the train split, never trained on: text to choose "
-                                         "settings on without the validation split (evaluate --split holdout)")
+    holdout_tokens: int = option(0, help="the last N tokens of the train split, never sampled for training: text "
+                                         "to choose settings on without the validation split (evaluate --split holdout)")
     document_mask: str = option("none", choices=("none", "mask", "restart"),
                                 help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
 
@@ -194,7 +194,7 @@ class TrainConfig:
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
     compile: bool = option(False, help="torch.compile the training step")
     activation_checkpointing: bool = option(False, help="keep only each block's input and recompute the block in the "
-                                                        "backward pass: less activation memory, about 1/3 more compute")
+                                                        "backward pass: less activation memory, more time per step")
     init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
     sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
     final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")

@@ -93,7 +93,7 @@ class Prepared:
     val_chars: int
     manifest: dict = field(repr=False, default_factory=dict)
     eot_id: Optional[int] = None  # the id after every document (data.end_of_text), else None
-    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))  # data.holdout_tokens: never trained on
+    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))  # data.holdout_tokens: never sampled for training
 
     def tokens_per_char(self, split: str) -> float:
         """Tokens per character of the 'train', 'val' or 'holdout' text (the holdout's: the train split's)."""
