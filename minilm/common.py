@@ -103,7 +103,7 @@ def temporary_path(path: Union[str, Path]) -> Path:
 
 
 def remove_stale_temporaries(directory: Union[str, Path]) -> list:
-    """Delete the temporary files (``.*.tmp``) of writes whose process is gone: the pid in a
+    """Delete the temporary files and directories (``.*.tmp``) of writes whose process is gone: the pid in a
     ``temporary_path`` name is not running, or the name has none (an older naming). Returns
     the removed paths."""
     removed = []
@@ -114,7 +114,10 @@ def remove_stale_temporaries(directory: Union[str, Path]) -> list:
                 os.kill(pid, 0)
             continue  # that process is still running
         except (ValueError, IndexError, ProcessLookupError):
-            path.unlink(missing_ok=True)
+            if path.is_dir() and not path.is_symlink():  # a staged directory (staged_directory) never completed
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
             removed.append(str(path))
         except PermissionError:
             continue

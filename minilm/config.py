@@ -193,6 +193,12 @@ class TrainConfig:
                         help="auto: bf16 autocast where the hardware has fast bf16, else float32")
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
     compile: bool = option(False, help="torch.compile the training step")
+    parallel: str = option("ddp", choices=("ddp", "fsdp"),
+                           help="under torchrun: ddp (a whole copy per process) or fsdp (FSDP2: weights, gradients "
+                                "and optimiser state sharded per block)")
+    checkpoint_format: str = option("file", choices=("file", "sharded"),
+                                    help="file: one ckpt.pt; sharded: ckpt.dcp/, each process writes its own shards "
+                                         "(torch.distributed.checkpoint; 'minilm unshard' makes a file of it)")
     activation_checkpointing: bool = option(False, help="keep only each block's input and recompute the block in the "
                                                         "backward pass: less activation memory, more time per step")
     init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
@@ -232,6 +238,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"train.{name}={value!r} is invalid: expected a number > 0")
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
+                              "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 
@@ -307,7 +316,8 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
     """Apply ``dotted.key=value`` assignments to a nested dict in place and return it. With
     ``allowed`` (key prefixes), any other key is a ConfigError that says what may change
     ``what``-time (e.g. "at evaluation time"). Setting ``model.position.kind`` to another kind
-    starts the position settings afresh, so no option of the old kind is left behind."""
+    starts the position settings afresh, so no option of the old kind is left behind. Values
+    are parsed as YAML (a value that is not YAML stays a string)."""
     for assignment in assignments:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
         if "=" not in assignment:
@@ -318,30 +328,21 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
         if key == "model.position.kind" and isinstance(tree.get("model", {}).get("position"), dict):
             if assignment.split("=", 1)[1].strip() != tree["model"]["position"].get("kind"):
                 tree["model"]["position"] = {}
-        apply_override(tree, assignment)
+        raw = assignment.split("=", 1)[1]
+        try:
+            value = parse_yaml(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node, parts = tree, key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key}: '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
     return tree
-
-
-def apply_override(tree: dict, assignment: str) -> None:
-    """Apply one ``dotted.key=value`` override to a nested dict; the value is parsed as YAML."""
-    if "=" not in assignment:
-        raise ConfigError(f"override {assignment!r} is not of the form section.key=value")
-    key, raw = assignment.split("=", 1)
-    key = key.strip().lstrip("-")
-    try:
-        value = parse_yaml(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: '{part}' is a value, not a section")
-        node = child
-    node[parts[-1]] = value
 
 
 SHIPPED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")  # package data

@@ -28,6 +28,7 @@ from minilm.config import DataConfig, ModelConfig
 FORMAT = "minilm-checkpoint"
 VERSION = 1
 FILENAME = "ckpt.pt"
+SHARDED = "ckpt.dcp"  # train.checkpoint_format: sharded (minilm.training.saving), beside or instead of FILENAME
 
 
 class CheckpointError(MinilmError):
@@ -37,7 +38,12 @@ class CheckpointError(MinilmError):
 def resolve(path: str) -> str:
     """A checkpoint file, or an out_dir holding ``ckpt.pt``."""
     if os.path.isdir(path):
-        candidate = os.path.join(path, FILENAME)
+        candidate, sharded = os.path.join(path, FILENAME), os.path.join(path, SHARDED)
+        if os.path.basename(os.path.normpath(path)) == SHARDED or (not os.path.isfile(candidate)
+                                                                   and os.path.isdir(sharded)):
+            found = path if os.path.basename(os.path.normpath(path)) == SHARDED else sharded
+            raise CheckpointError(f"{found!r} is a sharded checkpoint: make one file of it with "
+                                  f"'python -m minilm unshard {found}' and give that file")
         if not os.path.isfile(candidate):
             raise CheckpointError(f"no checkpoint in directory {path!r}: expected {candidate}")
         return candidate

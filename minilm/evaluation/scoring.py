@@ -31,6 +31,7 @@ validation split in non-overlapping segments).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -52,9 +53,14 @@ def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0, **forw
     """(B, T - first) float32 next-token cross-entropies in nats of targets ``y`` after inputs
     ``x``, at positions ``first`` onwards; the logits are formed ``LOSS_CHUNK`` rows at a time.
     ``forward``: options of the model's forward pass (``window``, ``sinks``, ...)."""
-    hidden = model(x, return_hidden=True, **forward)[:, first:]
-    rows, targets = hidden.reshape(-1, hidden.shape[-1]), y[:, first:].reshape(-1)
-    losses = [F.cross_entropy(model.lm_head(rows[i:i + LOSS_CHUNK]).float(), targets[i:i + LOSS_CHUNK],
+    return model(x, head=functools.partial(_chunked_losses, y=y[:, first:], first=first), **forward)
+
+
+def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, first: int) -> torch.Tensor:
+    """The cross-entropies of ``token_losses`` from the final hidden states and the head's weight."""
+    hidden = hidden[:, first:]
+    rows, targets = hidden.reshape(-1, hidden.shape[-1]), y.reshape(-1)
+    losses = [F.cross_entropy(F.linear(rows[i:i + LOSS_CHUNK], weight).float(), targets[i:i + LOSS_CHUNK],
                               reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
     return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
 
@@ -156,20 +162,27 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
 
 
 @torch.no_grad()
-def heldout_loss(model, batches, device, dtype, dist, **forward) -> float:
+def heldout_loss(model, batches, device, dtype, dist, lockstep: bool = False, **forward) -> float:
     """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
     (``dist``: rank, world, enabled, see ``minilm.training.distributed``) each rank takes a share.
+    ``lockstep``: every rank runs the same number of forward passes (a model sharded by FSDP
+    gathers its weights in each, with every rank), a rank past the end scoring batch 0 uncounted.
     ``forward`` goes to every forward pass (the documents of ``data.document_mask``)."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
-    for i, (x, y) in enumerate(batches):
+    rounds = -(-len(batches) // dist.world) if lockstep else 0
+    for i in range(max(len(batches), rounds * dist.world)):
         if i % dist.world != dist.rank:
             continue
+        counted = i < len(batches)
+        x, y = (batches[i] if counted else batches[0])
         x, y = x.to(device), y.to(device)
         with autocast(device, dtype):
-            total[0] += token_losses(model, x, y, **forward).double().sum().to(device)
-        total[1] += y.numel()
+            losses = token_losses(model, x, y, **forward).double().sum().to(device)
+        if counted:
+            total[0] += losses
+            total[1] += y.numel()
     if dist.enabled:
         torch.distributed.all_reduce(total)
     model.train(was_training)

@@ -23,7 +23,7 @@ each (``minilm.model.attention.attend_rows``).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -269,7 +269,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
                 sinks: int = 0, sink_positions: Optional[str] = None, context_len: Optional[int] = None,
                 return_hidden: bool = False, body=None, weights_of: Optional[int] = None,
-                end_of_text: Optional[int] = None, restart_positions: bool = False):
+                end_of_text: Optional[int] = None, restart_positions: bool = False,
+                head: Optional[Callable] = None):
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
@@ -288,6 +289,9 @@ class GPT(nn.Module):
         that id and attention stops at their boundaries; ``restart_positions`` also numbers
         each document from 0 (``data.document_mask``). A cache made with ``offsets`` holds
         left-padded rows, each at its own positions (``new_cache``).
+        ``head(hidden, lm_head_weight)``: what to return instead of the logits, computed inside
+        the forward pass from the final hidden states (a loss that never forms the logits). Under
+        FSDP the head's weight is whole only inside a forward pass, so losses are taken this way.
         """
         B, T = idx.shape
         if self.positions.draws_at_evaluation and not self.training and B > 1:
@@ -295,7 +299,8 @@ class GPT(nn.Module):
             # the rows of a batch are independent samples and no score depends on how rows were batched
             rows = [self.forward(idx[b:b + 1], cache, window=window, sinks=sinks, sink_positions=sink_positions,
                                  context_len=context_len, return_hidden=return_hidden, body=body, weights_of=weights_of,
-                                 end_of_text=end_of_text, restart_positions=restart_positions) for b in range(B)]
+                                 end_of_text=end_of_text, restart_positions=restart_positions, head=head)
+                    for b in range(B)]
             if weights_of is not None:
                 return tuple(torch.cat(part) for part in zip(*rows))
             return torch.cat(rows)
@@ -334,10 +339,10 @@ class GPT(nn.Module):
         if renumbered and weights_of is not None:
             raise ValueError("attention weights are not written out for sinks at cache positions")
         fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered, documents)
-        out = (body or self.body)(idx, fp, return_hidden)
+        out = (body or self.body)(idx, fp, return_hidden or head is not None)
         if cache is not None:
             cache.commit()
-        return out
+        return out if head is None else head(out, self.lm_head.weight)
 
     def embed_positions(self, x, fp: ForwardPass):
         """The token embeddings ``x`` with the scheme's positions added (``embed``) or, under

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import signal
@@ -56,11 +57,9 @@ from typing import Optional
 
 import torch
 import torch.distributed
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from minilm.checkpoints import format as checkpoint
-from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded
 from minilm.common import (TRAIN_DTYPES, MinilmError, WriteError, autocast, peak_memory_mib, resolve_device,
                            resolve_dtype)
@@ -76,7 +75,9 @@ from minilm.training.loggers import check_loggers, open_loggers
 from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim
-from minilm.training.resume import StopFlag, check_resumable, rng_state, set_rng_state, trajectory_changes
+from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
+from minilm.training.resume import StopFlag, set_rng_state, trajectory_changes
+from minilm.training.saving import load_sharded, resume_state, whole_model, write_checkpoint
 from minilm.training.source import source_model
 
 SAMPLE_TEMPERATURE = 0.8
@@ -117,7 +118,7 @@ class TrainingRun:
     dtype: torch.dtype
     talk: bool
     prepared: Prepared
-    raw: GPT  # the model itself (``model`` may be its DDP or compiled wrapper)
+    raw: GPT  # the model itself (``model`` may be its DDP or compiled wrapper; FSDP shards ``raw`` in place)
     model: torch.nn.Module
     optimizer: Optimizers
     generator: torch.Generator
@@ -132,7 +133,14 @@ class TrainingRun:
 
     @property
     def ckpt_path(self) -> str:
-        return os.path.join(self.config.out_dir, checkpoint.FILENAME)
+        """The checkpoint this run writes: ckpt.pt, or the directory ckpt.dcp (train.checkpoint_format)."""
+        sharded = self.config.train.checkpoint_format == "sharded"
+        return os.path.join(self.config.out_dir, checkpoint.SHARDED if sharded else checkpoint.FILENAME)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP shards the model over the processes (train.parallel: fsdp under torchrun)."""
+        return is_sharded(self.config.train.parallel, self.dist)
 
     @property
     def tokens_per_step(self) -> int:
@@ -148,10 +156,9 @@ class TrainingRun:
             logger.write(record)
 
     def save(self, val: Optional[dict] = None) -> str:
-        if not self.dist.main:
-            return self.ckpt_path
+        """The checkpoint, as train.checkpoint_format says; called on every rank."""
         try:
-            return self._save(val)
+            return write_checkpoint(self, val)
         except (OSError, WriteError) as exc:
             reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
             kept = ("the previous checkpoint is kept: continue it with --resume once the problem is solved"
@@ -159,24 +166,14 @@ class TrainingRun:
             raise TrainingError(f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: "
                                 f"{reason}; {kept}") from None
 
-    def _save(self, val: Optional[dict]) -> str:
-        return checkpoint.save({
-            "model": self.raw.state_dict(), "config": self.config.to_dict(),
-            "tokenizer": self.prepared.tokenizer.to_bytes(), "optimizer": self.optimizer.state_dict(),
-            "step": self.step, "rng": rng_state(self.device),
-            "data_state": {"generator": self.generator.get_state(), "world_size": self.dist.world,
-                           "tokens_seen": self.step * self.tokens_per_step},
-            "best_val_bpc": self.best_bpc, "val": val,
-            **({"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps} if self.scaler else {}),
-        }, self.ckpt_path)
-
     def save_snapshot(self) -> str:
         """The weights alone (no optimizer: not resumable) at this step, ``snapshots/step-N.pt``,
         loadable by ``minilm.load_model`` like any checkpoint (``train.snapshot_steps``)."""
         path = os.path.join(self.config.out_dir, "snapshots", f"step-{self.step}.pt")
+        weights = full_model_state(self.raw, self.sharded)
         try:
             if self.dist.main:
-                checkpoint.save({"model": self.raw.state_dict(), "config": self.config.to_dict(),
+                checkpoint.save({"model": weights, "config": self.config.to_dict(),
                                  "tokenizer": self.prepared.tokenizer.to_bytes(), "step": self.step}, path)
         except (OSError, WriteError) as exc:
             reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
@@ -189,8 +186,8 @@ class TrainingRun:
         return document_forward(self.config.data, self.prepared.eot_id)
 
     def validate(self, batches) -> dict:
-        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, **self.forward_options),
-                           self.prepared)
+        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, lockstep=self.sharded,
+                                        **self.forward_options), self.prepared)
 
 
 def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False,
@@ -230,20 +227,6 @@ def _train(config: Config, *, resume: bool, quiet: bool, reprepare: bool = False
             logger.close()
 
 
-def _resume_state(config: Config, device: torch.device) -> dict:
-    """The checkpoint in out_dir that ``--resume`` continues, checked to fit ``config``."""
-    path = os.path.join(config.out_dir, checkpoint.FILENAME)
-    if not os.path.exists(path):
-        raise CheckpointError(f"cannot resume: no checkpoint {path!r}; run without --resume to start "
-                              f"a new run in out_dir={config.out_dir!r}")
-    state = checkpoint.load(path, map_location=str(device))
-    check_resumable(config, state)
-    for key in ("optimizer", "step", "rng", "data_state"):
-        if key not in state:
-            raise CheckpointError(f"cannot resume {path!r}: it lacks '{key}' (not a training checkpoint)")
-    return state
-
-
 def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepare: bool = False) -> TrainingRun:
     """Stages 1-2: data, model, optimiser and data generator, fresh, from init_from or resumed."""
     started, t = time.time(), config.train
@@ -265,22 +248,24 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     if dist.main:
         dist.barrier()
     config = resolve_config(config, tokenizer=prepared.tokenizer)
-    state = _resume_state(config, device) if resume else None
+    state = resume_state(config, device) if resume else None
     torch.manual_seed(config.seed)
     raw = GPT(config.model)
-    if state is not None or source is not None:
+    if (state is not None and "model" in state) or source is not None:  # a sharded checkpoint loads below
         raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
     raw.to(device)
     raw.checkpoint_blocks = t.activation_checkpointing
-    model = raw
-    if dist.enabled:
-        model = DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
+    model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
     if t.compile:
         model = torch.compile(model)
     run = TrainingRun(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
               make_optimizer(raw, t, device), torch.Generator().manual_seed(config.seed), started)
+    if state is not None and "model" not in state:
+        load_sharded(state, raw, run.optimizer)
+    elif state is not None:
+        run.optimizer.load_state_dict(state["optimizer"], functools.partial(load_full_optimizer_state, raw,
+                                                                            sharded=run.sharded))
     if state is not None:
-        run.optimizer.load_state_dict(state["optimizer"])
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
         set_rng_state(state["rng"], device)
         run.generator.set_state(state["data_state"]["generator"])
@@ -335,18 +320,22 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         row = micro * dist.world + dist.rank
         x, y = x_all[row * B:(row + 1) * B].to(device, non_blocking=True), \
             y_all[row * B:(row + 1) * B].to(device, non_blocking=True)
-        sync = contextlib.nullcontext() if (not dist.enabled or micro == A - 1) else run.model.no_sync()
-        with sync:
+        last = micro == A - 1  # gradients are averaged over the ranks after the last micro-step only
+        if run.sharded:
+            run.raw.set_requires_gradient_sync(last)
+        with contextlib.nullcontext() if (not dist.enabled or last or run.sharded) else run.model.no_sync():
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
-                hidden = run.model(x, return_hidden=True, **run.forward_options)
-                loss = mixed_loss(hidden, run.raw.lm_head.weight, y, mask) / A
+                loss = run.model(x, head=lambda hidden, weight: mixed_loss(hidden, weight, y, mask),
+                                 **run.forward_options) / A  # the loss inside the forward pass
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()
     if run.scaler:  # the true gradients, then their norm (computed anyway: an inf in it is an overflow)
         run.optimizer.unscale(run.scaler)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip or math.inf) \
         if t.grad_clip > 0 or run.scaler else None
+    if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor, the same on every rank
+        grad_norm = grad_norm.full_tensor()
     # one small all-reduce: mean loss over ranks, and agreement on stopping
     flags = torch.tensor([float(loss_sum), 1.0 if stop.signum is not None else 0.0], dtype=torch.float64)
     if dist.enabled:
@@ -418,8 +407,9 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         run.best_bpc = final["val_bpc"] if run.best_bpc is None else min(run.best_bpc, final["val_bpc"])
         run.log({"event": "final", "step": step, "tokens": step * run.tokens_per_step, **final})
         run.save(final)
-        if run.dist.main and t.sample_tokens > 0:
-            sample = sample_text(run.raw, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
+        whole = whole_model(run) if t.sample_tokens > 0 else None
+        if whole is not None:
+            sample = sample_text(whole, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
     summary = {
         "checkpoint": run.ckpt_path, "steps": step, "tokens": step * run.tokens_per_step,
         "seconds": round(time.time() - run.started, 2),

@@ -128,17 +128,20 @@ class Optimizers:
         for part in self.parts:
             part.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict:
-        return {"kind": self.kind, "parts": [part.state_dict() for part in self.parts]}
+    def state_dict(self, part_state=None) -> dict:
+        """Every part's state dict; ``part_state(part)`` replaces ``part.state_dict()`` (FSDP's gathered one)."""
+        return {"kind": self.kind, "parts": [part_state(part) if part_state else part.state_dict() for part in self.parts]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, load_part=None) -> None:
+        """Every part's state; ``load_part(part, its_state)`` replaces ``part.load_state_dict`` (FSDP's)."""
+        load_part = load_part or (lambda part, part_state: part.load_state_dict(part_state))
         kind = state.get("kind", "adamw") if "parts" in state else "adamw"
         if kind != self.kind:
             raise ConfigError(f"cannot resume: train.optimizer={self.kind!r} but the checkpoint was trained with "
                               f"{kind!r}; use train.optimizer={kind} or start a new out_dir")
         for part, part_state in zip(self.parts, state["parts"] if "parts" in state else [state]):
             try:
-                part.load_state_dict(part_state)
+                load_part(part, part_state)
             except ValueError:  # torch: another number or size of parameter groups
                 raise ConfigError(f"cannot resume: train.position_lr_scale={self.position_lr_scale!r} gives the "
                                   f"position parameters {'a group of their own' if self.position_lr_scale != 1 else 'no group of their own'}, "

@@ -88,8 +88,9 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
     check_writable(out_dir, "out_dir")
     try:
         with OutDirLock(out_dir):
-            existing = os.path.join(out_dir, checkpoint.FILENAME)
-            if not resume and not overwrite and os.path.exists(existing):
+            existing = next((os.path.join(out_dir, name) for name in (checkpoint.FILENAME, checkpoint.SHARDED)
+                             if os.path.exists(os.path.join(out_dir, name))), None)
+            if not resume and not overwrite and existing:
                 raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
                                   f"with --resume, replace it with --overwrite, or choose another out_dir")
             remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours

@@ -1,0 +1,180 @@
+"""A training run's checkpoint as one file or sharded (``train.checkpoint_format``), and a
+sharded checkpoint made into one file.
+
+- ``file``: ``<out_dir>/ckpt.pt`` (``minilm.checkpoints.format``), written by rank 0; under
+  FSDP the model and the optimiser's moments are first gathered whole on it
+  (``minilm.training.parallel``), so the file is the same however the run was spread.
+- ``sharded``: ``<out_dir>/ckpt.dcp/``, written with ``torch.distributed.checkpoint`` (DCP):
+  every rank writes its own shards of the model and the optimiser (DCP's ``*.distcp`` files
+  and ``.metadata``), and rank 0 adds ``run.pt``, the run's other state (config, tokenizer,
+  step, RNG and data generator, scores; ``RECORD``). DCP reads the shards back on any number
+  of ranks, one included, cutting them anew, so a run saved on 2 processes resumes on 1 or 4.
+  The directory is filled beside the old one and takes its place only once complete
+  (``common.staged_directory``): a save killed half-way leaves the previous checkpoint whole.
+
+``unshard`` reads a sharded checkpoint in one process and writes the ordinary file, optimiser
+included, which every command takes and ``--resume`` continues.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Optional
+
+import torch
+import torch.distributed
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.common import WriteError, atomic_write, staged_directory
+from minilm.config import Config, from_dict
+from minilm.model.gpt import GPT
+from minilm.training.distributed import Dist
+from minilm.training.optim import Optimizers, make_optimizer
+from minilm.training.parallel import full_model_state, full_optimizer_state
+from minilm.training.resume import check_resumable, rng_state
+
+RECORD = "run.pt"
+RECORD_FORMAT = "minilm-sharded-checkpoint"
+
+
+def write_checkpoint(run, val: Optional[dict]) -> str:
+    """Write ``run``'s checkpoint (a ``minilm.training.loop.TrainingRun``) as its
+    train.checkpoint_format says; every rank calls it. Returns its path."""
+    record = {  # everything but the weights and the optimiser's moments
+        "config": run.config.to_dict(), "tokenizer": run.prepared.tokenizer.to_bytes(),
+        "step": run.step, "rng": rng_state(run.device),
+        "data_state": {"generator": run.generator.get_state(), "world_size": run.dist.world,
+                       "tokens_seen": run.step * run.tokens_per_step},
+        "best_val_bpc": run.best_bpc, "val": val,
+        **({"scaler": run.scaler.state_dict(), "skipped_steps": run.skipped_steps} if run.scaler else {}),
+    }
+    if run.config.train.checkpoint_format == "sharded":
+        return save_sharded(run.ckpt_path, record, run.raw, run.optimizer, run.dist)
+    model = full_model_state(run.raw, run.sharded)  # under FSDP every rank takes part in gathering
+    optimizer = run.optimizer.state_dict(lambda part: full_optimizer_state(run.raw, part, run.sharded))
+    if not run.dist.main:
+        return run.ckpt_path
+    return checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path)
+
+
+def whole_model(run) -> Optional[GPT]:
+    """``run``'s model with whole weights on rank 0 (None on the others): the model itself, or
+    under FSDP a copy gathered from the shards (every rank calls it)."""
+    if not run.sharded:
+        return run.raw if run.dist.main else None
+    state = full_model_state(run.raw, True)
+    if not run.dist.main:
+        return None
+    model = GPT(run.config.model)
+    model.load_state_dict(state)
+    return model.to(run.device)
+
+
+def resume_state(config: Config, device: torch.device) -> dict:
+    """What ``--resume`` continues, checked to fit ``config``: the checkpoint file's dict, or a
+    sharded checkpoint's record (no ``model`` key: ``load_sharded`` reads its weights later)."""
+    fmt = config.train.checkpoint_format
+    names = {"file": checkpoint.FILENAME, "sharded": checkpoint.SHARDED}
+    path, other = (os.path.join(config.out_dir, names[f]) for f in (fmt, "sharded" if fmt == "file" else "file"))
+    if not os.path.exists(path):
+        if os.path.exists(other):
+            raise CheckpointError(f"cannot resume: train.checkpoint_format={fmt!r} but out_dir={config.out_dir!r} "
+                                  f"holds {os.path.basename(other)}: resume with train.checkpoint_format="
+                                  f"{'file' if fmt == 'sharded' else 'sharded'}")
+        raise CheckpointError(f"cannot resume: no checkpoint {path!r}; run without --resume to start "
+                              f"a new run in out_dir={config.out_dir!r}")
+    state = read_record(path) if fmt == "sharded" else checkpoint.load(path, map_location=str(device))
+    check_resumable(config, state)
+    for key in ("step", "rng", "data_state") + (("optimizer",) if fmt == "file" else ()):
+        if key not in state:
+            raise CheckpointError(f"cannot resume {path!r}: it lacks '{key}' (not a training checkpoint)")
+    return state
+
+
+def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
+    """What DCP writes and reads: the model's and every optimiser part's state dicts, keyed by
+    parameter name (each rank's shards under FSDP, whole tensors in one process)."""
+    return {"model": get_model_state_dict(raw),
+            "optimizer": {str(i): get_optimizer_state_dict(raw, part) for i, part in enumerate(optimizer.parts)}}
+
+
+def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: Optimizers, dist: Dist) -> str:
+    """Write a sharded checkpoint: called on every rank (DCP's save is collective); ``record``
+    (rank 0's) is everything else the run needs to continue."""
+    record = {"format": RECORD_FORMAT, "version": checkpoint.VERSION, "optimizer_kind": optimizer.kind,
+              "optimizer_groups": [[len(g["params"]) for g in part.param_groups] for part in optimizer.parts],
+              **record}
+    state = _shard_state(raw, optimizer)
+    with (staged_directory(directory, overwrite=True) if dist.main else contextlib.nullcontext()) as staging:
+        where = [str(staging) if dist.main else None]
+        if dist.enabled:
+            torch.distributed.broadcast_object_list(where, src=0)
+        dcp.save(state, checkpoint_id=where[0])
+        if dist.main:
+            atomic_write(os.path.join(where[0], RECORD), lambda f: torch.save(record, f))
+        dist.barrier()  # every rank's shards are in place before rank 0 moves the directory
+    dist.barrier()
+    return directory
+
+
+def read_record(directory: str) -> dict:
+    """The run state of a sharded checkpoint (no weights), checked; ``path`` names it."""
+    path = os.path.join(directory, RECORD)
+    if not os.path.isfile(path) or not os.path.isfile(os.path.join(directory, ".metadata")):
+        raise CheckpointError(f"{directory!r} is not a complete sharded checkpoint: it lacks "
+                              f"{RECORD if not os.path.isfile(path) else '.metadata'}")
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
+        raise CheckpointError(f"cannot read {path!r}: {type(exc).__name__}: it is damaged or not minilm's") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise CheckpointError(f"{path!r} is not the record of a minilm sharded checkpoint")
+    if record.get("version") != checkpoint.VERSION:
+        raise CheckpointError(f"{path!r} has checkpoint version {record.get('version')!r}; this minilm reads "
+                              f"{checkpoint.VERSION}")
+    return {**record, "path": directory}
+
+
+def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> None:
+    """Load a sharded checkpoint's weights and optimiser state into ``raw`` and ``optimizer``
+    (built, and sharded if so, by the caller); on every rank: each reads the slices it holds."""
+    def check_groups(part, sizes):  # the optimiser's own refusal of other parameter groups
+        if [len(g["params"]) for g in part.param_groups] != sizes:
+            raise ValueError("another number or size of parameter groups")
+    optimizer.load_state_dict({"kind": record["optimizer_kind"], "parts": record["optimizer_groups"]},
+                              load_part=check_groups)
+    state = _shard_state(raw, optimizer)
+    try:
+        dcp.load(state, checkpoint_id=record["path"])
+    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in its own exception
+        raise CheckpointError(f"cannot read the shards of {record['path']!r}: "
+                              f"{str(exc).strip().splitlines()[-1][:200]}") from None
+    set_model_state_dict(raw, state["model"])
+    for i, part in enumerate(optimizer.parts):
+        set_optimizer_state_dict(raw, part, state["optimizer"][str(i)])
+
+
+def unshard(directory: str, out: Optional[str] = None) -> str:
+    """Make one checkpoint file of the sharded checkpoint ``directory`` (an out_dir or its
+    ckpt.dcp), optimiser included: ``out``, default ``ckpt.pt`` beside ``ckpt.dcp``. One process."""
+    if os.path.isdir(os.path.join(directory, checkpoint.SHARDED)):
+        directory = os.path.join(directory, checkpoint.SHARDED)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{directory!r} is not a sharded checkpoint: give an out_dir holding "
+                              f"{checkpoint.SHARDED}/ or that directory")
+    record = read_record(directory)
+    out = out or os.path.join(os.path.dirname(os.path.abspath(directory)), checkpoint.FILENAME)
+    config = from_dict(Config, checkpoint.with_defaults(record["config"]))
+    raw = GPT(config.model)
+    optimizer = make_optimizer(raw, config.train, torch.device("cpu"))
+    load_sharded(record, raw, optimizer)
+    kept = {k: v for k, v in record.items() if k not in ("format", "version", "path", "optimizer_kind",
+                                                          "optimizer_groups")}
+    try:
+        return checkpoint.save({**kept, "model": raw.state_dict(), "optimizer": optimizer.state_dict()}, out)
+    except (OSError, WriteError) as exc:
+        raise CheckpointError(f"cannot write {out!r}: {exc.reason if isinstance(exc, WriteError) else exc}") from None
