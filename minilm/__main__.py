@@ -2,7 +2,8 @@
 entry for every tool, each a module of ``minilm/cli/`` with its own ``--help``."""
 import sys
 
-from minilm.cli import evaluate, experiment, export, generate, lmeval, longeval, passkey, positions, train
+from minilm.cli import (evaluate, experiment, export, generate, lmeval, longeval, memory, passkey, positions, train,
+                        unshard)
 
 USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [options])
 
@@ -15,12 +16,15 @@ USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [
   lmeval CHECKPOINT --tasks T                lm-evaluation-harness tasks (the eval extra)
   experiment length-generalization ...       the length-generalization study
   export CHECKPOINT DIR                      a checkpoint as a Hugging Face model directory
+  unshard OUT_DIR                            a sharded checkpoint (train.checkpoint_format: sharded) as one file
+  memory [CONFIG] [--ranks N]                a training step's memory per process: DDP or FSDP, checkpointing
 
 'minilm <command> --help' shows a command's options."""
 
 COMMANDS = {"train": train.main, "generate": generate.main, "evaluate": evaluate.main, "positions": positions.main,
             "passkey": passkey.main, "longeval": longeval.main, "lmeval": lmeval.main,
-            "experiment": experiment.main, "export": export.main}
+            "experiment": experiment.main, "export": export.main, "unshard": unshard.main,
+            "memory": memory.main}
 
 
 def main(argv=None) -> int:

@@ -289,14 +289,15 @@ def peak_memory_mib(device: Union[str, torch.device] = "cpu") -> Optional[float]
     return round(rss / 2**20 if sys.platform == "darwin" else rss / 2**10, 1)
 
 
-def saved_tensor_bytes(forward: Callable[[], object]) -> tuple:
+def saved_tensor_bytes(forward: Callable[[], object], skip: Callable[[torch.Tensor], bool] = lambda t: False) -> tuple:
     """(bytes of the tensors autograd keeps for the backward pass while ``forward()`` runs, each
-    storage counted once; what ``forward`` returned): the activation memory of a training step."""
+    storage counted once, none for which ``skip`` says True (the weights); what ``forward``
+    returned): the activation memory of a training step. Works on the meta device too."""
     seen, total = set(), [0]
 
     def pack(tensor):
-        key = (tensor.untyped_storage().data_ptr(), tensor.dtype)
-        if key not in seen:
+        key = tensor.untyped_storage()._cdata  # the storage itself, alive while autograd keeps the tensor
+        if key not in seen and not skip(tensor):
             seen.add(key)
             total[0] += tensor.untyped_storage().nbytes()
         return tensor

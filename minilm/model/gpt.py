@@ -298,12 +298,12 @@ class GPT(nn.Module):
             # positions drawn at evaluation (randomized, eval_positions: sampled): one draw per row, so that
             # the rows of a batch are independent samples and no score depends on how rows were batched
             rows = [self.forward(idx[b:b + 1], cache, window=window, sinks=sinks, sink_positions=sink_positions,
-                                 context_len=context_len, return_hidden=return_hidden, body=body, weights_of=weights_of,
-                                 end_of_text=end_of_text, restart_positions=restart_positions, head=head)
+                                 context_len=context_len, return_hidden=return_hidden or head is not None, body=body,
+                                 weights_of=weights_of, end_of_text=end_of_text, restart_positions=restart_positions)
                     for b in range(B)]
             if weights_of is not None:
                 return tuple(torch.cat(part) for part in zip(*rows))
-            return torch.cat(rows)
+            return torch.cat(rows) if head is None else head(torch.cat(rows), self.lm_head.weight)
         self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
         if cache is not None:
             if cache.batch_size != B:

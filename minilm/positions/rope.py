@@ -224,8 +224,9 @@ class RoPE(PositionScheme):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
         memo = None if compiling else self._memo
-        if (memo is not None and memo[1] == context_len and memo[2] == dtype
-                and memo[0].shape == pos.shape and memo[0].device == pos.device and torch.equal(memo[0], pos)):
+        same = memo is not None and memo[0].shape == pos.shape and memo[0].device == pos.device and (
+            memo[5] is pos if pos.is_meta else torch.equal(memo[0], pos))  # meta (a dry run): no values to compare
+        if same and memo[1] == context_len and memo[2] == dtype:
             return memo[3], memo[4]
         inv = self.inv_freq(context_len).to(device=pos.device, dtype=torch.float32)
         angles = pos.to(torch.float32)[:, None] * inv[None, :]
@@ -233,7 +234,7 @@ class RoPE(PositionScheme):
         scale = self.attention_scale()
         cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
         if not compiling:
-            self._memo = (pos.clone(), context_len, dtype, cos, sin)
+            self._memo = (pos.clone(), context_len, dtype, cos, sin, pos)
         return cos, sin
 
     def rotate(self, q, k, pos, context_len):

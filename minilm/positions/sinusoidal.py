@@ -27,7 +27,7 @@ from minilm.positions.base import PositionError, PositionScheme, check_number, r
 
 def sinusoidal_table(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     """(T, dim) matrix of interleaved sin/cos values for float positions ``pos``."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
     angles = pos.to(torch.float64)[:, None] * inv_freq[None, :]
     table = torch.stack((angles.sin(), angles.cos()), dim=-1).reshape(len(pos), dim)
     return table.to(torch.float32)

@@ -38,13 +38,13 @@ class XPos(RoPE):
         self.scale_base, self.gamma = float(scale_base), float(gamma)
         pairs = torch.arange(0, self.rot, 2, dtype=torch.float64) / self.rot
         self.register_buffer("zeta", ((pairs + self.gamma) / (1 + self.gamma)).float(), persistent=False)
-        self.reach = int(LOG_SCALE_LIMIT * self.scale_base / -math.log(float(self.zeta.min()))) \
-            if float(self.zeta.min()) < 1 else None
+        smallest = float(torch.tensor(self.gamma / (1 + self.gamma), dtype=torch.float32, device="cpu"))  # zeta[0]
+        self.reach = int(LOG_SCALE_LIMIT * self.scale_base / -math.log(smallest)) if smallest < 1 else None
 
     def scales(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) factors of q and of k: zeta^((pos - r) / scale_base) and its inverse."""
         offset = pos.to(torch.float32) - float(context_len // 2)
-        if self.reach is not None and offset.numel() and float(offset.abs().max()) > self.reach:
+        if self.reach is not None and offset.numel() and not offset.is_meta and float(offset.abs().max()) > self.reach:
             raise PositionError(f"xpos: position {float(pos.max()):g} is more than {self.reach} positions from the "
                                 f"reference {context_len // 2} (half the context length {context_len}): float32 "
                                 f"would overflow; use a shorter sequence or generation context")

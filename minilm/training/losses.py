@@ -14,6 +14,8 @@ in the autocast dtype and the softmax in float32, as they would unfused.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 CHUNK_ROWS = 512  # rows of logits held at once: 512 x vocab floats
@@ -23,8 +25,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets):
         device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        with torch.autocast(device, enabled=False):
+        autocasting = device != "meta" and torch.is_autocast_enabled(device)  # meta: the memory command's dry run
+        dtype = torch.get_autocast_dtype(device) if autocasting else hidden.dtype
+        with torch.autocast(device, enabled=False) if autocasting else contextlib.nullcontext():
             h, w = hidden.to(dtype), weight.to(dtype)
             n, wide = h.shape[0], torch.promote_types(dtype, torch.float32)  # the softmax's dtype
             grad_h = torch.empty_like(hidden)

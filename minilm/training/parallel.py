@@ -62,7 +62,9 @@ def full_model_state(raw: nn.Module, sharded: bool) -> dict:
 
 def _numbered(named: dict) -> dict:
     """A state dict keyed by parameter names (torch.distributed.checkpoint's form) as torch's
-    ordinary one, the parameters numbered in the order of the groups."""
+    ordinary one, the parameters numbered in the order of the groups (an empty one, off rank 0, stays empty)."""
+    if not named:
+        return named
     index = {name: i for i, name in enumerate(n for group in named["param_groups"] for n in group["params"])}
     return {"state": {index[name]: value for name, value in named["state"].items()},
             "param_groups": [{**group, "params": [index[n] for n in group["params"]]}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -95,6 +96,14 @@ def resume_state(config: Config, device: torch.device) -> dict:
     return state
 
 
+@contextlib.contextmanager
+def _one_process_is_meant():
+    """DCP warns that it assumes one process when there is no process group: that is meant here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
     """What DCP writes and reads: the model's and every optimiser part's state dicts, keyed by
     parameter name (each rank's shards under FSDP, whole tensors in one process)."""
@@ -113,7 +122,8 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
         where = [str(staging) if dist.main else None]
         if dist.enabled:
             torch.distributed.broadcast_object_list(where, src=0)
-        dcp.save(state, checkpoint_id=where[0])
+        with _one_process_is_meant():
+            dcp.save(state, checkpoint_id=where[0])
         if dist.main:
             atomic_write(os.path.join(where[0], RECORD), lambda f: torch.save(record, f))
         dist.barrier()  # every rank's shards are in place before rank 0 moves the directory
@@ -149,7 +159,8 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
                               load_part=check_groups)
     state = _shard_state(raw, optimizer)
     try:
-        dcp.load(state, checkpoint_id=record["path"])
+        with _one_process_is_meant():
+            dcp.load(state, checkpoint_id=record["path"])
     except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in its own exception
         raise CheckpointError(f"cannot read the shards of {record['path']!r}: "
                               f"{str(exc).strip().splitlines()[-1][:200]}") from None

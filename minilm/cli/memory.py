@@ -1,0 +1,51 @@
+"""``python -m minilm memory [CONFIG] [key=value ...]``: the memory of one training step per
+process, for the config's model, under DDP and FSDP, with and without activation
+checkpointing: weights, gradients, optimiser state, FSDP's gathered weights and activations,
+counted from the shapes alone (``minilm.training.memory``; nothing is allocated)."""
+from __future__ import annotations
+
+import torch
+
+from minilm.cli import Parser, run_command
+from minilm.common import markdown_table
+from minilm.config import ConfigError, load_config
+from minilm.training.memory import ROWS, step_memory
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def main(argv=None) -> int:
+    parser = Parser(prog="minilm memory", description=__doc__.split("\n\n")[0].replace("``", "'"))
+    parser.add_argument("config", nargs="?", default="rope.yaml", help="a config file (default: rope.yaml)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.block_size=1024")
+    parser.add_argument("--ranks", type=int, default=8, help="processes the step is spread over (default: 8)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="rows of block_size tokens per process (default: the config's train.batch_size)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16",
+                        help="the compute dtype of weights and activations (default: bfloat16); the master weights, "
+                             "gradients and optimiser state are float32")
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
+
+
+def run(args) -> int:
+    config = load_config(args.config, args.overrides)
+    if args.ranks < 1:
+        raise ConfigError(f"--ranks {args.ranks} is invalid: expected a number of processes >= 1")
+    batch = args.batch_size if args.batch_size is not None else config.train.batch_size
+    if batch < 1:
+        raise ConfigError(f"--batch-size {batch} is invalid: expected rows per process >= 1")
+    model = config.model
+    if "model.vocab_size" not in getattr(config, "given", ()):
+        model.vocab_size = config.data.vocab_size  # what the tokenizer would set
+    rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer)
+    unit, size = ("GiB", 2 ** 30) if max(r["total"] for r in rows) >= 2 ** 30 else ("MiB", 2 ** 20)
+    print(f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
+          f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "
+          f"{unit} per process")
+    print(markdown_table(("parallel", "activation checkpointing", *ROWS, "total"),
+                         [(r["parallel"], "yes" if r["checkpointing"] else "no",
+                           *(f"{r[k] / size:.1f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
+    if config.train.optimizer == "muon":
+        print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
+    return 0

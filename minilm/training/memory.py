@@ -1,0 +1,116 @@
+"""What one training step holds in memory per process, from the shapes alone: weights,
+gradients, optimiser state and activations, under DDP or FSDP, with and without activation
+checkpointing (``python -m minilm memory``). No weights are allocated: a Llama-3-8B-shaped
+model is counted on a laptop.
+
+Per process, for N parameters (P of them in the blocks' matrices, the rest in embeddings,
+norms and the head) over R processes:
+
+- weights: 4N bytes (float32 master weights; mixed precision computes in bf16 from them);
+- gradients: 4N; DDP also keeps its all-reduce buckets, a second 4N (``DistributedDataParallel``
+  with its default ``gradient_as_bucket_view=False``);
+- optimiser: AdamW's two moments, 8N; Muon keeps one momentum for its matrices, 4P + 8(N - P);
+- FSDP divides the three above by R, and adds the weights it gathers whole, in the compute
+  dtype: the root's (embedding, head, final norm; kept through the forward pass) and two
+  blocks at a time (the one computing and the one prefetched);
+- activations: the tensors autograd keeps for the backward pass, counted by running the
+  model's training forward pass and loss on the meta device (shapes only) under autograd's
+  saved-tensor hooks (``common.saved_tensor_bytes``), so they follow the code as it is, per
+  process (its ``train.batch_size`` rows). The weights are in the compute dtype, as FSDP's
+  mixed precision gathers them. Attention is counted as the fused kernels keep it (flash
+  attention on the CPU and on CUDA: q, k, v, the output and each row's log-sum-exp): on the
+  meta device PyTorch has only the math path, which would keep the T x T scores, so the dry
+  run stands in a function that keeps what flash keeps. With checkpointing the pass keeps each
+  block's input, and the backward pass recomputes one block at a time on top of that.
+
+The count of activations is checked against a real CPU forward pass in ``tests/test_memory.py``.
+Not counted: the CUDA context and allocator slack, communication buffers beyond DDP's buckets,
+temporaries inside a kernel, the data.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from minilm.common import saved_tensor_bytes
+from minilm.config import ModelConfig
+from minilm.model.gpt import GPT
+from minilm.training.mixture import mixed_loss
+from minilm.training.optim import is_hidden_matrix
+
+ROWS = ("weights", "gradients", "optimizer", "gathered", "activations")
+LAYOUTS = (("ddp", False), ("ddp", True), ("fsdp", False), ("fsdp", True))
+
+
+class _FlashAttention(torch.autograd.Function):
+    """What SDPA's flash kernel keeps for its backward pass: q, k, v, the output and the
+    (B, heads, T) float32 log-sum-exp of each query's scores. Shapes only (the meta device);
+    q and v have one head size in every minilm model."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)  # in the queries' memory layout, as the kernels return it
+        ctx.save_for_backward(q, k, v, out, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # never run: the dry run has no backward pass
+        raise NotImplementedError
+
+
+class _FusedAttention(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            return _FlashAttention.apply(*args[:3])
+        return func(*args, **(kwargs or {}))
+
+
+def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dtype, checkpointing: bool,
+                     device: str = "meta") -> int:
+    """Bytes autograd keeps for the backward pass of one training forward pass and loss over
+    ``batch_size`` rows of ``model_config.block_size`` tokens, weights in ``dtype``. On
+    ``device`` "meta" nothing is allocated (flash attention stands in for SDPA); on a real
+    device the pass runs (how the count is checked)."""
+    with torch.device(device):
+        model = GPT(model_config).to(dtype).train()
+    model.checkpoint_blocks = checkpointing
+    idx = torch.zeros(batch_size, model_config.block_size, dtype=torch.long, device=device)
+    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+
+    def forward():
+        with _FusedAttention() if device == "meta" else contextlib.nullcontext():
+            return model(idx, head=lambda hidden, weight: mixed_loss(hidden, weight, idx, None))
+    return saved_tensor_bytes(forward, skip=lambda t: t.untyped_storage()._cdata in weights)[0]
+
+
+def parameter_counts(model_config: ModelConfig) -> tuple:
+    """(all parameters, those of the blocks' matrices (Muon's), the root's (embedding, head,
+    final norm, positions), the largest block's)."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+    total = sum(p.numel() for p in model.parameters())
+    matrices = sum(p.numel() for n, p in model.named_parameters() if is_hidden_matrix(n, p))
+    block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
+    return total, matrices, total - block * len(model.blocks), block
+
+
+def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: torch.dtype, optimizer: str) -> list:
+    """Bytes per process of each of ``ROWS`` and their ``total``, one dict for each of
+    ``LAYOUTS`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon)."""
+    total, matrices, root, block = parameter_counts(model_config)
+    width = torch.empty((), dtype=dtype).element_size()
+    kept = {c: activation_bytes(model_config, batch_size, dtype, c) for c in (False, True)}
+    recomputed = (kept[False] - kept[True]) / model_config.n_layer  # one block's, rebuilt in the backward pass
+    rows = []
+    for parallel, checkpointing in LAYOUTS:
+        sharded = parallel == "fsdp"
+        moments = 8 * total if sharded or optimizer == "adamw" else 4 * matrices + 8 * (total - matrices)
+        share = ranks if sharded else 1
+        row = {"weights": 4 * total / share, "gradients": 4 * total * (1 if sharded else 2) / share,
+               "optimizer": moments / share, "gathered": (root + 2 * block) * width if sharded else 0,
+               "activations": kept[checkpointing] + (recomputed if checkpointing else 0)}
+        rows.append({"parallel": parallel, "checkpointing": checkpointing, **row, "total": sum(row.values())})
+    return rows

@@ -1,0 +1,175 @@
+"""FSDP2 (train.parallel: fsdp) under torchrun with 2 gloo processes, and sharded checkpoints
+(train.checkpoint_format: sharded): the sharded run follows the one-process run, a sharded
+checkpoint resumes on 2 or 1 processes whichever number wrote it, ``minilm unshard`` makes an
+ordinary file of it, and a failed save leaves the previous checkpoint whole.
+
+Every run here uses a constant learning rate after the warm-up (min_lr = lr), so that a run
+cut at step 5 and resumed to step 10 has the schedule of the uninterrupted 10-step run."""
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minilm.checkpoints import format as checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import load_model
+from minilm.config import ConfigError, load_config, resolve_config
+from minilm.training.loop import TrainingError, train
+from minilm.training import saving
+from tests.conftest import REPO, tiny_overrides
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+CONSTANT_LR = ("train.lr=3e-3", "train.min_lr=3e-3", "train.checkpoint_interval=5", "train.eval_interval=5",
+               "train.sample_tokens=0")
+
+
+def run(args, processes=1):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
+    proc = subprocess.run([sys.executable, *launcher, "train.py", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def losses(out_dir, event="train"):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [(r["step"], r.get("loss", r.get("val_loss"))) for r in map(json.loads, f) if r["event"] == event]
+
+
+def overrides(corpus, out_dir, processes, *extra):
+    """Global batch 8 rows of 32 tokens: 2 processes x 4 rows, or 1 process x 2 micro-steps x 4 rows."""
+    return tiny_overrides(corpus, out_dir, *CONSTANT_LR, f"train.grad_accum={2 // processes}", *extra)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_corpus, tmp_path_factory):
+    """The one-process run of 10 steps that the sharded runs must follow."""
+    out = tmp_path_factory.mktemp("fsdp") / "reference"
+    run(overrides(tiny_corpus, out, 1, "train.max_steps=10"))
+    return out
+
+
+def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path, reference):
+    out = tmp_path / "fsdp"
+    proc = run(overrides(tiny_corpus, out, 2, "train.max_steps=10", "train.parallel=fsdp"), processes=2)
+    assert "2 processes" in proc.stderr
+    ours, theirs = losses(out), losses(reference)
+    assert [s for s, _ in ours] == list(range(1, 11))
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    assert losses(out, "final") == pytest.approx(losses(reference, "final"), rel=1e-5)
+    a, b = checkpoint.load(str(out)), checkpoint.load(str(reference))  # the file gathered from the shards
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-5, atol=1e-6)
+    (mine,), (yours,) = a["optimizer"]["parts"], b["optimizer"]["parts"]
+    assert mine["param_groups"] == yours["param_groups"]
+    for i, state in yours["state"].items():
+        torch.testing.assert_close(mine["state"][i]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
+    """bf16 weights gathered for compute with float32 gradient reduction; float16 with the scaler."""
+    out = tmp_path / dtype
+    run(overrides(tiny_corpus, out, 2, "train.max_steps=10", "train.parallel=fsdp", f"train.dtype={dtype}"),
+        processes=2)
+    for (_, a), (_, b) in zip(losses(out), losses(reference)):
+        assert a == pytest.approx(b, rel=2e-3)
+
+
+def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_path, reference):
+    """2 -> 2, 2 -> 1 and 1 -> 2: the resumed runs continue the uninterrupted trajectory."""
+    sharded = ("train.parallel=fsdp", "train.checkpoint_format=sharded")
+    two, one = tmp_path / "two", tmp_path / "one"
+    run(overrides(tiny_corpus, two, 2, "train.max_steps=5", *sharded), processes=2)
+    assert sorted(os.listdir(two / "ckpt.dcp")) == [".metadata", "__0_0.distcp", "__1_0.distcp", "run.pt"]
+    assert not (two / "ckpt.pt").exists()
+    run(overrides(tiny_corpus, one, 1, "train.max_steps=5", *sharded))
+    for name, first, then in (("2-2", two, 2), ("2-1", two, 1), ("1-2", one, 2)):
+        out = tmp_path / name
+        shutil.copytree(first, out)
+        proc = run([*overrides(tiny_corpus, out, then, "train.max_steps=10", *sharded), "--resume"], processes=then)
+        assert "resuming" in proc.stderr and "at step 5" in proc.stderr
+        ours, theirs = losses(out), losses(reference)
+        assert [s for s, _ in ours] == list(range(1, 11)), name
+        for (step, a), (_, b) in zip(ours, theirs):
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-5), (name, step)
+
+
+def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference):
+    out = tmp_path / "run"
+    run(overrides(tiny_corpus, out, 2, "train.max_steps=5", "train.parallel=fsdp", "train.checkpoint_format=sharded"),
+        processes=2)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "minilm", "unshard", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "step 5" in proc.stdout and proc.stderr == ""
+    model, _, config, _ = load_model(str(out / "ckpt.pt"))
+    assert config.model.n_layer == 2 and model.num_params() > 0
+    again = subprocess.run([sys.executable, "-m", "minilm", "unshard", str(out)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr
+    config = resolve_config(load_config(None, overrides(tiny_corpus, out, 1, "train.max_steps=10")))
+    train(config, resume=True, quiet=True)  # the file, optimiser and all, continues the run
+    for (_, a), (_, b) in zip(losses(out), losses(reference)):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+# --------------------------------------------------------------------------- one process
+
+def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
+    config = tiny_config("train.max_steps=2", "train.checkpoint_format=sharded")
+    train(config, quiet=True)
+    with pytest.raises(CheckpointError, match="is a sharded checkpoint: make one file of it with 'python -m minilm "
+                                              "unshard"):
+        load_model(config.out_dir)
+    with pytest.raises(CheckpointError, match="train.checkpoint_format='file' but .* holds ckpt.dcp: resume with "
+                                              "train.checkpoint_format=sharded"):
+        train(tiny_config("train.max_steps=3"), resume=True, quiet=True)
+    with pytest.raises(CheckpointError, match="is not a sharded checkpoint"):
+        saving.unshard(config.out_dir + "-missing")
+
+
+def test_muon_is_refused_under_fsdp():
+    with pytest.raises(ConfigError, match="train.optimizer='muon' with train.parallel='fsdp' is refused"):
+        load_config(None, ["train.optimizer=muon", "train.parallel=fsdp"])
+
+
+def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config, monkeypatch):
+    """The save at step 6 writes a shard and fails (a full disk): the step-3 checkpoint stays
+    whole, the half-written one is gone, and --resume continues from step 3."""
+    config = tiny_config("train.max_steps=6", "train.checkpoint_interval=3", "train.checkpoint_format=sharded")
+    real_save, calls = saving.dcp.save, []
+
+    def save_then_fail(state, checkpoint_id):
+        calls.append(checkpoint_id)
+        if len(calls) == 2:
+            open(os.path.join(checkpoint_id, "__0_0.distcp"), "wb").write(b"half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(state, checkpoint_id=checkpoint_id)
+
+    monkeypatch.setattr(saving.dcp, "save", save_then_fail)
+    with pytest.raises(TrainingError, match=r"cannot save the checkpoint .*ckpt.dcp. at step 6: no space left on the "
+                                            r"device .*; the previous checkpoint is kept"):
+        train(config, quiet=True)
+    monkeypatch.setattr(saving.dcp, "save", real_save)
+    assert sorted(os.listdir(config.out_dir)) == [".lock", "ckpt.dcp", "metrics.jsonl"]  # no staging left
+    assert saving.read_record(os.path.join(config.out_dir, "ckpt.dcp"))["step"] == 3
+    assert train(config, resume=True, quiet=True)["steps"] == 6
+
+
+def test_a_stale_staging_directory_is_removed_when_a_run_starts(tiny_config):
+    config = tiny_config("train.max_steps=1")
+    stale = os.path.join(config.out_dir, ".ckpt.dcp-1a2b3c.tmp")
+    os.makedirs(stale)
+    open(os.path.join(stale, "__0_0.distcp"), "wb").close()
+    train(config, quiet=True)
+    assert not os.path.exists(stale)

@@ -1,0 +1,77 @@
+"""minilm.training.memory and ``minilm memory``: the meta-device count of activations equals
+what a real CPU training pass keeps, and the weights, gradients and optimiser state follow
+their formulas under DDP and FSDP."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minilm import GPT, ModelConfig
+from minilm.training.memory import LAYOUTS, activation_bytes, parameter_counts, step_memory
+from tests.conftest import REPO
+
+SHAPES = {
+    "rope": dict(position={"kind": "rope"}),
+    "alibi": dict(position={"kind": "alibi"}),
+    "t5": dict(position={"kind": "t5"}),
+    "xpos": dict(position={"kind": "xpos"}),
+    "llama-like": dict(position={"kind": "rope", "base": 500000.0}, mlp="swiglu", norm="rmsnorm", n_kv_head=1,
+                       tie_embeddings=False),
+    "sinusoidal, parallel": dict(position={"kind": "sinusoidal"}, parallel_residual=True, bias=True),
+}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_meta_count_equals_a_real_cpu_pass(shape, checkpointing):
+    """The dry run (meta device, flash attention standing in for SDPA) keeps exactly the bytes
+    a real float32 forward pass and loss keep on the CPU, where SDPA runs its flash kernel."""
+    config = ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, block_size=24, **SHAPES[shape])
+    real = activation_bytes(config, 3, torch.float32, checkpointing, device="cpu")
+    assert activation_bytes(config, 3, torch.float32, checkpointing) == real
+    assert real > 0
+
+
+def test_activations_grow_with_tokens_and_checkpointing_keeps_only_block_inputs():
+    config = ModelConfig(vocab_size=300, n_layer=4, n_head=2, d_model=32, block_size=64)
+    full, kept = (activation_bytes(config, 2, torch.float32, c) for c in (False, True))
+    longer = ModelConfig(vocab_size=300, n_layer=4, n_head=2, d_model=32, block_size=128)
+    assert activation_bytes(longer, 2, torch.float32, False) == pytest.approx(2 * full, rel=0.05)  # flash: linear in T
+    assert kept < full / 3
+    assert activation_bytes(config, 2, torch.bfloat16, False) < 0.75 * full
+
+
+def test_weights_gradients_and_optimizer_follow_their_formulas():
+    config = ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, block_size=16)
+    total, matrices, root, block = parameter_counts(config)
+    assert total == sum(p.numel() for p in GPT(config).parameters())
+    assert total == root + 2 * block and 0 < matrices < total
+    rows = {(r["parallel"], r["checkpointing"]): r for r in step_memory(config, 2, 4, torch.bfloat16, "adamw")}
+    assert set(rows) == set(LAYOUTS)
+    ddp, fsdp = rows["ddp", False], rows["fsdp", False]
+    assert ddp["weights"] == 4 * total and ddp["gradients"] == 8 * total and ddp["optimizer"] == 8 * total
+    assert fsdp["weights"] == total and fsdp["gradients"] == total and fsdp["optimizer"] == 2 * total
+    assert fsdp["gathered"] == 2 * (root + 2 * block) and ddp["gathered"] == 0
+    assert ddp["activations"] == fsdp["activations"] > rows["fsdp", True]["activations"]
+    assert all(r["total"] == sum(r[k] for k in ("weights", "gradients", "optimizer", "gathered", "activations"))
+               for r in rows.values())
+    muon = step_memory(config, 2, 4, torch.bfloat16, "muon")[0]
+    assert muon["optimizer"] == 4 * matrices + 8 * (total - matrices)
+
+
+def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "minilm", "memory", "bench/llama3_8b_shape.yaml", "--ranks", "8"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "32 layers x d_model 4096, vocabulary 128,256, 1 x 8192 tokens per process, 8 processes" in proc.stdout
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ddp") or
+            line.startswith("| fsdp")]
+    weights = {(r[0].strip(), r[1].strip()): float(r[2]) for r in rows}
+    assert weights["ddp", "no"] == pytest.approx(8.03e9 * 4 / 2 ** 30, rel=0.01)  # 8.03B float32 weights
+    assert weights["fsdp", "yes"] == pytest.approx(weights["ddp", "no"] / 8, abs=0.06)  # one decimal
+    bad = subprocess.run([sys.executable, "-m", "minilm", "memory", "--ranks", "0"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr == "error: --ranks 0 is invalid: expected a number of processes >= 1\n"
