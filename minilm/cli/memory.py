@@ -45,7 +45,7 @@ def run(args) -> int:
           f"{unit} per process")
     print(markdown_table(("parallel", "activation checkpointing", *ROWS, "total"),
                          [(r["parallel"], "yes" if r["checkpointing"] else "no",
-                           *(f"{r[k] / size:.1f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
+                           *(f"{r[k] / size:.2f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
     if config.train.optimizer == "muon":
         print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
     return 0
