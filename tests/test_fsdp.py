@@ -161,9 +161,42 @@ def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config,
                                             r"device .*; the previous checkpoint is kept"):
         train(config, quiet=True)
     monkeypatch.setattr(saving.dcp, "save", real_save)
-    assert sorted(os.listdir(config.out_dir)) == [".lock", "ckpt.dcp", "metrics.jsonl"]  # no staging left
-    assert saving.read_record(os.path.join(config.out_dir, "ckpt.dcp"))["step"] == 3
+    link = os.path.join(config.out_dir, "ckpt.dcp")
+    version = os.path.join(config.out_dir, os.readlink(link))
+    assert sorted(os.listdir(config.out_dir)) == sorted([".lock", "ckpt.dcp", "metrics.jsonl", os.path.basename(version)])
+    assert saving.read_record(link)["step"] == 3
     assert train(config, resume=True, quiet=True)["steps"] == 6
+    assert not os.path.exists(version) and saving.read_record(link)["step"] == 6  # the old version is gone
+
+
+KILLED_SAVE = """
+import os, sys
+from minilm.config import load_config, resolve_config
+from minilm.training import saving
+from minilm.training.loop import train
+point, calls = saving._point, []
+def point_then_die(directory, version):
+    calls.append(version)
+    if len(calls) == 2:  # the step-6 version is complete on disk; the process dies before the link moves
+        os._exit(9)
+    point(directory, version)
+saving._point = point_then_die
+train(resolve_config(load_config(None, sys.argv[1:])), quiet=True)
+"""
+
+
+def test_a_save_killed_before_its_link_moves_leaves_the_previous_checkpoint(tiny_corpus, tmp_path):
+    out = tmp_path / "run"
+    given = tiny_overrides(tiny_corpus, out, "train.max_steps=6", "train.checkpoint_interval=3",
+                           "train.checkpoint_format=sharded")
+    proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, *given], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 9, proc.stderr
+    versions = sorted(p for p in os.listdir(out) if p.startswith(".ckpt.dcp-"))
+    assert len(versions) == 2 and saving.read_record(str(out / "ckpt.dcp"))["step"] == 3
+    config = resolve_config(load_config(None, given))
+    assert train(config, resume=True, quiet=True)["steps"] == 6
+    assert [p for p in os.listdir(out) if p.startswith(".ckpt.dcp-")] == [os.readlink(out / "ckpt.dcp")]
 
 
 def test_a_stale_staging_directory_is_removed_when_a_run_starts(tiny_config):

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from minilm.checkpoints import format as checkpoint
+from minilm.training import saving
 from tests.conftest import REPO, tiny_overrides
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "main-7334668", "rope.pt")
@@ -59,6 +60,17 @@ def test_training_keeps_its_previous_checkpoint_when_the_disk_fills(tiny_corpus,
     one_line_error(result, str(out / "ckpt.pt"), "no space left on the device", "--resume")
     assert checkpoint.load(str(out))["step"] == 6
     assert [p for p in leftovers(out) if p != ".lock"] == []
+
+
+def test_a_sharded_save_on_a_full_disk_keeps_the_previous_checkpoint(tiny_corpus, small_disk):
+    disk = small_disk("1000k")  # the step-6 shards (~650 KB) fit, a second version beside them does not
+    out = disk / "run"
+    result = run("train.py", *tiny_overrides(tiny_corpus, out, "train.sample_tokens=0",
+                                             "train.checkpoint_format=sharded"), "--quiet")
+    one_line_error(result, str(out / "ckpt.dcp"), "no space left on the device", "--resume")
+    assert saving.read_record(str(out / "ckpt.dcp"))["step"] == 6
+    version = os.readlink(out / "ckpt.dcp")  # the one version left, whole
+    assert [p for p in leftovers(out) if p != ".lock"] == [version, f"{version}/.metadata"]
 
 
 def test_export_on_a_full_disk_leaves_no_directory(small_disk):

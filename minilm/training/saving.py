@@ -9,8 +9,9 @@ sharded checkpoint made into one file.
   and ``.metadata``), and rank 0 adds ``run.pt``, the run's other state (config, tokenizer,
   step, RNG and data generator, scores; ``RECORD``). DCP reads the shards back on any number
   of ranks, one included, cutting them anew, so a run saved on 2 processes resumes on 1 or 4.
-  The directory is filled beside the old one and takes its place only once complete
-  (``common.staged_directory``): a save killed half-way leaves the previous checkpoint whole.
+  ``ckpt.dcp`` is a link to a version directory beside it (``.ckpt.dcp-<random>``); a save
+  fills a new version and moves the link to it in one rename, and only then removes the old
+  version: a save killed at any moment leaves the previous checkpoint whole.
 
 ``unshard`` reads a sharded checkpoint in one process and writes the ordinary file, optimiser
 included, which every command takes and ``--resume`` continues.
@@ -18,19 +19,23 @@ included, which every command takes and ``--resume`` continues.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import tempfile
 import warnings
 from typing import Optional
 
 import torch
 import torch.distributed
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
-from minilm.common import WriteError, atomic_write, staged_directory
+from minilm.common import WriteError, atomic_write, first_sentence, temporary_path, write_failure
 from minilm.config import Config, from_dict
 from minilm.model.gpt import GPT
 from minilm.training.distributed import Dist
@@ -113,22 +118,65 @@ def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
 
 def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: Optimizers, dist: Dist) -> str:
     """Write a sharded checkpoint: called on every rank (DCP's save is collective); ``record``
-    (rank 0's) is everything else the run needs to continue."""
+    (rank 0's) is everything else the run needs to continue. The shards go to a new version
+    directory beside ``directory``, which becomes a link to it once the version is complete."""
     record = {"format": RECORD_FORMAT, "version": checkpoint.VERSION, "optimizer_kind": optimizer.kind,
               "optimizer_groups": [[len(g["params"]) for g in part.param_groups] for part in optimizer.parts],
               **record}
     state = _shard_state(raw, optimizer)
-    with (staged_directory(directory, overwrite=True) if dist.main else contextlib.nullcontext()) as staging:
-        where = [str(staging) if dist.main else None]
-        if dist.enabled:
-            torch.distributed.broadcast_object_list(where, src=0)
+    where = [_new_version(directory) if dist.main else None]
+    if dist.enabled:
+        torch.distributed.broadcast_object_list(where, src=0)
+    try:
         with _one_process_is_meant():
             dcp.save(state, checkpoint_id=where[0])
         if dist.main:
             atomic_write(os.path.join(where[0], RECORD), lambda f: torch.save(record, f))
-        dist.barrier()  # every rank's shards are in place before rank 0 moves the directory
+        dist.barrier()  # every rank's shards are in place before rank 0 points to them
+        if dist.main:
+            _point(directory, where[0])
+    except BaseException as exc:
+        if dist.main:
+            shutil.rmtree(where[0], ignore_errors=True)
+        failure = write_failure(directory, _first_failure(exc))
+        if failure is not None:
+            raise failure from None
+        raise
     dist.barrier()
     return directory
+
+
+def _first_failure(exc: BaseException) -> BaseException:
+    """The exception behind DCP's ``CheckpointException`` (which gathers every rank's), else ``exc``."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return next(iter(exc.failures.values()))[0]
+    return exc
+
+
+def _new_version(directory: str) -> str:
+    """A new, empty version directory beside ``directory``: ``.<name>-<random>``."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    os.makedirs(parent, exist_ok=True)
+    version = tempfile.mkdtemp(prefix=f".{name}-", dir=parent)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(version, 0o777 & ~mask)  # mkdtemp makes it private; a checkpoint is an ordinary directory
+    return version
+
+
+def _point(directory: str, version: str) -> None:
+    """Make ``directory`` a link to ``version`` in one rename (the old checkpoint stays whole
+    until then), then remove the versions nothing points to (earlier ones, and those of saves
+    that were killed before this step). A directory found in its place becomes a version."""
+    parent, name = os.path.split(os.path.abspath(directory))
+    if os.path.isdir(directory) and not os.path.islink(directory):
+        os.rename(directory, tempfile.mkdtemp(prefix=f".{name}-", dir=parent))
+    link = temporary_path(directory)
+    os.symlink(os.path.basename(version), link)
+    os.replace(link, directory)
+    for old in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}-*")):
+        if old != version and not old.endswith(".tmp"):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def read_record(directory: str) -> dict:
@@ -161,9 +209,10 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
     try:
         with _one_process_is_meant():
             dcp.load(state, checkpoint_id=record["path"])
-    except Exception as exc:  # noqa: BLE001 - DCP wraps every rank's failure in its own exception
-        raise CheckpointError(f"cannot read the shards of {record['path']!r}: "
-                              f"{str(exc).strip().splitlines()[-1][:200]}") from None
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a damaged shard fails in many ways
+        cause = _first_failure(exc)
+        raise CheckpointError(f"cannot read the shards of {record['path']!r}: {type(cause).__name__}: "
+                              f"{first_sentence(str(cause), 'damaged or incomplete')}") from None
     set_model_state_dict(raw, state["model"])
     for i, part in enumerate(optimizer.parts):
         set_optimizer_state_dict(raw, part, state["optimizer"][str(i)])
