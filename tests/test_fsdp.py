@@ -74,6 +74,16 @@ def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path
         torch.testing.assert_close(mine["state"][i]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-4, atol=1e-9)
 
 
+def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
+    """Ranks other than 0 build the model on the meta device and receive their shards, and the
+    buffers no state dict holds (ALiBi's slopes), from rank 0: the run still follows one process."""
+    alibi = ("model.position.kind=alibi", "train.max_steps=3")
+    run(overrides(tiny_corpus, tmp_path / "one", 1, *alibi))
+    run(overrides(tiny_corpus, tmp_path / "two", 2, *alibi, "train.parallel=fsdp"), processes=2)
+    for (_, a), (_, b) in zip(losses(tmp_path / "two", "final"), losses(tmp_path / "one", "final")):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
     """bf16 weights gathered for compute with float32 gradient reduction; float16 with the scaler."""

@@ -250,10 +250,13 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     config = resolve_config(config, tokenizer=prepared.tokenizer)
     state = resume_state(config, device) if resume else None
     torch.manual_seed(config.seed)
-    raw = GPT(config.model)
-    if (state is not None and "model" in state) or source is not None:  # a sharded checkpoint loads below
-        raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
-    raw.to(device)
+    on_meta = is_sharded(t.parallel, dist) and not dist.main  # FSDP: rank 0 builds, the others get their shards
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        raw = GPT(config.model)
+    if not on_meta:
+        if (state is not None and "model" in state) or source is not None:  # a sharded checkpoint loads below
+            raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
+        raw.to(device)
     raw.checkpoint_blocks = t.activation_checkpointing
     model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
     if t.compile:

@@ -22,9 +22,11 @@ trained.
 from __future__ import annotations
 
 import torch
+import torch.distributed
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -41,16 +43,30 @@ def is_sharded(parallel: str, dist: Dist) -> bool:
 
 def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The module the training step calls: ``raw`` itself (one process), its DDP wrapper, or
-    ``raw`` sharded in place by FSDP2 (blocks first, then the root)."""
+    ``raw`` sharded in place by FSDP2 (blocks first, then the root).
+
+    Under FSDP only rank 0 holds the whole model: the other ranks build it on the meta device
+    (shapes, no memory; ``is_sharded`` tells the caller), and here each receives its shards
+    of rank 0's weights, rank 0's buffers and rank 0's random state, so that every rank
+    starts where one process would."""
     if not dist.enabled:
         return raw
     if parallel == "ddp":
         return DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
+    whole = raw.state_dict() if dist.main else {}  # rank 0's tensors, kept until they are sent
     for block in raw.blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(raw, mp_policy=policy)
+    if not dist.main:
+        raw.to_empty(device=device)
+    for buffer in raw.buffers():  # not sharded; the ones no state dict holds (ALiBi's slopes, ...) too
+        torch.distributed.broadcast(buffer, src=0)
+    set_model_state_dict(raw, whole, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    random = [torch.get_rng_state()]
+    torch.distributed.broadcast_object_list(random, src=0)
+    torch.set_rng_state(random[0])
     return raw
 
 
