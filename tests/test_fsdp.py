@@ -84,6 +84,15 @@ def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
         assert a == pytest.approx(b, rel=1e-5)
 
 
+def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_path):
+    """Positions drawn at evaluation make a forward pass per row: every rank must still make as
+    many passes (and FSDP gathers) as the others, whatever its share of the rows."""
+    drawn = ("model.position={kind: randomized, inner: {kind: rope}, max_positions: 64, eval_positions: sampled}",
+             "train.max_steps=2", "train.final_eval_tokens=255")  # a tail row shorter than the rest
+    run(overrides(tiny_corpus, tmp_path / "two", 2, *drawn, "train.parallel=fsdp"), processes=2)
+    assert len(losses(tmp_path / "two", "final")) == 1
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
     """bf16 weights gathered for compute with float32 gradient reduction; float16 with the scaler."""

@@ -171,6 +171,10 @@ def heldout_loss(model, batches, device, dtype, dist, lockstep: bool = False, **
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
+    if lockstep and getattr(getattr(model, "positions", None), "draws_at_evaluation", False):
+        # positions drawn per row at evaluation: GPT.forward runs a pass per row; one row per batch keeps
+        # every rank's number of passes (and of FSDP's gathers) the same
+        batches = [(x[i:i + 1], y[i:i + 1]) for x, y in batches for i in range(len(x))]
     rounds = -(-len(batches) // dist.world) if lockstep else 0
     for i in range(max(len(batches), rounds * dist.world)):
         if i % dist.world != dist.rank:

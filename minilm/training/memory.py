@@ -16,8 +16,9 @@ norms and the head) over R processes:
 - activations: the tensors autograd keeps for the backward pass, counted by running the
   model's training forward pass and loss on the meta device (shapes only) under autograd's
   saved-tensor hooks (``common.saved_tensor_bytes``), so they follow the code as it is, per
-  process (its ``train.batch_size`` rows). The weights are in the compute dtype, as FSDP's
-  mixed precision gathers them. Attention is counted as the fused kernels keep it (flash
+  process (its ``train.batch_size`` rows). Under FSDP the weights are in the compute dtype,
+  as its mixed precision gathers them; under DDP they are float32 and autocast keeps a copy
+  of each in the compute dtype for the backward pass. Attention is counted as the fused kernels keep it (flash
   attention on the CPU and on CUDA: q, k, v, the output and each row's log-sum-exp): on the
   meta device PyTorch has only the math path, which would keep the T x T scores, so the dry
   run stands in a function that keeps what flash keeps. With checkpointing the pass keeps each
@@ -61,27 +62,53 @@ class _FlashAttention(torch.autograd.Function):
         raise NotImplementedError
 
 
-class _FusedAttention(TorchFunctionMode):
+MATMULS = (F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm)
+
+
+class _DryRun(TorchFunctionMode):
+    """What the meta device lacks, stood in: flash attention for SDPA and, with ``autocast``
+    (a dtype), CPU autocast's casts: the matrix products take their inputs (weights included)
+    in that dtype and everything else runs as given (checked against a real CPU autocast
+    pass; CUDA's autocast also runs the norms in float32, which this does not count)."""
+
+    def __init__(self, autocast=None):
+        super().__init__()
+        self.autocast = autocast
+
+    def cast(self, value):
+        floating = torch.is_tensor(value) and value.is_floating_point()
+        return value.to(self.autocast) if self.autocast is not None and floating else value
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return _FlashAttention.apply(*args[:3])
-        return func(*args, **(kwargs or {}))
+            return _FlashAttention.apply(*map(self.cast, args[:3]))
+        if func in MATMULS:
+            args, kwargs = tuple(map(self.cast, args)), {k: self.cast(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
 
 
 def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dtype, checkpointing: bool,
-                     device: str = "meta") -> int:
+                     gathered: bool = True, device: str = "meta") -> int:
     """Bytes autograd keeps for the backward pass of one training forward pass and loss over
-    ``batch_size`` rows of ``model_config.block_size`` tokens, weights in ``dtype``. On
-    ``device`` "meta" nothing is allocated (flash attention stands in for SDPA); on a real
-    device the pass runs (how the count is checked)."""
+    ``batch_size`` rows of ``model_config.block_size`` tokens, computed in ``dtype``: with the
+    weights in ``dtype`` (``gathered``: as FSDP's mixed precision gathers them), or in float32
+    under autocast (DDP), which keeps a ``dtype`` copy of each weight for the backward pass.
+    On ``device`` "meta" nothing is allocated (``_DryRun``); on a real device the pass runs
+    (how the count is checked)."""
     with torch.device(device):
-        model = GPT(model_config).to(dtype).train()
+        model = GPT(model_config).to(dtype if gathered else torch.float32).train()
     model.checkpoint_blocks = checkpointing
     idx = torch.zeros(batch_size, model_config.block_size, dtype=torch.long, device=device)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
+    mixed = None if gathered or dtype == torch.float32 else dtype
 
     def forward():
-        with _FusedAttention() if device == "meta" else contextlib.nullcontext():
+        if device == "meta":
+            mode = _DryRun(mixed)
+        else:
+            mode = torch.autocast(device, dtype=mixed) if mixed is not None else contextlib.nullcontext()
+        with mode:
             return model(idx, head=lambda hidden, weight: mixed_loss(hidden, weight, idx, None))
     return saved_tensor_bytes(forward, skip=lambda t: t.untyped_storage()._cdata in weights)[0]
 
@@ -102,15 +129,17 @@ def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: t
     ``LAYOUTS`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon)."""
     total, matrices, root, block = parameter_counts(model_config)
     width = torch.empty((), dtype=dtype).element_size()
-    kept = {c: activation_bytes(model_config, batch_size, dtype, c) for c in (False, True)}
-    recomputed = (kept[False] - kept[True]) / model_config.n_layer  # one block's, rebuilt in the backward pass
+    kept = {(parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp")
+            for parallel, c in LAYOUTS}
     rows = []
     for parallel, checkpointing in LAYOUTS:
         sharded = parallel == "fsdp"
+        # with checkpointing, one block's activations are rebuilt at a time in the backward pass
+        recomputed = (kept[parallel, False] - kept[parallel, True]) / model_config.n_layer
         moments = 8 * total if sharded or optimizer == "adamw" else 4 * matrices + 8 * (total - matrices)
         share = ranks if sharded else 1
         row = {"weights": 4 * total / share, "gradients": 4 * total * (1 if sharded else 2) / share,
                "optimizer": moments / share, "gathered": (root + 2 * block) * width if sharded else 0,
-               "activations": kept[checkpointing] + (recomputed if checkpointing else 0)}
+               "activations": kept[parallel, checkpointing] + (recomputed if checkpointing else 0)}
         rows.append({"parallel": parallel, "checkpointing": checkpointing, **row, "total": sum(row.values())})
     return rows
