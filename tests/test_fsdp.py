@@ -76,10 +76,11 @@ def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path
 
 def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
     """Ranks other than 0 build the model on the meta device and receive their shards, and the
-    buffers no state dict holds (ALiBi's slopes), from rank 0: the run still follows one process."""
+    buffers no state dict holds (ALiBi's slopes), from rank 0: the run still follows one process,
+    here with two micro-steps a step (FSDP reduces the gradients into the shards after each)."""
     alibi = ("model.position.kind=alibi", "train.max_steps=3")
-    run(overrides(tiny_corpus, tmp_path / "one", 1, *alibi))
-    run(overrides(tiny_corpus, tmp_path / "two", 2, *alibi, "train.parallel=fsdp"), processes=2)
+    run(overrides(tiny_corpus, tmp_path / "one", 1, *alibi, "train.grad_accum=4"))
+    run(overrides(tiny_corpus, tmp_path / "two", 2, *alibi, "train.grad_accum=2", "train.parallel=fsdp"), processes=2)
     for (_, a), (_, b) in zip(losses(tmp_path / "two", "final"), losses(tmp_path / "one", "final")):
         assert a == pytest.approx(b, rel=1e-5)
 
@@ -157,6 +158,20 @@ def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
         saving.unshard(config.out_dir + "-missing")
 
 
+def test_damaged_shards_are_one_line_errors(tiny_config, tmp_path):
+    config = tiny_config("train.max_steps=2", "train.checkpoint_format=sharded")
+    train(config, quiet=True)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(os.path.join(config.out_dir, "ckpt.dcp"), damaged / "ckpt.dcp")
+    os.truncate(damaged / "ckpt.dcp" / ".metadata", 50)
+    env = {**os.environ, "PYTHONPATH": REPO}
+    for argv, said in ((["unshard", str(damaged)], "cannot read the shards of"),
+                       (["unshard", os.path.join(config.out_dir, "nothing")], "is not a sharded checkpoint")):
+        proc = subprocess.run([sys.executable, "-m", "minilm", *argv], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+
+
 def test_muon_is_refused_under_fsdp():
     with pytest.raises(ConfigError, match="train.optimizer='muon' with train.parallel='fsdp' is refused"):
         load_config(None, ["train.optimizer=muon", "train.parallel=fsdp"])
@@ -225,3 +240,18 @@ def test_a_stale_staging_directory_is_removed_when_a_run_starts(tiny_config):
     open(os.path.join(stale, "__0_0.distcp"), "wb").close()
     train(config, quiet=True)
     assert not os.path.exists(stale)
+
+
+def test_a_file_older_than_the_sharded_checkpoint_beside_it_is_refused(tiny_config):
+    """After 'minilm unshard' the run went on sharded: the out_dir's ckpt.pt is stale."""
+    config = tiny_config("train.max_steps=3", "train.checkpoint_format=sharded")
+    train(config, quiet=True)
+    saving.unshard(config.out_dir)
+    assert load_model(config.out_dir)[3]["step"] == 3  # both at step 3: the file is the same checkpoint
+    train(tiny_config("train.max_steps=5", "train.checkpoint_format=sharded"), resume=True, quiet=True)
+    with pytest.raises(CheckpointError, match=r"holds ckpt.pt at step 3 and ckpt.dcp at step 5: bring ckpt.pt up to "
+                                              r"date with 'python -m minilm unshard .* --overwrite'"):
+        load_model(config.out_dir)
+    assert load_model(os.path.join(config.out_dir, "ckpt.pt"))[3]["step"] == 3
+    saving.unshard(config.out_dir)
+    assert load_model(config.out_dir)[3]["step"] == 5

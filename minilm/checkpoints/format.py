@@ -44,12 +44,31 @@ def resolve(path: str) -> str:
             found = path if os.path.basename(os.path.normpath(path)) == SHARDED else sharded
             raise CheckpointError(f"{found!r} is a sharded checkpoint: make one file of it with "
                                   f"'python -m minilm unshard {found}' and give that file")
+        if os.path.isfile(candidate) and os.path.isdir(sharded):
+            check_not_stale(path, candidate, sharded)
         if not os.path.isfile(candidate):
             raise CheckpointError(f"no checkpoint in directory {path!r}: expected {candidate}")
         return candidate
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist: give a checkpoint file or an out_dir with {FILENAME}")
     return path
+
+
+def _step(path: str, **options):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, **options).get("step")
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the load that follows
+        return None
+
+
+def check_not_stale(out_dir: str, file: str, sharded: str) -> None:
+    """An out_dir holding both checkpoints (``minilm unshard`` wrote the file): refuse the file
+    when the sharded one is further on (the run went on after the unshard)."""
+    at, further = _step(file, mmap=True), _step(os.path.join(sharded, "run.pt"))
+    if at is not None and further is not None and further > at:
+        raise CheckpointError(f"{out_dir!r} holds {FILENAME} at step {at} and {SHARDED} at step {further}: bring "
+                              f"{FILENAME} up to date with 'python -m minilm unshard {out_dir} --overwrite', or give "
+                              f"{file} to use step {at}")
 
 
 def save(state: dict, path: str) -> str:

@@ -29,6 +29,8 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if "=" in args.config:  # no config file, overrides only: they apply to the default
+        args.overrides, args.config = [args.config, *args.overrides], "rope.yaml"
     config = load_config(args.config, args.overrides)
     if args.ranks < 1:
         raise ConfigError(f"--ranks {args.ranks} is invalid: expected a number of processes >= 1")

@@ -27,6 +27,9 @@ def run(args) -> int:
     sharded = args.checkpoint
     if os.path.isdir(os.path.join(sharded, checkpoint.SHARDED)):
         sharded = os.path.join(sharded, checkpoint.SHARDED)
+    if not os.path.isdir(sharded):
+        raise checkpoint.CheckpointError(f"{args.checkpoint!r} is not a sharded checkpoint: give an out_dir holding "
+                                         f"{checkpoint.SHARDED}/ or that directory")
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(sharded)), checkpoint.FILENAME)
     if os.path.exists(out) and not args.overwrite:
         raise checkpoint.CheckpointError(f"{out!r} exists: give --overwrite to replace it, or another --out")

@@ -298,6 +298,8 @@ def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
             f"{f', {dist.world} processes' if dist.enabled else ''}; "
             f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
     t = config.train
+    if t.parallel == "fsdp" and not dist.enabled:
+        run.say("note: train.parallel=fsdp in one process: there is nothing to shard, the model trains whole")
     if t.warmup_steps >= t.max_steps:
         run.say(f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
                 f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
@@ -323,9 +325,9 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         row = micro * dist.world + dist.rank
         x, y = x_all[row * B:(row + 1) * B].to(device, non_blocking=True), \
             y_all[row * B:(row + 1) * B].to(device, non_blocking=True)
-        last = micro == A - 1  # gradients are averaged over the ranks after the last micro-step only
-        if run.sharded:
-            run.raw.set_requires_gradient_sync(last)
+        # DDP averages the gradients over the ranks after the last micro-step only; FSDP after every one,
+        # into the shards, so that no rank ever holds whole gradients
+        last = micro == A - 1
         with contextlib.nullcontext() if (not dist.enabled or last or run.sharded) else run.model.no_sync():
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)

@@ -27,7 +27,11 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+try:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+except ImportError:  # torch < 2.6 keeps FSDP2 under its first name
+    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from minilm.training.distributed import Dist
@@ -56,9 +60,10 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
     whole = raw.state_dict() if dist.main else {}  # rank 0's tensors, kept until they are sent
+    mesh = init_device_mesh(device.type, (dist.world,))  # train.device's, not whichever accelerator torch finds
     for block in raw.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(raw, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(raw, mesh=mesh, mp_policy=policy)
     if not dist.main:
         raw.to_empty(device=device)
     for buffer in raw.buffers():  # not sharded; the ones no state dict holds (ALiBi's slopes, ...) too

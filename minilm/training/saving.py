@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import shutil
 import tempfile
@@ -62,9 +63,28 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
         return save_sharded(run.ckpt_path, record, run.raw, run.optimizer, run.dist)
     model = full_model_state(run.raw, run.sharded)  # under FSDP every rank takes part in gathering
     optimizer = run.optimizer.state_dict(lambda part: full_optimizer_state(run.raw, part, run.sharded))
-    if not run.dist.main:
-        return run.ckpt_path
-    return checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path)
+    return on_rank_0(run.dist, run.ckpt_path,
+                     lambda: checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path))
+
+
+def on_rank_0(dist: Dist, path: str, work):
+    """``work()`` on rank 0 alone, and how it went told to every rank: a failure to write
+    ``path`` there is the same one-line WriteError on every rank (the others would otherwise
+    wait for rank 0 at their next collective call for ever). Returns ``path`` off rank 0."""
+    done, failure = path, None
+    if dist.main:
+        try:
+            done = work()
+        except BaseException as exc:
+            failure = write_failure(path, _first_failure(exc))
+            if failure is None or not dist.enabled:
+                raise failure or exc from None
+    if dist.enabled:
+        told = [None if failure is None else (failure.path, failure.reason, failure.advice)]
+        torch.distributed.broadcast_object_list(told, src=0)
+        if told[0] is not None:
+            raise WriteError(*told[0])
+    return done
 
 
 def whole_model(run) -> Optional[GPT]:
@@ -102,11 +122,21 @@ def resume_state(config: Config, device: torch.device) -> dict:
 
 
 @contextlib.contextmanager
-def _one_process_is_meant():
-    """DCP warns that it assumes one process when there is no process group: that is meant here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+def _quiet_dcp():
+    """DCP warns that it assumes one process when there is no process group (meant here), and
+    logs tracebacks of its own, partly on the root logger, before raising (minilm says the
+    error in one line)."""
+    loggers = [logging.getLogger(), logging.getLogger("torch.distributed.checkpoint")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
@@ -124,25 +154,27 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
               "optimizer_groups": [[len(g["params"]) for g in part.param_groups] for part in optimizer.parts],
               **record}
     state = _shard_state(raw, optimizer)
-    where = [_new_version(directory) if dist.main else None]
+    version = on_rank_0(dist, directory, lambda: _new_version(directory))
     if dist.enabled:
+        where = [version]
         torch.distributed.broadcast_object_list(where, src=0)
+        version = where[0]
     try:
-        with _one_process_is_meant():
-            dcp.save(state, checkpoint_id=where[0])
-        if dist.main:
-            atomic_write(os.path.join(where[0], RECORD), lambda f: torch.save(record, f))
-        dist.barrier()  # every rank's shards are in place before rank 0 points to them
-        if dist.main:
-            _point(directory, where[0])
+        with _quiet_dcp():
+            dcp.save(state, checkpoint_id=version)  # collective: a failure on any rank is raised on every rank
+        dist.barrier()  # every rank's shards are in place before rank 0 finishes the version and points to it
+
+        def finish():
+            atomic_write(os.path.join(version, RECORD), lambda f: torch.save(record, f))
+            _point(directory, version)
+        on_rank_0(dist, directory, finish)
     except BaseException as exc:
         if dist.main:
-            shutil.rmtree(where[0], ignore_errors=True)
+            shutil.rmtree(version, ignore_errors=True)
         failure = write_failure(directory, _first_failure(exc))
         if failure is not None:
             raise failure from None
         raise
-    dist.barrier()
     return directory
 
 
@@ -207,7 +239,7 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
                               load_part=check_groups)
     state = _shard_state(raw, optimizer)
     try:
-        with _one_process_is_meant():
+        with _quiet_dcp():
             dcp.load(state, checkpoint_id=record["path"])
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a damaged shard fails in many ways
         cause = _first_failure(exc)
