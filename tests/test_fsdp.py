@@ -21,9 +21,11 @@ from minilm.checkpoints.loading import load_model
 from minilm.config import ConfigError, load_config, resolve_config
 from minilm.training.loop import TrainingError, train
 from minilm.training import saving
+from minilm.training.parallel import FSDP2_ON_CPU
 from tests.conftest import REPO, tiny_overrides
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+fsdp_on_cpu = pytest.mark.skipif(not FSDP2_ON_CPU, reason=f"FSDP2 needs CUDA in torch {torch.__version__} (< 2.6)")
 
 CONSTANT_LR = ("train.lr=3e-3", "train.min_lr=3e-3", "train.checkpoint_interval=5", "train.eval_interval=5",
                "train.sample_tokens=0")
@@ -56,6 +58,7 @@ def reference(tiny_corpus, tmp_path_factory):
     return out
 
 
+@fsdp_on_cpu
 def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path, reference):
     out = tmp_path / "fsdp"
     proc = run(overrides(tiny_corpus, out, 2, "train.max_steps=10", "train.parallel=fsdp"), processes=2)
@@ -74,6 +77,7 @@ def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path
         torch.testing.assert_close(mine["state"][i]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-4, atol=1e-9)
 
 
+@fsdp_on_cpu
 def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
     """Ranks other than 0 build the model on the meta device and receive their shards, and the
     buffers no state dict holds (ALiBi's slopes), from rank 0: the run still follows one process,
@@ -85,6 +89,7 @@ def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
         assert a == pytest.approx(b, rel=1e-5)
 
 
+@fsdp_on_cpu
 def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_path):
     """Positions drawn at evaluation make a forward pass per row: every rank must still make as
     many passes (and FSDP gathers) as the others, whatever its share of the rows."""
@@ -94,6 +99,7 @@ def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_pat
     assert len(losses(tmp_path / "two", "final")) == 1
 
 
+@fsdp_on_cpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
     """bf16 weights gathered for compute with float32 gradient reduction; float16 with the scaler."""
@@ -104,6 +110,7 @@ def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path,
         assert a == pytest.approx(b, rel=2e-3)
 
 
+@fsdp_on_cpu
 def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_path, reference):
     """2 -> 2, 2 -> 1 and 1 -> 2: the resumed runs continue the uninterrupted trajectory."""
     sharded = ("train.parallel=fsdp", "train.checkpoint_format=sharded")
@@ -123,6 +130,7 @@ def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_pat
             assert a == pytest.approx(b, rel=1e-5, abs=1e-5), (name, step)
 
 
+@fsdp_on_cpu
 def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference):
     out = tmp_path / "run"
     run(overrides(tiny_corpus, out, 2, "train.max_steps=5", "train.parallel=fsdp", "train.checkpoint_format=sharded"),
@@ -207,6 +215,7 @@ KILLED_SAVE = """
 import os, sys
 from minilm.config import load_config, resolve_config
 from minilm.training import saving
+from minilm.training.parallel import FSDP2_ON_CPU
 from minilm.training.loop import train
 point, calls = saving._point, []
 def point_then_die(directory, version):

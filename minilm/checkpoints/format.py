@@ -13,6 +13,7 @@ This module knows the file format only; turning a checkpoint back into a model i
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import errno
 import os
@@ -24,6 +25,9 @@ import torch
 
 from minilm.common import MinilmError, atomic_write, first_sentence
 from minilm.config import DataConfig, ModelConfig
+
+# bytes (the tokenizer) pickle as _codecs.encode calls, which torch < 2.5 refuses to load with weights_only
+torch.serialization.add_safe_globals([codecs.encode])
 
 FORMAT = "minilm-checkpoint"
 VERSION = 1

@@ -98,10 +98,23 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
     (how the count is checked)."""
     with torch.device(device):
         model = GPT(model_config).to(dtype if gathered else torch.float32).train()
-    model.checkpoint_blocks = checkpointing
     idx = torch.zeros(batch_size, model_config.block_size, dtype=torch.long, device=device)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     mixed = None if gathered or dtype == torch.float32 else dtype
+    inside, inputs = [0], {}
+
+    def enter(block, args):  # a block's input is what checkpointing keeps of it
+        inside[0] += 1
+        inputs.setdefault(args[0].untyped_storage()._cdata, args[0].untyped_storage().nbytes())
+
+    def leave(block, args, out):
+        inside[0] -= 1
+    if checkpointing and device == "meta":  # torch's checkpoint cannot run on the meta device before torch 2.5
+        for block in model.blocks:
+            block.register_forward_pre_hook(enter)
+            block.register_forward_hook(leave)
+    else:
+        model.checkpoint_blocks = checkpointing
 
     def forward():
         if device == "meta":
@@ -110,7 +123,8 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
             mode = torch.autocast(device, dtype=mixed) if mixed is not None else contextlib.nullcontext()
         with mode:
             return model(idx, head=lambda hidden, weight: mixed_loss(hidden, weight, idx, None))
-    return saved_tensor_bytes(forward, skip=lambda t: t.untyped_storage()._cdata in weights)[0]
+    kept = saved_tensor_bytes(forward, skip=lambda t: inside[0] > 0 or t.untyped_storage()._cdata in weights)[0]
+    return kept + sum(inputs.values())
 
 
 def parameter_counts(model_config: ModelConfig) -> tuple:

@@ -29,11 +29,14 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-except ImportError:  # torch < 2.6 keeps FSDP2 under its first name
+    FSDP2_ON_CPU = True
+except ImportError:  # torch < 2.6 keeps FSDP2 under its first name, and it needs CUDA there
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    FSDP2_ON_CPU = False
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
+from minilm.config import ConfigError
 from minilm.training.distributed import Dist
 
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0, on the CPU
@@ -57,6 +60,9 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
         return raw
     if parallel == "ddp":
         return DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
+    if device.type != "cuda" and not FSDP2_ON_CPU:
+        raise ConfigError(f"train.parallel='fsdp' on {device.type} needs torch >= 2.6 (this is {torch.__version__}): "
+                          f"use train.parallel=ddp, or a newer torch")
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
     whole = raw.state_dict() if dist.main else {}  # rank 0's tensors, kept until they are sent

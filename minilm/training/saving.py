@@ -132,7 +132,7 @@ def _quiet_dcp():
         logger.setLevel(logging.CRITICAL)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
             yield
     finally:
         for logger, level in zip(loggers, levels):
