@@ -39,8 +39,8 @@ from torch.nn.parallel import DistributedDataParallel
 from minilm.config import ConfigError
 from minilm.training.distributed import Dist
 
-# measured on 2 gloo processes: FSDP2 needs CUDA streams up to torch 2.6; 2.7 and 2.8 train on the CPU but
-# reduce the gradients to twice their mean there; from 2.9 they follow the one-process run
+# measured on 2 gloo processes: FSDP2 did not start in torch 2.4 and 2.6 (it wants CUDA streams); 2.7 and 2.8
+# trained with gradients at twice their mean; 2.9, 2.12 and 2.13 follow the one-process run
 FSDP2_ON_CPU = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0, on the CPU
 WHOLE = StateDictOptions(full_state_dict=True)  # whole tensors given on every rank, sharded as they load
