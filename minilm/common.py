@@ -190,8 +190,7 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
     parent = directory.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", suffix=".tmp", dir=parent))
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary directory
+        staging = new_directory(parent, f".{directory.name}-", suffix=".tmp")
     except OSError as exc:
         raise write_failure(directory, exc) from None
     try:
@@ -209,6 +208,14 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
         if failure is not None:
             raise failure from None
         raise
+
+
+def new_directory(parent: Union[str, Path], prefix: str, suffix: str = "") -> Path:
+    """A new, empty directory in ``parent`` with a random name, with the permissions of an
+    ordinary one (``tempfile.mkdtemp`` makes it private)."""
+    made = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    made.chmod(0o777 & ~_umask())
+    return made
 
 
 def _umask() -> int:

@@ -4,8 +4,6 @@ optimiser's state included, so that every command takes it and ``--resume`` cont
 (``minilm.training.saving.unshard``)."""
 from __future__ import annotations
 
-import os
-
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.loading import load_model
 from minilm.cli import Parser, run_command
@@ -24,16 +22,7 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    sharded = args.checkpoint
-    if os.path.isdir(os.path.join(sharded, checkpoint.SHARDED)):
-        sharded = os.path.join(sharded, checkpoint.SHARDED)
-    if not os.path.isdir(sharded):
-        raise checkpoint.CheckpointError(f"{args.checkpoint!r} is not a sharded checkpoint: give an out_dir holding "
-                                         f"{checkpoint.SHARDED}/ or that directory")
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(sharded)), checkpoint.FILENAME)
-    if os.path.exists(out) and not args.overwrite:
-        raise checkpoint.CheckpointError(f"{out!r} exists: give --overwrite to replace it, or another --out")
-    path = unshard(sharded, out)
+    path = unshard(args.checkpoint, args.out, overwrite=args.overwrite)
     model, _, config, _ = load_model(path)  # what every other command will do with it
     print(f"wrote {path}: step {checkpoint.load(path)['step']}, {model.num_params():,} parameters, "
           f"position {config.model.position['kind']}; resumable (optimiser state included)")

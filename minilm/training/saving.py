@@ -23,7 +23,6 @@ import glob
 import logging
 import os
 import shutil
-import tempfile
 import warnings
 from typing import Optional
 
@@ -36,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
-from minilm.common import WriteError, atomic_write, first_sentence, temporary_path, write_failure
+from minilm.common import WriteError, atomic_write, first_sentence, new_directory, temporary_path, write_failure
 from minilm.config import Config, from_dict
 from minilm.model.gpt import GPT
 from minilm.training.distributed import Dist
@@ -189,11 +188,7 @@ def _new_version(directory: str) -> str:
     """A new, empty version directory beside ``directory``: ``.<name>-<random>``."""
     parent, name = os.path.split(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
-    version = tempfile.mkdtemp(prefix=f".{name}-", dir=parent)
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(version, 0o777 & ~mask)  # mkdtemp makes it private; a checkpoint is an ordinary directory
-    return version
+    return str(new_directory(parent, f".{name}-"))
 
 
 def _point(directory: str, version: str) -> None:
@@ -202,7 +197,7 @@ def _point(directory: str, version: str) -> None:
     that were killed before this step). A directory found in its place becomes a version."""
     parent, name = os.path.split(os.path.abspath(directory))
     if os.path.isdir(directory) and not os.path.islink(directory):
-        os.rename(directory, tempfile.mkdtemp(prefix=f".{name}-", dir=parent))
+        os.rename(directory, new_directory(parent, f".{name}-"))
     link = temporary_path(directory)
     os.symlink(os.path.basename(version), link)
     os.replace(link, directory)
@@ -250,16 +245,20 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
         set_optimizer_state_dict(raw, part, state["optimizer"][str(i)])
 
 
-def unshard(directory: str, out: Optional[str] = None) -> str:
+def unshard(directory: str, out: Optional[str] = None, overwrite: bool = True) -> str:
     """Make one checkpoint file of the sharded checkpoint ``directory`` (an out_dir or its
-    ckpt.dcp), optimiser included: ``out``, default ``ckpt.pt`` beside ``ckpt.dcp``. One process."""
+    ckpt.dcp), optimiser included: ``out``, default ``ckpt.pt`` beside ``ckpt.dcp``, an
+    existing one replaced only with ``overwrite``. One process."""
+    given = directory
     if os.path.isdir(os.path.join(directory, checkpoint.SHARDED)):
         directory = os.path.join(directory, checkpoint.SHARDED)
     if not os.path.isdir(directory):
-        raise CheckpointError(f"{directory!r} is not a sharded checkpoint: give an out_dir holding "
+        raise CheckpointError(f"{given!r} is not a sharded checkpoint: give an out_dir holding "
                               f"{checkpoint.SHARDED}/ or that directory")
-    record = read_record(directory)
     out = out or os.path.join(os.path.dirname(os.path.abspath(directory)), checkpoint.FILENAME)
+    if os.path.exists(out) and not overwrite:
+        raise CheckpointError(f"{out!r} exists: give --overwrite to replace it, or another --out")
+    record = read_record(directory)
     config = from_dict(Config, checkpoint.with_defaults(record["config"]))
     raw = GPT(config.model)
     optimizer = make_optimizer(raw, config.train, torch.device("cpu"))
