@@ -77,7 +77,7 @@ from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim
 from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
 from minilm.training.resume import StopFlag, set_rng_state, trajectory_changes
-from minilm.training.saving import load_sharded, resume_state, whole_model, write_checkpoint
+from minilm.training.saving import checkpoint_path, load_sharded, resume_state, whole_model, write_checkpoint
 from minilm.training.source import source_model
 
 SAMPLE_TEMPERATURE = 0.8
@@ -134,8 +134,7 @@ class TrainingRun:
     @property
     def ckpt_path(self) -> str:
         """The checkpoint this run writes: ckpt.pt, or the directory ckpt.dcp (train.checkpoint_format)."""
-        sharded = self.config.train.checkpoint_format == "sharded"
-        return os.path.join(self.config.out_dir, checkpoint.SHARDED if sharded else checkpoint.FILENAME)
+        return checkpoint_path(self.config.out_dir, self.config.train.checkpoint_format)
 
     @property
     def sharded(self) -> bool:

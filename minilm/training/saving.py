@@ -99,12 +99,16 @@ def whole_model(run) -> Optional[GPT]:
     return model.to(run.device)
 
 
+def checkpoint_path(out_dir: str, checkpoint_format: str) -> str:
+    """Where a run keeps its checkpoint: ``ckpt.pt``, or ``ckpt.dcp`` when sharded."""
+    return os.path.join(out_dir, checkpoint.SHARDED if checkpoint_format == "sharded" else checkpoint.FILENAME)
+
+
 def resume_state(config: Config, device: torch.device) -> dict:
     """What ``--resume`` continues, checked to fit ``config``: the checkpoint file's dict, or a
     sharded checkpoint's record (no ``model`` key: ``load_sharded`` reads its weights later)."""
     fmt = config.train.checkpoint_format
-    names = {"file": checkpoint.FILENAME, "sharded": checkpoint.SHARDED}
-    path, other = (os.path.join(config.out_dir, names[f]) for f in (fmt, "sharded" if fmt == "file" else "file"))
+    path, other = (checkpoint_path(config.out_dir, f) for f in (fmt, "sharded" if fmt == "file" else "file"))
     if not os.path.exists(path):
         if os.path.exists(other):
             raise CheckpointError(f"cannot resume: train.checkpoint_format={fmt!r} but out_dir={config.out_dir!r} "
