@@ -24,14 +24,23 @@ it has the same parameter count as our 4 * d_model GELU MLP, untied heads off: t
 ours, SDPA attention). transformers is optional (``pip install -e ".[bench]"``).
 
 Then decode tokens/s at cache lengths of 1x, 4x and 16x (prompt + new): prompts of
-length - new tokens, so that the cache ends at that length.
+length - new tokens, so that the cache ends at that length. It ends with one line: the
+default decode (what ``generate`` picks without flags for ``--new`` tokens: eager below
+``BREAK_EVEN``) against both floors.
+
+``--break-even`` measures when compiling pays off: the compile time (the first compiled decode
+step, in a fresh process, with an empty inductor cache and again with the cache it left) and
+the eager and compiled seconds per token; break-even = compile seconds / (eager - compiled
+seconds per token), the ``BREAK_EVEN`` of ``minilm.generation.compiled``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -40,7 +49,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from minilm import GPT, ModelConfig  # noqa: E402
-from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
+from minilm.generation import compiled as compiled_step  # noqa: E402
+from minilm.generation.decode import Sampling, Stats, generate_ids  # noqa: E402
 
 GREEDY = Sampling(temperature=0)
 
@@ -53,10 +63,10 @@ class Rate(tuple):
         return super().__new__(cls, (tokens / wall_seconds, tokens / max(cpu_seconds, 1e-9)))
 
 
-def ours(model, prompt, new, *, use_cache=True, max_context=None, compile=False) -> Rate:
+def ours(model, prompt, new, *, use_cache=True, max_context=None, compile=False, stats=None) -> Rate:
     """Decode rate of ``generate_ids``: from the first new token to the last."""
     for step, _ in enumerate(generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
-                                          max_context=max_context, compile=compile)):
+                                          max_context=max_context, compile=compile, stats=stats)):
         if step == 0:
             wall, cpu = time.perf_counter(), time.process_time()
     return Rate(new - 1, time.perf_counter() - wall, time.process_time() - cpu)
@@ -175,6 +185,9 @@ def main(argv=None):
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled step (ours, --compile)")
     p.add_argument("--no-uncached", action="store_true", help="skip the slow --no-cache measurement")
+    p.add_argument("--break-even", action="store_true",
+                   help="only measure the new tokens from which compiling the decode step pays off")
+    p.add_argument("--compile-seconds", action="store_true", help=argparse.SUPPRESS)  # one compile, in a child
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -192,6 +205,14 @@ def main(argv=None):
     print(f"batch 1, greedy, {args.new} new tokens after a {args.prompt}-token prompt; best of {args.repeats}")
 
     ours(model, prompt, 8, max_context=total)  # warm-up
+    if args.compile_seconds:
+        stats = Stats()
+        ours(model, prompt, 3, max_context=total, compile=True, stats=stats)
+        print(f"compile seconds: {stats.compile_seconds}")
+        return
+    if args.break_even:
+        break_even(args, model, prompt, total, argv)
+        return
     if not args.no_compile:
         start = time.perf_counter()
         ours(model, prompt, args.new, max_context=total, compile=True)  # compiles (for this cache size)
@@ -238,6 +259,40 @@ def main(argv=None):
                               for _ in range(args.repeats)])
             line += f"  {'compiled' if compile else 'eager'} {wall:7.1f} tokens/s ({cpu:6.1f} per CPU-second)"
         print(line)
+    default = compiled if compiled_step.pays_off(torch.device("cpu"), args.new, True) and not args.no_compile \
+        else cached
+    print(f"default decode ({'compiled' if default is compiled else 'eager'} for {args.new} new tokens, "
+          f"{args.dtype}): {best(default)[0]:.1f} tokens/s = {median_share(default, cache_floor):.0%} of the floor "
+          f"with the cache reads ({best(cache_floor)[0]:.1f}), {median_share(default, floor):.0%} of the "
+          f"weights-only floor ({best(floor)[0]:.1f}) (medians per repeat)")
+
+
+def child_compile_seconds(argv, cache_dir: str) -> float:
+    """The first compiled decode step's seconds in a fresh process using inductor cache ``cache_dir``."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--compile-seconds"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return float(out.rsplit("compile seconds:", 1)[1])
+
+
+def break_even(args, model, prompt, total, argv) -> None:
+    """Compile seconds (cold, warm), eager and compiled seconds per token, and the break-even."""
+    with tempfile.TemporaryDirectory() as cache_dir:
+        cold, warm = child_compile_seconds(argv, cache_dir), child_compile_seconds(argv, cache_dir)
+    ours(model, prompt, 8, max_context=total, compile=True)  # compiled here, untimed
+    eager, fast = [], []
+    for _ in range(args.repeats):
+        eager.append(ours(model, prompt, args.new, max_context=total))
+        fast.append(ours(model, prompt, args.new, max_context=total, compile=True))
+    saved = 1 / best(eager)[0] - 1 / best(fast)[0]
+    print(f"compile: {cold:.1f} s with an empty inductor cache, {warm:.1f} s with the cache it left")
+    print(f"decode: eager {best(eager)[0]:.1f} tokens/s, compiled {best(fast)[0]:.1f} tokens/s: "
+          f"{saved * 1e3:.3f} ms saved per token")
+    if saved <= 0:
+        print("break-even: never (the compiled step is not faster here)")
+        return
+    print(f"break-even: {cold / saved:,.0f} new tokens (empty cache), {warm / saved:,.0f} (warm cache); "
+          f"minilm.generation.compiled.BREAK_EVEN = {compiled_step.BREAK_EVEN:,}")
 
 
 if __name__ == "__main__":

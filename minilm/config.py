@@ -48,6 +48,12 @@ def fields_with(cls, role: str) -> tuple:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("role") == role)
 
 
+def check_number(key: str, value, ok, expected: str) -> None:
+    """ConfigError unless ``value`` is a number (not a bool) for which ``ok(value)`` holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(f"{key}={value!r} is invalid: expected {expected}")
+
+
 def check_choices(obj, section: str) -> None:
     """A ConfigError for a field whose value is not among its ``choices``."""
     for f in dataclasses.fields(obj):
@@ -82,11 +88,15 @@ class ModelConfig:
     tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
     norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"), help="every norm's kind")
     norm_eps: float = option(1e-5, role=ARCHITECTURE, help="the norms' epsilon")
-    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu"),
-                      help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama")
+    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu", "relu2"),
+                      help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama; relu2: relu(x)^2 (Primer)")
     n_kv_head: Optional[int] = option(None, role=ARCHITECTURE,
                                       help="key/value heads, grouped-query attention (null: n_head)")
     qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
+    qk_norm: bool = option(False, role=ARCHITECTURE, help="RMSNorm on each head's q and k before positions (Qwen3)")
+    value_embeddings: bool = option(False, role=ARCHITECTURE, help="token embeddings added to every layer's "
+                                    "values, a table per pair of layers j and n_layer-1-j (modded-nanogpt)")
+    logit_softcap: float = option(0.0, role=ARCHITECTURE, help="0: none; c > 0: logits c * tanh(z / c) (Gemma 2)")
 
     def __post_init__(self):
         if self.d_ff is None:
@@ -103,9 +113,7 @@ class ModelConfig:
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
             raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} "
                               f"or a number > 0")
-        init = self.embedding_init_std
-        if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 < init < math.inf:
-            raise ConfigError(f"model.embedding_init_std={init!r} is invalid: expected a number > 0")
+        check_number("model.embedding_init_std", self.embedding_init_std, lambda v: 0 < v < math.inf, "a number > 0")
         concat = self.concat_position_dims
         if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
             raise ConfigError(f"model.concat_position_dims={concat!r} is invalid: expected 0 (added) or an even "
@@ -125,12 +133,11 @@ class ModelConfig:
 
     def _check_architecture(self):
         check_choices(self, "model")
-        for name in ("parallel_residual", "tie_embeddings", "qkv_bias"):
+        for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: expected true or false")
-        eps = self.norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-            raise ConfigError(f"model.norm_eps={eps!r} is invalid: expected a number with 0 < norm_eps < 1")
+        check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")
+        check_number("model.logit_softcap", self.logit_softcap, lambda v: 0 <= v < math.inf, "0 (no cap) or a number > 0")
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
             raise ConfigError(f"model.n_kv_head={kv!r} is invalid: expected a divisor of model.n_head={self.n_head} "
@@ -235,9 +242,7 @@ class TrainConfig:
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
                               f"(none) to below 1")
         for name in ("muon_lr_scale", "position_lr_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"train.{name}={value!r} is invalid: expected a number > 0")
+            check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
                               "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")

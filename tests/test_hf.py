@@ -243,6 +243,10 @@ def test_exported_tokenizer_tokenizes_like_minilm(gen_tokenizer, tmp_path):
     (dict(position={"kind": "alibi"}, bias=True), "MPT"),
     (dict(position={"kind": "rope"}, norm="rmsnorm"), "GPT-NeoX"),
     (dict(position={"kind": "learned"}, tie_embeddings=False), "tied head"),
+    (dict(position={"kind": "rope"}, qk_norm=True), "model.qk_norm=True has no GPT-NeoX equivalent"),
+    (dict(position={"kind": "rope"}, mlp="relu2"), "GPT-NeoX"),
+    (dict(position={"kind": "rope"}, logit_softcap=30.0), "model.logit_softcap=30.0 has no GPT-NeoX equivalent"),
+    (dict(position={"kind": "alibi"}, value_embeddings=True), "model.value_embeddings=True has no MPT equivalent"),
 ])
 def test_export_refuses_what_transformers_cannot_hold(settings, message, gen_tokenizer, tmp_path):
     minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")

@@ -7,13 +7,16 @@ from minilm.training import losses
 from minilm.training.losses import lm_loss
 
 
-def unfused(hidden, weight, targets):
+def unfused(hidden, weight, targets, softcap=0.0):
     logits = hidden @ weight.t()
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)  # Gemma 2's final logit soft-capping, written out
     return F.cross_entropy(logits.reshape(-1, weight.shape[0]), targets.reshape(-1))  # float32 under autocast
 
 
+@pytest.mark.parametrize("softcap", [0.0, 2.5])  # 2.5: well inside tanh's bend for logits of N(0, 24)
 @pytest.mark.parametrize("rows", [7, 2 * losses.CHUNK_ROWS + 5])  # one chunk, and three with a short last one
-def test_value_and_gradients_equal_the_unfused_loss(rows):
+def test_value_and_gradients_equal_the_unfused_loss(rows, softcap):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, rows, 24, generator=g, dtype=torch.float64)
     weight = torch.randn(50, 24, generator=g, dtype=torch.float64)
@@ -21,7 +24,7 @@ def test_value_and_gradients_equal_the_unfused_loss(rows):
     results = []
     for fn in (unfused, lm_loss):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        loss = fn(h, w, targets)
+        loss = fn(h, w, targets, softcap)
         (3.0 * loss).backward()  # a non-unit upstream gradient
         results.append((loss.detach(), h.grad, w.grad))
     for ours, reference in zip(results[1], results[0]):

@@ -30,8 +30,11 @@ OPTIONS = {
     "gpt2": dict(mlp="gelu_tanh", bias=True),
     "qwen2": dict(LLAMA, qkv_bias=True),
     "parallel-swiglu-gqa": dict(parallel_residual=True, mlp="swiglu", n_kv_head=2, qkv_bias=True),
+    "speedrun": dict(mlp="relu2", qk_norm=True, logit_softcap=3.0, tie_embeddings=False, value_embeddings=True),
+    "value-embeddings-gqa-odd": dict(value_embeddings=True, n_kv_head=2, n_layer=3),
+    "qknorm-gqa-rms": dict(qk_norm=True, n_kv_head=1, norm="rmsnorm", norm_eps=0.5),
 }
-NORMS = ("ln_1", "ln_2", "ln_f")
+NORMS = ("ln_1", "ln_2", "ln_f", "q_norm", "k_norm")
 
 
 def make(position="rope", *, n_head=4, d_model=32, n_layer=2, vocab_size=61, block_size=64, seed=0, **options):
@@ -74,6 +77,8 @@ def mlp_ref(h, sd, prefix, c):
     if c.mlp == "swiglu":  # Shazeer 2020: silu(gate) * up, gate the first d_ff outputs of fc
         gate, up = a[..., :c.d_ff], a[..., c.d_ff:]
         a = gate * torch.sigmoid(gate) * up
+    elif c.mlp == "relu2":  # So et al. 2021 (Primer): squared ReLU
+        a = torch.where(a > 0, a * a, torch.zeros_like(a))
     elif c.mlp == "gelu_tanh":
         a = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
     else:
@@ -81,13 +86,19 @@ def mlp_ref(h, sd, prefix, c):
     return linear_ref(a, sd, prefix + ".proj")
 
 
-def attention_ref(h, sd, prefix, c):
-    """Causal attention without positions, head by head; query head i reads k/v head i // g."""
+def attention_ref(h, sd, prefix, c, added_values=0.0):
+    """Causal attention without positions, head by head; query head i reads k/v head i // g.
+    ``added_values``: the value embedding of the tokens, added to v."""
     H, D, T = c.n_head, c.head_dim, h.shape[1]
     kv = c.n_kv_head or H
     qkv = linear_ref(h, sd, prefix + ".qkv")
-    q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + kv) * D], qkv[..., (H + kv) * D:]
+    q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + kv) * D], qkv[..., (H + kv) * D:] + added_values
     assert v.shape[-1] == kv * D
+    if c.qk_norm:  # every head's q and k RMS-normalised over its D dims, one weight vector for all heads
+        def rms(x, name):
+            return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.norm_eps) * sd[f"{prefix}.{name}.weight"]
+        q = torch.cat([rms(q[..., i * D:(i + 1) * D], "q_norm") for i in range(H)], dim=-1)
+        k = torch.cat([rms(k[..., j * D:(j + 1) * D], "k_norm") for j in range(kv)], dim=-1)
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     heads = []
     for i in range(H):
@@ -105,13 +116,17 @@ def reference_logits(model, idx):
     x = sd["wte.weight"][idx]
     for layer in range(c.n_layer):
         p = f"blocks.{layer}."
-        attended = attention_ref(norm_ref(x, sd, p + "ln_1", c), sd, p + "attn", c)
+        # value embeddings: table j serves layers j and n_layer - 1 - j (0 and 2 of 3 layers share table 0)
+        table = next(j for j in range(c.n_layer) if layer in (j, c.n_layer - 1 - j)) if c.value_embeddings else None
+        added = 0.0 if table is None else sd[f"value_embeds.{table}.weight"][idx]
+        attended = attention_ref(norm_ref(x, sd, p + "ln_1", c), sd, p + "attn", c, added)
         if c.parallel_residual:  # GPT-NeoX: both branches read the block input
             x = x + attended + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
         else:
             x = x + attended
             x = x + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
-    return norm_ref(x, sd, "ln_f", c) @ sd["lm_head.weight"].T
+    logits = norm_ref(x, sd, "ln_f", c) @ sd["lm_head.weight"].T
+    return c.logit_softcap * torch.tanh(logits / c.logit_softcap) if c.logit_softcap else logits
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
@@ -185,7 +200,8 @@ def test_gqa_equals_mha_with_duplicated_kv_heads(kind, n_kv_head):
 
 # --------------------------------------------------------------------------- KV cache
 
-CACHED = {name: OPTIONS[name] for name in ("default", "llama", "mqa-rms-eps", "neox", "qwen2", "parallel-swiglu-gqa")}
+CACHED = {name: OPTIONS[name] for name in ("default", "llama", "mqa-rms-eps", "neox", "qwen2", "parallel-swiglu-gqa",
+                                            "speedrun", "qknorm-gqa-rms", "value-embeddings-gqa-odd")}
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "xpos", "shaw"])
@@ -273,7 +289,8 @@ def test_a_checkpoint_without_the_new_keys_loads_unchanged(tmp_path, gen_tokeniz
 
 # --------------------------------------------------------------------------- training and extension
 
-@pytest.mark.parametrize("options", [dict(LLAMA, dropout=0.1), dict(NEOX, dropout=0.1)], ids=["llama", "neox"])
+@pytest.mark.parametrize("options", [dict(LLAMA, dropout=0.1), dict(NEOX, dropout=0.1), dict(OPTIONS["speedrun"], dropout=0.1)],
+                         ids=["llama", "neox", "speedrun"])
 def test_a_few_training_steps_lower_the_loss_and_reach_every_parameter(options):
     model = make("rope", **options).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -288,6 +305,19 @@ def test_a_few_training_steps_lower_the_loss_and_reach_every_parameter(options):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_the_speedrun_options_train_through_the_fused_loss_and_load_back(tiny_config):
+    """qk_norm, relu2, value embeddings and the logit soft-cap through train.py (Muon, the fused
+    loss with the cap), and a checkpoint that loads back with them."""
+    overrides = ["model.qk_norm=true", "model.mlp=relu2", "model.value_embeddings=true", "model.logit_softcap=5",
+                 "train.optimizer=muon", "train.max_steps=6"]
+    summary = train(tiny_config(*overrides), quiet=True)
+    assert math.isfinite(summary["final_val_loss"])
+    model, _, config, _ = load_model(summary["checkpoint"])
+    m = config.model
+    assert (m.qk_norm, m.mlp, m.value_embeddings, m.logit_softcap) == (True, "relu2", True, 5.0)
+    assert len(model.value_embeds) == (m.n_layer + 1) // 2 and model.blocks[0].attn.q_norm.weight.shape == (m.head_dim,)
 
 
 def test_training_run_with_llama_options_saves_and_loads_them(tiny_config):
@@ -322,7 +352,10 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
 
 @pytest.mark.parametrize("options, message", [
     (dict(norm="batchnorm"), "model.norm='batchnorm' is invalid: valid: layernorm, rmsnorm"),
-    (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu"),
+    (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu, relu2"),
+    (dict(logit_softcap=-1.0), "model.logit_softcap=-1.0 is invalid: expected 0 (no cap) or a number > 0"),
+    (dict(logit_softcap=float("inf")), "model.logit_softcap=inf is invalid"),
+    (dict(qk_norm="yes"), "model.qk_norm='yes' is invalid: expected true or false"),
     (dict(n_kv_head=3), "model.n_kv_head=3 is invalid: expected a divisor of model.n_head=4 (1, 2, 4)"),
     (dict(n_kv_head=0), "model.n_kv_head=0 is invalid: expected a divisor of model.n_head=4"),
     (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number with 0 < norm_eps < 1"),

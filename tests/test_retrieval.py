@@ -129,7 +129,7 @@ def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
     hidden, weight = torch.randn(16, 64, 8), torch.randn(VOCAB, 8)
     manual = 0.75 * lm_loss(hidden[~mask], weight, y[~mask]) + 0.25 * torch.nn.functional.cross_entropy(
         (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1), ignore_index=IGNORE)
-    assert mixed_loss(hidden, weight, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
+    assert mixed_loss(hidden, weight, 0.0, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
 
 
 def test_wilson_intervals_match_published_values():

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from minilm.common import MinilmError, autocast
 from minilm.data.batches import get_batch
+from minilm.model.gpt import soft_cap
 
 MODES = ("nonoverlapping", "sliding", "fixed-stride")
 LOSS_CHUNK = 4096  # rows of hidden states turned into logits at once
@@ -56,12 +57,14 @@ def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0, **forw
     return model(x, head=functools.partial(_chunked_losses, y=y[:, first:], first=first), **forward)
 
 
-def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, first: int) -> torch.Tensor:
-    """The cross-entropies of ``token_losses`` from the final hidden states and the head's weight."""
+def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor,
+                    first: int) -> torch.Tensor:
+    """The cross-entropies of ``token_losses`` from the final hidden states, the head's weight
+    and the model's logit soft-cap."""
     hidden = hidden[:, first:]
     rows, targets = hidden.reshape(-1, hidden.shape[-1]), y.reshape(-1)
-    losses = [F.cross_entropy(F.linear(rows[i:i + LOSS_CHUNK], weight).float(), targets[i:i + LOSS_CHUNK],
-                              reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
+    losses = [F.cross_entropy(soft_cap(F.linear(rows[i:i + LOSS_CHUNK], weight).float(), softcap),
+                              targets[i:i + LOSS_CHUNK], reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
     return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
 
 

@@ -8,6 +8,9 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``mlp: gelu_tanh`` (GPT-2's gelu_new) or ``swiglu`` (Llama: ``fc`` holds gate and up);
 * ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
 * ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
+* ``qk_norm``: RMSNorm on every head's queries and keys (Qwen3);
+* ``mlp: relu2``: relu(x)^2 (Primer); ``logit_softcap`` c: logits c * tanh(z / c) (Gemma 2);
+* ``value_embeddings``: a token embedding added to the values of each layer (``value_table``);
 * ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
 * ``tie_embeddings: false``: an LM head of its own.
 
@@ -49,6 +52,7 @@ class ForwardPass(NamedTuple):
     weights_of: Optional[int] = None
     renumbered: bool = False  # attention sinks at their positions within the cache (``attend_in_cache``)
     documents: Optional[torch.Tensor] = None  # (B, T): the document of each token (``data.document_mask``)
+    values: Optional[list] = None  # model.value_embeddings: per layer, (B, T, n_kv_head * head_dim) added to v
 
     @property
     def per_row(self) -> bool:
@@ -82,6 +86,13 @@ class RMSNorm(nn.Module):
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
+def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap * tanh(logits / cap)`` (Gemma Team 2024, "Gemma 2", final logit soft-capping; the
+    modded-nanogpt speedrun's logit cap): the logits pass through smoothly near 0 and never leave
+    (-cap, cap). ``cap`` 0: the logits unchanged."""
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
 def make_norm(config: ModelConfig) -> nn.Module:
     """LayerNorm (with a bias where ``config.bias``) or RMSNorm, over d_model with ``norm_eps``."""
     if config.norm == "rmsnorm":
@@ -93,7 +104,10 @@ class CausalSelfAttention(nn.Module):
     """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
     "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
     head_dim wide, and key/value head j serves query heads j*g .. (j+1)*g - 1, g = n_head / n_kv_head.
-    Keys are rotated and cached with n_kv_head heads and repeated g times just before attention."""
+    Keys are rotated and cached with n_kv_head heads and repeated g times just before attention.
+    With ``qk_norm`` each head's q and k go through an RMSNorm over head_dim (weights shared by the
+    heads, as Qwen3 has it; Henry et al. 2020, "Query-Key Normalization for Transformers")
+    before the position scheme rotates them, so the cache holds normalised keys."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -103,13 +117,18 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.qk_norm = config.qk_norm
 
     def project(self, x):
         """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model)."""
         B, T, _ = x.shape
         q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = self.qkv(x).split((q_width, kv_width, kv_width), dim=-1)
-        return tuple(t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2)
+                   for t in self.qkv(x).split((q_width, kv_width, kv_width), dim=-1))
+        return (self.q_norm(q), self.k_norm(k), v) if self.qk_norm else (q, k, v)
 
     def expand(self, kv):
         """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
@@ -121,6 +140,8 @@ class CausalSelfAttention(nn.Module):
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
         q, k, v = self.project(x)
+        if fp.values is not None:  # before the cache write: the cache holds the values attention reads
+            v = v + fp.values[layer].view(B, T, -1, self.head_dim).transpose(1, 2)
         if fp.per_row:
             q, k = rotate_rows(fp.scheme, q, k, fp.pos, fp.context_len)
         elif not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
@@ -151,7 +172,8 @@ class CausalSelfAttention(nn.Module):
 
 class MLP(nn.Module):
     """proj(gelu(fc(x))), with ``mlp: gelu_tanh`` the tanh approximation of GELU (GPT-2's
-    gelu_new); with ``mlp: swiglu`` (Shazeer 2020, "GLU Variants Improve Transformer")
+    gelu_new); with ``mlp: relu2`` proj(relu(fc(x))^2) (So et al. 2021, "Primer", squared ReLU);
+    with ``mlp: swiglu`` (Shazeer 2020, "GLU Variants Improve Transformer")
     proj(silu(gate(x)) * up(x)), where ``fc`` (2 d_ff outputs) holds gate then up."""
 
     def __init__(self, config: ModelConfig):
@@ -166,7 +188,21 @@ class MLP(nn.Module):
         if self.kind == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             return self.proj(F.silu(gate) * up)
+        if self.kind == "relu2":
+            return self.proj(F.relu(h).square())
         return self.proj(F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none"))
+
+
+def value_table(layer: int, n_layer: int) -> int:
+    """The value-embedding table of ``layer``: tables are shared by layers j and n_layer - 1 - j,
+    the U-shaped pairing of the modded-nanogpt speedrun (Jordan et al. 2024), which adds
+    ``v += E_j[token]`` so that every layer's values can carry the token's identity directly."""
+    return min(layer, n_layer - 1 - layer)
+
+
+def unchanged(x: torch.Tensor) -> torch.Tensor:
+    """Dropout where there is none (evaluation, or p = 0), without a call into torch."""
+    return x
 
 
 class Block(nn.Module):
@@ -186,12 +222,13 @@ class Block(nn.Module):
         """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""
         attended = self.attn(self.ln_1(x), layer, fp)
         attended, weights = attended if fp.weights_of == layer else (attended, None)
-        attended = self.drop(attended)
+        drop = self.drop if self.training and self.drop.p else unchanged  # a decode step saves the calls
+        attended = drop(attended)
         if self.parallel:
-            out = x + attended + self.drop(self.mlp(self.ln_2(x)))
+            out = x + attended + drop(self.mlp(self.ln_2(x)))
         else:
             x = x + attended
-            out = x + self.drop(self.mlp(self.ln_2(x)))
+            out = x + drop(self.mlp(self.ln_2(x)))
         return (out, weights) if fp.weights_of == layer else out
 
 
@@ -207,6 +244,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        kv_width = (config.n_kv_head or config.n_head) * config.head_dim
+        self.value_embeds = nn.ModuleList(nn.Embedding(config.vocab_size, kv_width) for _ in range(
+            (config.n_layer + 1) // 2)) if config.value_embeddings else None
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.embedding_scale = embedding_multiplier(config, self.positions)
@@ -289,8 +329,8 @@ class GPT(nn.Module):
         that id and attention stops at their boundaries; ``restart_positions`` also numbers
         each document from 0 (``data.document_mask``). A cache made with ``offsets`` holds
         left-padded rows, each at its own positions (``new_cache``).
-        ``head(hidden, lm_head_weight)``: what to return instead of the logits, computed inside
-        the forward pass from the final hidden states (a loss that never forms the logits). Under
+        ``head(hidden, lm_head_weight, logit_softcap)``: what to return instead of the logits, computed
+        inside the forward pass from the final hidden states (a loss that never forms the logits). Under
         FSDP the head's weight is whole only inside a forward pass, so losses are taken this way.
         """
         B, T = idx.shape
@@ -303,7 +343,7 @@ class GPT(nn.Module):
                     for b in range(B)]
             if weights_of is not None:
                 return tuple(torch.cat(part) for part in zip(*rows))
-            return torch.cat(rows) if head is None else head(torch.cat(rows), self.lm_head.weight)
+            return torch.cat(rows) if head is None else self.head_of(torch.cat(rows), head)
         self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
         if cache is not None:
             if cache.batch_size != B:
@@ -342,7 +382,15 @@ class GPT(nn.Module):
         out = (body or self.body)(idx, fp, return_hidden or head is not None)
         if cache is not None:
             cache.commit()
-        return out if head is None else head(out, self.lm_head.weight)
+        return out if head is None else self.head_of(out, head)
+
+    def head_of(self, hidden: torch.Tensor, head: Callable):
+        """``head(hidden, lm_head_weight, logit_softcap)``: what ``forward(head=...)`` returns."""
+        return head(hidden, self.lm_head.weight, self.config.logit_softcap)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of final normalised hidden states: the LM head, soft-capped where the model is."""
+        return soft_cap(self.lm_head(hidden), self.config.logit_softcap)
 
     def embed_positions(self, x, fp: ForwardPass):
         """The token embeddings ``x`` with the scheme's positions added (``embed``) or, under
@@ -364,7 +412,10 @@ class GPT(nn.Module):
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
         x = self.embed_positions(x, fp)
-        x = self.drop(x)
+        x = self.drop(x) if self.training and self.drop.p else x
+        if self.value_embeds is not None:
+            tables = [table(idx) for table in self.value_embeds]
+            fp = fp._replace(values=[tables[value_table(i, len(self.blocks))] for i in range(len(self.blocks))])
         weights = None
         for layer, block in enumerate(self.blocks):
             if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
@@ -375,5 +426,5 @@ class GPT(nn.Module):
             if fp.weights_of == layer:
                 x, weights = x
         x = self.ln_f(x)
-        out = x if return_hidden else self.lm_head(x)
+        out = x if return_hidden else self.logits(x)
         return out if fp.weights_of is None else (out, weights)

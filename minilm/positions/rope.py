@@ -102,9 +102,10 @@ def longrope_attention_factor(factor: float, original: int) -> float:
     return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def version_of(t: torch.Tensor) -> int:
+    """The in-place-update counter of ``t``; 0 for an inference tensor, which keeps none (those
+    are made inside ``torch.inference_mode``, and minilm never changes positions in place)."""
+    return 0 if t.is_inference() else t._version
 
 
 @register("rope")
@@ -222,27 +223,37 @@ class RoPE(PositionScheme):
 
     def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
+        return self.tables(pos, context_len, dtype)[:2]
+
+    def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
+        """(cos, sin, signed sin): ``cos_sin`` and the sin table with its first half negated, which
+        ``_rotate`` multiplies by x rolled by half the rotated dims, so that rotate_half(x) * sin
+        is two operations (``x.roll(rot/2) * signed_sin``) instead of four. Memoised for the
+        layers of one forward pass: the same positions tensor, not changed in place since."""
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
         memo = None if compiling else self._memo
-        same = memo is not None and memo[0].shape == pos.shape and memo[0].device == pos.device and (
-            memo[5] is pos if pos.is_meta else torch.equal(memo[0], pos))  # meta (a dry run): no values to compare
-        if same and memo[1] == context_len and memo[2] == dtype:
-            return memo[3], memo[4]
+        same = memo is not None and memo[1] == version_of(memo[0]) and (memo[0] is pos or (  # rows: views of their own
+            memo[0].shape == pos.shape and memo[0].device == pos.device and not pos.is_meta and torch.equal(memo[0], pos)))
+        if same and memo[2] == context_len and memo[3] == dtype:
+            return memo[4]
         inv = self.inv_freq(context_len).to(device=pos.device, dtype=torch.float32)
         angles = pos.to(torch.float32)[:, None] * inv[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
         scale = self.attention_scale()
-        cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+        cos, sin = angles.cos() * scale, angles.sin() * scale
+        tables = tuple(t.to(dtype) for t in (torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
+                                              torch.cat((-sin, sin), dim=-1)))
         if not compiling:
-            self._memo = (pos.clone(), context_len, dtype, cos, sin, pos)
-        return cos, sin
+            self._memo = (pos, version_of(pos), context_len, dtype, tables)
+        return tables
 
     def rotate(self, q, k, pos, context_len):
-        cos, sin = self.cos_sin(pos, context_len, q.dtype)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        cos, _, signed_sin = self.tables(pos, context_len, q.dtype)
+        return self._rotate(q, cos, signed_sin), self._rotate(k, cos, signed_sin)
 
-    def _rotate(self, x, cos, sin):
+    def _rotate(self, x, cos, signed_sin):
+        """x * cos + rotate_half(x) * sin over the first ``rot`` dims, with the signed sin of
+        ``tables``: rotate_half(x) * sin = x.roll(rot/2) * signed_sin, the same products."""
         if self.rot == x.shape[-1]:
-            return x * cos + rotate_half(x) * sin
+            return torch.addcmul(x * cos, x.roll(self.rot // 2, dims=-1), signed_sin)
         head, tail = x[..., : self.rot], x[..., self.rot:]
-        return torch.cat((head * cos + rotate_half(head) * sin, tail), dim=-1)
+        return torch.cat((torch.addcmul(head * cos, head.roll(self.rot // 2, dims=-1), signed_sin), tail), dim=-1)

@@ -53,9 +53,10 @@ class XPos(RoPE):
         return log_scale.exp().to(dtype), (-log_scale).exp().to(dtype)
 
     def rotate(self, q, k, pos, context_len):
-        cos, sin = self.cos_sin(pos, context_len, q.dtype)
+        cos, _, signed_sin = self.tables(pos, context_len, q.dtype)
         q_scale, k_scale = self.scales(pos, context_len, q.dtype)
-        return self._rotate(q, cos * q_scale, sin * q_scale), self._rotate(k, cos * k_scale, sin * k_scale)
+        return (self._rotate(q, cos * q_scale, signed_sin * q_scale),
+                self._rotate(k, cos * k_scale, signed_sin * k_scale))
 
     def extra_repr(self):
         return f"kind=xpos, scale_base={self.scale_base:g}, gamma={self.gamma:g}"

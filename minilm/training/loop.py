@@ -330,7 +330,7 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         with contextlib.nullcontext() if (not dist.enabled or last or run.sharded) else run.model.no_sync():
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
-                loss = run.model(x, head=lambda hidden, weight: mixed_loss(hidden, weight, y, mask),
+                loss = run.model(x, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, y, mask),
                                  **run.forward_options) / A  # the loss inside the forward pass
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()

@@ -122,7 +122,7 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
         else:
             mode = torch.autocast(device, dtype=mixed) if mixed is not None else contextlib.nullcontext()
         with mode:
-            return model(idx, head=lambda hidden, weight: mixed_loss(hidden, weight, idx, None))
+            return model(idx, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, idx, None))
     kept = saved_tensor_bytes(forward, skip=lambda t: inside[0] > 0 or t.untyped_storage()._cdata in weights)[0]
     return kept + sum(inputs.values())
 

@@ -42,16 +42,16 @@ def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: 
     return x, y, mask
 
 
-def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, mask) -> torch.Tensor:
+def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, mask) -> torch.Tensor:
     """The language-model loss of the corpus rows and the answer loss of the retrieval rows,
-    each weighted by its share of the rows (module docstring)."""
+    each weighted by its share of the rows (module docstring); logits soft-capped at ``softcap``."""
     if mask is None or not mask.any():
-        return lm_loss(hidden, weight, y)
+        return lm_loss(hidden, weight, y, softcap)
     rows = mask.shape[0]
     answers = y[mask] != IGNORE
-    loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers])
+    loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers], softcap)
     if not mask.all():
-        loss = loss + (~mask).sum() / rows * lm_loss(hidden[~mask], weight, y[~mask])
+        loss = loss + (~mask).sum() / rows * lm_loss(hidden[~mask], weight, y[~mask], softcap)
     return loss
 
 
