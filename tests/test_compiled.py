@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minilm.generation import compiled
 from minilm.generation.compiled import compiled_body
 from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
 from minilm.model.attention import attend
@@ -126,13 +125,3 @@ def test_a_forward_pass_compiles_whole(random_gpt, position, training):
     torch.manual_seed(1)
     torch.testing.assert_close(got, model(idx))
 
-
-def test_compiling_pays_off_from_the_break_even_with_a_compiler(monkeypatch):
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(compiled.shutil, "which", lambda name: "/usr/bin/g++" if name == "g++" else None)
-    assert compiled.pays_off(cpu, compiled.BREAK_EVEN, fits=True)
-    assert not compiled.pays_off(cpu, compiled.BREAK_EVEN - 1, fits=True)
-    assert not compiled.pays_off(cpu, compiled.BREAK_EVEN, fits=False)
-    assert not compiled.pays_off(torch.device("mps"), compiled.BREAK_EVEN, fits=True)
-    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)  # no C++ compiler: inductor cannot build a CPU step
-    assert not compiled.pays_off(cpu, compiled.BREAK_EVEN, fits=True)

@@ -12,7 +12,6 @@ import pytest
 from minilm.checkpoints import format as checkpoint
 from minilm.cli import generate as generate_script
 from minilm.config import Config
-from minilm.generation import compiled
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "generate.py")
@@ -151,23 +150,6 @@ def test_compile_gives_the_same_text_past_the_context(checkpoints, capsys):
     status, compiled, err = run(capsys, *argv, "--compile", "--stats")
     assert status == 0 and compiled == eager and "compiled step, static KV cache" in err, err
     assert "compiling the decode step" in err and "compile: the first decode step took" in err
-
-
-def test_the_decode_step_is_compiled_by_default_only_where_it_pays_off(checkpoints, capsys, monkeypatch):
-    argv = greedy(checkpoints["rope"], "--max-new-tokens", "12", "--stats", "ROMEO:")
-    status, eager, err = run(capsys, *argv)  # 12 new tokens: far below the break-even
-    assert status == 0 and "KV cache" in err and "compil" not in err, err
-    monkeypatch.setattr(compiled, "BREAK_EVEN", 12)  # as if compiling paid off from 12 tokens on
-    status, out, err = run(capsys, *argv)
-    assert status == 0 and out == eager and "compiled step, static KV cache" in err, err
-    status, _, err = run(capsys, *argv, "--no-compile")
-    assert status == 0 and "compil" not in err, err
-    for refused in (("--max-context", "8"), ("--sink-tokens", "2", "--max-context", "8"), ("--no-cache",)):
-        status, _, err = run(capsys, *argv, *refused)  # past the context, sinks, no cache: the step would not fit
-        assert status == 0 and "compil" not in err, (refused, err)
-    monkeypatch.setattr(compiled, "compiler_present", lambda device: False)
-    status, _, err = run(capsys, *argv)
-    assert status == 0 and "compil" not in err, err
 
 
 def test_bfloat16_generation_keeps_the_weights_in_bf16(checkpoints, capsys):

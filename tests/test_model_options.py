@@ -16,7 +16,9 @@ from minilm.config import ConfigError, build_config
 from minilm.figures.attention import attention_weights
 from minilm.generation import decode as generation
 from minilm.positions import available
+from minilm.evaluation.scoring import token_losses
 from minilm.training.loop import train
+from minilm.training.mixture import mixed_loss
 from minilm.training.source import source_model
 
 LLAMA = dict(norm="rmsnorm", mlp="swiglu", tie_embeddings=False, n_kv_head=2)
@@ -276,7 +278,8 @@ def test_a_checkpoint_without_the_new_keys_loads_unchanged(tmp_path, gen_tokeniz
     torch.manual_seed(0)
     model = GPT(config.model).eval()
     tree = config.to_dict()
-    for key in ("parallel_residual", "tie_embeddings", "norm", "norm_eps", "mlp", "n_kv_head", "qkv_bias"):
+    for key in ("parallel_residual", "tie_embeddings", "norm", "norm_eps", "mlp", "n_kv_head", "qkv_bias", "qk_norm",
+                "value_embeddings", "logit_softcap"):
         del tree["model"][key]
     path = checkpoint.save({"model": model.state_dict(), "config": tree, "tokenizer": gen_tokenizer.to_bytes()},
                            str(tmp_path))
@@ -285,6 +288,43 @@ def test_a_checkpoint_without_the_new_keys_loads_unchanged(tmp_path, gen_tokeniz
     idx = tokens(vocab_size=53)
     with torch.no_grad():
         assert torch.equal(loaded.model(idx), model(idx))
+
+
+def test_qk_norm_normalises_keys_before_the_rotation_and_caches_them_so():
+    """The cache holds rope(k_norm(k)): with norm weights that differ per dimension the other
+    order, k_norm(rope(k)), gives other keys."""
+    model = make("rope", qk_norm=True, n_layer=1)
+    idx, pos = tokens(batch=1, length=5), torch.arange(5.0)
+    cache = model.new_cache(1, 8)
+    with torch.no_grad():
+        model(idx, cache=cache)
+        attn = model.blocks[0].attn
+        _, k, _ = attn.qkv(model.blocks[0].ln_1(model.wte(idx))).view(1, 5, 3, 4, 8).unbind(2)
+        k = k.transpose(1, 2)
+        w = attn.k_norm.weight
+        normed = k / torch.sqrt((k * k).mean(-1, keepdim=True) + model.config.norm_eps) * w
+        expected = model.positions.rotate(normed, normed, pos, 8)[1]
+        other_order = model.positions.rotate(k, k, pos, 8)[1]
+        other_order = other_order / torch.sqrt((other_order ** 2).mean(-1, keepdim=True) + model.config.norm_eps) * w
+    torch.testing.assert_close(cache.keys[0][:, :, :5], expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(expected, other_order, atol=1e-3)
+
+
+def test_a_capped_model_trains_and_scores_on_the_logits_it_generates_from():
+    """The logits (generation), the fused training loss and evaluation's token losses all see
+    the soft-capped logits, which differ from the head's plain ones."""
+    model = make("rope", logit_softcap=2.0)
+    idx = tokens(length=12)
+    x, y = idx[:, :-1], idx[:, 1:]
+    with torch.no_grad():
+        logits = model(x)
+        plain = torch.nn.functional.linear(model(x, return_hidden=True), model.lm_head.weight)
+        by_hand = F.cross_entropy(logits.reshape(-1, 61), y.reshape(-1), reduction="none").view(y.shape)
+        training = model(x, head=lambda h, w, cap: mixed_loss(h, w, cap, y, None))
+        scored = token_losses(model, x, y)
+    assert logits.abs().max() < 2.0 and not torch.allclose(logits, plain, atol=1e-2)
+    torch.testing.assert_close(scored, by_hand, rtol=1e-5, atol=1e-5)
+    assert training.item() == pytest.approx(by_hand.mean().item(), rel=1e-5)
 
 
 # --------------------------------------------------------------------------- training and extension

@@ -155,6 +155,42 @@ def test_rope_is_halves_layout():
     assert rotated[0, 0, 0, 4].item() == pytest.approx(math.sin(1.0))
 
 
+@pytest.mark.parametrize("fraction", [1.0, 0.375])
+def test_rope_rotation_is_bit_for_bit_the_rotate_half_formula(fraction):
+    """q cos + rotate_half(q) sin, with rotate_half(x) = cat(-x2, x1) over the rotated dims,
+    written out here: the same floats, so checkpoints score exactly as they always did."""
+    scheme = make({"kind": "rope", "rotary_fraction": fraction}, d_model=64, n_head=1)
+    g = torch.Generator().manual_seed(0)
+    q, pos = torch.randn(2, 1, 9, 64, generator=g), torch.arange(9.0) * 37
+    cos, sin = scheme.cos_sin(pos, 64, torch.float32)
+    rot = cos.shape[-1]
+    head, tail = q[..., :rot], q[..., rot:]
+    turned = torch.cat((-head[..., rot // 2:], head[..., :rot // 2]), dim=-1)
+    expected = torch.cat((head * cos + turned * sin, tail), dim=-1)
+    assert torch.equal(scheme.rotate(q, q, pos, 64)[0], expected)
+
+
+def test_rope_tables_follow_positions_changed_in_place():
+    """The cos/sin tables are shared by the layers of a forward pass; positions changed in place
+    (here under inference mode, where tensors keep no version counter) between passes, or
+    outside any pass, get tables of their own."""
+    scheme = make({"kind": "rope"}, d_model=16, n_head=1)
+    q = torch.randn(1, 1, 3, 16)
+    with torch.inference_mode():
+        def fresh(shift):
+            return scheme.rotate(q, q, torch.arange(3.0) + shift, 64)[0]
+        pos = torch.arange(3.0)
+        scheme.rotate(q, q, pos, 64)
+        pos.add_(10)
+        assert torch.equal(scheme.rotate(q, q, pos, 64)[0], fresh(10))
+        for shift in (15, 20):  # a pass of its own each time
+            scheme.start(pos)
+            scheme.rotate(q, q, pos, 64)
+            pos.add_(5)
+            scheme.start(pos)
+            assert torch.equal(scheme.rotate(q, q, pos, 64)[0], fresh(shift))
+
+
 # ----------------------------------------------------------------------------- t5 / learned / interpolated
 
 def test_t5_buckets_exact_then_logarithmic():

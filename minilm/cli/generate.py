@@ -26,7 +26,6 @@ from minilm.cli import Parser, run_command
 from minilm.common import resolve_device, resolve_dtype
 from minilm.figures import attention as attention_maps
 from minilm.figures.canvas import check_figure_path
-from minilm.generation import compiled
 from minilm.generation.decode import GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size
 from minilm.generation.text import encode_prompt, generate
 from minilm.model.cache import SINK_POSITIONS
@@ -174,11 +173,6 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device, dtype=dtype)
     rows = [encode_prompt(tokenizer, prompt) for prompt in prompts]
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
-    compile = args.compile
-    if compile is None:  # not told: compile where the tokens saved recover the compile time
-        fits = (not args.no_cache and not args.sink_tokens and len({len(r) for r in rows}) == 1
-                and len(rows[0]) + args.max_new_tokens <= context)
-        compile = compiled.pays_off(torch.device(device), args.max_new_tokens, fits)
 
     stats = Stats()
     printer = SamplePrinter(stdout, ["" if args.no_echo else p for p in prompts for _ in range(args.num_samples)])
@@ -189,12 +183,12 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
                           num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
                           max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
                           sink_positions=args.sink_positions,
-                          stats=stats, compile=compile, stop_ids=() if args.ignore_eos else None)
+                          stats=stats, compile=args.compile, stop_ids=() if args.ignore_eos else None)
         first = True
         for piece in pieces:
             if first:  # the settings were good: the prefill ran; with --compile the next step compiles
                 _show_warnings(caught, stderr)
-                if compile and args.max_new_tokens > 1:
+                if args.compile and args.max_new_tokens > 1:
                     stderr.write("compiling the decode step (seconds to a minute) ...\n")
                     stderr.flush()
                 first = False
@@ -204,7 +198,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         _show_warnings(caught, stderr)
     printer.finish()
     if args.stats:
-        mode = "no cache" if args.no_cache else "compiled step, static KV cache" if compile else "KV cache"
+        mode = "no cache" if args.no_cache else "compiled step, static KV cache" if args.compile else "KV cache"
         kind = model.positions.kind
         stderr.write(f"model: {kind} positions, context {context}, {mode}, "
                      f"{device}, {str(dtype).replace('torch.', '')}\n")
@@ -262,14 +256,9 @@ def parse_args(argv=None):
                         "further back) (default %(default)s)")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole sequence at every step (same result, for comparison)")
-    compiling = p.add_mutually_exclusive_group()
-    compiling.add_argument("--compile", action="store_true", default=None,
+    p.add_argument("--compile", action="store_true",
                    help="decode with a static cache and a step compiled by torch.compile: faster per token "
-                        "after seconds to a minute of compiling (CPU: needs a C++ compiler). By default it is "
-                        f"used from {compiled.BREAK_EVEN:,} new tokens on, where it pays off (one prompt length, "
-                        "no --sink-tokens, within the context)")
-    compiling.add_argument("--no-compile", dest="compile", action="store_false",
-                   help="never compile the decode step (eager, KV cache)")
+                        "after seconds to a minute of compiling (CPU: needs a C++ compiler)")
     p.add_argument("--dtype", default="float32",
                    help="float32 (default), bfloat16 (the weights kept in bf16: faster on CPUs with native bf16 "
                         "units, emulated and slow elsewhere) or auto (bfloat16 where the hardware has fast bf16)")

@@ -1,5 +1,4 @@
-"""A decode step compiled by ``torch.compile`` (``generate`` picks it where it pays off; ``--compile``
-forces it, ``--no-compile`` refuses it).
+"""A decode step compiled by ``torch.compile`` (opt-in: ``generate --compile``).
 
 Batch-1 decoding on a CPU spends about a third of each token outside the matrix products:
 dozens of small operations per layer, each dispatched from Python. Compiling ``GPT.body``
@@ -11,26 +10,21 @@ compiled step runs from C++ (inductor's ``cpp_wrapper``) with the weights frozen
 
 Frozen weights would go stale if the model changed after compiling, so a compiled step is
 kept per model together with the version counter of every parameter, and compiled again
-if any of them moved. Compiling takes seconds to a minute, so it pays off for long
+if any of them moved. Compiling takes seconds to a minute, so it can pay off only for long
 generations. In float32 the compiled step computes the same function in another order:
 its logits agree with the eager step's to 1e-4 (tested), not bit for bit (the eager cache
 stays exactly equal to ``--no-cache``).
 
-It pays off when the tokens it speeds up recover the compile time: ``BREAK_EVEN`` new tokens
-(``pays_off``), measured with ``bench/bench_generate.py --break-even`` (README, "Generating").
+On the CPU it does not pay off by default: the tokens it speeds up do not recover the compile
+time within the generations it serves (``bench/bench_generate.py --break-even``; README,
+"Benchmarks"), and a static cache is read whole at every step, so the longer the generation
+the less each step gains.
 """
 from __future__ import annotations
 
-import os
-import shutil
 import weakref
 
 import torch
-
-# New tokens per sequence from which compiling the decode step saves time overall, with a cold
-# compile cache (the first compile of a shape; later ones reuse inductor's cache and take less):
-# compile seconds / (eager - compiled seconds per token), measured (docs/design.md, "Measured choices").
-BREAK_EVEN = 20_000
 
 _steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (parameter versions, compiled body)
 
@@ -51,19 +45,3 @@ def compiled_body(model: torch.nn.Module):
     _steps[model] = (versions, step)
     return step
 
-
-def compiler_present(device: torch.device) -> bool:
-    """Whether ``torch.compile`` can build a step for ``device``: a C++ compiler on the CPU (inductor
-    writes C++), CUDA as it comes (Triton ships with torch's CUDA builds); not other devices."""
-    if device.type == "cuda":
-        return True
-    if device.type != "cpu":
-        return False
-    return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if name)
-
-
-def pays_off(device: torch.device, new_tokens: int, fits: bool) -> bool:
-    """Whether to compile the decode step when not told: ``new_tokens`` per sequence at least
-    ``BREAK_EVEN``, a compiler present, and a generation that ``fits`` the compiled step's
-    static cache (one prompt length, no sliding window, no sinks)."""
-    return fits and new_tokens >= BREAK_EVEN and compiler_present(device)

@@ -102,12 +102,6 @@ def longrope_attention_factor(factor: float, original: int) -> float:
     return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def version_of(t: torch.Tensor) -> int:
-    """The in-place-update counter of ``t``; 0 for an inference tensor, which keeps none (those
-    are made inside ``torch.inference_mode``, and minilm never changes positions in place)."""
-    return 0 if t.is_inference() else t._version
-
-
 @register("rope")
 class RoPE(PositionScheme):
     description = ("rotary embedding of q and k in every layer (Su et al. 2021); "
@@ -129,6 +123,7 @@ class RoPE(PositionScheme):
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
         self._memo = None
+        self._passes = 0  # forward passes started (``start``): a memo is trusted by identity within one
 
     def _check_scaling(self, scaling) -> dict:
         if scaling is None:
@@ -225,17 +220,22 @@ class RoPE(PositionScheme):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
         return self.tables(pos, context_len, dtype)[:2]
 
+    def start(self, pos: torch.Tensor) -> None:
+        """A new forward pass: positions from the last one are no longer trusted by identity."""
+        self._passes += 1
+
     def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(cos, sin, signed sin): ``cos_sin`` and the sin table with its first half negated, which
-        ``_rotate`` multiplies by x rolled by half the rotated dims, so that rotate_half(x) * sin
-        is two operations (``x.roll(rot/2) * signed_sin``) instead of four. Memoised for the
-        layers of one forward pass: the same positions tensor, not changed in place since."""
+        ``_rotate`` multiplies by x rolled by half the rotated dims: rotate_half(x) * sin is then
+        ``x.roll(rot/2) * signed_sin``, the same products without a negation and a concatenation.
+        Memoised for the layers of one forward pass: the very positions tensor of the pass that
+        computed them (layers share it; nothing changes positions within a pass), else equal values."""
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
         memo = None if compiling else self._memo
-        same = memo is not None and memo[1] == version_of(memo[0]) and (memo[0] is pos or (  # rows: views of their own
-            memo[0].shape == pos.shape and memo[0].device == pos.device and not pos.is_meta and torch.equal(memo[0], pos)))
-        if same and memo[2] == context_len and memo[3] == dtype:
-            return memo[4]
+        same = memo is not None and ((memo[0] is pos and memo[2] == self._passes > 0) or (  # rows: views of their own
+            memo[1].shape == pos.shape and memo[1].device == pos.device and not pos.is_meta and torch.equal(memo[1], pos)))
+        if same and memo[3] == context_len and memo[4] == dtype:
+            return memo[5]
         inv = self.inv_freq(context_len).to(device=pos.device, dtype=torch.float32)
         angles = pos.to(torch.float32)[:, None] * inv[None, :]
         scale = self.attention_scale()
@@ -243,7 +243,7 @@ class RoPE(PositionScheme):
         tables = tuple(t.to(dtype) for t in (torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
                                               torch.cat((-sin, sin), dim=-1)))
         if not compiling:
-            self._memo = (pos, version_of(pos), context_len, dtype, tables)
+            self._memo = (pos, pos.clone(), self._passes, context_len, dtype, tables)
         return tables
 
     def rotate(self, q, k, pos, context_len):
@@ -254,6 +254,6 @@ class RoPE(PositionScheme):
         """x * cos + rotate_half(x) * sin over the first ``rot`` dims, with the signed sin of
         ``tables``: rotate_half(x) * sin = x.roll(rot/2) * signed_sin, the same products."""
         if self.rot == x.shape[-1]:
-            return torch.addcmul(x * cos, x.roll(self.rot // 2, dims=-1), signed_sin)
+            return x * cos + x.roll(self.rot // 2, dims=-1) * signed_sin
         head, tail = x[..., : self.rot], x[..., self.rot:]
-        return torch.cat((torch.addcmul(head * cos, head.roll(self.rot // 2, dims=-1), signed_sin), tail), dim=-1)
+        return torch.cat((head * cos + head.roll(self.rot // 2, dims=-1) * signed_sin, tail), dim=-1)
