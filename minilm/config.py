@@ -111,8 +111,7 @@ class ModelConfig:
                 f"choose n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]}")
         scale, named = self.embedding_scale, EMBEDDING_SCALE_NAMES
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
-            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} "
-                              f"or a number > 0")
+            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} or a number > 0")
         check_number("model.embedding_init_std", self.embedding_init_std, lambda v: 0 < v < math.inf, "a number > 0")
         concat = self.concat_position_dims
         if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
@@ -186,6 +185,7 @@ class TrainConfig:
     optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"),
                             help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)")
     muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
+    muon_split_qkv: bool = option(False, role=TRAJECTORY, help="with muon: q, k and v orthogonalised apart")
     position_lr_scale: float = option(1.0, role=TRAJECTORY,
                                       help="the position scheme's parameters (never weight-decayed) take this times "
                                            "the schedule's rate, e.g. T5's bias table, which starts at zero")

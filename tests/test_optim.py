@@ -48,6 +48,28 @@ def test_muon_batches_tall_and_wide_matrices_each_by_its_own_orthogonalisation()
         assert torch.allclose(param.detach(), start - 0.01 * 0.2 * math.sqrt(10) * orthogonalize(grad), atol=1e-6)
 
 
+def test_muon_orthogonalises_a_fused_qkv_projection_as_three_matrices():
+    """train.muon_split_qkv: the q, k and v rows of a (GQA) attention's fused projection move by
+    their own orthogonalised updates, each scaled by 0.2 sqrt(its longer side)."""
+    model = GPT(ModelConfig(vocab_size=50, n_layer=1, n_head=4, n_kv_head=2, d_model=16, block_size=8))
+    qkv = model.blocks[0].attn.qkv.weight  # q 16 rows, k 8, v 8
+    grad = torch.randn(qkv.shape, generator=torch.Generator().manual_seed(2))
+    moved = []
+    for split in (True, False):
+        start = qkv.detach().clone()
+        muon = make_optimizer(model, TrainConfig(optimizer="muon", muon_split_qkv=split, weight_decay=0.0),
+                              torch.device("cpu")).parts[0]
+        muon.param_groups[0]["lr"] = 0.01
+        qkv.grad = grad.clone()
+        muon.step()
+        moved.append(qkv.detach() - start)
+    g = grad * 1.95  # the first Nesterov update: g + 0.95 g
+    expected = torch.cat([-0.01 * 0.2 * math.sqrt(max(rows.shape)) * orthogonalize(rows)
+                          for rows in (g[:16], g[16:24], g[24:])])
+    torch.testing.assert_close(moved[0], expected, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(moved[1], -0.01 * 0.2 * math.sqrt(32) * orthogonalize(g), atol=1e-6, rtol=1e-4)
+
+
 def test_muon_lr_scale_multiplies_the_schedules_rate_for_muon_only():
     model = GPT(ModelConfig(vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8))
     opt = make_optimizer(model, TrainConfig(optimizer="muon", muon_lr_scale=3.0), torch.device("cpu"))

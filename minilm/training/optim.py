@@ -19,6 +19,7 @@ once (a batched matmul), and works with any torch.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Optional
 
@@ -62,15 +63,28 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.mT if tall else x
 
 
+def row_blocks(update: torch.Tensor, counts: Optional[tuple]) -> tuple:
+    """(row slices, the pieces of ``update`` they select): consecutive blocks of ``counts`` rows,
+    or the whole matrix."""
+    if not counts:
+        return [slice(None)], [update]
+    edges = [0, *itertools.accumulate(counts)]
+    rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
+    return rows, [update[r] for r in rows]
+
+
 class Muon(torch.optim.Optimizer):
     """Muon: momentum buffer B <- mu B + g; update O = orthogonalize(g + mu B) (Nesterov) or
     orthogonalize(B); then decoupled weight decay p <- p (1 - lr wd) and p <- p - lr s O with
-    s = 0.2 sqrt(max(rows, cols)). Parameters must be 2-D."""
+    s = 0.2 sqrt(max(rows, cols)). Parameters must be 2-D. ``blocks`` {parameter: row counts}
+    orthogonalises those row blocks of a parameter apart, each with its own s: a fused q/k/v
+    projection as the three matrices it holds (as the modded-nanogpt speedrun does)."""
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5):
+                 nesterov: bool = True, ns_steps: int = 5, blocks: Optional[dict] = None):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                                       ns_steps=ns_steps))
+        self.blocks = blocks or {}
 
     @torch.no_grad()
     def step(self) -> None:
@@ -84,15 +98,23 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buf = state["momentum_buffer"].mul_(mu).add_(p.grad)
                 update = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                tall = update.shape[0] > update.shape[1]  # batched in the wide orientation, with its transposes
-                by_shape.setdefault((min(p.shape), max(p.shape)), []).append((p, update.mT if tall else update, tall))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                for rows, piece in zip(*row_blocks(update, self.blocks.get(p))):
+                    tall = piece.shape[0] > piece.shape[1]  # batched in the wide orientation, with its transposes
+                    by_shape.setdefault((min(piece.shape), max(piece.shape)), []).append(
+                        (p[rows], piece.mT if tall else piece, tall))
             for (_, cols), items in by_shape.items():
                 dtype = torch.bfloat16 if items[0][0].is_cuda else torch.float32
                 updates = orthogonalize(torch.stack([u for _, u, _ in items]).to(dtype), group["ns_steps"])
                 scale = 0.2 * math.sqrt(cols)
-                for (p, _, tall), update in zip(items, updates):
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                    p.add_((update.mT if tall else update).to(p.dtype), alpha=-group["lr"] * scale)
+                for (target, _, tall), update in zip(items, updates):
+                    target.add_((update.mT if tall else update).to(target.dtype), alpha=-group["lr"] * scale)
+
+
+def attention_blocks(attention: nn.Module) -> tuple:
+    """The rows of q, k and v in a fused q/k/v projection (``train.muon_split_qkv``)."""
+    kv = attention.n_kv_head * attention.head_dim
+    return attention.n_head * attention.head_dim, kv, kv
 
 
 class Optimizers:
@@ -177,5 +199,8 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
     parts = [torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2),
                                fused=device.type in ("cpu", "cuda"))]
     if muon:
-        parts.insert(0, Muon([{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay))
+        blocks = {model.get_parameter(name): attention_blocks(model.get_submodule(name[:-len(".qkv.weight")]))
+                  for name, _ in model.named_parameters() if t.muon_split_qkv and name.endswith("attn.qkv.weight")}
+        parts.insert(0, Muon([{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay,
+                             blocks=blocks))
     return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)
