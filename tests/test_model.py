@@ -164,7 +164,7 @@ def test_embedding_scale_multiplies_the_tokens_before_the_positions():
                                 embedding_scale=scale)).eval()
         assert model.embedding_scale == pytest.approx(expected)
         captured = {}
-        model.drop.register_forward_hook(lambda m, args, out: captured.setdefault("x", args[0]))
+        model.blocks[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))  # what the blocks read
         with torch.no_grad():
             model(idx)
         pos = torch.arange(8, dtype=torch.float32)
