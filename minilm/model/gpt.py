@@ -201,8 +201,13 @@ def value_table(layer: int, n_layer: int) -> int:
 
 
 def unchanged(x: torch.Tensor) -> torch.Tensor:
-    """Dropout where there is none (evaluation, or p = 0), without a call into torch."""
     return x
+
+
+def dropout(module: nn.Dropout) -> Callable:
+    """``module``, or where it would do nothing (evaluation, or p = 0) ``unchanged``: a decode step
+    saves the calls into torch."""
+    return module if module.training and module.p else unchanged
 
 
 class Block(nn.Module):
@@ -222,7 +227,7 @@ class Block(nn.Module):
         """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""
         attended = self.attn(self.ln_1(x), layer, fp)
         attended, weights = attended if fp.weights_of == layer else (attended, None)
-        drop = self.drop if self.training and self.drop.p else unchanged  # a decode step saves the calls
+        drop = dropout(self.drop)
         attended = drop(attended)
         if self.parallel:
             out = x + attended + drop(self.mlp(self.ln_2(x)))
@@ -412,7 +417,7 @@ class GPT(nn.Module):
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
         x = self.embed_positions(x, fp)
-        x = self.drop(x) if self.training and self.drop.p else x
+        x = dropout(self.drop)(x)
         if self.value_embeds is not None:
             tables = [table(idx) for table in self.value_embeds]
             fp = fp._replace(values=[tables[value_table(i, len(self.blocks))] for i in range(len(self.blocks))])

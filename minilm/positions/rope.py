@@ -218,14 +218,16 @@ class RoPE(PositionScheme):
 
     def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) cos and sin tables, memoised for the layers of one forward pass."""
-        return self.tables(pos, context_len, dtype)[:2]
+        cos, signed_sin = self.tables(pos, context_len, dtype)
+        half = signed_sin.shape[-1] // 2
+        return cos, torch.cat((-signed_sin[..., :half], signed_sin[..., half:]), dim=-1)
 
     def start(self, pos: torch.Tensor) -> None:
         """A new forward pass: positions from the last one are no longer trusted by identity."""
         self._passes += 1
 
     def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
-        """(cos, sin, signed sin): ``cos_sin`` and the sin table with its first half negated, which
+        """(cos, signed sin): ``cos_sin``'s cos and its sin table with the first half negated, which
         ``_rotate`` multiplies by x rolled by half the rotated dims: rotate_half(x) * sin is then
         ``x.roll(rot/2) * signed_sin``, the same products without a negation and a concatenation.
         Memoised for the layers of one forward pass: the very positions tensor of the pass that
@@ -240,14 +242,13 @@ class RoPE(PositionScheme):
         angles = pos.to(torch.float32)[:, None] * inv[None, :]
         scale = self.attention_scale()
         cos, sin = angles.cos() * scale, angles.sin() * scale
-        tables = tuple(t.to(dtype) for t in (torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1),
-                                              torch.cat((-sin, sin), dim=-1)))
+        tables = torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
         if not compiling:
             self._memo = (pos, pos.clone(), self._passes, context_len, dtype, tables)
         return tables
 
     def rotate(self, q, k, pos, context_len):
-        cos, _, signed_sin = self.tables(pos, context_len, q.dtype)
+        cos, signed_sin = self.tables(pos, context_len, q.dtype)
         return self._rotate(q, cos, signed_sin), self._rotate(k, cos, signed_sin)
 
     def _rotate(self, x, cos, signed_sin):

@@ -53,7 +53,7 @@ class XPos(RoPE):
         return log_scale.exp().to(dtype), (-log_scale).exp().to(dtype)
 
     def rotate(self, q, k, pos, context_len):
-        cos, _, signed_sin = self.tables(pos, context_len, q.dtype)
+        cos, signed_sin = self.tables(pos, context_len, q.dtype)
         q_scale, k_scale = self.scales(pos, context_len, q.dtype)
         return (self._rotate(q, cos * q_scale, signed_sin * q_scale),
                 self._rotate(k, cos * k_scale, signed_sin * k_scale))

@@ -63,14 +63,10 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.mT if tall else x
 
 
-def row_blocks(update: torch.Tensor, counts: Optional[tuple]) -> tuple:
-    """(row slices, the pieces of ``update`` they select): consecutive blocks of ``counts`` rows,
-    or the whole matrix."""
-    if not counts:
-        return [slice(None)], [update]
-    edges = [0, *itertools.accumulate(counts)]
-    rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
-    return rows, [update[r] for r in rows]
+def row_blocks(counts: Optional[tuple]) -> list:
+    """Row slices of consecutive blocks of ``counts`` rows, or the whole matrix."""
+    edges = [0, *itertools.accumulate(counts or ())]
+    return [slice(a, b) for a, b in zip(edges, edges[1:])] or [slice(None)]
 
 
 class Muon(torch.optim.Optimizer):
@@ -99,7 +95,8 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum_buffer"].mul_(mu).add_(p.grad)
                 update = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                for rows, piece in zip(*row_blocks(update, self.blocks.get(p))):
+                for rows in row_blocks(self.blocks.get(p)):
+                    piece = update[rows]
                     tall = piece.shape[0] > piece.shape[1]  # batched in the wide orientation, with its transposes
                     by_shape.setdefault((min(piece.shape), max(piece.shape)), []).append(
                         (p[rows], piece.mT if tall else piece, tall))
@@ -199,8 +196,8 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
     parts = [torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2),
                                fused=device.type in ("cpu", "cuda"))]
     if muon:
-        blocks = {model.get_parameter(name): attention_blocks(model.get_submodule(name[:-len(".qkv.weight")]))
-                  for name, _ in model.named_parameters() if t.muon_split_qkv and name.endswith("attn.qkv.weight")}
+        blocks = {param: attention_blocks(model.get_submodule(name.removesuffix(".qkv.weight")))
+                  for name, param in model.named_parameters() if t.muon_split_qkv and name.endswith("attn.qkv.weight")}
         parts.insert(0, Muon([{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay,
                              blocks=blocks))
     return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)
