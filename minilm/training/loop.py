@@ -431,8 +431,6 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         run.say(f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
                 f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
                 f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}")
-    if run.dist.enabled:
-        run.dist.barrier()
-        if run.dist.owned:
-            torch.distributed.destroy_process_group()
+    run.model = run.raw  # DDP's wrapper and its Reducer are freed before the process group (Dist.finish)
+    run.dist.finish()
     return summary
