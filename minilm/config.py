@@ -175,10 +175,13 @@ class DataConfig:
 class TrainConfig:
     batch_size: int = option(32, role=TRAJECTORY, help="sequences per step (per process under torchrun)")
     grad_accum: int = option(1, role=TRAJECTORY, help="micro-batches summed into one step")
-    max_steps: int = option(2000, role=TRAJECTORY, help="optimizer steps; the cosine schedule ends there")
+    max_steps: int = option(2000, role=TRAJECTORY, help="optimizer steps; the schedule ends there")
     lr: float = option(1e-3, role=TRAJECTORY, help="peak learning rate, after the warm-up")
-    min_lr: float = option(1e-4, role=TRAJECTORY, help="learning rate at the end of the cosine")
+    min_lr: float = option(1e-4, role=TRAJECTORY, help="learning rate at the end of the schedule")
     warmup_steps: int = option(100, role=TRAJECTORY, help="linear warm-up steps")
+    schedule: str = option("cosine", role=TRAJECTORY, choices=("cosine", "wsd"),
+                           help="after the warm-up: cosine down to min_lr, or wsd: lr held, then linear down to min_lr")
+    cooldown: float = option(0.4, role=TRAJECTORY, help="with schedule wsd: the last fraction of max_steps, where lr falls")
     weight_decay: float = option(0.1, role=TRAJECTORY, help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)")
     beta1: float = option(0.9, role=TRAJECTORY, help="AdamW beta1")
     beta2: float = option(0.95, role=TRAJECTORY, help="AdamW beta2")
@@ -219,17 +222,13 @@ class TrainConfig:
         check_choices(self, "train")
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
                      "eval_interval", "checkpoint_interval"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 1")
+            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 1, "an integer >= 1")
         for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected an integer >= 0")
+            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "an integer >= 0")
         for name in ("weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected a number >= 0 (0 disables)")
+            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "a number >= 0 (0 disables)")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"train.{name}={getattr(self, name)} is invalid: expected 0 <= {name} < 1")
+            check_number(f"train.{name}", getattr(self, name), lambda v: 0 <= v < 1, f"0 <= {name} < 1")
         if not isinstance(self.snapshot_steps, list) or \
                 any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
             raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
@@ -243,6 +242,7 @@ class TrainConfig:
                               f"(none) to below 1")
         for name in ("muon_lr_scale", "position_lr_scale"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
+        check_number("train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1")
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
                               "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")

@@ -43,6 +43,8 @@ def test_overrides_are_typed_as_yaml():
     ("train.grad_clip=-1", r"train.grad_clip=-1.0 is invalid"),
     ("train.beta2=1.5", r"train.beta2=1.5 is invalid"),
     ("train.min_lr=1", r"train.min_lr=1.0 are invalid"),
+    ("train.schedule=linear", r"train.schedule='linear' is invalid: valid: cosine, wsd"),
+    ("train.cooldown=0", r"train.cooldown=0.0 is invalid: expected a fraction of max_steps, 0 < cooldown <= 1"),
     ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
     ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
     ("model.n_head=5", r"model.d_model=192 is not divisible by model.n_head=5"),

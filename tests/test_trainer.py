@@ -48,6 +48,21 @@ def test_lr_schedule_warmup_then_cosine_to_min_lr():
     assert all(a >= b for a, b in zip(values, values[1:]))
 
 
+def test_lr_schedule_wsd_holds_lr_then_falls_linearly_over_the_cooldown():
+    t = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, schedule="wsd", cooldown=0.4)
+    assert lr_at(0, t) == pytest.approx(1e-4)  # the same warm-up as the cosine
+    assert [lr_at(s, t) for s in (10, 40, 65)] == [1e-3] * 3  # held until 110 * 0.6 = 66
+    assert lr_at(66, t) == pytest.approx(1e-3)
+    assert lr_at(88, t) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way through the cooldown
+    assert lr_at(109, t) == pytest.approx(1e-4 + 9e-4 / 44)
+    assert lr_at(110, t) == pytest.approx(1e-4)
+    steps = [lr_at(s, t) - lr_at(s + 1, t) for s in range(66, 110)]
+    assert steps == pytest.approx([9e-4 / 44] * 44)  # a straight line
+    # a cooldown longer than what follows the warm-up starts where the warm-up ends
+    whole = TrainConfig(lr=1e-3, min_lr=0.0, warmup_steps=10, max_steps=110, schedule="wsd", cooldown=1.0)
+    assert lr_at(10, whole) == pytest.approx(1e-3) and lr_at(60, whole) == pytest.approx(5e-4)
+
+
 def test_weight_decay_only_on_matrices_not_positions():
     from minilm import ModelConfig
 

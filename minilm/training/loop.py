@@ -23,7 +23,8 @@ in-process. What it does, in order:
    (attention, MLP, the tied token embedding / LM head); LayerNorm weights, biases and
    the position scheme's parameters (learned tables, T5 bias buckets) are not decayed,
    so rarely seen far positions are not pulled to zero. Learning rate: linear warmup
-   over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``. Gradients are
+   over ``warmup_steps``, then down to ``min_lr`` at ``max_steps``: a cosine, or held and then
+   a linear cooldown (``train.schedule``, ``minilm.training.optim.lr_at``). Gradients are
    clipped to a global norm of ``grad_clip`` (0 disables).
 5. Every ``eval_interval`` steps: loss, perplexity and bits per character on a fixed set
    of ``eval_iters`` validation batches (the same sequences each time, so evaluations are

@@ -30,11 +30,18 @@ from minilm.config import ConfigError
 
 
 def lr_at(step: int, t) -> float:
-    """Linear warmup to ``lr`` over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    """Linear warm-up to ``lr`` over ``warmup_steps``, then down to ``min_lr`` at ``max_steps``:
+    ``schedule: cosine`` by a half cosine over all the remaining steps; ``wsd``
+    (warmup-stable-decay: Hu et al. 2024, MiniCPM; Hägele et al. 2024, "Scaling Laws and
+    Compute-Optimal Training Beyond Fixed Training Durations") holds ``lr``, then falls
+    linearly over the last ``cooldown`` fraction of ``max_steps``."""
     if step < t.warmup_steps:
         return t.lr * (step + 1) / t.warmup_steps
     if step >= t.max_steps:
         return t.min_lr
+    if t.schedule == "wsd":
+        start = max(t.warmup_steps, t.max_steps * (1 - t.cooldown))
+        return t.lr if step < start else t.min_lr + (t.lr - t.min_lr) * (t.max_steps - step) / (t.max_steps - start)
     progress = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (t.lr - t.min_lr)
 

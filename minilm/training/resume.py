@@ -79,7 +79,7 @@ def check_resumable(config: Config, state: dict) -> None:
 
 def trajectory_changes(config: Config, state: dict) -> list:
     """'train.KEY=NOW (was BEFORE)' for each train setting that differs from the checkpoint's
-    and changes the remaining steps (max_steps moves the cosine schedule, for one): the resumed
+    and changes the remaining steps (max_steps moves the schedule's end, for one): the resumed
     run is then no longer the one an uninterrupted run would have been."""
     before = state["config"].get("train", {})
     return [f"train.{key}={getattr(config.train, key)!r} (was {before.get(key)!r})"
