@@ -222,9 +222,9 @@ class TrainConfig:
         check_choices(self, "train")
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
                      "eval_interval", "checkpoint_interval"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 1, "an integer >= 1")
+            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
         for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "an integer >= 0")
+            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
         for name in ("weight_decay", "grad_clip"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "a number >= 0 (0 disables)")
         for name in ("beta1", "beta2"):

@@ -16,11 +16,12 @@ from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.common import cpu_has_fast_bf16, resolve_dtype
-from minilm.config import ConfigError, TrainConfig
+from minilm.config import Config, ConfigError, TrainConfig
 from minilm.model.gpt import GPT
 from minilm.training import loop as trainer
 from minilm.training.loop import TrainingError, train
 from minilm.training.optim import lr_at, make_optimizer
+from minilm.training.resume import trajectory_changes
 from tests.conftest import REPO, tiny_overrides
 
 
@@ -178,6 +179,15 @@ def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_
         train(tiny_config("train.max_steps=4", t5, "model.embedding_init_std=0.05"), resume=True, quiet=True)
     with pytest.raises(ConfigError, match=r"train.position_lr_scale=10.0 .* the checkpoint's optimiser state"):
         train(tiny_config("train.max_steps=4", t5, "train.position_lr_scale=10.0"), resume=True, quiet=True)
+
+
+def test_a_resume_names_a_schedule_the_checkpoint_predates():
+    """A checkpoint written before train.schedule existed trained with the cosine: resuming it
+    under wsd is a change of trajectory, and the note says so; the same settings give none."""
+    old = {"config": {"train": {"max_steps": 2000, "lr": 2.5e-3}}}
+    now = Config(train=TrainConfig(max_steps=2000, lr=2.5e-3, schedule="wsd"))
+    assert trajectory_changes(now, old) == ["train.schedule='wsd' (was 'cosine')"]
+    assert trajectory_changes(Config(train=TrainConfig(max_steps=2000, lr=2.5e-3)), old) == []
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypatch):

@@ -80,10 +80,15 @@ def check_resumable(config: Config, state: dict) -> None:
 def trajectory_changes(config: Config, state: dict) -> list:
     """'train.KEY=NOW (was BEFORE)' for each train setting that differs from the checkpoint's
     and changes the remaining steps (max_steps moves the schedule's end, for one): the resumed
-    run is then no longer the one an uninterrupted run would have been."""
-    before = state["config"].get("train", {})
+    run is then no longer the one an uninterrupted run would have been. A key newer than the
+    checkpoint counts as its default there (``train.schedule``: cosine), which is what that
+    run did."""
+    before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
     return [f"train.{key}={getattr(config.train, key)!r} (was {before.get(key)!r})"
-            for key in fields_with(TrainConfig, TRAJECTORY) if key in before and before[key] != getattr(config.train, key)]
+            for key in fields_with(TrainConfig, TRAJECTORY) if before[key] != getattr(config.train, key)]
+
+
+TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}
 
 
 def truncate_metrics(path: str, step: int) -> None:
