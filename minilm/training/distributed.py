@@ -41,9 +41,7 @@ class Dist:
         worker threads that may still need the GIL to free a finished collective's tensors: a
         deadlock at exit, seen in 4 of 36 two-process runs on two busy cores. Dropped by
         ``destroy_process_group``, the group is freed with the GIL released."""
-        if not self.enabled:
-            return
-        torch.distributed.barrier()
+        self.barrier()
         if self.owned:
             torch.distributed.destroy_process_group()
 

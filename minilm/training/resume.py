@@ -84,7 +84,7 @@ def trajectory_changes(config: Config, state: dict) -> list:
     checkpoint counts as its default there (``train.schedule``: cosine), which is what that
     run did."""
     before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
-    return [f"train.{key}={getattr(config.train, key)!r} (was {before.get(key)!r})"
+    return [f"train.{key}={getattr(config.train, key)!r} (was {before[key]!r})"
             for key in fields_with(TrainConfig, TRAJECTORY) if before[key] != getattr(config.train, key)]
 
 
