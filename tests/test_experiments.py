@@ -12,7 +12,7 @@ import yaml
 from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
-from minilm.study import claims, extension, plan as experiments, sweep
+from minilm.study import claims, extension, plan as experiments, report, sweep
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
                     "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
+    assert f"cosine to {plan['train']['min_lr']:g} after" in text  # the plan's schedule, in words
     for kind in experiments.KINDS:
         assert f"\n| {kind} | " in text
     assert " ± " in text and "n/a (bounded)" in text
@@ -269,6 +270,18 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
     with pytest.raises(experiments.ExperimentError, match="max_distance"):
         experiments.run_config(experiments.make_plan("length-generalization", True, [1], [
             "schemes={t5: {position: {max_distance: 0}}}"]), str(tmp_path / "bad"), {"kind": "t5"}, 1)
+
+
+def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):
+    """A plan that sets train.schedule trains its runs with it, and the report says which one."""
+    plan = experiments.make_plan("length-generalization", True, [1], ["train.schedule=wsd", "train.cooldown=0.25"])
+    run = experiments.run_config(plan, str(tmp_path / "r"), {"kind": "rope"}, 1)
+    assert (run.train.schedule, run.train.cooldown) == ("wsd", 0.25)
+    assert report._falling(run.train) == (f"held, then linear to {run.train.min_lr:g} over the last 25% of the "
+                                          f"steps (wsd)")
+    default = experiments.run_config(experiments.make_plan("length-generalization", True, [1], []),
+                                     str(tmp_path / "d"), {"kind": "rope"}, 1)
+    assert report._falling(default.train, 1e-5) == "cosine to 1e-05"
 
 
 def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
@@ -190,7 +191,7 @@ def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config,
     """The save at step 6 writes a shard and fails (a full disk): the step-3 checkpoint stays
     whole, the half-written one is gone, and --resume continues from step 3."""
     config = tiny_config("train.max_steps=6", "train.checkpoint_interval=3", "train.checkpoint_format=sharded")
-    real_save, calls = saving.dcp.save, []
+    real_save, calls = dcp.save, []
 
     def save_then_fail(state, checkpoint_id):
         calls.append(checkpoint_id)
@@ -199,11 +200,11 @@ def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config,
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(state, checkpoint_id=checkpoint_id)
 
-    monkeypatch.setattr(saving.dcp, "save", save_then_fail)
+    monkeypatch.setattr(dcp, "save", save_then_fail)
     with pytest.raises(TrainingError, match=r"cannot save the checkpoint .*ckpt.dcp. at step 6: no space left on the "
                                             r"device .*; the previous checkpoint is kept"):
         train(config, quiet=True)
-    monkeypatch.setattr(saving.dcp, "save", real_save)
+    monkeypatch.setattr(dcp, "save", real_save)
     link = os.path.join(config.out_dir, "ckpt.dcp")
     version = os.path.join(config.out_dir, os.readlink(link))
     assert sorted(os.listdir(config.out_dir)) == sorted([".lock", "ckpt.dcp", "metrics.jsonl", os.path.basename(version)])

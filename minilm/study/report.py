@@ -151,7 +151,7 @@ def _protocol(study: Study) -> list:
         f"{first.model.vocab_size}-token vocabulary trained on `{plan['data']['corpus']}`, "
         f"~{GPT(first.model).num_params() / 1e6:.2f}M parameters; training length **L = {L}**.",
         f"- **From scratch**: {t['max_steps']} steps x {t['batch_size']} x {L} tokens ({pre_tokens / 1e6:.2f}M "
-        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} cosine to {t['min_lr']:g} after "
+        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} {_falling(first.train)} after "
         f"{t['warmup_steps']} warmup steps. Seed s fixes the initialisation and the batches; every scheme of seed s "
         f"sees the same batches. **{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every "
         f"scheme) are retrieval sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a "
@@ -341,7 +341,17 @@ def _extension(study: Study, figures: dict) -> list:
 
 def _finetune_rate(study: Study) -> str:
     ft = sweep.finetune_at(study.plan, study.finetune_lr)
-    return f"lr {ft['lr']:g}{' (the sweep chose it: section 4)' if study.finetune_lr else ''} cosine to {ft['min_lr']:g}"
+    tuned = next((run.config.train for run in study.runs.values() if run.config.train.init_from), None)
+    falling = _falling(tuned, ft["min_lr"]) if tuned else f"cosine to {ft['min_lr']:g}"
+    return f"lr {ft['lr']:g}{' (the sweep chose it: section 4)' if study.finetune_lr else ''} {falling}"
+
+
+def _falling(train, min_lr: Optional[float] = None) -> str:
+    """How a run's rate falls after its warm-up (``train.schedule``), in words."""
+    end = f"{train.min_lr if min_lr is None else min_lr:g}"
+    if train.schedule == "wsd":
+        return f"held, then linear to {end} over the last {100 * train.cooldown:g}% of the steps (wsd)"
+    return f"cosine to {end}"
 
 
 def _oracle_budget(plan: dict) -> str:

@@ -18,6 +18,9 @@ dict of the model gathered on rank 0 (``full_model_state``), the optimiser's sta
 ordinary, numbered torch state dict, gathered (``full_optimizer_state``) or loaded
 (``load_full_optimizer_state``), so that a checkpoint file is the same whichever way it was
 trained.
+
+FSDP2 and torch's distributed state-dict functions are imported by the functions that use them:
+importing them costs about a second (DTensor), which every command would otherwise pay.
 """
 from __future__ import annotations
 
@@ -26,14 +29,6 @@ import re
 import torch
 import torch.distributed
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
-try:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-except ImportError:  # torch < 2.6 keeps FSDP2 under its first name
-    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from minilm.config import ConfigError
@@ -42,8 +37,6 @@ from minilm.training.distributed import Dist
 # measured on 2 gloo processes: FSDP2 did not start in torch 2.4 and 2.6 (it wants CUDA streams); 2.7 and 2.8
 # trained with gradients at twice their mean; 2.9, 2.12 and 2.13 follow the one-process run
 FSDP2_ON_CPU = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 9)
-GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0, on the CPU
-WHOLE = StateDictOptions(full_state_dict=True)  # whole tensors given on every rank, sharded as they load
 
 
 def is_sharded(parallel: str, dist: Dist) -> bool:
@@ -66,6 +59,12 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
     if device.type != "cuda" and not FSDP2_ON_CPU:
         raise ConfigError(f"train.parallel='fsdp' on {device.type} needs torch >= 2.9 (this is {torch.__version__}): "
                           f"use train.parallel=ddp, or a newer torch")
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch < 2.6 keeps FSDP2 under its first name
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
     whole = raw.state_dict() if dist.main else {}  # rank 0's tensors, kept until they are sent
@@ -84,10 +83,19 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
     return raw
 
 
+def _gathered():
+    """State-dict options for whole tensors, on rank 0, on the CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 def full_model_state(raw: nn.Module, sharded: bool) -> dict:
     """The model's whole state dict on the CPU: gathered from every rank under FSDP (call it
     on every rank; rank 0 gets the dict, the others an empty one), else ``raw``'s own."""
-    return get_model_state_dict(raw, options=GATHERED) if sharded else raw.state_dict()
+    if not sharded:
+        return raw.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    return get_model_state_dict(raw, options=_gathered())
 
 
 def _numbered(named: dict) -> dict:
@@ -113,7 +121,10 @@ def _named(numbered: dict, part: torch.optim.Optimizer, raw: nn.Module) -> dict:
 def full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, sharded: bool) -> dict:
     """One optimiser's ordinary state dict, its moments gathered whole under FSDP (every rank
     calls it; rank 0 gets the tensors)."""
-    return _numbered(get_optimizer_state_dict(raw, part, options=GATHERED)) if sharded else part.state_dict()
+    if not sharded:
+        return part.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    return _numbered(get_optimizer_state_dict(raw, part, options=_gathered()))
 
 
 def load_full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, state: dict, sharded: bool) -> None:
@@ -124,4 +135,6 @@ def load_full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, state
     if len(state["param_groups"]) != len(part.param_groups) or any(
             len(a["params"]) != len(b["params"]) for a, b in zip(state["param_groups"], part.param_groups)):
         raise ValueError("another number or size of parameter groups")  # what torch's own load says
-    set_optimizer_state_dict(raw, part, _named(state, part, raw), options=WHOLE)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    # whole tensors given on every rank, sharded as they load
+    set_optimizer_state_dict(raw, part, _named(state, part, raw), options=StateDictOptions(full_state_dict=True))

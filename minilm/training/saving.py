@@ -15,6 +15,9 @@ sharded checkpoint made into one file.
 
 ``unshard`` reads a sharded checkpoint in one process and writes the ordinary file, optimiser
 included, which every command takes and ``--resume`` continues.
+
+DCP is imported by the functions that use it, as in ``minilm.training.parallel``: its import
+costs every command about a second otherwise.
 """
 from __future__ import annotations
 
@@ -28,10 +31,6 @@ from typing import Optional
 
 import torch
 import torch.distributed
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
@@ -145,6 +144,7 @@ def _quiet_dcp():
 def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
     """What DCP writes and reads: the model's and every optimiser part's state dicts, keyed by
     parameter name (each rank's shards under FSDP, whole tensors in one process)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     return {"model": get_model_state_dict(raw),
             "optimizer": {str(i): get_optimizer_state_dict(raw, part) for i, part in enumerate(optimizer.parts)}}
 
@@ -162,6 +162,7 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
         where = [version]
         torch.distributed.broadcast_object_list(where, src=0)
         version = where[0]
+    import torch.distributed.checkpoint as dcp
     try:
         with _quiet_dcp():
             dcp.save(state, checkpoint_id=version)  # collective: a failure on any rank is raised on every rank
@@ -183,6 +184,7 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
 
 def _first_failure(exc: BaseException) -> BaseException:
     """The exception behind DCP's ``CheckpointException`` (which gathers every rank's), else ``exc``."""
+    from torch.distributed.checkpoint.api import CheckpointException
     if isinstance(exc, CheckpointException) and exc.failures:
         return next(iter(exc.failures.values()))[0]
     return exc
@@ -236,6 +238,9 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
             raise ValueError("another number or size of parameter groups")
     optimizer.load_state_dict({"kind": record["optimizer_kind"], "parts": record["optimizer_groups"]},
                               load_part=check_groups)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
     state = _shard_state(raw, optimizer)
     try:
         with _quiet_dcp():
