@@ -6,6 +6,8 @@ minilm modules sit at the top of each file; and modules and functions stay small
 import ast
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -213,3 +215,14 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     tree = ast.parse("from minilm.training.loop import train\n")
     (name,) = [n for _, n, _ in minilm_imports(tree, "minilm.model", MODULES)]
     assert LAYERS[unit(name)] > LAYERS[unit("minilm.model")]
+
+
+def test_the_commands_start_without_fsdp_and_dcp():
+    """torch's FSDP2 and distributed checkpoint cost about a second to import: every command
+    module loads without them, and a run imports them only when it shards (docs/design.md)."""
+    commands = sorted(f[:-3] for f in os.listdir(os.path.join(REPO, "minilm", "cli")) if f.endswith(".py"))
+    code = ("import sys\n" + "".join(f"import minilm.cli.{c}\n" for c in commands) +
+            "print(sorted(m for m in sys.modules if m.startswith(('torch.distributed.checkpoint', "
+            "'torch.distributed.fsdp', 'torch.distributed.tensor'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
