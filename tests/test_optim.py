@@ -7,6 +7,7 @@ import torch
 
 from minilm import GPT, ModelConfig
 from minilm.config import ConfigError, TrainConfig
+from minilm.training import optim
 from minilm.training.optim import Muon, gram_iteration, make_optimizer, orthogonalize
 
 
@@ -23,21 +24,28 @@ def test_orthogonalize_keeps_the_singular_vectors_and_brings_singular_values_nea
     assert diagonal.min() > 0.5 and diagonal.max() < 1.5
 
 
-@pytest.mark.parametrize("shape", [(2, 12, 48), (3, 40, 16), (24, 36)])
-def test_the_gram_form_is_the_same_iteration(shape):
-    """Wide float32 matrices are orthogonalised on their Gram matrix (gram_iteration); in float64,
-    where the plain iteration runs, both forms agree to rounding, and the float32 result stays
-    within 2e-5 of the float64 one, for gradient-like matrices (low rank plus noise) too."""
+@pytest.mark.parametrize("shape", [(2, 12, 48), (3, 40, 16), (24, 60)])
+def test_the_gram_form_is_the_same_iteration(shape, monkeypatch):
+    """Float32 matrices at least twice as wide as tall are orthogonalised on their Gram matrix
+    (gram_iteration); in float64, where the plain iteration runs, both forms agree to rounding
+    for any number of steps, and the float32 result stays within 2e-5 of the float64 one, for
+    gradient-like matrices (low rank plus noise) too."""
     gen = torch.Generator().manual_seed(1)
     noise = torch.randn(*shape, generator=gen, dtype=torch.float64)
     low_rank = torch.randn(*shape[:-1], 3, generator=gen, dtype=torch.float64) @ \
         torch.randn(*shape[:-2], 3, shape[-1], generator=gen, dtype=torch.float64)
+    calls = []
+    monkeypatch.setattr(optim, "gram_iteration", lambda x, steps: calls.append(x.dtype) or gram_iteration(x, steps))
     for g in (noise, low_rank + 0.01 * noise):
         wide = g.mT if g.shape[-2] > g.shape[-1] else g
         x = (wide / (wide.norm(dim=(-2, -1), keepdim=True) + 1e-7)).reshape(-1, *wide.shape[-2:])  # as orthogonalize
-        plain = orthogonalize(g)  # float64: the plain iteration
-        assert (gram_iteration(x, 5).reshape(wide.shape) - (plain.mT if wide is not g else plain)).abs().max() < 1e-12
-        assert (orthogonalize(g.float()).double() - plain).abs().max() < 2e-5
+        for steps in range(7):
+            plain = orthogonalize(g, steps)  # float64: the plain iteration
+            assert (gram_iteration(x, steps).reshape(wide.shape) - (plain.mT if wide is not g else plain)).abs().max() \
+                < 1e-12
+        assert calls == []
+        assert (orthogonalize(g.float()).double() - orthogonalize(g)).abs().max() < 2e-5
+        assert calls.pop() == torch.float32
 
 
 def test_muon_first_step_by_hand():
