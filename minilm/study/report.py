@@ -341,9 +341,10 @@ def _extension(study: Study, figures: dict) -> list:
 
 def _finetune_rate(study: Study) -> str:
     ft = sweep.finetune_at(study.plan, study.finetune_lr)
-    tuned = next((run.config.train for run in study.runs.values() if run.config.train.init_from), None)
-    falling = _falling(tuned, ft["min_lr"]) if tuned else f"cosine to {ft['min_lr']:g}"
-    return f"lr {ft['lr']:g}{' (the sweep chose it: section 4)' if study.finetune_lr else ''} {falling}"
+    runs = [run.config.train for run in study.runs.values()]
+    tuned = next((train for train in runs if train.init_from), runs[0])  # else pretraining's, which it inherits
+    chosen = " (the sweep chose it: section 4)" if study.finetune_lr else ""
+    return f"lr {ft['lr']:g}{chosen} {_falling(tuned, ft['min_lr'])}"
 
 
 def _falling(train, min_lr: Optional[float] = None) -> str:

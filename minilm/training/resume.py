@@ -77,6 +77,9 @@ def check_resumable(config: Config, state: dict) -> None:
                               f"use the same setting or start a new out_dir")
 
 
+TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}
+
+
 def trajectory_changes(config: Config, state: dict) -> list:
     """'train.KEY=NOW (was BEFORE)' for each train setting that differs from the checkpoint's
     and changes the remaining steps (max_steps moves the schedule's end, for one): the resumed
@@ -86,9 +89,6 @@ def trajectory_changes(config: Config, state: dict) -> list:
     before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
     return [f"train.{key}={getattr(config.train, key)!r} (was {before[key]!r})"
             for key in fields_with(TrainConfig, TRAJECTORY) if before[key] != getattr(config.train, key)]
-
-
-TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}
 
 
 def truncate_metrics(path: str, step: int) -> None:
