@@ -473,3 +473,44 @@ def test_bad_sinks(random_gpt):
         list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=2, compile=True))
     with pytest.raises(ValueError, match="sinusoidal positions are added to the embeddings"):
         random_gpt({"kind": "sinusoidal"})(torch.zeros(1, 4, dtype=torch.long), window=2, sinks=1)
+
+
+ARCHITECTURES = [  # (name, ModelConfig options): every option the lean step reads
+    ("plain", {}),
+    ("qk_norm-gqa", {"qk_norm": True, "n_kv_head": 1}),
+    ("rmsnorm-swiglu-parallel", {"norm": "rmsnorm", "mlp": "swiglu", "parallel_residual": True}),
+    ("values-relu2-softcap-bias", {"value_embeddings": True, "mlp": "relu2", "logit_softcap": 15.0, "bias": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rolling", [False, True], ids=["cache", "rolling"])
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[name for name, _ in ARCHITECTURES])
+@pytest.mark.parametrize("kind", ["rope", "xpos", "alibi", "t5", "sinusoidal", "none"])
+def test_the_lean_decode_step_equals_the_model_bit_for_bit(kind, arch, rolling, dtype):
+    """``lean_body``'s decode steps give exactly ``GPT.body``'s logits, past a rolling cache's wrap too,
+    and the steps do not go through ``GPT.body``."""
+    from minilm.generation.lean import lean_body
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position={"kind": kind},
+                            **arch[1])).to(dtype).eval()
+    ids = torch.randint(0, 61, (2, 30))
+    capacity = 12 if rolling else 30
+    with torch.no_grad():
+        cache = model.new_cache(2, capacity, rolling=rolling)
+        model(ids[:, :6], cache)
+        expected = [model(ids[:, t:t + 1], cache) for t in range(6, 30)]
+        lean, calls = lean_body(model), []
+        general = model.body
+        model.body = lambda *args: calls.append(args[0].shape) or general(*args)
+        cache = model.new_cache(2, capacity, rolling=rolling)
+        model(ids[:, :6], cache, body=lean)  # a prefill of 6 tokens: the general path
+        got = [model(ids[:, t:t + 1], cache, body=lean) for t in range(6, 30)]
+    assert calls == [(2, 6)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def test_generation_decodes_with_the_lean_step(random_gpt):
+    model = random_gpt({"kind": "rope"}, block_size=16)
+    decoder = Decoder(model, 1)
+    assert decoder.body is not None and decoder.body.__qualname__.startswith("lean_body")

@@ -35,7 +35,9 @@ the whole sequence so far, ``model(idx, window=max_context)`` for the rolling sc
 the last ``max_context`` tokens for the sliding ones, with the same ``context_len`` (what
 dynamic NTK scaling reads) as the cache, which is ``max_context``: the dynamic-NTK scale is
 fixed for a whole generation (docs/design.md, "Dynamic scaling and the cache").
-``compile=True`` decodes with a static cache and a compiled step (``minilm.generation.compiled``).
+Cached decode steps run the layers through ``minilm.generation.lean`` (the same computation with
+less Python per layer), or with ``compile=True`` with a static cache and a compiled step
+(``minilm.generation.compiled``).
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ import torch
 
 from minilm.common import MinilmError, available_memory, peak_memory
 from minilm.generation.compiled import compiled_body
+from minilm.generation.lean import lean_body
 from minilm.model.cache import SINK_POSITIONS, cache_dtype
 
 
@@ -208,7 +211,7 @@ class Decoder:
                                          sinks=self.sinks if capacity == self.max_context else 0,
                                          sink_positions=sink_positions,
                                          offsets=None if offsets is None else torch.as_tensor(offsets, device=self.device))
-        self.body = compiled_body(model) if compile else None
+        self.body = compiled_body(model) if compile else lean_body(model)  # the decode step's layers
         self.length = 0  # tokens given so far
         # the token history, needed whenever something is recomputed from tokens
         start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))

@@ -78,7 +78,7 @@ class KVCache:
         self.sink_positions = sink_positions
         self.static = static
         self.length = 0  # tokens seen = position of the next token
-        self._pending = None  # (slots, T) of the forward pass in progress
+        self._pending = None  # the slots of the forward pass in progress: an int for one token, else a tensor
 
     def begin(self, num_new: int) -> torch.Tensor:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
@@ -89,15 +89,28 @@ class KVCache:
         if self.rolling and num_new > 1 and end > self.capacity:
             raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
                              f"position {self.length} with capacity {self.capacity}")
-        positions = torch.arange(self.length, end, device=self.slot_pos.device)
+        positions = torch.arange(self.length, end, device=self.slot_pos.device, dtype=torch.float32)
+        if num_new == 1 and not self.static:  # a decode step: its slot is a Python int (a compiled step takes tensors)
+            slot = self.slot_of(self.length)
+            self.slot_pos[slot] = self.length
+            self._pending = slot
+            return positions
+        index = positions.long()
         if self.sinks:
             ring = self.capacity - self.sinks
-            slots = torch.where(positions < self.capacity, positions, self.sinks + (positions - self.sinks) % ring)
+            slots = torch.where(index < self.capacity, index, self.sinks + (index - self.sinks) % ring)
         else:
-            slots = positions % self.capacity
-        self.slot_pos[slots] = positions.float()
+            slots = index % self.capacity
+        self.slot_pos[slots] = positions
         self._pending = slots
-        return positions.float()
+        return positions
+
+    def slot_of(self, position: int) -> int:
+        """The slot that holds ``position``: the position itself until the cache is full; then in a
+        rolling cache the oldest slot of the ring (after the sinks)."""
+        if position < self.capacity:
+            return position
+        return self.sinks + (position - self.sinks) % (self.capacity - self.sinks)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this layer's new keys/values; return all held keys, values and their positions."""
@@ -106,17 +119,17 @@ class KVCache:
             self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
             self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
             return self.keys[layer], self.values[layer], self.slot_pos
-        n = min(self.length + len(slots), self.capacity)
-        if len(slots) == 1 and slots.device.type == "cpu":  # decode step: a plain slice write is cheapest
-            i = int(slots[0])
-            self.keys[layer][:, :, i] = k[:, :, 0]
-            self.values[layer][:, :, i] = v[:, :, 0]
+        if isinstance(slots, int):  # a decode step: a plain slice write is cheapest
+            self.keys[layer][:, :, slots] = k[:, :, 0]
+            self.values[layer][:, :, slots] = v[:, :, 0]
+            n = min(self.length + 1, self.capacity)
         else:
             self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
             self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
+            n = min(self.length + len(slots), self.capacity)
         return self.keys[layer][:, :, :n], self.values[layer][:, :, :n], self.slot_pos[:n]
 
     def commit(self) -> None:
         """Advance the length once every layer has written its keys."""
-        self.length += len(self._pending)
+        self.length += 1 if isinstance(self._pending, int) else len(self._pending)
         self._pending = None

@@ -29,13 +29,13 @@ import math
 from typing import Callable, NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
 from minilm.config import ModelConfig
 from minilm.model.attention import attend, attend_in_cache, attend_rows, document_layout, rotate_rows, row_layout
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
+from minilm.model.functional import activation, linear, rms_norm
 from minilm.positions import PositionError, PositionScheme, build, describe
 
 class ForwardPass(NamedTuple):
@@ -72,9 +72,7 @@ def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> floa
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"), as Llama has it:
-    weight * (x / sqrt(mean(x^2) + eps)), the mean over the last dimension computed in float32
-    and the result cast back to x's dtype before the weight; no bias, no mean subtracted."""
+    """RMSNorm over the last dimension (``minilm.model.functional.rms_norm``)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -82,8 +80,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -122,13 +119,22 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.qk_norm = config.qk_norm
 
-    def project(self, x):
-        """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model)."""
+    def project(self, x, fp: ForwardPass):
+        """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model), q and k
+        rotated by the position scheme at the pass's positions, except where rows have positions of
+        their own (``forward`` rotates them row by row) or sinks are renumbered (``attend_in_cache``
+        rotates the keys at every step). Without ``qk_norm`` q and k are rotated as the one stack the
+        projection makes of them (``rotate_stacked``: half the calls of two rotations for rope)."""
         B, T, _ = x.shape
-        q_width, kv_width = self.n_head * self.head_dim, self.n_kv_head * self.head_dim
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2)
-                   for t in self.qkv(x).split((q_width, kv_width, kv_width), dim=-1))
-        return (self.q_norm(q), self.k_norm(k), v) if self.qk_norm else (q, k, v)
+        heads = linear(self.qkv, x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        qk, v = heads[:, :-self.n_kv_head], heads[:, -self.n_kv_head:]
+        rotated = not (fp.per_row or fp.renumbered)
+        if self.qk_norm:
+            q, k = self.q_norm(qk[:, :self.n_head]), self.k_norm(qk[:, self.n_head:])
+            return (*fp.scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
+        if rotated:
+            return (*fp.scheme.rotate_stacked(qk, self.n_head, fp.pos, fp.context_len), v)
+        return qk[:, :self.n_head], qk[:, self.n_head:], v
 
     def expand(self, kv):
         """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
@@ -139,13 +145,11 @@ class CausalSelfAttention(nn.Module):
         """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
-        q, k, v = self.project(x)
+        q, k, v = self.project(x, fp)
         if fp.values is not None:  # before the cache write: the cache holds the values attention reads
             v = v + fp.values[layer].view(B, T, -1, self.head_dim).transpose(1, 2)
         if fp.per_row:
             q, k = rotate_rows(fp.scheme, q, k, fp.pos, fp.context_len)
-        elif not fp.renumbered:  # else the keys are rotated at their cache positions, at every step
-            q, k = fp.scheme.rotate(q, k, fp.pos, fp.context_len)
         k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
@@ -166,7 +170,7 @@ class CausalSelfAttention(nn.Module):
                        padded=cache is not None and cache.static, need_weights=need_weights,
                        documents=None if fp.documents is None else (fp.documents, fp.documents))
         y, weights = y if need_weights else (y, None)
-        out = self.proj(y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
+        out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
         return (out, weights) if need_weights else out
 
 
@@ -184,13 +188,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
 
     def forward(self, x):
-        h = self.fc(x)
-        if self.kind == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            return self.proj(F.silu(gate) * up)
-        if self.kind == "relu2":
-            return self.proj(F.relu(h).square())
-        return self.proj(F.gelu(h, approximate="tanh" if self.kind == "gelu_tanh" else "none"))
+        return linear(self.proj, activation(self.kind, linear(self.fc, x)))
 
 
 def value_table(layer: int, n_layer: int) -> int:
@@ -395,7 +393,7 @@ class GPT(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logits of final normalised hidden states: the LM head, soft-capped where the model is."""
-        return soft_cap(self.lm_head(hidden), self.config.logit_softcap)
+        return soft_cap(linear(self.lm_head, hidden), self.config.logit_softcap)
 
     def embed_positions(self, x, fp: ForwardPass):
         """The token embeddings ``x`` with the scheme's positions added (``embed``) or, under
@@ -409,18 +407,27 @@ class GPT(nn.Module):
             x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
         return torch.cat([tokens, x], dim=-1) if concat else x
 
-    def body(self, idx, fp: ForwardPass, return_hidden: bool):
-        """The computation of ``forward`` once positions are known: embedding, blocks, final norm
-        and (unless ``return_hidden``) the LM head. No Python state changes here, so that a
-        compiler can take it whole."""
+    def inputs(self, idx, fp: ForwardPass) -> tuple:
+        """(the first block's input for tokens ``idx``: embedding, scaled, positions added; ``fp``
+        with each layer's value embeddings where the model has them)."""
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        x = self.embed_positions(x, fp)
-        x = dropout(self.drop)(x)
+        x = dropout(self.drop)(self.embed_positions(x, fp))
         if self.value_embeds is not None:
             tables = [table(idx) for table in self.value_embeds]
             fp = fp._replace(values=[tables[value_table(i, len(self.blocks))] for i in range(len(self.blocks))])
+        return x, fp
+
+    def outputs(self, x, return_hidden: bool):
+        """The last block's output ``x`` normalised, and (unless ``return_hidden``) its logits."""
+        x = self.ln_f(x)
+        return x if return_hidden else self.logits(x)
+
+    def body(self, idx, fp: ForwardPass, return_hidden: bool):
+        """The computation of ``forward`` once positions are known: ``inputs``, the blocks,
+        ``outputs``. No Python state changes here, so that a compiler can take it whole."""
+        x, fp = self.inputs(idx, fp)
         weights = None
         for layer, block in enumerate(self.blocks):
             if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
@@ -430,6 +437,5 @@ class GPT(nn.Module):
             x = block(x, layer, fp)
             if fp.weights_of == layer:
                 x, weights = x
-        x = self.ln_f(x)
-        out = x if return_hidden else self.logits(x)
+        out = self.outputs(x, return_hidden)
         return out if fp.weights_of is None else (out, weights)

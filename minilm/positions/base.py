@@ -5,7 +5,7 @@ Every scheme acts through five hooks; the base class answers each with "nothing"
 * ``start(pos)`` once per forward pass, before the others (randomized draws its positions)
 * ``embed(x, pos)``            -> x + PE(pos), once after the token embedding (sinusoidal, learned)
 * ``rotate(q, k, pos, context_len)`` -> q', k' in every attention layer, before the cache
-  write (rope and its scalings)
+  write (rope and its scalings); ``rotate_stacked`` takes q and k stacked on the head dimension
 * ``bias(q_pos, k_pos, q)``    -> (heads, Tq, Tk) added to the attention logits (alibi, t5, kerple,
   fire), or (B, heads, Tq, Tk) for a scheme whose bias reads the queries (shaw)
 * ``value_term(weights, q_pos, k_pos)`` -> (B, heads, Tq, head_dim) added to the attention
@@ -221,6 +221,12 @@ class PositionScheme(nn.Module):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, context_len: int):
         return q, k
+
+    def rotate_stacked(self, qk: torch.Tensor, n_q: int, pos: torch.Tensor, context_len: int):
+        """``rotate`` of q = qk[:, :n_q] and k = qk[:, n_q:], given stacked on the head dimension as
+        the attention's projection makes them; (q', k'). A scheme that rotates q and k alike (rope)
+        rotates the stack at once."""
+        return self.rotate(qk[:, :n_q], qk[:, n_q:], pos, context_len)
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor,
              q: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:

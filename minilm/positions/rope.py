@@ -123,6 +123,7 @@ class RoPE(PositionScheme):
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
         self._memo = None
+        self._frequencies = None  # (context_len, device, float32 inverse frequencies): ``frequencies``
         self._passes = 0  # forward passes started (``start``): a memo is trusted by identity within one
 
     def _check_scaling(self, scaling) -> dict:
@@ -226,6 +227,17 @@ class RoPE(PositionScheme):
         """A new forward pass: positions from the last one are no longer trusted by identity."""
         self._passes += 1
 
+    def frequencies(self, context_len: int, device: torch.device) -> torch.Tensor:
+        """``inv_freq(context_len)`` in float32 on ``device``, kept for the passes that follow at the
+        same length (every decode step of a generation)."""
+        held = self._frequencies
+        if held is not None and held[0] == context_len and held[1] == device and not torch.compiler.is_compiling():
+            return held[2]
+        inv = self.inv_freq(context_len).to(device=device, dtype=torch.float32)
+        if not torch.compiler.is_compiling():
+            self._frequencies = (context_len, device, inv)
+        return inv
+
     def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(cos, signed sin): ``cos_sin``'s cos and its sin table with the first half negated, which
         ``_rotate`` multiplies by x rolled by half the rotated dims: rotate_half(x) * sin is then
@@ -238,10 +250,11 @@ class RoPE(PositionScheme):
             memo[1].shape == pos.shape and memo[1].device == pos.device and not pos.is_meta and torch.equal(memo[1], pos)))
         if same and memo[3] == context_len and memo[4] == dtype:
             return memo[5]
-        inv = self.inv_freq(context_len).to(device=pos.device, dtype=torch.float32)
-        angles = pos.to(torch.float32)[:, None] * inv[None, :]
+        angles = pos.to(torch.float32)[:, None] * self.frequencies(context_len, pos.device)[None, :]
         scale = self.attention_scale()
-        cos, sin = angles.cos() * scale, angles.sin() * scale
+        cos, sin = angles.cos(), angles.sin()
+        if scale != 1.0:  # x * 1.0 is x: two operations fewer per pass where nothing scales
+            cos, sin = cos * scale, sin * scale
         tables = torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
         if not compiling:
             self._memo = (pos, pos.clone(), self._passes, context_len, dtype, tables)
@@ -250,6 +263,12 @@ class RoPE(PositionScheme):
     def rotate(self, q, k, pos, context_len):
         cos, signed_sin = self.tables(pos, context_len, q.dtype)
         return self._rotate(q, cos, signed_sin), self._rotate(k, cos, signed_sin)
+
+    def rotate_stacked(self, qk, n_q, pos, context_len):
+        """q and k rotated alike, in one pass over their stack: the same products as ``rotate``."""
+        cos, signed_sin = self.tables(pos, context_len, qk.dtype)
+        both = self._rotate(qk, cos, signed_sin)
+        return both[:, :n_q], both[:, n_q:]
 
     def _rotate(self, x, cos, signed_sin):
         """x * cos + rotate_half(x) * sin over the first ``rot`` dims, with the signed sin of

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from minilm.positions.base import PositionError, check_number, register
+from minilm.positions.base import PositionError, PositionScheme, check_number, register
 from minilm.positions.rope import RoPE
 
 LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 ends near e^88
@@ -57,6 +57,8 @@ class XPos(RoPE):
         q_scale, k_scale = self.scales(pos, context_len, q.dtype)
         return (self._rotate(q, cos * q_scale, signed_sin * q_scale),
                 self._rotate(k, cos * k_scale, signed_sin * k_scale))
+
+    rotate_stacked = PositionScheme.rotate_stacked  # q and k are scaled apart: no stack
 
     def extra_repr(self):
         return f"kind=xpos, scale_base={self.scale_base:g}, gamma={self.gamma:g}"

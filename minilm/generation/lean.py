@@ -1,0 +1,109 @@
+"""The eager decode step: one new token per row through every layer with as little Python per
+layer as the same computation allows. ``generate`` decodes with it unless the step is compiled.
+
+A bf16 decode step of the benchmark's model (6 layers x 384) on a 2-core CPU spends about 2.6 ms
+in its matrix products, which run at the floor, and through ``GPT.body`` about 1.5 ms more in
+Python between them: module calls (about 3 us each), submodule and parameter lookups (about
+0.6 us each) and layers of small calls (README, "Benchmarks"). ``lean_body(model)`` reads each
+layer's tensors and settings once per generation into plain tuples, then runs the layers in one
+loop that calls the same functions as the modules, in the same order: the model's own
+(``minilm.model.functional``), the position scheme's rotation, the cache's update and
+``attend``. Its logits equal ``GPT.body``'s bit for bit (tests/test_generation.py).
+
+It takes the passes that ``takes_step`` accepts: the model in evaluation mode, one token per
+row, a cache that is not static (a compiled step's), positions shared by the rows, sinks at
+absolute positions, no attention weights asked for; every other pass runs ``GPT.body``. Hooks
+on the model's submodules do not run inside it; hooks on the model itself do.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+
+from minilm.model.attention import attend
+from minilm.model.functional import activation, rms_norm
+from minilm.model.gpt import GPT, ForwardPass, RMSNorm
+
+
+class Layer(NamedTuple):
+    """One block's tensors and settings, read once (plain fields: no module lookups per step)."""
+    ln_1: Callable
+    ln_2: Callable
+    qkv: tuple  # (weight, bias) of the q/k/v projection
+    proj: tuple  # (weight, bias) of the attention output
+    fc: tuple  # (weight, bias) of the MLP's first layer
+    out: tuple  # (weight, bias) of the MLP's second layer
+    q_norm: Optional[Callable]  # model.qk_norm: RMSNorm of each query head, else None
+    k_norm: Optional[Callable]
+    mlp: str  # model.mlp
+    parallel: bool  # model.parallel_residual
+
+
+def norm_function(norm) -> Callable:
+    """``norm``'s forward as a function of x alone: the same call its ``forward`` makes."""
+    if isinstance(norm, RMSNorm):
+        return partial(rms_norm, weight=norm.weight, eps=norm.eps)
+    return partial(F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, bias=norm.bias,
+                   eps=norm.eps)
+
+
+def read_layer(block) -> Layer:
+    attn, mlp = block.attn, block.mlp
+    return Layer(norm_function(block.ln_1), norm_function(block.ln_2), (attn.qkv.weight, attn.qkv.bias),
+                 (attn.proj.weight, attn.proj.bias), (mlp.fc.weight, mlp.fc.bias), (mlp.proj.weight, mlp.proj.bias),
+                 norm_function(attn.q_norm) if attn.qk_norm else None,
+                 norm_function(attn.k_norm) if attn.qk_norm else None, mlp.kind, block.parallel)
+
+
+def takes_step(model: GPT, idx: torch.Tensor, fp: ForwardPass) -> bool:
+    """Whether this pass is a decode step the lean loop computes (see the module's docstring)."""
+    cache = fp.cache
+    return (cache is not None and not cache.static and idx.shape[1] == 1 and not model.training
+            and not fp.per_row and not fp.renumbered and fp.weights_of is None)
+
+
+def lean_body(model: GPT) -> Callable:
+    """A replacement for ``model.body`` (``GPT.forward(body=...)``) for one generation: decode steps
+    through the lean loop, every other pass through ``model.body``. The model's weights must not
+    be replaced while it is in use (they may change in place)."""
+    layers = [read_layer(block) for block in model.blocks]
+    attn = model.blocks[0].attn
+    heads, kv_heads, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+
+    def body(idx, fp: ForwardPass, return_hidden: bool):
+        if not takes_step(model, idx, fp):
+            return model.body(idx, fp, return_hidden)
+        x, fp = model.inputs(idx, fp)
+        cache, scheme, pos, context_len = fp.cache, fp.scheme, fp.pos, fp.context_len
+        window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
+        B, T, C = x.shape
+        groups = heads // kv_heads
+        plain = not (scheme.has_bias or scheme.has_value_term)
+        for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
+            qkv = F.linear(layer.ln_1(x), *layer.qkv).view(B, T, -1, head_dim).transpose(1, 2)
+            qk, v = qkv[:, :-kv_heads], qkv[:, -kv_heads:]
+            if layer.q_norm is None:
+                q, k = scheme.rotate_stacked(qk, heads, pos, context_len)
+            else:
+                q, k = scheme.rotate(layer.q_norm(qk[:, :heads]), layer.k_norm(qk[:, heads:]), pos, context_len)
+            if fp.values is not None:
+                v = v + fp.values[i].view(B, T, -1, head_dim).transpose(1, 2)
+            k, v, k_pos = cache.update(i, k, v)
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            if plain:  # what ``attend`` does for one query over a cache that holds only what it may see
+                y = F.scaled_dot_product_attention(q.to(k.dtype), k, v)
+            else:
+                y = attend(q.to(k.dtype), k, v, pos, k_pos, scheme, cached=True, window=window, sinks=sinks)
+            attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, C), *layer.proj)
+            if layer.parallel:
+                x = x + attended + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x), *layer.fc)), *layer.out)
+            else:
+                x = x + attended
+                x = x + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x), *layer.fc)), *layer.out)
+        return model.outputs(x, return_hidden)
+
+    return body
