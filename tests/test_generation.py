@@ -514,3 +514,17 @@ def test_generation_decodes_with_the_lean_step(random_gpt):
     model = random_gpt({"kind": "rope"}, block_size=16)
     decoder = Decoder(model, 1)
     assert decoder.body is not None and decoder.body.__qualname__.startswith("lean_body")
+
+
+@pytest.mark.parametrize("position", schemes(), ids=scheme_id)
+def test_every_scheme_decodes_in_bf16_close_to_float32(position):
+    """A model cast to bf16 (``generate --dtype bfloat16``) runs under every scheme, its logits within
+    bf16's rounding of the float32 model's (a scheme with its own layers takes bf16 inputs: fire)."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=4, d_model=32, block_size=24, position=position)).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(ids)
+        half = model.to(torch.bfloat16)(ids).float()
+    assert (half - full).abs().max() < 0.01 < full.abs().max()  # logits of about 0.4: bf16 rounds by about 0.002
+    assert len(list(generate_ids(model, [1, 2, 3], max_new_tokens=30, sampling=GREEDY))) == 30

@@ -42,7 +42,8 @@ class Fire(PositionScheme):
 
     def bias(self, q_pos, k_pos, q=None):
         rows = max(1, HIDDEN_BUDGET // max(1, len(k_pos) * self.hidden))
-        parts = [self.mlp(self.normalised_distance(q_pos[s:s + rows], k_pos)[..., None])
+        dtype = self.mlp[0].weight.dtype  # a model cast to bf16 (generation) takes bf16 inputs, as autocast gives it
+        parts = [self.mlp(self.normalised_distance(q_pos[s:s + rows], k_pos)[..., None].to(dtype))
                  for s in range(0, len(q_pos), rows)]
         return torch.cat(parts, dim=0).permute(2, 0, 1)  # (heads, Tq, Tk)
 
