@@ -7,6 +7,7 @@ import torch
 from minilm.config import ModelConfig
 from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, context_size,
                                       generate_ids, repetition_penalty, sample)
+from minilm.generation.lean import lean_body
 from minilm.generation.text import TextStream, generate, generate_text
 from minilm.model.gpt import GPT
 from minilm.positions import available
@@ -477,49 +478,60 @@ def test_bad_sinks(random_gpt):
 
 ARCHITECTURES = [  # (name, ModelConfig options): every option the lean step reads
     ("plain", {}),
+    ("gqa", {"n_kv_head": 1}),
     ("qk_norm-gqa", {"qk_norm": True, "n_kv_head": 1}),
     ("rmsnorm-swiglu-parallel", {"norm": "rmsnorm", "mlp": "swiglu", "parallel_residual": True}),
     ("values-relu2-softcap-bias", {"value_embeddings": True, "mlp": "relu2", "logit_softcap": 15.0, "bias": True}),
 ]
+LEAN_POSITIONS = [{"kind": kind} for kind in ("rope", "xpos", "alibi", "t5", "shaw", "fire", "kerple", "sinusoidal",
+                                              "none")]
+LEAN_POSITIONS.append({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 8}})
+CACHES = {"cache": {}, "rolling": {"rolling": True}, "rolling-sinks": {"rolling": True, "sinks": 2,
+                                                                        "sink_positions": "absolute"}}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rolling", [False, True], ids=["cache", "rolling"])
+@pytest.mark.parametrize("cache_kind", list(CACHES))
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=[name for name, _ in ARCHITECTURES])
-@pytest.mark.parametrize("kind", ["rope", "xpos", "alibi", "t5", "sinusoidal", "none"])
-def test_the_lean_decode_step_equals_the_model_bit_for_bit(kind, arch, rolling, dtype):
+@pytest.mark.parametrize("position", LEAN_POSITIONS, ids=scheme_id)
+def test_the_lean_decode_step_equals_the_model_bit_for_bit(position, arch, cache_kind, dtype):
     """``lean_body``'s decode steps give exactly ``GPT.body``'s logits, past a rolling cache's wrap too,
     and the steps do not go through ``GPT.body``."""
-    from minilm.generation.lean import lean_body
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position={"kind": kind},
+    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position=position,
                             **arch[1])).to(dtype).eval()
     ids = torch.randint(0, 61, (2, 30))
-    capacity = 12 if rolling else 30
+    settings = CACHES[cache_kind]
+    capacity = 12 if settings else 30
     with torch.no_grad():
-        cache = model.new_cache(2, capacity, rolling=rolling)
+        cache = model.new_cache(2, capacity, **settings)
         model(ids[:, :6], cache)
         expected = [model(ids[:, t:t + 1], cache) for t in range(6, 30)]
         lean, calls = lean_body(model), []
         general = model.body
         model.body = lambda *args: calls.append(args[0].shape) or general(*args)
-        cache = model.new_cache(2, capacity, rolling=rolling)
+        cache = model.new_cache(2, capacity, **settings)
         model(ids[:, :6], cache, body=lean)  # a prefill of 6 tokens: the general path
         got = [model(ids[:, t:t + 1], cache, body=lean) for t in range(6, 30)]
     assert calls == [(2, 6)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
 
 
-def test_generation_decodes_with_the_lean_step(random_gpt):
-    model = random_gpt({"kind": "rope"}, block_size=16)
-    decoder = Decoder(model, 1)
-    assert decoder.body is not None and decoder.body.__qualname__.startswith("lean_body")
+def test_generation_decodes_with_the_lean_step():
+    """Every cached step of ``generate_ids`` after the prefill runs through the lean loop."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24)).eval()
+    calls, general = [], model.body
+    model.body = lambda *args: calls.append(args[0].shape) or general(*args)
+    assert len(list(generate_ids(model, [1, 2, 3], max_new_tokens=20, sampling=GREEDY))) == 20
+    assert calls == [(1, 3)]
 
 
 @pytest.mark.parametrize("position", schemes(), ids=scheme_id)
-def test_every_scheme_decodes_in_bf16_close_to_float32(position):
-    """A model cast to bf16 (``generate --dtype bfloat16``) runs under every scheme, its logits within
-    bf16's rounding of the float32 model's (a scheme with its own layers takes bf16 inputs: fire)."""
+def test_every_scheme_runs_in_bf16_close_to_float32_and_decodes(position):
+    """A model cast to bf16 (``generate --dtype bfloat16``) runs under every scheme, its full-sequence
+    logits within bf16's rounding of the float32 model's (a scheme with its own layers takes bf16 inputs:
+    fire), and it decodes from its cache."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=4, d_model=32, block_size=24, position=position)).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))

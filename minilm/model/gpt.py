@@ -325,7 +325,8 @@ class GPT(nn.Module):
         the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
         T without a cache, the cache capacity with one). ``return_hidden`` returns the final
         normalised hidden states instead of logits (for memory-friendly chunked losses).
-        ``body`` replaces ``self.body`` (a compiled one: ``minilm.generation.compiled``).
+        ``body`` replaces ``self.body`` (a compiled one: ``minilm.generation.compiled``; the lean
+        decode step: ``minilm.generation.lean``).
         ``weights_of`` (a layer index) returns (logits, that layer's attention weights (B,
         n_head, T, keys)), computed by the written-out attention (``minilm.figures.attention``).
         ``end_of_text`` (an id; no cache, no window): rows hold documents that each end with
