@@ -71,7 +71,7 @@ def lean_body(model: GPT) -> Callable:
     be replaced while it is in use (they may change in place)."""
     layers = [read_layer(block) for block in model.blocks]
     attn = model.blocks[0].attn
-    heads, kv_heads, head_dim = attn.n_head, attn.n_kv_head, attn.head_dim
+    heads, kv_heads, head_dim, expand = attn.n_head, attn.n_kv_head, attn.head_dim, attn.expand
 
     def body(idx, fp: ForwardPass, return_hidden: bool):
         if not takes_step(model, idx, fp):
@@ -80,7 +80,6 @@ def lean_body(model: GPT) -> Callable:
         cache, scheme, pos, context_len = fp.cache, fp.scheme, fp.pos, fp.context_len
         window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         B, T, C = x.shape
-        groups = heads // kv_heads
         plain = not (scheme.has_bias or scheme.has_value_term)
         for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
             qkv = F.linear(layer.ln_1(x), *layer.qkv).view(B, T, -1, head_dim).transpose(1, 2)
@@ -92,18 +91,15 @@ def lean_body(model: GPT) -> Callable:
             if fp.values is not None:
                 v = v + fp.values[i].view(B, T, -1, head_dim).transpose(1, 2)
             k, v, k_pos = cache.update(i, k, v)
-            if groups > 1:
-                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            k, v = expand(k), expand(v)
             if plain:  # what ``attend`` does for one query over a cache that holds only what it may see
                 y = F.scaled_dot_product_attention(q.to(k.dtype), k, v)
             else:
                 y = attend(q.to(k.dtype), k, v, pos, k_pos, scheme, cached=True, window=window, sinks=sinks)
             attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, C), *layer.proj)
-            if layer.parallel:
-                x = x + attended + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x), *layer.fc)), *layer.out)
-            else:
-                x = x + attended
-                x = x + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x), *layer.fc)), *layer.out)
+            h = x + attended  # parallel_residual: the MLP reads the block's input, else this sum
+            x = h + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x if layer.parallel else h), *layer.fc)),
+                             *layer.out)
         return model.outputs(x, return_hidden)
 
     return body
