@@ -527,11 +527,12 @@ def test_generation_decodes_with_the_lean_step():
     assert calls == [(1, 3)]
 
 
-@pytest.mark.parametrize("position", schemes(), ids=scheme_id)
+@pytest.mark.parametrize("position", schemes() + [{"kind": "interpolated", "base": {"kind": "fire"}, "factor": 2.0}],
+                         ids=scheme_id)
 def test_every_scheme_runs_in_bf16_close_to_float32_and_decodes(position):
     """A model cast to bf16 (``generate --dtype bfloat16``) runs under every scheme, its full-sequence
     logits within bf16's rounding of the float32 model's (a scheme with its own layers takes bf16 inputs:
-    fire), and it decodes from its cache."""
+    fire, and interpolated over it), and it decodes from its cache."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=4, d_model=32, block_size=24, position=position)).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
