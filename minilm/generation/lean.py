@@ -7,7 +7,7 @@ Python between them: module calls (about 3 us each), submodule and parameter loo
 0.6 us each) and layers of small calls (README, "Benchmarks"). ``lean_body(model)`` reads each
 layer's tensors and settings once per generation into plain tuples, then runs the layers in one
 loop that calls the same functions as the modules, in the same order: the model's own
-(``minilm.model.functional``), the position scheme's rotation, the cache's update and
+(``minilm.model.functional``, ``split_heads``), the position scheme's rotation, the cache's update and
 ``attend``. Its logits equal ``GPT.body``'s bit for bit (tests/test_generation.py).
 
 It takes the passes that ``takes_step`` accepts: the model in evaluation mode, one token per
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from minilm.model.attention import attend
 from minilm.model.functional import activation, rms_norm
-from minilm.model.gpt import GPT, ForwardPass, RMSNorm
+from minilm.model.gpt import GPT, ForwardPass, RMSNorm, split_heads
 
 
 class Layer(NamedTuple):
@@ -77,17 +77,13 @@ def lean_body(model: GPT) -> Callable:
         if not takes_step(model, idx, fp):
             return model.body(idx, fp, return_hidden)
         x, fp = model.inputs(idx, fp)
-        cache, scheme, pos, context_len = fp.cache, fp.scheme, fp.pos, fp.context_len
+        cache, scheme, pos = fp.cache, fp.scheme, fp.pos
         window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         B, T, C = x.shape
         plain = not (scheme.has_bias or scheme.has_value_term)
         for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
-            qkv = F.linear(layer.ln_1(x), *layer.qkv).view(B, T, -1, head_dim).transpose(1, 2)
-            qk, v = qkv[:, :-kv_heads], qkv[:, -kv_heads:]
-            if layer.q_norm is None:
-                q, k = scheme.rotate_stacked(qk, heads, pos, context_len)
-            else:
-                q, k = scheme.rotate(layer.q_norm(qk[:, :heads]), layer.k_norm(qk[:, heads:]), pos, context_len)
+            q, k, v = split_heads(F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm,
+                                  layer.k_norm, fp)
             if fp.values is not None:
                 v = v + fp.values[i].view(B, T, -1, head_dim).transpose(1, 2)
             k, v, k_pos = cache.update(i, k, v)

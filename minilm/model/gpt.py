@@ -97,6 +97,25 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
+def split_heads(projected, n_head: int, n_kv_head: int, head_dim: int, q_norm, k_norm, fp: ForwardPass):
+    """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of the q/k/v projection's output
+    (B, T, (n_head + 2 n_kv_head) head_dim); with ``qk_norm`` (``q_norm``, ``k_norm``; else None) q and
+    k normalised. q and k are rotated by the position scheme at the pass's positions, except where rows
+    have positions of their own (``forward`` rotates them row by row) or sinks are renumbered
+    (``attend_in_cache`` rotates the keys at every step). Without qk-norm they are rotated as the one
+    stack the projection makes of them (``rotate_stacked``: half the calls of two rotations for rope)."""
+    B, T, _ = projected.shape
+    heads = projected.view(B, T, -1, head_dim).transpose(1, 2)
+    qk, v = heads[:, :-n_kv_head], heads[:, -n_kv_head:]
+    rotated = not (fp.per_row or fp.renumbered)
+    if q_norm is not None:
+        q, k = q_norm(qk[:, :n_head]), k_norm(qk[:, n_head:])
+        return (*fp.scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
+    if rotated:
+        return (*fp.scheme.rotate_stacked(qk, n_head, fp.pos, fp.context_len), v)
+    return qk[:, :n_head], qk[:, n_head:], v
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
     "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
@@ -120,21 +139,9 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = config.qk_norm
 
     def project(self, x, fp: ForwardPass):
-        """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of x (B, T, d_model), q and k
-        rotated by the position scheme at the pass's positions, except where rows have positions of
-        their own (``forward`` rotates them row by row) or sinks are renumbered (``attend_in_cache``
-        rotates the keys at every step). Without ``qk_norm`` q and k are rotated as the one stack the
-        projection makes of them (``rotate_stacked``: half the calls of two rotations for rope)."""
-        B, T, _ = x.shape
-        heads = linear(self.qkv, x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        qk, v = heads[:, :-self.n_kv_head], heads[:, -self.n_kv_head:]
-        rotated = not (fp.per_row or fp.renumbered)
-        if self.qk_norm:
-            q, k = self.q_norm(qk[:, :self.n_head]), self.k_norm(qk[:, self.n_head:])
-            return (*fp.scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
-        if rotated:
-            return (*fp.scheme.rotate_stacked(qk, self.n_head, fp.pos, fp.context_len), v)
-        return qk[:, :self.n_head], qk[:, self.n_head:], v
+        """q, k and v of x (B, T, d_model): ``split_heads`` of the q/k/v projection."""
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+        return split_heads(linear(self.qkv, x), self.n_head, self.n_kv_head, self.head_dim, *norms, fp)
 
     def expand(self, kv):
         """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
