@@ -51,6 +51,15 @@ def first_sentence(text: str, fallback: str, limit: int = 200) -> str:
     return sentence if sentence and len(sentence) <= limit else fallback
 
 
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` for a message, at most ``limit`` characters: a long value (a number of 400
+    digits, an expanded list) keeps its start and end and says how long it was."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text):,} characters)"
+
+
 def suggest(name, valid: Iterable) -> str:
     """'did you mean X? valid: ...' for the closest valid names, else 'valid: ...'."""
     valid = sorted(str(v) for v in valid)
@@ -372,8 +381,55 @@ YAMLLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
+class YAMLBoundError(yaml.composer.ComposerError):
+    """A YAML document refused before it is built: an alias bomb, a recursive alias, deep nesting."""
+
+
+YAML_MAX_VALUES = 100_000  # values a document may hold once its aliases are expanded
+YAML_MAX_DEPTH = 100  # sections nested in sections
+
+
 def parse_yaml(text):
-    return yaml.load(text, Loader=YAMLLoader)  # noqa: S506 - a SafeLoader subclass
+    """YAML text (or a stream) as Python values. The document is composed first and measured
+    before anything is built: aliases that would expand past ``YAML_MAX_VALUES`` values (a
+    "billion laughs"), a structure that holds itself, or nesting deeper than
+    ``YAML_MAX_DEPTH`` is a ``yaml.YAMLError`` naming the line, never a MemoryError or a
+    RecursionError."""
+    loader = YAMLLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels",
+                                              None) from None
+        if node is None:
+            return None
+        expanded_size(node, {}, ())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def expanded_size(node, sizes: dict, within: tuple) -> int:
+    """How many values ``node`` stands for with every alias expanded (``sizes`` memoises shared
+    nodes, so a bomb is measured without being expanded); refuses a node inside itself."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if any(node is outer for outer in within):
+        raise YAMLBoundError(None, None, "an alias refers to a structure that holds it (a recursive "
+                                          "alias), which has no finite value", node.start_mark)
+    if len(within) >= YAML_MAX_DEPTH:
+        raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", node.start_mark)
+    size = 1
+    if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+        children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+        for child in children:
+            size += expanded_size(child, sizes, within + (node,))
+            if size > YAML_MAX_VALUES:
+                raise YAMLBoundError(None, None, f"its aliases expand to more than {YAML_MAX_VALUES:,} "
+                                                  f"values (an alias bomb?)", node.start_mark)
+    sizes[id(node)] = size
+    return size
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from minilm.common import MinilmError, parse_yaml, suggest, yaml_problem
+from minilm.common import MinilmError, YAMLBoundError, parse_yaml, shown, suggest, yaml_problem
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import canonical, validate
 
@@ -39,7 +39,7 @@ def option(default=dataclasses.MISSING, *, factory=dataclasses.MISSING, role: Op
            choices: tuple = (), help: str = ""):
     """A config field with what the code and its user need to know of it, kept beside its
     default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` and
-    a one-line ``help`` (what ``minilm train --help`` lists: ``config_keys``)."""
+    a one-line ``help`` (what ``minilm train --help`` lists: ``minilm.cli.train.config_keys``)."""
     return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices, "help": help})
 
 
@@ -51,7 +51,7 @@ def fields_with(cls, role: str) -> tuple:
 def check_number(key: str, value, ok, expected: str) -> None:
     """ConfigError unless ``value`` is a number (not a bool) for which ``ok(value)`` holds."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(f"{key}={value!r} is invalid: expected {expected}")
+        raise ConfigError(f"{key}={shown(value)} is invalid: expected {expected}")
 
 
 def check_choices(obj, section: str) -> None:
@@ -62,14 +62,21 @@ def check_choices(obj, section: str) -> None:
             raise ConfigError(f"{section}.{f.name}={value!r} is invalid: valid: {', '.join(valid)}")
 
 
+MAX_COUNT = 10 ** 12  # steps, rows, tokens a train setting counts; below, each model size's largest (memory: at build)
+MODEL_SIZES = {"vocab_size": 2 ** 24, "n_layer": 1024, "n_head": 1024, "d_model": 65536, "block_size": 2 ** 24,
+               "d_ff": 2 ** 20, "head_dim": 4096}
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = option(4096, help="set from the tokenizer (data.vocab_size); not given by hand")
     n_layer: int = option(4, role=ARCHITECTURE, help="transformer blocks")
-    n_head: int = option(4, role=ARCHITECTURE, help="attention heads (a divisor of d_model)")
+    n_head: int = option(4, role=ARCHITECTURE, help="attention heads (a divisor of d_model unless head_dim is given)")
     d_model: int = option(256, role=ARCHITECTURE, help="width of the residual stream")
     block_size: int = option(256, role=AFTER_TRAINING, help="the training length in tokens; extension changes it")
     d_ff: Optional[int] = option(None, role=ARCHITECTURE, help="MLP width (null: 4 x d_model)")
+    head_dim: Optional[int] = option(None, role=ARCHITECTURE, help="each attention head's width (null: d_model / n_head; "
+                                                                   "Qwen3 sets it apart, e.g. 16 heads x 128 on 1024)")
     dropout: float = option(0.0, role=AFTER_TRAINING, help="dropout on embeddings, attention and residuals")
     bias: bool = option(False, role=ARCHITECTURE, help="biases in every linear layer and LayerNorm")
     position: dict = option(factory=lambda: {"kind": "rope"}, role=AFTER_TRAINING,
@@ -101,14 +108,16 @@ class ModelConfig:
     def __post_init__(self):
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "d_ff"):
+        for name, largest in MODEL_SIZES.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model.{name}={value!r} is invalid: expected a positive integer")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: "
-                f"choose n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]}")
+            if (value is not None or name != "head_dim") and (
+                    not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= largest):
+                raise ConfigError(f"model.{name}={shown(value)} is invalid: expected an integer from 1 to {largest:,}")
+        if self.head_dim is None and self.d_model % self.n_head:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: choose "
+                              f"n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]} "
+                              f"or give model.head_dim")
+        self.head_dim = self.head_dim or self.d_model // self.n_head
         scale, named = self.embedding_scale, EMBEDDING_SCALE_NAMES
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
             raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} or a number > 0")
@@ -142,10 +151,6 @@ class ModelConfig:
             raise ConfigError(f"model.n_kv_head={kv!r} is invalid: expected a divisor of model.n_head={self.n_head} "
                               f"({', '.join(str(h) for h in range(1, self.n_head + 1) if self.n_head % h == 0)}) "
                               f"or null (= n_head)")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
 
 
 
@@ -222,9 +227,11 @@ class TrainConfig:
         check_choices(self, "train")
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
                      "eval_interval", "checkpoint_interval"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and 1 <= v <= MAX_COUNT,
+                         f"an integer from 1 to {MAX_COUNT:,}")
         for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT,
+                         f"an integer from 0 to {MAX_COUNT:,}")
         for name in ("weight_decay", "grad_clip"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "a number >= 0 (0 disables)")
         for name in ("beta1", "beta2"):
@@ -263,7 +270,12 @@ class Config:
             raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as plain data; a head width of d_model / n_head is written as null (derived)."""
+        out = dataclasses.asdict(self)
+        m = out["model"]
+        m["head_dim"] = None if m["d_model"] % m["n_head"] == 0 and m["head_dim"] == m["d_model"] // m["n_head"] \
+            else m["head_dim"]
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -307,7 +319,7 @@ def from_dict(cls, data: Any, prefix: str = ""):
             kwargs[key] = from_dict(hint, value, f"{prefix}{key}.")
             continue
         if not _type_ok(value, hint):
-            raise ConfigError(f"{prefix}{key}={value!r} has the wrong type: expected {_type_name(hint)}")
+            raise ConfigError(f"{prefix}{key}={shown(value)} has the wrong type: expected {_type_name(hint)}")
         if hint is float or hint == Optional[float]:
             value = float(value) if value is not None else None
             if value is not None and not math.isfinite(value):
@@ -336,6 +348,8 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
         raw = assignment.split("=", 1)[1]
         try:
             value = parse_yaml(raw) if raw.strip() else None
+        except YAMLBoundError as exc:
+            raise ConfigError(f"override {key}: {yaml_problem(exc)}") from None
         except yaml.YAMLError:
             value = raw
         node, parts = tree, key.split(".")
@@ -426,25 +440,11 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
     (a prepared corpus, or the source checkpoint of ``train.init_from``), which then sets
     ``data.vocab_size`` too; else ``data.vocab_size``, the size of the tokenizer to train."""
     vocab = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
+    if "model.vocab_size" in (getattr(config, "given", None) or ()) and config.model.vocab_size != vocab:
+        raise ConfigError(f"model.vocab_size={config.model.vocab_size} is invalid: it follows the tokenizer ({vocab:,} "
+                          f"tokens); leave it out (data.vocab_size sets the size of a tokenizer to train)")
     resolved = dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
                                    model=dataclasses.replace(config.model, vocab_size=vocab))
-    if hasattr(config, "given"):
-        resolved.given = config.given
+    resolved.given = getattr(config, "given", None)
     return resolved
-
-
-def config_keys() -> str:
-    """Every config key with its default and its one-line help, one per line, from the
-    dataclasses' fields (what ``minilm train --help`` ends with)."""
-    lines = []
-    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(f.type) or f.name in ("model", "data", "train"):
-                continue
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            key = f"{section}.{f.name}" if section else f.name
-            choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
-            lines.append(f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
-                         f"{choices}: {f.metadata.get('help', '')}")
-    return "\n".join(lines)
 

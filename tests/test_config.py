@@ -72,7 +72,14 @@ def test_config_lookup_a_users_path_then_configs_then_the_shipped_ones(tmp_path,
         load_config("bad.yaml")
 
 
-def test_shipped_configs_differ_only_in_position_and_out_dir():
+EXPORT_LAYOUTS = {  # what a transformers family needs: rope as Qwen3, learned as GPT-2, alibi as MPT
+    "rope": {"norm": "rmsnorm", "mlp": "swiglu", "d_ff": 512},
+    "learned": {"qk_norm": False},
+    "alibi": {"qk_norm": False},
+}
+
+
+def test_shipped_configs_differ_only_in_position_out_dir_and_export_layout():
     base = None
     for name in CONFIGS:
         config = load_config(f"{name}.yaml")
@@ -80,8 +87,14 @@ def test_shipped_configs_differ_only_in_position_and_out_dir():
         GPT(resolve_config(config).model)  # every one builds
         tree = config.to_dict()
         del tree["out_dir"], tree["model"]["position"]
+        layout = EXPORT_LAYOUTS.get(name, {})
+        assert {k: tree["model"][k] for k in layout} == layout, name
+        for key in set(layout) | {k for other in EXPORT_LAYOUTS.values() for k in other}:
+            del tree["model"][key]  # the layout keys are checked above (the others' shared values below)
         base = base or tree
         assert tree == base, name
+    shared = load_config("sinusoidal.yaml").model
+    assert (shared.norm, shared.mlp, shared.qk_norm) == ("layernorm", "gelu", True)
     positions = {name: load_config(f"{name}.yaml").model.position["kind"] for name in CONFIGS}
     assert positions == {"sinusoidal": "sinusoidal", "learned": "learned", "rope": "rope", "alibi": "alibi",
                          "t5": "t5", "nope": "none", "interpolated": "interpolated"}

@@ -164,7 +164,9 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
 @pytest.mark.parametrize("change, message", [
     ({"model_type": "bloom"}, "supported: gpt2, gpt_neox, llama"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "beta_fast": 16}}, "beta_fast"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "supported: default, linear"),
+    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "supported: default, linear"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
     ({"hidden_act": "relu"}, "supported: silu"),
     ({"sliding_window": 16, "model_type": "mistral"}, "sliding_window=16"),
 ])

@@ -17,11 +17,24 @@ from typing import Callable, Optional
 from minilm.common import MinilmError
 
 
+def one_line(message: str, limit: int = 2000) -> str:
+    """An error message as one line of at most ``limit`` characters, whatever value it quotes."""
+    line = " ".join(message.split("\n"))
+    return line if len(line) <= limit else f"{line[:limit - 40]}... ({len(line):,} characters)"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line ``error: ...`` with exit status 2."""
+    """argparse, but a usage mistake is one line ``error: ...`` with exit status 2, and every
+    verb reads its arguments one way: paths and ``key=value`` overrides anywhere among the
+    options (``parse_intermixed_args``; a verb with sub-commands parses each as usual)."""
 
     def error(self, message):
         self.exit(2, f"error: {message}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        if self._subparsers is not None:  # intermixed parsing cannot hand arguments to a sub-command
+            return super().parse_args(args, namespace)
+        return self.parse_intermixed_args(args, namespace)
 
 
 def run_command(body: Callable[[], Optional[int]], *, on_interrupt: Optional[str] = None) -> int:
@@ -32,7 +45,7 @@ def run_command(body: Callable[[], Optional[int]], *, on_interrupt: Optional[str
     try:
         return body() or 0
     except MinilmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. head, which stopped reading
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

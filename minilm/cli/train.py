@@ -10,10 +10,13 @@ current. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
 Everything else lives in minilm.training.loop.
 """
 import argparse
+import dataclasses
 import json
 
+import yaml
+
 from minilm.cli import Parser, run_command
-from minilm.config import config_keys, load_config, resolve_config
+from minilm.config import Config, DataConfig, ModelConfig, TrainConfig, load_config, resolve_config
 from minilm.training.loop import train
 
 
@@ -52,4 +55,20 @@ def run(args) -> int:
     if summary["interrupted"]:
         return 130 if summary["interrupted"] == "SIGINT" else 143
     return 0
+
+
+def config_keys() -> str:
+    """Every config key with its default and its one-line help, one per line, from the
+    dataclasses' fields (what ``minilm train --help`` ends with)."""
+    lines = []
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or f.name in ("model", "data", "train"):
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            key = f"{section}.{f.name}" if section else f.name
+            choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
+            lines.append(f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
+                         f"{choices}: {f.metadata.get('help', '')}")
+    return "\n".join(lines)
 

@@ -213,9 +213,10 @@ class Decoder:
                                          offsets=None if offsets is None else torch.as_tensor(offsets, device=self.device))
         self.body = compiled_body(model) if compile else lean_body(model)  # the decode step's layers
         self.length = 0  # tokens given so far
+        self.refill_at = model.positions.refill_length() if use_cache else None  # keys recomputed once past it
         # the token history, needed whenever something is recomputed from tokens
         start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
-        self._history = None if (use_cache and not self.slides) else \
+        self._history = None if (use_cache and not self.slides and self.refill_at is None) else \
             torch.empty(batch_size, start, dtype=torch.long, device=self.device)
 
     def _remember(self, ids: torch.Tensor) -> None:
@@ -239,6 +240,10 @@ class Decoder:
         self._remember(ids)
         if self.cache is None:
             return self._recompute()
+        return self._fill(ids)
+
+    def _fill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Write ``ids`` into the cache from its current length; the logits that follow them."""
         first = ids[:, :self.cache.capacity]  # a rolling cache takes one token at a time once it wraps
         logits = self.model(first, self.cache, context_len=self.max_context)[:, -1]
         for t in range(first.shape[1], ids.shape[1]):
@@ -249,6 +254,9 @@ class Decoder:
         """Feed one token per sequence (B,) and return the logits that follow."""
         tokens = tokens.view(self.batch_size, 1)
         self._remember(tokens)
+        if self.refill_at is not None and self.length > self.refill_at >= self.cache.length:
+            self.cache.rewind()  # the keys so far were rotated for a length <= refill_at: rotate them all again
+            return self._fill(self._history[:, :self.length])
         if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
             return self.model(tokens, self.cache, context_len=self.max_context, body=self.body)[:, -1]
         return self._recompute()

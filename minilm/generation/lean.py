@@ -92,7 +92,7 @@ def lean_body(model: GPT) -> Callable:
                 y = F.scaled_dot_product_attention(q.to(k.dtype), k, v)
             else:
                 y = attend(q.to(k.dtype), k, v, pos, k_pos, scheme, cached=True, window=window, sinks=sinks)
-            attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, C), *layer.proj)
+            attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, -1), *layer.proj)
             h = x + attended  # parallel_residual: the MLP reads the block's input, else this sum
             x = h + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x if layer.parallel else h), *layer.fc)),
                              *layer.out)

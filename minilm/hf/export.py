@@ -6,7 +6,8 @@ load with no custom code. The family follows the position kind and the architect
 options (the first of ``minilm.hf.families.FAMILIES`` that ``exports`` the model):
 
 * ``rope``: Llama when Llama-style (rmsnorm, swiglu, no biases; GQA allowed), Qwen2 when that
-  has ``qkv_bias``; else GPT-NeoX (layernorm, gelu or gelu_tanh, full attention heads).
+  has ``qkv_bias``, Qwen3 when it has ``qk_norm``, Phi-3 when asked for (``family="phi3"``);
+  else GPT-NeoX (layernorm, gelu or gelu_tanh, full attention heads).
 * ``learned``: GPT-2.  * ``alibi``: MPT.
 
 Biases the target has and minilm does not are written as zeros. Everything else
@@ -28,21 +29,22 @@ except ImportError:  # pragma: no cover - reported by export_model()
 
 from minilm.common import staged_directory
 from minilm.data.hf_tokenizer import save_pretrained_tokenizer
-from minilm.hf.families import FAMILIES
+from minilm.hf.families import BY_NAME, FAMILIES
 from minilm.hf.family import HFError, refuse_unhandled
 
-EXPORTABLE = "rope (GPT-NeoX, Llama or Qwen2), learned (GPT-2), alibi (MPT)"
+EXPORTABLE = "rope (GPT-NeoX, Llama, Qwen2, Qwen3 or Phi-3), learned (GPT-2), alibi (MPT)"
 
 
-def export_model(model, tokenizer, config, directory: str) -> dict:
-    """Write a model (its ``config``: a run Config) as a transformers model directory;
+def export_model(model, tokenizer, config, directory: str, family: str = None) -> dict:
+    """Write a model (its ``config``: a run Config) as a transformers model directory, as the
+    named ``family`` (a key of ``minilm.hf.families.BY_NAME``) or the first that takes it;
     returns {family, directory, params}."""
     if save_file is None:
         raise HFError('export needs safetensors and tokenizers: pip install -e ".[hf]"')
     if os.path.isdir(directory) and os.listdir(directory):
         raise HFError(f"{directory!r} exists and is not empty: export into a new directory")
     family, hf_config, tensors = convert(config.model, {k: v.detach().float().cpu()
-                                                        for k, v in model.state_dict().items()})
+                                                        for k, v in model.state_dict().items()}, family)
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
     stops = list(tokenizer.stop_ids)  # every end-of-text id (Llama 3 has three) goes to generation_config.json
     generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stops[0] if len(stops) == 1 else stops or None}
@@ -56,11 +58,22 @@ def export_model(model, tokenizer, config, directory: str) -> dict:
     return {"family": family, "directory": directory, "params": sum(t.numel() for t in tensors.values())}
 
 
-def convert(m, sd: dict) -> tuple:
-    """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict."""
+def convert(m, sd: dict, family: str = None) -> tuple:
+    """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict,
+    as the named ``family`` or the first that exports ``m``."""
     if m.embedding_scale not in (1, 1.0, "auto"):
         raise HFError(f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the "
                       f"token embedding")
+    if family is not None:
+        if family not in BY_NAME:
+            raise HFError(f"family {family!r} is unknown: valid: {', '.join(BY_NAME)}")
+        chosen = BY_NAME[family]
+        takers = [f.model_types[0] for f in FAMILIES if f.exports(m)]
+        if not chosen.exports(m):
+            raise HFError(f"this {m.position['kind']} model cannot be written as {chosen.name}: "
+                          f"{'it exports as ' + ', '.join(takers) if takers else 'exportable: ' + EXPORTABLE}")
+        refuse_unhandled(chosen, m)
+        return chosen.write(m, sd)
     for family in FAMILIES:
         if family.exports(m):
             refuse_unhandled(family, m)

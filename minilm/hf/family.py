@@ -50,12 +50,17 @@ def require(ok: bool, family: str, what: str) -> None:
         raise HFError(f"cannot export as {family}: {what}")
 
 
+RESOLVED = {"head_dim": lambda m: m.d_model // m.n_head}  # fields whose null default the config resolves
+
+
 def refuse_unhandled(family: Family, m) -> None:
     """Refuse a model with a setting ``family`` does not handle and that is not at its default."""
     for f in dataclasses.fields(m):
         if f.name in SHARED or f.name in family.handles:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name in RESOLVED:
+            default = RESOLVED[f.name](m)
         value = getattr(m, f.name)
         require(value == default, family.name, f"model.{f.name}={value!r} has no {family.name} equivalent "
                                                f"(exported only at its default {default!r})")
@@ -114,9 +119,9 @@ def put_linear(sd: dict, out: dict, source: str, target: str, with_bias: bool, t
         out[f"{target}.bias"] = sd.get(f"{source}.bias", torch.zeros(weight.shape[0]))
 
 
-def require_classic_layout(m, family: str) -> None:
-    """GPT-2 and MPT: layernorm, a sequential residual, a tied head, full attention heads."""
-    require(m.norm == "layernorm" and not m.parallel_residual and m.tie_embeddings, family,
-            f"it needs layernorm, a sequential residual and a tied head (norm={m.norm}, "
+def require_classic_layout(m, family: str, tied: bool = True) -> None:
+    """GPT-2 and MPT: layernorm, a sequential residual, full attention heads; a tied head where ``tied``."""
+    require(m.norm == "layernorm" and not m.parallel_residual and (m.tie_embeddings or not tied), family,
+            f"it needs layernorm, a sequential residual{' and a tied head' if tied else ''} (norm={m.norm}, "
             f"parallel_residual={m.parallel_residual}, tie_embeddings={m.tie_embeddings})")
     require(m.n_kv_head in (None, m.n_head) and not m.qkv_bias, family, "it has neither GQA nor q/k/v-only bias")

@@ -1,13 +1,15 @@
-"""The Llama family both ways (``llama``, ``mistral`` without a sliding window, ``qwen2``):
-q/k/v projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
-(``mlp: swiglu``), RMSNorm, Qwen2's q/k/v bias as ``qkv_bias``. minilm's Llama-style
-``rope`` models (rmsnorm, swiglu, no biases, a sequential residual) are written as Llama, or
-as Qwen2 when they have ``qkv_bias``."""
+"""The Llama family both ways (``llama``, ``mistral`` without a sliding window, ``qwen2``,
+``qwen3``): q/k/v projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
+(``mlp: swiglu``), RMSNorm, Qwen2's q/k/v bias as ``qkv_bias``, Qwen3's RMSNorm on each head's
+q and k (``q_norm``, ``k_norm``: one weight of head_dim shared by the heads) as ``qk_norm``,
+and a ``head_dim`` apart from hidden_size / heads (Qwen3's 128). minilm's Llama-style
+``rope`` models (rmsnorm, swiglu, no biases, a sequential residual) are written as Llama, as
+Qwen2 when they have ``qkv_bias``, and as Qwen3 when they have ``qk_norm``."""
 from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import Family, Weights, refuse, take_head, take_norm
+from minilm.hf.family import Family, Weights, refuse, require, take_head, take_norm
 from minilm.hf.rope import rope_parameters, rope_position
 
 
@@ -19,14 +21,13 @@ def read_config(hf: dict, path: str) -> dict:
     width, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("hidden_act", "silu") != "silu":
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for {hf['model_type']}; supported: silu")
-    if hf.get("head_dim") not in (None, width // heads):
-        refuse(path, f"head_dim={hf['head_dim']} differs from hidden_size / num_attention_heads = {width // heads}")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
     if hf.get("sliding_window") and (hf["model_type"] == "mistral" or hf.get("use_sliding_window")):
         refuse(path, f"sliding_window={hf['sliding_window']} is not supported (Mistral without a sliding window is)")
     return dict(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=heads, d_model=width,
                 block_size=hf["max_position_embeddings"], d_ff=hf["intermediate_size"], bias=False,
+                head_dim=hf.get("head_dim") or width // heads, qk_norm=hf["model_type"] == "qwen3",
                 qkv_bias=hf["model_type"] == "qwen2", mlp="swiglu", norm="rmsnorm",
                 norm_eps=float(hf.get("rms_norm_eps", 1e-6)), n_kv_head=hf.get("num_key_value_heads") or heads,
                 tie_embeddings=hf.get("tie_word_embeddings", False), position=rope_position(hf, path),
@@ -43,6 +44,9 @@ def read_weights(tensors: dict, model: dict) -> dict:
         out[f"{b}.attn.qkv.weight"] = torch.cat([w.take(f"{h}.self_attn.{p}_proj.weight") for p in "qkv"])
         if model["qkv_bias"]:
             out[f"{b}.attn.qkv.bias"] = torch.cat([w.take(f"{h}.self_attn.{p}_proj.bias") for p in "qkv"])
+        if model["qk_norm"]:
+            for name in ("q_norm", "k_norm"):
+                out[f"{b}.attn.{name}.weight"] = w.take(f"{h}.self_attn.{name}.weight")
         out[f"{b}.attn.proj.weight"] = w.take(f"{h}.self_attn.o_proj.weight")
         out[f"{b}.mlp.fc.weight"] = torch.cat([w.take(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
         out[f"{b}.mlp.proj.weight"] = w.take(f"{h}.mlp.down_proj.weight")
@@ -50,8 +54,13 @@ def read_weights(tensors: dict, model: dict) -> dict:
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 def write(m, sd: dict) -> tuple:
-    family = "qwen2" if m.qkv_bias else "llama"
+    require(not (m.qk_norm and m.qkv_bias), "Qwen3", "it has q/k norms without q/k/v-only biases (Qwen2 has the "
+                                                      "biases without the norms)")
+    family = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
     params, positions = rope_parameters(m)
     kv = m.n_kv_head or m.n_head
     sizes = [m.n_head * m.head_dim, kv * m.head_dim, kv * m.head_dim]
@@ -65,6 +74,9 @@ def write(m, sd: dict) -> tuple:
         if m.qkv_bias:
             for name, part in zip("qkv", sd[f"{b}.attn.qkv.bias"].split(sizes)):
                 out[f"{h}.self_attn.{name}_proj.bias"] = part
+        if m.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                out[f"{h}.self_attn.{name}.weight"] = sd[f"{b}.attn.{name}.weight"]
         out[f"{h}.self_attn.o_proj.weight"] = sd[f"{b}.attn.proj.weight"]
         gate, up = sd[f"{b}.mlp.fc.weight"].chunk(2)
         out[f"{h}.mlp.gate_proj.weight"], out[f"{h}.mlp.up_proj.weight"] = gate, up
@@ -72,16 +84,18 @@ def write(m, sd: dict) -> tuple:
     out["model.norm.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    config = dict(architectures=["Qwen2ForCausalLM" if m.qkv_bias else "LlamaForCausalLM"], model_type=family,
+    config = dict(architectures=[ARCHITECTURES[family]], model_type=family,
                   vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.d_ff,
                   num_hidden_layers=m.n_layer, num_attention_heads=m.n_head, num_key_value_heads=kv,
                   head_dim=m.head_dim, hidden_act="silu", max_position_embeddings=positions, rms_norm_eps=m.norm_eps,
                   tie_word_embeddings=m.tie_embeddings, attention_bias=False, mlp_bias=False,
                   rope_parameters=params, attention_dropout=0.0, use_sliding_window=False)
+    if family == "qwen3":  # every layer full attention (Qwen3's sliding window is off)
+        config.update(sliding_window=None, max_window_layers=m.n_layer, layer_types=["full_attention"] * m.n_layer)
     return family, config, out
 
 
-LLAMA = Family(name="Llama", model_types=("llama", "mistral", "qwen2"), read_config=read_config,
+LLAMA = Family(name="Llama", model_types=("llama", "mistral", "qwen2", "qwen3"), read_config=read_config,
                read_weights=read_weights, exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
                write=write, handles=frozenset({"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual",
-                                               "tie_embeddings", "n_kv_head", "qkv_bias"}))
+                                               "tie_embeddings", "n_kv_head", "qkv_bias", "qk_norm", "head_dim"}))

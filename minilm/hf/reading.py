@@ -25,11 +25,12 @@ try:  # the hf extra
 except ImportError:  # pragma: no cover - reported when a safetensors file is read
     load_safetensors = None
 
-from minilm.common import first_sentence
-from minilm.config import Config
+from minilm.common import MinilmError, first_sentence
+from minilm.config import Config, ModelConfig
 from minilm.data.hf_tokenizer import HFTokenizer
 from minilm.hf.families import READERS
 from minilm.hf.family import HFError
+from minilm.model.gpt import GPT
 
 PREFIX = "hf:"
 
@@ -77,6 +78,8 @@ def read_hf(path: str) -> dict:
             hf = json.load(f)
     except (OSError, ValueError) as exc:
         raise HFError(f"cannot read {os.path.join(directory, 'config.json')}: {exc}") from None
+    if not isinstance(hf, dict):
+        raise HFError(f"{path}: config.json holds a {type(hf).__name__}, not the mapping of a model's settings")
     family = READERS.get(hf.get("model_type"))
     if family is None:
         raise HFError(f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: "
@@ -89,7 +92,15 @@ def read_hf(path: str) -> dict:
         raise HFError(f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} "
                       f"model") from None
     check_sizes(model_tree, path)
-    state_dict = family.read_weights(read_weights(directory), model_tree)
+    expected = expected_shapes(model_tree, path)
+    try:
+        state_dict = family.read_weights(read_weights(directory), model_tree)
+    except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
+        if isinstance(exc, HFError):
+            raise
+        raise HFError(f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
+                      ) from None
+    check_shapes(state_dict, expected, path)
     tokenizer = HFTokenizer.from_directory(directory)
     config = Config().to_dict()
     config["model"] = {**config["model"], **model_tree}
@@ -125,6 +136,25 @@ def _read_file(path: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - a cut-off or foreign file fails in each library's own way
         raise HFError(f"cannot read the weights {path!r} (truncated or damaged: "
                       f"{first_sentence(str(exc), type(exc).__name__)}); download them again") from None
+
+
+def expected_shapes(model_tree: dict, path: str) -> dict:
+    """{name: shape} of the minilm model config.json describes, built on the meta device (no
+    memory); a config minilm cannot build (a width the heads do not divide, ...) is refused."""
+    try:
+        with torch.device("meta"):
+            return {k: tuple(v.shape) for k, v in GPT(ModelConfig(**model_tree)).state_dict().items()}
+    except (MinilmError, ValueError, TypeError) as exc:
+        raise HFError(f"{path}: config.json describes no model minilm can build: "
+                      f"{first_sentence(str(exc), type(exc).__name__)}") from None
+
+
+def check_shapes(state_dict: dict, expected: dict, path: str) -> None:
+    """Every weight has the shape config.json gives it, before any is loaded into a model."""
+    for name, shape in expected.items():
+        if name in state_dict and tuple(state_dict[name].shape) != shape:
+            raise HFError(f"{path}: weight {name!r} (minilm's name) has shape {tuple(state_dict[name].shape)} but "
+                          f"config.json makes it {shape}: the config and the weights disagree")
 
 
 SIZES = ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "d_ff")

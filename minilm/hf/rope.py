@@ -3,20 +3,23 @@ minilm's ``rope`` setting (``rope_position``), and minilm's setting as ``rope_pa
 (``rope_parameters``).
 
 Reading: scalings of type linear, dynamic, yarn (its default betas and attention factor
-only) and llama3; ``original_max_positions`` is the config's
-``original_max_position_embeddings``, else ``max_position_embeddings`` (always the latter
-for dynamic), as in transformers. Writing: linear, dynamic, yarn and llama3 as
-``rope_parameters``; static NTK as its changed base, theta * s^(d/(d-2)) (Bloc97 2023), the
-same rotation with no scaling at all.
+only), llama3 and longrope (Phi-3: ``short_factor``, ``long_factor``, the attention factor,
+and transformers' switch between them by each pass's largest position, ``switch:
+positions``); ``original_max_positions`` is the config's ``original_max_position_embeddings``,
+else ``max_position_embeddings`` (always the latter for dynamic), as in transformers.
+Writing: linear, dynamic, yarn, llama3 and longrope as ``rope_parameters``; static NTK as its
+changed base, theta * s^(d/(d-2)) (Bloc97 2023), the same rotation with no scaling at all.
 """
 from __future__ import annotations
 
 from minilm.hf.family import refuse, require
+from minilm.positions import build
 from minilm.positions.rope import ntk_base
 
-SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3")  # rope_type values read
+SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")  # rope_type values read
 YARN_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "truncate": True}
-ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
+ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+              "longrope": "longrope"}
 
 
 def rope_position(hf: dict, path: str) -> dict:
@@ -35,8 +38,17 @@ def rope_position(hf: dict, path: str) -> dict:
     original = params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings") or maximum
     if kind == "dynamic":  # transformers' dynamic NTK measures lengths against max_position_embeddings
         original = maximum
-    factor = params.get("factor") or (maximum / original if kind == "yarn" else None)
+    factor = params.get("factor")
+    if factor is None and (kind == "longrope" or kind == "yarn" and original < maximum):  # transformers' rule
+        factor = maximum / original
+    if factor is None:
+        refuse(path, f"rope scaling {kind!r} needs a factor (new length / original length) in its rope parameters")
     scaling = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+    if kind == "longrope":  # transformers picks the factors in each forward pass by its largest position
+        scaling.update(short_factor=[float(v) for v in params["short_factor"]],
+                       long_factor=[float(v) for v in params["long_factor"]], switch="positions")
+        if params.get("attention_factor") is not None:
+            scaling["attention_factor"] = float(params["attention_factor"])
     if kind == "llama3":
         scaling.update(low_freq_factor=float(params.get("low_freq_factor", 1.0)),
                        high_freq_factor=float(params.get("high_freq_factor", 4.0)))
@@ -53,8 +65,9 @@ def rope_position(hf: dict, path: str) -> dict:
 def rope_parameters(m) -> tuple:
     """(rope_parameters, max_position_embeddings) of a ModelConfig's rope setting."""
     rope = m.position
-    scaling = rope.get("scaling") or {"type": "none"}
-    kind, fraction = scaling.get("type", "none"), rope.get("rotary_fraction", 1.0)
+    scheme = build(rope, d_model=m.d_model, n_head=m.n_head, block_size=m.block_size, head_dim=m.head_dim)
+    scaling = scheme.scaling  # every default resolved (original length, LongRoPE's attention factor)
+    kind, fraction = scaling["type"], rope.get("rotary_fraction", 1.0)
     rotated = int(m.head_dim * fraction)
     require(rotated % 2 == 0, "rope", f"rotary_fraction={fraction} rotates an odd {rotated} dims")
     params = {"rope_type": "default", "rope_theta": float(rope.get("base", 10000.0)),
@@ -73,4 +86,7 @@ def rope_parameters(m) -> tuple:
     params["original_max_position_embeddings"] = original
     if kind == "llama3":
         params.update(low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"])
+    if kind == "longrope":  # transformers then switches by each pass's positions, as ``switch: positions``
+        params.update(short_factor=list(scaling["short_factor"]), long_factor=list(scaling["long_factor"]),
+                      attention_factor=float(scaling["attention_factor"]))
     return params, m.block_size

@@ -80,6 +80,11 @@ class KVCache:
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # the slots of the forward pass in progress: an int for one token, else a tensor
 
+    def rewind(self) -> None:
+        """Empty the cache (its memory kept), to be filled again from position 0."""
+        self.slot_pos.fill_(EMPTY)
+        self.length, self._pending = 0, None
+
     def begin(self, num_new: int) -> torch.Tensor:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
         end = self.length + num_new

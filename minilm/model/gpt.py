@@ -131,7 +131,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.n_kv_head or config.n_head  # None: one key/value head per query head
         width = (self.n_head + 2 * self.n_kv_head) * config.head_dim
         self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
-        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.proj = nn.Linear(self.n_head * config.head_dim, config.d_model, bias=config.bias)
         self.dropout = config.dropout
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
@@ -177,7 +177,7 @@ class CausalSelfAttention(nn.Module):
                        padded=cache is not None and cache.static, need_weights=need_weights,
                        documents=None if fp.documents is None else (fp.documents, fp.documents))
         y, weights = y if need_weights else (y, None)
-        out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, C))
+        out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, -1))
         return (out, weights) if need_weights else out
 
 
@@ -248,7 +248,7 @@ class GPT(nn.Module):
         self.config = config
         concat = config.concat_position_dims  # 0: positions added to all d_model dimensions
         self.positions = build(config.position, d_model=concat or config.d_model, n_head=config.n_head,
-                               block_size=config.block_size)
+                               block_size=config.block_size, head_dim=config.head_dim)
         self.wte = nn.Embedding(config.vocab_size, config.d_model - concat)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch import nn
 
-from minilm.common import MinilmError, suggest
+from minilm.common import MinilmError, shown, suggest
 
 _REGISTRY: Dict[str, type] = {}
 
@@ -109,8 +109,10 @@ def describe(position: dict) -> str:
     return text
 
 
-def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "PositionScheme":
-    """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``."""
+def build(position: dict, *, d_model: int, n_head: int, block_size: int,
+          head_dim: Optional[int] = None) -> "PositionScheme":
+    """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``;
+    ``head_dim`` is each attention head's width (None: d_model / n_head)."""
     if not isinstance(position, dict) or "kind" not in position:
         raise PositionError(f"position settings {position!r} must be a mapping with a 'kind' "
                             f"({', '.join(available())})")
@@ -122,14 +124,15 @@ def build(position: dict, *, d_model: int, n_head: int, block_size: int) -> "Pos
             raise PositionError(f"unknown option {key!r} for position kind {cls.kind!r}: "
                              f"{suggest(key, cls.options) if cls.options else 'it takes no options'}")
     merged = {**cls.options, **options}
-    return cls(d_model=d_model, n_head=n_head, block_size=block_size, **merged)
+    return cls(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim, **merged)
 
 
 def validate(position: dict, model_config, *, reach: bool = True) -> None:
     """Raise PositionError when ``position`` cannot be built for this model shape, or (with
     ``reach``) when its positions do not reach the training length ``model_config.block_size``."""
     block, concat = model_config.block_size, getattr(model_config, "concat_position_dims", 0)
-    scheme = build(position, d_model=concat or model_config.d_model, n_head=model_config.n_head, block_size=block)
+    scheme = build(position, d_model=concat or model_config.d_model, n_head=model_config.n_head, block_size=block,
+                   head_dim=getattr(model_config, "head_dim", None))
     if concat and not scheme.embeds:
         raise PositionError(f"{describe(position)} acts inside attention and adds nothing to the embeddings, so "
                             f"model.concat_position_dims={concat} has nothing to concatenate: use 0, or a scheme "
@@ -139,6 +142,11 @@ def validate(position: dict, model_config, *, reach: bool = True) -> None:
         raise PositionError(f"{position} covers positions 0..{limit - 1:g} but model.block_size={block} needs "
                             f"0..{block - 1}: leave out the factor of interpolated to have it computed, or give "
                             f"the learned table more rows")
+
+
+MAX_BASE = 1e10  # a rope / sinusoidal base: Llama 3 has 5e5, Qwen 1e6; above, float32 angles lose their slow pairs
+MAX_FACTOR = 1e4  # a length factor (scalings, interpolation): 4-128 in practice
+MAX_POSITIONS = 2 ** 24  # positions, lengths and distances an option names (16.7M tokens)
 
 
 def check_number(kind: str, name: str, value: Any, *, low: float = None, high: float = None,
@@ -156,7 +164,7 @@ def check_number(kind: str, name: str, value: Any, *, low: float = None, high: f
         hi = "" if high is None else f"<= {high}"
         what = "an integer" if integer else "a number"
         rng = " and ".join(p for p in (lo, hi) if p)
-        raise PositionError(f"{kind}: {name}={value!r} is invalid: expected {what}{' ' + rng if rng else ''}")
+        raise PositionError(f"{kind}: {name}={shown(value)} is invalid: expected {what}{' ' + rng if rng else ''}")
 
 
 class PositionScheme(nn.Module):
@@ -172,12 +180,18 @@ class PositionScheme(nn.Module):
     scaled_embedding: bool = False  # True when model.embedding_scale auto means sqrt(d_model) (a unit-amplitude table)
     draws_at_evaluation: bool = False  # True when positions are drawn at random in eval mode too (no cache then)
 
-    def __init__(self, *, d_model: int, n_head: int, block_size: int):
+    def __init__(self, *, d_model: int, n_head: int, block_size: int, head_dim: Optional[int] = None):
         super().__init__()
         self.d_model, self.n_head, self.block_size = d_model, n_head, block_size
+        self.head_dim = head_dim or d_model // n_head  # the width q and k have in each head
 
     def position_limit(self) -> Optional[float]:
         """Largest usable position + 1, or None when any position works."""
+        return None
+
+    def refill_length(self) -> Optional[int]:
+        """The sequence length past which a cached generation must recompute its keys once
+        (their rotation changes there: LongRoPE's ``switch: refill``), or None: never."""
         return None
 
     @property

@@ -26,7 +26,7 @@ class Fire(PositionScheme):
     has_bias = True
 
     def __init__(self, *, hidden: int, **kw):
-        check_number("fire", "hidden", hidden, low=1, low_open=False, integer=True)
+        check_number("fire", "hidden", hidden, low=1, low_open=False, integer=True, high=4096)
         super().__init__(**kw)
         self.hidden = int(hidden)
         self.mlp = nn.Sequential(nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.n_head))

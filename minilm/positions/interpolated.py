@@ -7,9 +7,11 @@ inside its familiar range. Works for rope (same as linear scaling), sinusoidal, 
 The wrapped scheme is the option ``inner`` (it was called ``base`` before, a name that read
 like rope's base frequency; old settings are translated by ``positions.canonical``).
 """
+from typing import Optional
+
 import torch
 
-from minilm.positions.base import PositionScheme, build, check_number, register
+from minilm.positions.base import MAX_FACTOR, PositionScheme, build, check_number, register
 
 
 @register("interpolated")
@@ -19,13 +21,14 @@ class Interpolated(PositionScheme):
     renamed_options = {"base": "inner"}
     setting_options = ("inner",)
 
-    def __init__(self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int):
-        check_number("interpolated", "factor", factor, low=0)
-        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
+    def __init__(self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int,
+                 head_dim: Optional[int] = None):
+        check_number("interpolated", "factor", factor, low=0, high=MAX_FACTOR)
+        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim)
         self.factor = float(factor)
         # the wrapped scheme was trained at block_size / factor positions
         inner_block = max(1, int(round(block_size / self.factor)))
-        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block)
+        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block, head_dim=head_dim)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self.scaled_embedding = self.inner.scaled_embedding
         self._memo = None

@@ -20,9 +20,11 @@ max_positions rows), rope and alibi are ``inner: {kind: ...}``. ``max_positions`
 comes from torch's global generator, whose state a checkpoint saves, so resuming continues
 exactly.
 """
+from typing import Optional
+
 import torch
 
-from minilm.positions.base import PositionError, PositionScheme, build, check_number, register
+from minilm.positions.base import MAX_POSITIONS, PositionError, PositionScheme, build, check_number, register
 
 EVAL_POSITIONS = ("plain", "sampled")  # what a model in eval mode is handed (module docstring)
 
@@ -34,19 +36,23 @@ class Randomized(PositionScheme):
     setting_options = ("inner",)
 
     def __init__(self, *, inner: dict, max_positions, eval_positions: str, d_model: int, n_head: int,
-                 block_size: int):
+                 block_size: int, head_dim: Optional[int] = None):
+        if isinstance(inner, dict) and inner.get("kind") == "randomized":
+            raise PositionError("randomized: inner={kind: randomized} is invalid: positions drawn from drawn "
+                                "positions have no meaning; wrap a plain scheme (rope, alibi, ...)")
         if max_positions is None:
             max_positions = 8 * block_size
-        check_number("randomized", "max_positions", max_positions, low=1, low_open=False, integer=True)
+        check_number("randomized", "max_positions", max_positions, low=1, low_open=False, integer=True,
+                     high=MAX_POSITIONS)
         if eval_positions not in EVAL_POSITIONS:
             raise PositionError(f"randomized: eval_positions={eval_positions!r} is invalid: valid: "
                                 f"{', '.join(EVAL_POSITIONS)}")
         if max_positions < block_size:
             raise PositionError(f"randomized: max_positions={max_positions} is smaller than block_size={block_size}: "
                                 f"T distinct positions need at least T to choose from")
-        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size)
+        super().__init__(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim)
         self.max_positions = int(max_positions)
-        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions)
+        self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions, head_dim=head_dim)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self.scaled_embedding = self.inner.scaled_embedding
         self.eval_positions = eval_positions

@@ -24,9 +24,18 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
 * ``longrope`` (Ding et al. 2024, "LongRoPE"; HF ``_compute_longrope_parameters``):
   inv_i = base^(-2i/d) / e_i with per-pair factors e = ``long_factor`` when the context length
   T > L, else ``short_factor``; cos and sin scaled by ``attention_factor``, by default
-  sqrt(1 + ln s / ln L) (1 when s <= 1), s = ``factor`` (default block_size / L). The switch
-  happens at the context length, like dynamic NTK: T is fixed for a whole cached generation,
-  so a cached key never holds the other set of factors.
+  sqrt(1 + ln s / ln L) (1 when s <= 1), s = ``factor`` (default block_size / L). With
+  ``switch: context`` (the default) the switch happens at the context length, like dynamic NTK:
+  T is fixed for a whole cached generation, so a cached key never holds the other set of
+  factors. ``switch: positions`` is transformers' behaviour (``longrope_frequency_update``),
+  which models imported from Phi-3 take: each forward pass picks its factors by its own
+  largest position + 1, so without a cache a sequence longer than L is all long factors, while
+  a cached generation that crosses L rotates its new tokens with the long factors and keeps
+  the keys of earlier passes as they were rotated, with the short ones (Qwen3 and Llama with
+  LongRoPE in transformers). ``switch: refill`` picks as ``positions`` does, and a generation
+  that passes L recomputes its cache once, so every key is rotated with the long factors from
+  then on: what transformers' Phi-3 ``generate`` does (its ``prepare_inputs_for_generation``
+  drops the cache at that step), and what models imported from Phi-3 take.
 """
 from __future__ import annotations
 
@@ -36,13 +45,14 @@ from typing import Optional, Tuple
 import torch
 
 from minilm.common import suggest
-from minilm.positions.base import PositionError, PositionScheme, check_number, register
+from minilm.positions.base import MAX_BASE, MAX_FACTOR, MAX_POSITIONS, PositionError, PositionScheme, check_number, register
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 SCALING_KEYS = ("type", "factor", "original_max_positions", "low_freq_factor", "high_freq_factor", "short_factor",
-                "long_factor", "attention_factor")
+                "long_factor", "attention_factor", "switch")
 EXTRA_KEYS = {"llama3": ("low_freq_factor", "high_freq_factor"),
-              "longrope": ("short_factor", "long_factor", "attention_factor")}  # keys only these types take
+              "longrope": ("short_factor", "long_factor", "attention_factor", "switch")}  # keys only these types take
+LONGROPE_SWITCHES = ("context", "positions", "refill")  # what picks the long factors (module docstring)
 
 
 def rope_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -110,12 +120,12 @@ class RoPE(PositionScheme):
 
     def __init__(self, *, base: float, rotary_fraction: float, scaling: Optional[dict], **kw):
         super().__init__(**kw)
-        check_number("rope", "base", base, low=1)
+        check_number("rope", "base", base, low=1, high=MAX_BASE)
         check_number("rope", "rotary_fraction", rotary_fraction, low=0, high=1)
-        head_dim = self.d_model // self.n_head
+        head_dim = self.head_dim
         if rotary_fraction == 1 and head_dim % 2:
-            raise PositionError(f"rope: head dimension {head_dim} (d_model/n_head) is odd: rotation needs pairs; "
-                             f"choose d_model/n_head even")
+            raise PositionError(f"rope: head dimension {head_dim} is odd: rotation needs pairs; "
+                             f"choose an even head_dim (d_model/n_head)")
         self.rot = int(head_dim * rotary_fraction) // 2 * 2
         if self.rot < 2:
             raise PositionError(f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
@@ -143,15 +153,17 @@ class RoPE(PositionScheme):
         if kind == "none" and scaling.get("factor") not in (None, 1, 1.0):
             raise PositionError(f"rope: scaling.factor={scaling['factor']!r} has no effect without a scaling.type: "
                                 f"set one of {', '.join(t for t in SCALING_TYPES if t != 'none')}")
-        original = scaling.get("original_max_positions") or self.block_size
-        check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True)
+        original = scaling.get("original_max_positions")
+        original = self.block_size if original is None else original  # 0 is not "unset": it is refused
+        check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True,
+                     high=MAX_POSITIONS)
         factor = scaling.get("factor")
         if factor is None:
             if kind in ("linear", "ntk", "yarn", "llama3"):
                 raise PositionError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
                                  f"a number > 0")
             factor = self.block_size / original if kind == "longrope" else 1.0
-        check_number("rope", "scaling.factor", factor, low=0)
+        check_number("rope", "scaling.factor", factor, low=0, high=MAX_FACTOR)
         out = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
         if kind == "llama3":
             out.update(self._check_llama3(scaling))
@@ -162,8 +174,8 @@ class RoPE(PositionScheme):
     @staticmethod
     def _check_llama3(scaling: dict) -> dict:
         low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        check_number("rope", "scaling.low_freq_factor", low, low=0)
-        check_number("rope", "scaling.high_freq_factor", high, low=0)
+        check_number("rope", "scaling.low_freq_factor", low, low=0, high=MAX_FACTOR)
+        check_number("rope", "scaling.high_freq_factor", high, low=0, high=MAX_FACTOR)
         if high <= low:
             raise PositionError(f"rope: scaling.high_freq_factor={high} must be larger than low_freq_factor={low}")
         return {"low_freq_factor": float(low), "high_freq_factor": float(high)}
@@ -177,12 +189,16 @@ class RoPE(PositionScheme):
                 raise PositionError(f"rope: scaling.type=longrope needs scaling.{key}: a list of {pairs} numbers "
                                     f"(one per rotated pair), got {values!r}")
             for value in values:
-                check_number("rope", f"scaling.{key} entry", value, low=0)
+                check_number("rope", f"scaling.{key} entry", value, low=0, high=MAX_FACTOR)
             out[key] = [float(v) for v in values]
+        switch = scaling.get("switch", "context")
+        if switch not in LONGROPE_SWITCHES:
+            raise PositionError(f"rope: scaling.switch={switch!r} is invalid: valid: {', '.join(LONGROPE_SWITCHES)}")
+        out["switch"] = switch
         attention = scaling.get("attention_factor")
         if attention is None:
             attention = longrope_attention_factor(factor, original)
-        check_number("rope", "scaling.attention_factor", attention, low=0)
+        check_number("rope", "scaling.attention_factor", attention, low=0, high=100)
         out["attention_factor"] = float(attention)
         return out
 
@@ -206,6 +222,11 @@ class RoPE(PositionScheme):
             factors = self.scaling["long_factor" if (context_len or L) > L else "short_factor"]
             return rope_inv_freq(d, self.base) / torch.tensor(factors, dtype=torch.float64)
         return rope_inv_freq(d, self.base)
+
+    def refill_length(self) -> Optional[int]:
+        """LongRoPE with ``switch: refill``: the original length L, past which a cached generation
+        recomputes its keys once; else None."""
+        return self.scaling["original_max_positions"] if self.scaling.get("switch") == "refill" else None
 
     @property
     def prefix_invariant(self) -> bool:
@@ -245,6 +266,8 @@ class RoPE(PositionScheme):
         Memoised for the layers of one forward pass: the very positions tensor of the pass that
         computed them (layers share it; nothing changes positions within a pass), else equal values."""
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
+        if self.scaling.get("switch") in ("positions", "refill") and pos.numel() and not pos.is_meta:
+            context_len = int(pos.max()) + 1  # transformers' longrope: this pass's own length picks the factors
         memo = None if compiling else self._memo
         same = memo is not None and ((memo[0] is pos and memo[2] == self._passes > 0) or (  # rows: views of their own
             memo[1].shape == pos.shape and memo[1].device == pos.device and not pos.is_meta and torch.equal(memo[1], pos)))

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from minilm.positions.base import PositionScheme, check_number, register
+from minilm.positions.base import MAX_POSITIONS, PositionScheme, check_number, register
 
 
 @register("shaw")
@@ -29,9 +29,10 @@ class Shaw(PositionScheme):
     has_bias = True
 
     def __init__(self, *, max_distance: int, values: bool, **kw):
-        check_number("shaw", "max_distance", max_distance, low=1, low_open=False, integer=True)
+        check_number("shaw", "max_distance", max_distance, low=1, low_open=False, integer=True,
+                     high=MAX_POSITIONS)
         super().__init__(**kw)
-        self.max_distance, self.head_dim = int(max_distance), self.d_model // self.n_head
+        self.max_distance = int(max_distance)
         self.keys = nn.Embedding(self.max_distance + 1, self.head_dim)
         nn.init.normal_(self.keys.weight, std=0.02)
         self.values = None

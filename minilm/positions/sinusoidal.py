@@ -22,7 +22,7 @@ same frequency have the same rate.
 """
 import torch
 
-from minilm.positions.base import PositionError, PositionScheme, check_number, register
+from minilm.positions.base import MAX_BASE, PositionError, PositionScheme, check_number, register
 
 
 def sinusoidal_table(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -40,7 +40,7 @@ class Sinusoidal(PositionScheme):
     scaled_embedding = True
 
     def __init__(self, *, base: float, dim_dropout, d_model: int, **kw):
-        check_number("sinusoidal", "base", base, low=1)
+        check_number("sinusoidal", "base", base, low=1, high=MAX_BASE)
         if d_model % 2:
             raise PositionError(f"sinusoidal: d_model={d_model} is odd: sin/cos pairs need an even d_model")
         if not isinstance(dim_dropout, (list, tuple)) or len(dim_dropout) != 2:

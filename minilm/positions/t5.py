@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from minilm.positions.base import PositionScheme, check_number, register
+from minilm.positions.base import MAX_POSITIONS, PositionScheme, check_number, register
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -29,8 +29,8 @@ class T5Bias(PositionScheme):
     has_bias = True
 
     def __init__(self, *, num_buckets: int, max_distance: int, **kw):
-        check_number("t5", "num_buckets", num_buckets, low=2, low_open=False, integer=True)
-        check_number("t5", "max_distance", max_distance, low=num_buckets // 2, integer=True)
+        check_number("t5", "num_buckets", num_buckets, low=2, low_open=False, integer=True, high=4096)
+        check_number("t5", "max_distance", max_distance, low=num_buckets // 2, integer=True, high=MAX_POSITIONS)
         super().__init__(**kw)
         self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
         self.relative_bias = nn.Embedding(self.num_buckets, self.n_head)

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from minilm.positions.base import PositionError, PositionScheme, check_number, register
+from minilm.positions.base import MAX_POSITIONS, PositionError, PositionScheme, check_number, register
 from minilm.positions.rope import RoPE
 
 LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 ends near e^88
@@ -33,8 +33,8 @@ class XPos(RoPE):
 
     def __init__(self, *, scale_base: float, gamma: float, base: float, rotary_fraction: float, **kw):
         super().__init__(base=base, rotary_fraction=rotary_fraction, scaling=None, **kw)
-        check_number("xpos", "scale_base", scale_base, low=0)
-        check_number("xpos", "gamma", gamma, low=0)
+        check_number("xpos", "scale_base", scale_base, low=0, high=MAX_POSITIONS)
+        check_number("xpos", "gamma", gamma, low=0, high=100)
         self.scale_base, self.gamma = float(scale_base), float(gamma)
         pairs = torch.arange(0, self.rot, 2, dtype=torch.float64) / self.rot
         self.register_buffer("zeta", ((pairs + self.gamma) / (1 + self.gamma)).float(), persistent=False)

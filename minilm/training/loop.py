@@ -73,6 +73,7 @@ from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
 from minilm.training.distributed import Dist, init_distributed
 from minilm.training.loggers import check_loggers, open_loggers
+from minilm.training.memory import check_step_fits
 from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim
@@ -250,6 +251,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     config = resolve_config(config, tokenizer=prepared.tokenizer)
     state = resume_state(config, device) if resume else None
     torch.manual_seed(config.seed)
+    check_step_fits(config, device, dtype, dist.world if dist.enabled else 1)  # before anything is allocated
     on_meta = is_sharded(t.parallel, dist) and not dist.main  # FSDP: rank 0 builds, the others get their shards
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         raw = GPT(config.model)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from minilm.common import saved_tensor_bytes
+from minilm.common import MinilmError, available_memory, saved_tensor_bytes
 from minilm.config import ModelConfig
 from minilm.model.gpt import GPT
 from minilm.training.mixture import mixed_loss
@@ -138,18 +138,20 @@ def parameter_counts(model_config: ModelConfig) -> tuple:
     return total, matrices, total - block * len(model.blocks), block
 
 
-def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: torch.dtype, optimizer: str) -> list:
+def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: torch.dtype, optimizer: str,
+                layouts: tuple = LAYOUTS) -> list:
     """Bytes per process of each of ``ROWS`` and their ``total``, one dict for each of
-    ``LAYOUTS`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon)."""
+    ``layouts`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon)."""
     total, matrices, root, block = parameter_counts(model_config)
     width = torch.empty((), dtype=dtype).element_size()
+    needed = {(parallel, c) for parallel, checkpointing in layouts for c in {False, checkpointing}}
     kept = {(parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp")
-            for parallel, c in LAYOUTS}
+            for parallel, c in needed}
     rows = []
-    for parallel, checkpointing in LAYOUTS:
+    for parallel, checkpointing in layouts:
         sharded = parallel == "fsdp"
         # with checkpointing, one block's activations are rebuilt at a time in the backward pass
-        recomputed = (kept[parallel, False] - kept[parallel, True]) / model_config.n_layer
+        recomputed = (kept[parallel, False] - kept[parallel, True]) / model_config.n_layer if checkpointing else 0
         moments = 8 * total if sharded or optimizer == "adamw" else 4 * matrices + 8 * (total - matrices)
         share = ranks if sharded else 1
         row = {"weights": 4 * total / share, "gradients": 4 * total * (1 if sharded else 2) / share,
@@ -157,3 +159,29 @@ def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: t
                "activations": kept[parallel, checkpointing] + (recomputed if checkpointing else 0)}
         rows.append({"parallel": parallel, "checkpointing": checkpointing, **row, "total": sum(row.values())})
     return rows
+
+
+def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int) -> None:
+    """Refuse, before anything is built, a run whose training step needs more memory per process
+    than ``device`` has free now, in one line that names the sizes deciding it. A floor comes
+    first (16 bytes a parameter for weights, gradients and AdamW's moments, and each block's
+    input kept twice): past the free memory it refuses at once; within an eighth of it the
+    dry run of ``step_memory`` (this run's layout) decides; below, the step fits."""
+    free = available_memory(device)
+    if free is None:
+        return
+    m, t = config.model, config.train
+    params = parameter_counts(m)[0]
+    width = torch.empty((), dtype=dtype).element_size()
+    floor = 16 * params / (ranks if t.parallel == "fsdp" else 1) + \
+        2 * t.batch_size * m.block_size * m.n_layer * m.d_model * width
+    need, how = floor, "at least "
+    if free / 8 < floor <= free:
+        layout = ((t.parallel, t.activation_checkpointing),)
+        need, how = step_memory(m, t.batch_size, ranks, dtype, t.optimizer, layout)[0]["total"], ""
+    if need > free:
+        raise MinilmError(
+            f"train.batch_size={t.batch_size} x model.block_size={m.block_size} with model.n_layer={m.n_layer}, "
+            f"model.d_model={m.d_model} ({params / 1e6:,.1f}M parameters): a training step needs {how}"
+            f"{need / 2 ** 30:,.1f} GiB per process (minilm memory) but {free / 2 ** 30:,.1f} GiB is free on "
+            f"{device.type}: lower them")

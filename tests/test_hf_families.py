@@ -1,0 +1,262 @@
+"""The families people extend today, both ways: Qwen3 (q/k norms, head_dim apart from the
+width), Phi-3 (fused projections, partial rotary, LongRoPE with transformers' switch between
+its factors) and MPT (ALiBi), random weights in temporary directories. Logits must equal
+transformers' to 1e-4 in float32 with and without the KV cache, and greedy text 20 tokens
+past the original context must be transformers'. Every shipped config trains and exports, or
+is refused in one line."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, tiny_overrides
+from tests.test_hf import (TOLERANCE, cached_logits, hf_model_dir, hf_tokenizer_dir, minilm_checkpoint,  # noqa: F401
+                           tokens, vocab)
+from tests import test_hf
+
+transformers = pytest.importorskip("transformers")
+
+from minilm.checkpoints.loading import load_model  # noqa: E402
+from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
+from minilm.hf.export import export_model  # noqa: E402
+from minilm.hf.family import HFError  # noqa: E402
+
+ORIGINAL = 16  # the original context of the LongRoPE cases; sequences of 40 pass it
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.3, 1.6],
+            "long_factor": [1.5, 2.5, 4.0, 7.0], "original_max_position_embeddings": ORIGINAL}
+
+FAMILY_CASES = {
+    "qwen3-gqa-tied-head-dim": lambda v: transformers.Qwen3Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    "qwen3-untied-yarn": lambda v: transformers.Qwen3Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 32}),
+    "qwen3-longrope": lambda v: transformers.Qwen3Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters=dict(LONGROPE)),
+    "phi3-gqa-untied": lambda v: transformers.Phi3Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
+        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+    "phi3-longrope-tied": lambda v: transformers.Phi3Config(
+        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
+        tie_word_embeddings=True, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+        rope_parameters=dict(LONGROPE)),
+    "phi3-longrope-partial": lambda v: transformers.Phi3Config(
+        vocab_size=v, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
+        partial_rotary_factor=0.5, tie_word_embeddings=False, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None, rope_parameters={**LONGROPE, "attention_factor": 1.3, "partial_rotary_factor": 0.5}),
+    "mpt-tied": lambda v: transformers.MptConfig(
+        vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4,
+        tie_word_embeddings=True),
+    "mpt-untied-8-heads": lambda v: transformers.MptConfig(
+        vocab_size=v, d_model=32, n_heads=8, n_layers=2, max_seq_len=64, expansion_ratio=4,
+        tie_word_embeddings=False),
+}
+LONGROPE_CASES = sorted(c for c in FAMILY_CASES if "longrope" in c)
+
+
+@pytest.fixture(autouse=True)
+def family_cases(monkeypatch):
+    """``hf_model_dir`` of tests/test_hf.py builds these cases too."""
+    monkeypatch.setattr(test_hf, "HF_CASES", {**test_hf.HF_CASES, **FAMILY_CASES})
+
+
+def reference_cached_logits(reference, ids, prefill):
+    """transformers' logits with its own KV cache: ``prefill`` tokens, then one at a time."""
+    out = reference(ids[:, :prefill], use_cache=True)
+    parts, past = [out.logits], out.past_key_values
+    for t in range(prefill, ids.shape[1]):
+        out = reference(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+        parts.append(out.logits)
+        past = out.past_key_values
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_imported_family_matches_transformers_cached_and_uncached(case, hf_tokenizer_dir, tmp_path):
+    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    ids = tokens()
+    with torch.no_grad():
+        expected = reference(ids).logits
+        model = load_model(str(directory)).model
+        assert (model(ids) - expected).abs().max() < TOLERANCE
+        assert (cached_logits(model, ids, prefill=25) - expected).abs().max() < TOLERANCE
+        # the model's architecture is what the config says, not a near miss that rounds alike
+    cfg = reference.config
+    m = load_model(str(directory)).config.model
+    assert (m.n_kv_head or m.n_head) == getattr(cfg, "num_key_value_heads", None) or cfg.model_type == "mpt"
+    if cfg.model_type == "qwen3":
+        assert m.qk_norm and m.head_dim == cfg.head_dim
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_greedy_text_past_the_original_context_is_transformers(case, hf_tokenizer_dir, tmp_path):
+    """A 10-token prompt and 20 new tokens: past the LongRoPE cases' original 16 positions, where
+    transformers switches to the long factors for the new tokens only."""
+    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    model = load_model(str(directory)).model
+    prompt = tokens(n=10)[:1]
+    with torch.no_grad():
+        theirs = reference.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                                    pad_token_id=0)[0, 10:].tolist()
+        ours = [int(t) for t in generate_ids(model, prompt[0].tolist(), max_new_tokens=20,
+                                             sampling=Sampling(temperature=0))]
+    assert ours == theirs and len(set(ours)) > 2
+
+
+@pytest.mark.parametrize("case", LONGROPE_CASES)
+def test_longrope_switches_as_transformers_does_with_a_cache(case, hf_tokenizer_dir, tmp_path):
+    """transformers picks LongRoPE's factors in each forward pass by its largest position: a
+    10-token prefill is rotated with the short factors, the tokens after position 16 with the
+    long ones, and the cached keys keep the short rotation. The imported model (``switch:
+    positions``) does the same, so its cached logits are transformers' cached logits and differ
+    from the uncached ones past the original context; minilm's own ``switch: context`` picks by
+    the generation's length instead and is cached == uncached."""
+    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    ids = tokens()
+    loaded = load_model(str(directory))
+    assert loaded.config.model.position["scaling"]["switch"] == ("refill" if case.startswith("phi3") else "positions")
+    with torch.no_grad():
+        theirs = reference_cached_logits(reference, ids, prefill=10)
+        ours = cached_logits(loaded.model, ids, prefill=10)
+        assert (ours - theirs).abs().max() < TOLERANCE
+        uncached = reference(ids).logits
+        assert (ours[:, ORIGINAL:] - uncached[:, ORIGINAL:]).abs().max() > 1e-2  # stale short keys, as theirs
+        scaling = {**loaded.config.model.position["scaling"], "switch": "context"}
+        ours_context = load_model(str(directory), [f"model.position.scaling={scaling}"]).model
+        assert (cached_logits(ours_context, ids, prefill=10) - uncached).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("case", [c for c in LONGROPE_CASES if c.startswith("phi3")])
+def test_phi3_generation_refills_its_cache_past_the_original_context(case, hf_tokenizer_dir, tmp_path):
+    """transformers' Phi-3 ``generate`` drops its cache at the step that passes the original
+    length, so every key is rotated with the long factors after it: greedy text equals the
+    uncached model's, step by step. With ``switch: positions`` (the stale keys kept) it differs."""
+    _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    prompt = tokens(n=10)[0].tolist()
+    greedy = dict(max_new_tokens=20, sampling=Sampling(temperature=0))
+    with torch.no_grad():
+        refill = load_model(str(directory)).model
+        ours = [int(t) for t in generate_ids(refill, prompt, **greedy)]
+        assert ours == [int(t) for t in generate_ids(refill, prompt, use_cache=False, **greedy)]
+        scaling = {**load_model(str(directory)).config.model.position["scaling"], "switch": "positions"}
+        stale = load_model(str(directory), [f"model.position.scaling={scaling}"]).model
+        assert [int(t) for t in generate_ids(stale, prompt, **greedy)] != ours
+
+
+EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: the first that takes it) -> model_type
+    "rope-qwen3-gqa-head-dim": (dict(position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu",
+                                     qk_norm=True, n_kv_head=2, head_dim=16), None, "qwen3"),
+    "rope-qwen3-untied-yarn": (dict(position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2,
+                                                                           "original_max_positions": 16}},
+                                    norm="rmsnorm", mlp="swiglu", qk_norm=True, tie_embeddings=False), None, "qwen3"),
+    "rope-phi3-longrope-partial": (dict(position={"kind": "rope", "rotary_fraction": 0.5, "scaling": {
+        "type": "longrope", "original_max_positions": 8, "short_factor": [1.0, 1.5],
+        "long_factor": [2.0, 5.0], "switch": "refill"}}, norm="rmsnorm", mlp="swiglu", n_kv_head=2,
+        tie_embeddings=False), "phi3", "phi3"),
+    "rope-phi3-tied": (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu"), "phi3", "phi3"),
+    "alibi-mpt-untied": (dict(position={"kind": "alibi"}, tie_embeddings=False), None, "mpt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPORT_FAMILY_CASES))
+def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenizer, tmp_path):
+    settings, family, model_type = EXPORT_FAMILY_CASES[case]
+    model = minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
+    loaded = load_model(str(tmp_path / "ckpt.pt"))
+    done = export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "hf"), family=family)
+    assert done["family"] == model_type
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert reference.config.model_type == model_type
+    ids = tokens(n=32, vocab_size=gen_tokenizer.vocab_size)
+    back = load_model(str(tmp_path / "hf")).model  # read back as minilm: the same model again
+    with torch.no_grad():
+        assert (reference(ids).logits - model(ids)).abs().max() < TOLERANCE
+        assert (back(ids) - model(ids)).abs().max() < TOLERANCE
+        prompt = ids[0, :6].tolist()
+        ours = [int(t) for t in generate_ids(model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
+        reference.generation_config.eos_token_id = None
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                                    pad_token_id=0)[0, 6:].tolist()
+    assert ours == theirs and len(set(ours)) > 2
+
+
+@pytest.mark.parametrize("settings, family, message", [
+    (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True, qkv_bias=True), None,
+     "cannot export as Qwen3"),
+    (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True), "phi3",
+     "cannot be written as Phi-3: it exports as llama"),
+    (dict(position={"kind": "rope"}), "gpt5", "family 'gpt5' is unknown: valid: llama, gpt_neox, gpt2, mpt, phi3"),
+    (dict(position={"kind": "rope"}, head_dim=16), None, "model.head_dim=16 has no GPT-NeoX equivalent"),
+])
+def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, message, gen_tokenizer, tmp_path):
+    minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
+    loaded = load_model(str(tmp_path / "ckpt.pt"))
+    with pytest.raises(HFError, match=message) as info:
+        export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "hf"), family=family)
+    assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
+    ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+    ({"sliding_window": 8, "model_type": "phi3"}, "sliding_window=8 is not supported"),
+])
+def test_unsupported_family_settings_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
+    import json
+    case = "phi3-gqa-untied" if change.get("model_type") == "phi3" else "mpt-tied"
+    _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HFError, match=message) as info:
+        load_model(str(directory))
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- every shipped config
+
+SHIPPED = sorted(name for name in os.listdir(os.path.join(REPO, "minilm", "configs")) if not name.startswith("extend"))
+EXPORTS = {"rope.yaml": "qwen3", "learned.yaml": "gpt2", "alibi.yaml": "mpt"}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus, tmp_path):
+    """The shipped configs' own layout (norms, MLP, q/k norms, positions) at the tiny size, a few
+    steps, then ``minilm export``: the exportable kinds load in transformers with no custom code
+    and generate minilm's greedy text; the others get one line naming the kinds that export."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    tiny = tiny_overrides(tiny_corpus, tmp_path / "run", "train.max_steps=3", "train.eval_interval=3",
+                          "train.sample_tokens=0", "train.final_eval_tokens=0", "model.n_head=4")
+    train = subprocess.run([sys.executable, "-m", "minilm", "train", "--config", name, *tiny], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert train.returncode == 0, train.stderr[-2000:]
+    result = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    if name not in EXPORTS:
+        assert result.returncode == 2 and not (tmp_path / "hf").exists()
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "exportable: rope" in lines[0] and "alibi (MPT)" in lines[0], result.stderr
+        return
+    assert result.returncode == 0, result.stderr[-2000:]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    assert reference.config.model_type == EXPORTS[name]
+    loaded = load_model(str(tmp_path / "run"))
+    prompt = loaded.tokenizer.encode("The king hath")
+    with torch.no_grad():
+        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
+        reference.generation_config.eos_token_id = None
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                                    pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == theirs
