@@ -133,11 +133,33 @@ def remove_stale_temporaries(directory: Union[str, Path]) -> list:
     return removed
 
 
-def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Callable]) -> Path:
+def keep_aside(path: Union[str, Path]) -> Optional[str]:
+    """Move an existing file aside as ``<path>.1`` (or the next free number) and return that
+    name; None when there is nothing at ``path``. Each step is atomic (a hard link that fails
+    when its name is taken, then the unlink), so two processes setting the same file aside
+    keep it under two numbers rather than one over the other."""
+    path, n = str(path), 1
+    while os.path.lexists(path):
+        try:
+            os.link(path, f"{path}.{n}")
+        except FileExistsError:
+            n += 1
+            continue
+        except FileNotFoundError:  # another process set it aside first
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return f"{path}.{n}"
+    return None
+
+
+def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Callable], keep: bool = False) -> Path:
     """Write ``data`` to ``path`` so that a crash never leaves a half-written file there.
 
     The bytes go to a temporary file in the same directory, are fsynced, and the file is
-    renamed over ``path`` (then the directory is fsynced too). ``data`` is bytes, text
+    renamed over ``path`` (then the directory is fsynced too); with ``keep`` a file already at
+    ``path`` (the user's, or another run's result) is set aside first (``keep_aside``), and the
+    new one takes the name only while it is free, as one atomic step. ``data`` is bytes, text
     (UTF-8), a numpy array (raw, as ``tofile``) or a function that writes to the open
     binary file. On any failure the temporary file is removed and the old ``path`` stays; a
     failure to write (``write_failure``) becomes one WriteError naming ``path``.
@@ -154,7 +176,10 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if keep:
+            publish(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as exc:
         failure = write_failure(path, exc)  # judged before the partial file is removed
         if os.path.exists(tmp):
@@ -171,15 +196,30 @@ def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Cal
     return path
 
 
-def write_csv(rows: Sequence[dict], path: Union[str, Path], fields: Optional[Sequence[str]] = None) -> str:
+def publish(tmp: Union[str, Path], path: Union[str, Path]) -> None:
+    """Give the finished file ``tmp`` the name ``path`` while that name is free (a hard link
+    fails when it is taken: then what holds it is set aside, and the link tried again)."""
+    while True:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            keep_aside(path)
+            continue
+        os.unlink(tmp)
+        return
+
+
+def write_csv(rows: Sequence[dict], path: Union[str, Path], fields: Optional[Sequence[str]] = None,
+              keep: bool = False) -> str:
     """``rows`` as CSV at ``path`` (the columns: ``fields``, else every key in order of first
-    appearance), directories created, written whole or not at all (``atomic_write``); returns the path."""
+    appearance), directories created, written whole or not at all (``atomic_write``; ``keep``:
+    an earlier file there is set aside, not replaced); returns the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=list(fields or dict.fromkeys(k for row in rows for k in row)))
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write(path, text.getvalue())
+    atomic_write(path, text.getvalue(), keep=keep)
     return str(path)
 
 
@@ -189,7 +229,8 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
     to fill; when the block ends well it takes ``directory``'s place (an old one is removed
     only with ``overwrite``, after the new one is complete), else it is removed and
     ``directory`` stays as it was. A non-empty ``directory`` is refused without
-    ``overwrite``; a failure to write is one WriteError naming ``directory``."""
+    ``overwrite``, also when it fills while this one is written (two writers racing for one
+    name: the second fails); a failure to write is one WriteError naming ``directory``."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise WriteError(directory, "it exists and is not a directory", "choose a new directory")
@@ -205,7 +246,7 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
     try:
         yield staging
         old = None
-        if directory.exists():
+        if overwrite and directory.exists():  # else the rename below takes an empty one's place, and fails on a full one
             old = directory.with_name(f".{directory.name}-old-{secrets.token_hex(4)}.tmp")
             os.rename(directory, old)
         os.rename(staging, directory)

@@ -59,7 +59,7 @@ def check_choices(obj, section: str) -> None:
     for f in dataclasses.fields(obj):
         valid, value = f.metadata.get("choices"), getattr(obj, f.name)
         if valid and value not in valid and not (f.name == "device" and str(value).startswith("cuda:")):
-            raise ConfigError(f"{section}.{f.name}={value!r} is invalid: valid: {', '.join(valid)}")
+            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(valid)}")
 
 
 MAX_COUNT = 10 ** 12  # steps, rows, tokens a train setting counts; below, each model size's largest (memory: at build)
@@ -120,20 +120,20 @@ class ModelConfig:
         self.head_dim = self.head_dim or self.d_model // self.n_head
         scale, named = self.embedding_scale, EMBEDDING_SCALE_NAMES
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
-            raise ConfigError(f"model.embedding_scale={scale!r} is invalid: expected {' or '.join(named)} or a number > 0")
+            raise ConfigError(f"model.embedding_scale={shown(scale)} is invalid: expected {' or '.join(named)} or a number > 0")
         check_number("model.embedding_init_std", self.embedding_init_std, lambda v: 0 < v < math.inf, "a number > 0")
         concat = self.concat_position_dims
         if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
-            raise ConfigError(f"model.concat_position_dims={concat!r} is invalid: expected 0 (added) or an even "
+            raise ConfigError(f"model.concat_position_dims={shown(concat)} is invalid: expected 0 (added) or an even "
                               f"number of dimensions below d_model={self.d_model}")
         if concat and self.tie_embeddings:
             raise ConfigError(f"model.concat_position_dims={concat} gives the token embedding d_model - {concat} "
                               f"dimensions, which an LM head of d_model cannot share: set model.tie_embeddings false")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout!r} is invalid: expected 0 <= dropout < 1")
+            raise ConfigError(f"model.dropout={shown(self.dropout)} is invalid: expected 0 <= dropout < 1")
         self._check_architecture()
         if not isinstance(self.position, dict) or "kind" not in self.position:
-            raise ConfigError(f"model.position={self.position!r} is invalid: expected a mapping with a 'kind'")
+            raise ConfigError(f"model.position={shown(self.position)} is invalid: expected a mapping with a 'kind'")
         try:
             self.position = canonical(self.position)  # old option names (interpolated's base) -> current
         except ValueError as exc:
@@ -143,12 +143,12 @@ class ModelConfig:
         check_choices(self, "model")
         for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"model.{name}={getattr(self, name)!r} is invalid: expected true or false")
+                raise ConfigError(f"model.{name}={shown(getattr(self, name))} is invalid: expected true or false")
         check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")
         check_number("model.logit_softcap", self.logit_softcap, lambda v: 0 <= v < math.inf, "0 (no cap) or a number > 0")
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
-            raise ConfigError(f"model.n_kv_head={kv!r} is invalid: expected a divisor of model.n_head={self.n_head} "
+            raise ConfigError(f"model.n_kv_head={shown(kv)} is invalid: expected a divisor of model.n_head={self.n_head} "
                               f"({', '.join(str(h) for h in range(1, self.n_head + 1) if self.n_head % h == 0)}) "
                               f"or null (= n_head)")
 
@@ -169,7 +169,7 @@ class DataConfig:
     def __post_init__(self):
         holdout = self.holdout_tokens
         if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 0:
-            raise ConfigError(f"data.holdout_tokens={holdout!r} is invalid: expected 0 (none) or a number of tokens")
+            raise ConfigError(f"data.holdout_tokens={shown(holdout)} is invalid: expected 0 (none) or a number of tokens")
         check_choices(self, "data")
         if self.document_mask != "none" and not self.end_of_text:
             raise ConfigError(f"data.document_mask={self.document_mask!r} needs documents marked: set "
@@ -238,11 +238,11 @@ class TrainConfig:
             check_number(f"train.{name}", getattr(self, name), lambda v: 0 <= v < 1, f"0 <= {name} < 1")
         if not isinstance(self.snapshot_steps, list) or \
                 any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
-            raise ConfigError(f"train.snapshot_steps={self.snapshot_steps!r} is invalid: expected a list of steps "
+            raise ConfigError(f"train.snapshot_steps={shown(self.snapshot_steps)} is invalid: expected a list of steps "
                               f"between 1 and train.max_steps={self.max_steps}")
         if not isinstance(self.loggers, list) or len(set(map(str, self.loggers))) != len(self.loggers) or \
                 any(name not in LOGGERS for name in self.loggers):
-            raise ConfigError(f"train.loggers={self.loggers!r} is invalid: expected a list of distinct names among "
+            raise ConfigError(f"train.loggers={shown(self.loggers)} is invalid: expected a list of distinct names among "
                               f"{', '.join(LOGGERS)}")
         if not 0 <= self.retrieval_share < 1:
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
@@ -267,7 +267,7 @@ class Config:
 
     def __post_init__(self):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
-            raise ConfigError(f"seed={self.seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
+            raise ConfigError(f"seed={shown(self.seed)} is invalid: expected an integer from 0 to 2**63 - 1")
 
     def to_dict(self) -> dict:
         """The config as plain data; a head width of d_model / n_head is written as null (derived)."""
@@ -307,7 +307,7 @@ def from_dict(cls, data: Any, prefix: str = ""):
     """Build dataclass ``cls`` from a plain mapping, recursing into nested dataclasses."""
     where = prefix.rstrip(".") or "config"
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {data!r}")
+        raise ConfigError(f"{where} must be a mapping, got {shown(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
@@ -323,7 +323,7 @@ def from_dict(cls, data: Any, prefix: str = ""):
         if hint is float or hint == Optional[float]:
             value = float(value) if value is not None else None
             if value is not None and not math.isfinite(value):
-                raise ConfigError(f"{prefix}{key}={value!r} is invalid: expected a finite number")
+                raise ConfigError(f"{prefix}{key}={shown(value)} is invalid: expected a finite number")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -394,7 +394,7 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
             raise ConfigError(f"{resolved} must hold a mapping with sections model, data, train")
     tree = apply_overrides(tree, overrides)
     config = build_config(tree)
-    config.given = given_keys(tree)
+    config.given, config.overridden = given_keys(tree), given_keys(apply_overrides({}, overrides))
     return config
 
 
@@ -445,6 +445,6 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
                           f"tokens); leave it out (data.vocab_size sets the size of a tokenizer to train)")
     resolved = dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
                                    model=dataclasses.replace(config.model, vocab_size=vocab))
-    resolved.given = getattr(config, "given", None)
+    resolved.given, resolved.overridden = getattr(config, "given", None), getattr(config, "overridden", None)
     return resolved
 

@@ -94,8 +94,8 @@ CASES = [
      "--max-context=0"),
     ("threads", ["generate.py", "--checkpoint", "{ckpt}", "--threads", "0", "hi"], None, "--threads=0"),
     ("sink tokens", ["generate.py", "--checkpoint", "{ckpt}", "--sink-tokens", "40", "hi"], None, "sink_tokens=40"),
-    ("huge cache", ["generate.py", "--checkpoint", "{ckpt}", "--max-context", "1000000000000", "--max-new-tokens",
-                    "1000000000000", "hi"], None, "1,000,000,000,000 tokens"),
+    ("huge cache", ["generate.py", "--checkpoint", "{ckpt}", "--max-context", "1000000000", "--max-new-tokens",
+                    "1000000000", "hi"], None, "1,000,000,000 tokens"),
     ("prompt file missing", ["generate.py", "--checkpoint", "{ckpt}", "--prompt-file", "/nonexistent/p.txt"],
      None, "/nonexistent/p.txt"),
     ("prompt argument not utf-8", ["generate.py", "--checkpoint", "{ckpt}", b"caf\xe9"], None, "0xe9"),
@@ -228,6 +228,62 @@ CASES = [
      "model.n_head=5"),
     ("experiment over an earlier one", ["-m", "minilm", "experiment", "length-generalization", "--quick", "--out",
                                         "{scratch}/study"], None, "--overwrite"),
+    # --- hostile YAML: measured before it is built
+    ("yaml alias bomb", ["train.py", "--config", "{scratch}/bomb.yaml", "--print-config"], None, "alias bomb"),
+    ("yaml recursive alias", ["train.py", "model.position=&a {kind: rope, x: *a}", "--print-config"], None,
+     "recursive alias"),
+    ("yaml nested 5000 deep", ["train.py", "--config", "{scratch}/deep.yaml", "--print-config"], None,
+     "nested deeper than 100"),
+    ("yaml list of 50,000 loggers", ["train.py", "--config", "{scratch}/loggers.yaml", "--print-config"], None,
+     "characters) is invalid"),
+    ("max_steps of 401 digits", ["train.py", "--config", "{scratch}/huge.yaml", "--print-config"], None,
+     "(401 characters)"),
+    # --- sizes bounded before anything is allocated
+    ("a million wide", ["train.py", "model.d_model=1000000", "--print-config"], None, "model.d_model=1000000"),
+    ("a hundred thousand layers", ["train.py", "model.n_layer=100000", "--print-config"], None,
+     "model.n_layer=100000"),
+    ("memory of a hundred thousand layers", ["-m", "minilm", "memory", "rope.yaml", "model.n_layer=100000"], None,
+     "model.n_layer=100000"),
+    ("a batch of a hundred thousand rows", ["train.py", "data.corpus={corpus}", "data.vocab_size=400", "data.dir={data}",
+                                            "train.batch_size=100000", "out_dir={scratch}/big-batch", "--quiet"], None,
+     "train.batch_size=100000"),
+    ("new tokens of 24 digits", ["generate.py", "--checkpoint", "{ckpt}", "--max-new-tokens",
+                                 "100000000000000000000000", "hi"], None, "--max-new-tokens=100000000000000000000000"),
+    ("passkey ten million tokens", ["-m", "minilm", "passkey", "eval", "{ckpt}", "--lengths", "10000000"], None,
+     "10,000,000"),
+    # --- nonsense and the edges of a float, refused where the scheme is built
+    ("vocab size by hand", ["train.py", "model.vocab_size=10", "--print-config"], None, "model.vocab_size=10"),
+    ("original length 0", ["train.py", "model.position={kind: rope, scaling: {type: yarn, factor: 2, "
+                                       "original_max_positions: 0}}", "--print-config"], None,
+     "original_max_positions=0"),
+    ("randomized inside randomized", ["train.py", "model.position={kind: randomized, inner: {kind: randomized}}",
+                                      "--print-config"], None, "inner={kind: randomized}"),
+    ("rope base 1e308", ["train.py", "model.position={kind: rope, base: 1.0e308}", "--print-config"], None,
+     "base=1e+308"),
+    ("dynamic factor 1e300", ["train.py", "model.position={kind: rope, scaling: {type: dynamic, factor: 1.0e300}}",
+                              "--print-config"], None, "scaling.factor=1e+300"),
+    ("xpos gamma 1e30", ["train.py", "model.position={kind: xpos, gamma: 1.0e30}", "--print-config"], None,
+     "gamma=1e+30"),
+    ("generate with a base of 1e308", ["generate.py", "--checkpoint", "{ckpt}", "--set",
+                                       "model.position.base=1.0e308", "hi"], None, "base=1e+308"),
+    ("evaluate multiples nan", ["evaluate.py", "{ckpt}", "--multiples", "nan", "--quiet"], None, "--multiples='nan'"),
+    ("evaluate multiples inf", ["evaluate.py", "{ckpt}", "--multiples", "inf", "--quiet"], None, "--multiples='inf'"),
+    ("lengths with an empty item", ["evaluate.py", "{ckpt}", "--lengths", "32,,64", "--quiet"], None,
+     "--lengths='32,,64'"),
+    ("an empty stop text", ["generate.py", "--checkpoint", "{ckpt}", "--stop", "", "hi"], None, "stop=['']"),
+    ("export to an empty name", ["-m", "minilm", "export", "{ckpt}", ""], None, "directory=''"),
+    # --- Hugging Face directories whose config and weights disagree
+    ("hf yarn without a factor", ["generate.py", "--checkpoint", "{scratch}/hf_yarn", "hi"], None,
+     "needs a factor"),
+    ("hf heads do not divide the width", ["generate.py", "--checkpoint", "{scratch}/hf_heads", "hi"], None,
+     "describes no model minilm can build"),
+    ("hf weight of another shape", ["generate.py", "--checkpoint", "{scratch}/hf_shape", "hi"], None,
+     "the config and the weights disagree"),
+    ("hf config a list", ["generate.py", "--checkpoint", "{scratch}/hf_list", "hi"], None, "holds a list"),
+    # --- out_dir: a name the run writes, holding something else
+    ("metrics.jsonl is the user's directory", ["train.py", "data.corpus={corpus}", "data.vocab_size=400",
+                                               "data.dir={data}", "out_dir={scratch}/users", "--quiet"], None,
+     "'metrics.jsonl'"),
 ]
 
 
@@ -244,6 +300,9 @@ def outcomes(tiny_corpus, tmp_path_factory):
     (scratch / "random.pt").write_bytes(random.Random(0).randbytes(3000))
     (scratch / "truncated.pt").write_bytes((Path(ckpt) / "ckpt.pt").read_bytes()[:20000])
     _hf_directories(ckpt, scratch)
+    _hostile_yaml(scratch)
+    (scratch / "users" / "metrics.jsonl").mkdir(parents=True)
+    (scratch / "users" / "metrics.jsonl" / "keep.txt").write_text("the user's own\n")
     (scratch / "study").mkdir()
     (scratch / "study" / "study.json").write_text("{}")
     (scratch / "mine").mkdir()
@@ -259,7 +318,7 @@ def outcomes(tiny_corpus, tmp_path_factory):
                 "tokenizer": b""}, scratch / "unsafe.pt")
     fill = {"{ckpt}": ckpt, "{scratch}": str(scratch), "{corpus}": str(tiny_corpus / "corpus.txt"),
             "{alibi}": os.path.join(REPO, "tests", "fixtures", "main-7334668", "alibi.pt"),
-            "{moved}": str(scratch / "moved")}
+            "{moved}": str(scratch / "moved"), "{data}": str(tiny_corpus / "data")}
 
     def expand(arg):
         if isinstance(arg, bytes):
@@ -293,18 +352,32 @@ def _hf_directories(ckpt, scratch) -> None:
     pytest.importorskip("safetensors")
     model, tokenizer, config, _ = load_model(ckpt)
     export_model(model, tokenizer, config, str(scratch / "hf"))
-    for name in ("hf_truncated", "hf_lots", "hf_nolayers"):
+    for name in ("hf_truncated", "hf_lots", "hf_nolayers", "hf_yarn", "hf_heads", "hf_shape", "hf_list"):
         shutil.copytree(scratch / "hf", scratch / name)
     weights = scratch / "hf_truncated" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    for name, change in (("hf_lots", {"vocab_size": "lots"}), ("hf_nolayers", {"num_hidden_layers": None})):
+    for name, change in (("hf_lots", {"vocab_size": "lots"}), ("hf_nolayers", {"num_hidden_layers": None}),
+                         ("hf_yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}}),
+                         ("hf_heads", {"num_attention_heads": 3}), ("hf_shape", {"intermediate_size": 48})):
         path = scratch / name / "config.json"
         hf = {**json.loads(path.read_text()), **change}
         path.write_text(json.dumps({k: v for k, v in hf.items() if v is not None}))
+    (scratch / "hf_list" / "config.json").write_text("[1, 2, 3]")
 
 
-def test_there_are_at_least_ninety_cases():
-    assert len(CASES) >= 90 and len({c[0] for c in CASES}) == len(CASES)
+def _hostile_yaml(scratch) -> None:
+    """A billion-laughs file, 5,000 nested lists, a list of 50,000 names and a 401-digit count."""
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]")
+    (scratch / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    (scratch / "deep.yaml").write_text("train:\n  loggers: " + "[" * 5000 + "]" * 5000 + "\n")
+    (scratch / "loggers.yaml").write_text("train:\n  loggers: [" + ", ".join(["jsonl"] * 50000) + "]\n")
+    (scratch / "huge.yaml").write_text("train:\n  max_steps: 1" + "0" * 400 + "\n")
+
+
+def test_there_are_at_least_a_hundred_and_twenty_cases():
+    assert len(CASES) >= 120 and len({c[0] for c in CASES}) == len(CASES)
 
 
 def test_a_refused_command_changes_nothing_on_disk(outcomes):

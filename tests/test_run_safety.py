@@ -12,7 +12,8 @@ import pytest
 
 from minilm.checkpoints import format as checkpoint
 from minilm.training.loop import train
-from minilm.training.outdir import OutDirError, OutDirLock, rotate
+from minilm.training.outdir import OutDirError, OutDirLock
+from minilm.common import keep_aside
 from tests.conftest import REPO, tiny_overrides
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
@@ -136,7 +137,7 @@ def test_the_lock_is_exclusive_and_rotate_never_overwrites(tmp_path):
         pass
     for n in range(3):
         (tmp_path / "m.jsonl").write_text(str(n))
-        rotate(str(tmp_path / "m.jsonl"))
+        keep_aside(str(tmp_path / "m.jsonl"))
     assert [(tmp_path / f"m.jsonl.{n}").read_text() for n in (1, 2, 3)] == ["0", "1", "2"]
 
 

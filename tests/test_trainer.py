@@ -247,7 +247,8 @@ def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     out = tmp_path / "cli"
     result = cli(["train.py", *tiny_overrides(tiny_corpus, out)])
     assert result.returncode == 0, result.stderr
-    assert "done: 12 steps" in result.stderr and "bits/char" in result.stderr and "--- sample" in result.stderr
+    assert "done: 12 steps" in result.stdout and "bits/char" in result.stdout and "--- sample" in result.stdout
+    assert "done:" not in result.stderr and "model:" in result.stderr  # results on stdout, notes on stderr
     model, tokenizer, config, state = load_model(str(out))
     assert state["step"] == 12 and isinstance(model, GPT)
 

@@ -18,19 +18,25 @@ import sys
 
 from minilm.cli import Parser, run_command
 from minilm.evaluation import lengths as evaluation, streaming
-from minilm.common import write_csv
+from minilm.common import keep_aside, write_csv
 from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
 from minilm.hf.reading import is_hf_source
-from minilm.training.outdir import check_writable, rotate
+from minilm.training.outdir import check_writable
+
+
+MAX_NUMBER = 2 ** 40  # a length or multiple past any text a machine holds
 
 
 def parse_numbers(text: str, kind, what: str):
+    """Comma-separated positive finite numbers of ``kind``, each at most ``MAX_NUMBER``; an empty
+    item (``32,,64``), nan or inf is refused, not skipped."""
     try:
-        values = [kind(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{what}={text!r} is invalid: expected comma-separated positive numbers")
+    if not values or any(not 0 < v <= MAX_NUMBER for v in values):  # nan and inf fail the comparison
+        raise argparse.ArgumentTypeError(f"{what}={text!r} is invalid: expected comma-separated numbers > 0 and "
+                                         f"<= {MAX_NUMBER:,}, none empty")
     return values
 
 
@@ -105,10 +111,11 @@ def report(args, overrides) -> int:
     print(evaluation.markdown_table(results, "bpc"))
     if not args.no_files:
         name = f"eval-{'' if args.split == 'val' else args.split + '-'}{args.mode}"  # eval-holdout-*: not the val's
-        csv_path = args.csv or default_output(first.checkpoint, f"{name}.csv")
+        csv_path = output(args.csv) if args.csv else default_output(first.checkpoint, f"{name}.csv")
         print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
-            png = evaluation.plot(results, args.plot or default_output(first.checkpoint, f"{name}.png"), split=args.split)
+            png = evaluation.plot(results, output(args.plot) if args.plot else default_output(first.checkpoint, f"{name}.png"),
+                                  split=args.split)
             print(f"wrote {png}", file=sys.stderr)
     return 0
 
@@ -136,10 +143,11 @@ def stream_report(args, overrides) -> int:
               f"validation split\n\n{streaming.band_table(these)}\n")
         streams += these
     if not args.no_files:
-        csv_path = args.csv or default_output(args.checkpoints[0], "stream.csv")
-        print(f"wrote {write_csv(streaming.band_rows(streams), csv_path)}", file=sys.stderr)
+        csv_path = output(args.csv) if args.csv else default_output(args.checkpoints[0], "stream.csv")
+        print(f"wrote {write_csv(streaming.band_rows(streams), csv_path, keep=True)}", file=sys.stderr)
         if have_matplotlib():
-            png = streaming.plot_streams(streams, args.plot or default_output(args.checkpoints[0], "stream.png"))
+            png = streaming.plot_streams(streams, output(args.plot) if args.plot else
+                                         default_output(args.checkpoints[0], "stream.png"))
             print(f"wrote {png}", file=sys.stderr)
     return 0
 
@@ -152,9 +160,15 @@ def default_output(checkpoint: str, name: str) -> str:
         base = os.getcwd()
     else:
         base = os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
-    path = os.path.join(base, name)
-    kept = rotate(path)
+    return output(os.path.join(base, name))
+
+
+def output(path: str) -> str:
+    """An output path, named or default, under one rule: a file already there (an earlier
+    result, or the user's own) is kept as ``<name>.1`` (``.2``, ...) and said so, never replaced;
+    the writers then take the name only while it is free (``common.atomic_write(keep=True)``)."""
+    kept = keep_aside(path)
     if kept:
-        print(f"kept the earlier {name} as {kept}", file=sys.stderr)
+        print(f"kept the earlier {os.path.basename(path)} as {kept}", file=sys.stderr)
     return path
 

@@ -10,8 +10,8 @@ import sys
 import time
 
 from minilm.cli import Parser, run_command
+from minilm.common import keep_aside
 from minilm.study import plan as experiments, primary, report
-from minilm.training.outdir import rotate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -78,7 +78,7 @@ def run(args, argv, out: str) -> int:
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now
     study.build()
-    kept = rotate(os.path.join(out, "discussion.md")) if earlier else None
+    kept = keep_aside(os.path.join(out, "discussion.md")) if earlier else None
     if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost
         say(f"the earlier run's discussion.md is kept as {os.path.basename(kept)}; this report has none until "
             f"you write one (then --report-only)")

@@ -265,7 +265,7 @@ def write_csv(results: Sequence, path: str) -> str:
         row["stride"] = "" if r.stride is None else r.stride
         row.pop("by_position")
         rows.append(row)
-    return common_write_csv(rows, path)
+    return common_write_csv(rows, path, keep=True)  # an earlier result is set aside, never replaced
 
 
 def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",
@@ -293,4 +293,4 @@ def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation le
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(fig, path, keep=True)

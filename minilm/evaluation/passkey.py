@@ -134,7 +134,8 @@ def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] =
     generate = generate or (lambda ids, n: greedy(model, ids, n))
     limit = model.positions.position_limit() if model is not None else None
     if model is not None:  # the longest prompt's cache must fit before any prompt is built
-        check_cache_memory(model, 1, max(lengths) + MAX_NEW_TOKENS, advice=f"lower --lengths (longest: {max(lengths):,})")
+        check_cache_memory(model, 1, max(lengths) + MAX_NEW_TOKENS, advice=f"lower --lengths (longest: {max(lengths):,})",
+                           prefill=max(lengths))
     rows = []
     for length in lengths:
         for depth in depths:

@@ -172,7 +172,7 @@ def plot_streams(streams: Sequence[Stream], path: str) -> str:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return save_figure(fig, path, keep=True)
 
 
 def band_rows(streams: Sequence[Stream]) -> list:

@@ -34,9 +34,9 @@ def require_matplotlib():
     return Figure
 
 
-def save_figure(fig, path: str, dpi: int = DPI) -> str:
-    """Write ``fig`` to ``path`` (format from the extension, e.g. .png), whole or not at all;
-    return the path."""
+def save_figure(fig, path: str, dpi: int = DPI, keep: bool = False) -> str:
+    """Write ``fig`` to ``path`` (format from the extension, e.g. .png), whole or not at all
+    (``keep``: an earlier file there is set aside, not replaced); return the path."""
     ext = check_figure_path(path)
     buffer = io.BytesIO()
     if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
@@ -52,7 +52,7 @@ def save_figure(fig, path: str, dpi: int = DPI) -> str:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as exc:
         raise WriteError(path, str(exc.strerror or exc)) from None
-    atomic_write(path, buffer.getvalue())  # whole or not at all; a failure is one WriteError
+    atomic_write(path, buffer.getvalue(), keep=keep)  # whole or not at all; a failure is one WriteError
     return path
 
 

@@ -50,7 +50,7 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from minilm.common import MinilmError, available_memory, peak_memory
+from minilm.common import MinilmError, available_memory, peak_memory, shown
 from minilm.generation.compiled import compiled_body
 from minilm.generation.lean import lean_body
 from minilm.model.cache import SINK_POSITIONS, cache_dtype
@@ -145,17 +145,20 @@ def context_size(model, max_context: Optional[int] = None) -> int:
 
 
 def check_cache_memory(model, batch_size: int, capacity: int,
-                       advice: str = "lower --max-context, --max-new-tokens or --num-samples") -> None:
-    """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences would
-    not fit in the memory that is free now (checked before allocating, never after); the
-    message ends with ``advice``, what the caller's user can lower."""
+                       advice: str = "lower --max-context, --max-new-tokens or --num-samples", prefill: int = 0) -> None:
+    """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences, and
+    the forward pass of a ``prefill``-token prompt beside it (its logits, MLP and residual
+    activations), would not fit in the memory that is free now (checked before allocating,
+    never after); the message ends with ``advice``, what the caller's user can lower."""
     c = model.config
     ref = model.wte.weight
     heads = model.blocks[0].attn.n_kv_head
     need = 2 * c.n_layer * batch_size * heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
+    need += batch_size * prefill * (c.vocab_size + 2 * c.d_ff + 4 * c.d_model) * ref.element_size()
     free = available_memory(ref.device)
     if free is not None and need > free:
-        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s) needs "
+        what = f" and a prompt of {prefill:,} tokens" if prefill else ""
+        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s){what} needs "
                               f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: {advice}")
 
 
@@ -302,9 +305,12 @@ class Stats:
         ]
 
 
+MAX_COUNT = 10 ** 9  # tokens, samples or threads one generation asks for: past any that could finish
+
+
 def check_count(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise GenerationError(f"{name}={value!r} is invalid: expected an integer >= {low}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_COUNT:
+        raise GenerationError(f"{name}={shown(value)} is invalid: expected an integer from {low} to {MAX_COUNT:,}")
 
 
 def generate_ids(model, prompt_ids: Sequence[int], *, num_samples: int = 1, **options) -> Iterator[torch.Tensor]:

@@ -34,7 +34,10 @@ class TextStream:
     def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (),
                  stop_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.stop = tuple(s for s in stop if s)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise GenerationError(f"stop={list(stop)!r} is invalid: a stop text is a non-empty string (an empty one "
+                                  f"would end every sample before its first token)")
+        self.stop = tuple(stop)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._longest_stop = max((len(s) for s in self.stop), default=0)
         self._ids = [int(t) for t in prompt_ids][-CONTEXT_TOKENS:]

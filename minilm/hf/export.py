@@ -48,7 +48,11 @@ def export_model(model, tokenizer, config, directory: str, family: str = None) -
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
     stops = list(tokenizer.stop_ids)  # every end-of-text id (Llama 3 has three) goes to generation_config.json
     generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stops[0] if len(stops) == 1 else stops or None}
-    with staged_directory(directory, overwrite=True) as staging:  # an empty directory is replaced
+    if not str(directory).strip():
+        raise HFError(f"directory={directory!r} is invalid: name the new directory to write")
+    # no overwrite: the finished directory takes the name by one rename, which replaces an empty
+    # directory and fails on a full one, so a second export racing for the name never replaces the first
+    with staged_directory(directory) as staging:
         for name, content in (("config.json", hf_config), ("generation_config.json", generation)):
             with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=2)

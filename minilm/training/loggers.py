@@ -27,9 +27,8 @@ from typing import Callable, Optional, Sequence
 
 import yaml
 
-from minilm.common import MinilmError, atomic_write, write_csv
+from minilm.common import MinilmError, atomic_write, keep_aside, write_csv
 from minilm.config import LOGGERS
-from minilm.training.outdir import rotate
 from minilm.training.resume import truncate_metrics
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the module (and extra) it needs
@@ -132,7 +131,7 @@ def _start_file(path: str, resumed_step: Optional[int], say: Callable[[str], Non
     if resumed_step is not None:
         cut(path, resumed_step)
         return
-    kept = rotate(path)
+    kept = keep_aside(path)
     if kept:
         say(f"note: the previous {os.path.basename(path)} is kept as {kept}")
 

@@ -78,7 +78,7 @@ from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim
 from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
-from minilm.training.resume import StopFlag, set_rng_state, trajectory_changes
+from minilm.training.resume import StopFlag, resumed_config, set_rng_state, trajectory_changes
 from minilm.training.saving import checkpoint_path, load_sharded, resume_state, whole_model, write_checkpoint
 from minilm.training.source import source_model
 
@@ -148,9 +148,11 @@ class TrainingRun:
         t = self.config.train
         return t.batch_size * self.config.model.block_size * t.grad_accum * self.dist.world
 
-    def say(self, message: str) -> None:
+    def say(self, message: str, result: bool = False) -> None:
+        """A note or progress on stderr; with ``result`` what the run produced (its summary, its
+        sample), on stdout, so that ``> log`` keeps it."""
         if self.talk:
-            tqdm.write(message, file=sys.stderr)
+            tqdm.write(message, file=sys.stdout if result else sys.stderr)
 
     def log(self, record: dict) -> None:
         for logger in self.loggers:  # rank 0's only
@@ -250,6 +252,9 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         dist.barrier()
     config = resolve_config(config, tokenizer=prepared.tokenizer)
     state = resume_state(config, device) if resume else None
+    taken = []
+    if state is not None:  # the checkpoint's train settings, except those given again
+        config, taken = resumed_config(config, state)
     torch.manual_seed(config.seed)
     check_step_fits(config, device, dtype, dist.world if dist.enabled else 1)  # before anything is allocated
     on_meta = is_sharded(t.parallel, dist) and not dist.main  # FSDP: rank 0 builds, the others get their shards
@@ -280,6 +285,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             run.scaler.load_state_dict(state["scaler"])
             run.skipped_steps = int(state.get("skipped_steps", 0))
     run.task = task_for(config, prepared)
+    run.taken = taken
     _start_metrics(run, state)
     return run
 
@@ -307,6 +313,9 @@ def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
                 f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
+        if getattr(run, "taken", None):
+            run.say(f"note: resuming with the checkpoint's {', '.join(run.taken)} over the config file's; give a "
+                    f"setting again on the command line to change it")
         changed = trajectory_changes(config, state)
         if changed:
             run.say(f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
@@ -427,13 +436,14 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         **({"skipped_steps": run.skipped_steps} if run.scaler else {}),
     }
     if sample is not None:
-        run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---")
+        run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---",
+                result=True)
     if interrupted:
         run.say(f"interrupted by {interrupted} at step {step}: saved {run.ckpt_path}; continue with --resume")
     else:
         run.say(f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
                 f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
-                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}")
+                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}", result=True)
     run.model = run.raw  # DDP's wrapper and its Reducer are freed before the process group (Dist.finish)
     run.dist.finish()
     return summary

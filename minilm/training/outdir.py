@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Optional
 
 from minilm.checkpoints import format as checkpoint
 from minilm.common import MinilmError, remove_stale_temporaries, temporary_path
@@ -75,6 +74,22 @@ class OutDirLock:
             self.file = None
 
 
+WRITTEN = {checkpoint.FILENAME: "file", "metrics.jsonl": "file", "metrics.csv": "file", checkpoint.SHARDED: "directory",
+           "snapshots": "directory", "tensorboard": "directory", "wandb": "directory"}  # what a run writes in out_dir
+
+
+def check_kinds(out_dir: str) -> None:
+    """A name a run writes in ``out_dir`` that holds something of another kind (a directory where
+    the run writes a file, ...) is refused before the run starts: the run would replace or fail
+    on what someone else put there (``WRITTEN``)."""
+    for name, kind in WRITTEN.items():
+        path = os.path.join(out_dir, name)
+        found = "directory" if os.path.isdir(path) else "file" if os.path.lexists(path) else None
+        if found not in (None, kind):
+            raise OutDirError(f"out_dir={out_dir!r} holds a {found} {name!r} where a run writes its {kind} of that "
+                              f"name: move it away, or choose another out_dir")
+
+
 @contextlib.contextmanager
 def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
     """Hold ``out_dir`` for one run: writable, locked, and not another run's checkpoint unless
@@ -93,6 +108,7 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
             if not resume and not overwrite and existing:
                 raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
                                   f"with --resume, replace it with --overwrite, or choose another out_dir")
+            check_kinds(out_dir)
             remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
             yield
     except MinilmError:
@@ -101,13 +117,3 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
             os.rmdir(out_dir)
         raise
 
-
-def rotate(path: str) -> Optional[str]:
-    """Move an existing file aside as ``<path>.1`` (or the next free number); returns the new name."""
-    if not os.path.exists(path):
-        return None
-    n = 1
-    while os.path.exists(f"{path}.{n}"):
-        n += 1
-    os.replace(path, f"{path}.{n}")
-    return f"{path}.{n}"

@@ -3,6 +3,7 @@ the RNG states saved with a checkpoint, the check that a resumed run fits its ch
 and trimming the metrics log back to the checkpoint's step."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -78,6 +79,24 @@ def check_resumable(config: Config, state: dict) -> None:
 
 
 TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}
+
+
+def resumed_config(config: Config, state: dict) -> tuple:
+    """(config, taken) for ``--resume``: the train settings that change the remaining steps are
+    the checkpoint's, except those given again on the command line (``config.overridden``); a
+    config built in code (no record of what was given) is taken as it is. ``taken`` lists
+    'train.KEY=VALUE' for each setting the checkpoint decided against the config file."""
+    overridden = getattr(config, "overridden", None)
+    if overridden is None:
+        return config, []
+    before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
+    taken = {key: before[key] for key in fields_with(TrainConfig, TRAJECTORY)
+             if f"train.{key}" not in overridden and before[key] != getattr(config.train, key)}
+    if not taken:
+        return config, []
+    resumed = dataclasses.replace(config, train=dataclasses.replace(config.train, **taken))
+    resumed.given, resumed.overridden = getattr(config, "given", None), overridden
+    return resumed, [f"train.{key}={value!r}" for key, value in taken.items()]
 
 
 def trajectory_changes(config: Config, state: dict) -> list:
