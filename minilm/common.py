@@ -135,21 +135,26 @@ def remove_stale_temporaries(directory: Union[str, Path]) -> list:
 
 def keep_aside(path: Union[str, Path]) -> Optional[str]:
     """Move an existing file aside as ``<path>.1`` (or the next free number) and return that
-    name; None when there is nothing at ``path``. Each step is atomic (a hard link that fails
-    when its name is taken, then the unlink), so two processes setting the same file aside
-    keep it under two numbers rather than one over the other."""
+    name; None when there is nothing at ``path``. The number is reserved first (an empty file
+    created only if absent), then the file is renamed onto it in one step, so two processes
+    setting files aside never take the same number, and whatever held ``path`` is kept."""
     path, n = str(path), 1
     while os.path.lexists(path):
+        candidate = f"{path}.{n}"
         try:
-            os.link(path, f"{path}.{n}")
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             n += 1
             continue
+        try:
+            os.rename(path, candidate)
         except FileNotFoundError:  # another process set it aside first
+            os.unlink(candidate)
             return None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return f"{path}.{n}"
+        except OSError:  # a directory cannot take a file's place: the reservation goes, the error stays
+            os.unlink(candidate)
+            raise
+        return candidate
     return None
 
 

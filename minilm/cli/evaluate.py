@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", help="PNG output (default: eval-<mode>.png next to the first checkpoint)")
     parser.add_argument("--no-files", action="store_true", help="print the tables only")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    args, rest = parser.parse_known_args(argv)
+    args, rest = parser.parse_known_intermixed_args(argv)  # checkpoints among the options too
     overrides = list(args.set)
     for extra in rest:
         if extra.startswith("--position.") and "=" in extra:

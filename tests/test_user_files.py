@@ -1,0 +1,118 @@
+"""What minilm does around the files a user already has, and how every verb reads its
+arguments: an output name that holds a file is set aside as ``.1``, never replaced; two
+commands racing for one name both keep their work (or the second is refused); a resumed run
+says whose settings it takes; paths and overrides go anywhere among the options."""
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from minilm.common import atomic_write, keep_aside
+from minilm.config import load_config, resolve_config
+from minilm.training.loop import train
+from tests.conftest import REPO, tiny_overrides
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+
+
+def run(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "minilm", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("user_files")
+    out = []
+    for name in ("a", "b"):
+        config = load_config(None, tiny_overrides(tiny_corpus, root / name, "train.max_steps=4", "train.sample_tokens=0",
+                                                  "train.final_eval_tokens=0"))
+        out.append(os.path.dirname(train(resolve_config(config), quiet=True)["checkpoint"]))
+    return out
+
+
+def test_keep_aside_numbers_what_it_moves(tmp_path):
+    target = tmp_path / "eval.csv"
+    assert keep_aside(target) is None
+    for n in (1, 2):
+        target.write_text(f"run {n}")
+        assert keep_aside(target) == f"{target}.{n}"
+    assert not target.exists() and (tmp_path / "eval.csv.1").read_text() == "run 1"
+    atomic_write(target, "run 3")
+    atomic_write(target, "run 4", keep=True)  # a result over a result: the earlier one kept as .3
+    assert target.read_text() == "run 4" and (tmp_path / "eval.csv.3").read_text() == "run 3"
+
+
+def test_racing_writers_keep_every_file(tmp_path):
+    """Sixteen writers of one name at once: every text survives, under the name or a number."""
+    target = tmp_path / "out.png"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda n: atomic_write(target, f"writer {n}", keep=True), range(16)))
+    texts = sorted(p.read_text() for p in tmp_path.iterdir())
+    assert texts == sorted(f"writer {n}" for n in range(16))
+
+
+def test_evaluate_sets_the_users_file_aside_and_reads_paths_anywhere(checkpoints, tmp_path):
+    first, second = checkpoints
+    mine = tmp_path / "keep.txt"
+    mine.write_bytes(b"the user's own notes\n")
+    result = run("evaluate", first, "--lengths", "32", second, "--csv", str(mine), "--max-tokens", "600",
+                 "--quiet", cwd=tmp_path)  # a checkpoint after an option, as train takes overrides
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "keep.txt.1").read_bytes() == b"the user's own notes\n"
+    assert "kept the earlier keep.txt" in result.stderr
+    rows = mine.read_text().splitlines()
+    assert len(rows) == 3 and {os.path.basename(first), os.path.basename(second)} <= {r.split(",")[0] for r in rows[1:]}
+
+
+def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
+    first, _ = checkpoints
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: run("evaluate", first, "--lengths", "32", "--max-tokens", "600", "--quiet",
+                                              cwd=tmp_path), range(2)))
+    assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
+    tables = sorted(name for name in os.listdir(first) if name.startswith("eval-nonoverlapping.csv"))
+    assert len(tables) >= 2, tables
+
+
+def test_two_exports_into_one_directory_never_mix(checkpoints, tmp_path):
+    pytest.importorskip("safetensors")
+    first, second = checkpoints
+    target = str(tmp_path / "hf")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda ckpt: run("export", ckpt, target, cwd=tmp_path), (first, second)))
+    codes = sorted(r.returncode for r in results)
+    assert codes == [0, 2], [r.stderr for r in results]
+    loser = next(r for r in results if r.returncode == 2)
+    assert len(loser.stderr.strip().splitlines()) == 1 and "hf" in loser.stderr
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(target))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".hf-")]  # no staging left behind
+
+
+def test_memory_takes_overrides_after_its_options(tmp_path):
+    result = run("memory", "rope.yaml", "--ranks", "2", "model.block_size=1024", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "8 x 1024 tokens per process, 2 processes" in result.stdout
+
+
+def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_corpus, tmp_path):
+    """Started with train.max_steps=4, resumed from a config file that says 12: it stays at 4 and
+    says so; given again on the command line, max_steps=8 is taken."""
+    base = tiny_overrides(tiny_corpus, tmp_path / "run", "train.sample_tokens=0", "train.final_eval_tokens=0")
+    config_file = tmp_path / "long.yaml"
+    config_file.write_text("train:\n  max_steps: 12\n")
+    first = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), *base, "train.max_steps=4"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert first.returncode == 0, first.stderr
+    overrides = [o for o in base if not o.startswith("train.max_steps=")]
+    again = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides,
+                            "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert again.returncode == 0, again.stderr
+    assert "the checkpoint's train.max_steps=4" in again.stderr and "done: 4 steps" in again.stdout
+    longer = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides,
+                             "train.max_steps=8", "--resume"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=ENV)
+    assert longer.returncode == 0, longer.stderr
+    assert "done: 8 steps" in longer.stdout and "train.max_steps=8 (was 4)" in longer.stderr
