@@ -280,6 +280,11 @@ CASES = [
     ("hf weight of another shape", ["generate.py", "--checkpoint", "{scratch}/hf_shape", "hi"], None,
      "the config and the weights disagree"),
     ("hf config a list", ["generate.py", "--checkpoint", "{scratch}/hf_list", "hi"], None, "holds a list"),
+    ("hf eos a text", ["generate.py", "--checkpoint", "{scratch}/hf_eos_text", "hi"], None, "eos_token_id='x'"),
+    ("hf eos past the vocabulary", ["generate.py", "--checkpoint", "{scratch}/hf_eos_past", "hi"], None,
+     "eos_token_id=1000000"),
+    ("hf architectures of another family", ["generate.py", "--checkpoint", "{scratch}/hf_arch", "hi"], None,
+     "contradict model_type='gpt_neox'"),
     # --- out_dir: a name the run writes, holding something else
     ("metrics.jsonl is the user's directory", ["train.py", "data.corpus={corpus}", "data.vocab_size=400",
                                                "data.dir={data}", "out_dir={scratch}/users", "--quiet"], None,
@@ -352,13 +357,16 @@ def _hf_directories(ckpt, scratch) -> None:
     pytest.importorskip("safetensors")
     model, tokenizer, config, _ = load_model(ckpt)
     export_model(model, tokenizer, config, str(scratch / "hf"))
-    for name in ("hf_truncated", "hf_lots", "hf_nolayers", "hf_yarn", "hf_heads", "hf_shape", "hf_list"):
+    for name in ("hf_truncated", "hf_lots", "hf_nolayers", "hf_yarn", "hf_heads", "hf_shape", "hf_list", "hf_eos_text",
+                 "hf_eos_past", "hf_arch"):
         shutil.copytree(scratch / "hf", scratch / name)
     weights = scratch / "hf_truncated" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     for name, change in (("hf_lots", {"vocab_size": "lots"}), ("hf_nolayers", {"num_hidden_layers": None}),
                          ("hf_yarn", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}}),
-                         ("hf_heads", {"num_attention_heads": 3}), ("hf_shape", {"intermediate_size": 48})):
+                         ("hf_heads", {"num_attention_heads": 3}), ("hf_shape", {"intermediate_size": 48}),
+                         ("hf_eos_text", {"eos_token_id": "x"}), ("hf_eos_past", {"eos_token_id": 10 ** 6}),
+                         ("hf_arch", {"architectures": ["GPT2LMHeadModel"]})):
         path = scratch / name / "config.json"
         hf = {**json.loads(path.read_text()), **change}
         path.write_text(json.dumps({k: v for k, v in hf.items() if v is not None}))

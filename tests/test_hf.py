@@ -65,7 +65,7 @@ def vocab(tokenizer_dir) -> int:
 
 HF_CASES = {
     "gpt2": lambda v: transformers.GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                              activation_function="gelu_new"),
+                                              activation_function="gelu_new", bos_token_id=0, eos_token_id=0),
     "neox-parallel-untied-partial-padded": lambda v: transformers.GPTNeoXConfig(
         vocab_size=v + 12, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, use_parallel_residual=True, tie_word_embeddings=False,
@@ -168,7 +168,8 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
     ({"hidden_act": "relu"}, "supported: silu"),
-    ({"sliding_window": 16, "model_type": "mistral"}, "sliding_window=16"),
+    ({"sliding_window": 16, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "sliding_window=16"),
+    ({"architectures": ["GPT2LMHeadModel"]}, "contradict model_type='llama'"),
 ])
 def test_unsupported_architectures_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
     _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)

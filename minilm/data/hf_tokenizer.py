@@ -111,9 +111,12 @@ class HFTokenizer:
             raise TokenizerError(f"cannot read {file}: {_one_line(exc)}") from None
         tokenizer = cls(text)
         settings, config = _read_json(path, "tokenizer_config.json"), _read_json(path, "config.json")
+        generation = _read_json(path, "generation_config.json")
+        for where, source in (("config.json", config), ("generation_config.json", generation)):
+            for key in ("bos_token_id", "eos_token_id"):
+                tokenizer._check_ids(source.get(key), f"{path}: {where} {key}")
         tokenizer._bos = tokenizer._special_id(settings.get("bos_token"), config.get("bos_token_id"))
         tokenizer._eos = tokenizer._special_id(settings.get("eos_token"), config.get("eos_token_id"))
-        generation = _read_json(path, "generation_config.json")
         listed = generation.get("eos_token_id", config.get("eos_token_id", tokenizer._eos))
         tokenizer._stops = tokenizer._valid_ids(listed if isinstance(listed, list) else [listed])
         return tokenizer
@@ -163,6 +166,13 @@ class HFTokenizer:
         if isinstance(fallback, int) and not isinstance(fallback, bool) and 0 <= fallback < self._vocab_size:
             return fallback
         return None
+
+    def _check_ids(self, ids, where: str) -> None:
+        """A TokenizerError unless ``ids`` is None, an id of the vocabulary, or a list of them."""
+        for i in ids if isinstance(ids, list) else [ids]:
+            if i is not None and (isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self._vocab_size):
+                raise TokenizerError(f"{where}={ids!r} is invalid: expected token ids from 0 to "
+                                     f"{self._vocab_size - 1} (the tokenizer's vocabulary)")
 
     def _valid_ids(self, ids) -> tuple:
         """The distinct ids of ``ids`` that are in the vocabulary, in order (None and others dropped)."""

@@ -84,6 +84,7 @@ def read_hf(path: str) -> dict:
     if family is None:
         raise HFError(f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: "
                       f"{', '.join(sorted(READERS))}")
+    check_architectures(hf, path)
     try:
         model_tree = family.read_config(hf, path)
     except (KeyError, TypeError, ValueError) as exc:
@@ -136,6 +137,21 @@ def _read_file(path: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - a cut-off or foreign file fails in each library's own way
         raise HFError(f"cannot read the weights {path!r} (truncated or damaged: "
                       f"{first_sentence(str(exc), type(exc).__name__)}); download them again") from None
+
+
+ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNeoX", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+                 "qwen3": "Qwen3", "phi3": "Phi3", "mpt": "Mpt"}  # model_type -> transformers' class prefix
+
+
+def check_architectures(hf: dict, path: str) -> None:
+    """config.json's ``architectures`` (when given) must name classes of its own ``model_type``:
+    a file that says both Llama and GPT-2 describes no one model."""
+    named, prefix = hf.get("architectures"), ARCHITECTURES[hf["model_type"]]
+    if named is None:
+        return
+    if not isinstance(named, list) or any(not isinstance(a, str) or not a.startswith(prefix) for a in named):
+        raise HFError(f"{path}: config.json's architectures={named!r} contradict model_type={hf['model_type']!r} "
+                      f"(expected {prefix}... classes)")
 
 
 def expected_shapes(model_tree: dict, path: str) -> dict:
