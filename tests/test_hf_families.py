@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO, tiny_overrides
-from tests.test_hf import (TOLERANCE, cached_logits, hf_model_dir, hf_tokenizer_dir, minilm_checkpoint,  # noqa: F401
-                           tokens, vocab)
 from tests import test_hf
+from tests.test_hf import hf_tokenizer_dir  # noqa: F401 - the fixture, shared
+from tests.test_hf import TOLERANCE, cached_logits, hf_model_dir, minilm_checkpoint, tokens
 
 transformers = pytest.importorskip("transformers")
 
