@@ -23,7 +23,6 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import torch
-import yaml
 
 try:
     import resource
@@ -402,85 +401,3 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str =
              "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- YAML
-
-class YAMLLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but reading ``1e-3`` as a float like YAML 1.2 (PyYAML wants ``1.0e-3``)
-    and refusing a key given twice in one mapping (PyYAML silently keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep=deep)
-
-
-YAMLLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-class YAMLBoundError(yaml.composer.ComposerError):
-    """A YAML document refused before it is built: an alias bomb, a recursive alias, deep nesting."""
-
-
-YAML_MAX_VALUES = 100_000  # values a document may hold once its aliases are expanded
-YAML_MAX_DEPTH = 100  # sections nested in sections
-
-
-def parse_yaml(text):
-    """YAML text (or a stream) as Python values. The document is composed first and measured
-    before anything is built: aliases that would expand past ``YAML_MAX_VALUES`` values (a
-    "billion laughs"), a structure that holds itself, or nesting deeper than
-    ``YAML_MAX_DEPTH`` is a ``yaml.YAMLError`` naming the line, never a MemoryError or a
-    RecursionError."""
-    loader = YAMLLoader(text)
-    try:
-        try:
-            node = loader.get_single_node()
-        except RecursionError:
-            raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels",
-                                              None) from None
-        if node is None:
-            return None
-        expanded_size(node, {}, ())
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def expanded_size(node, sizes: dict, within: tuple) -> int:
-    """How many values ``node`` stands for with every alias expanded (``sizes`` memoises shared
-    nodes, so a bomb is measured without being expanded); refuses a node inside itself."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    if any(node is outer for outer in within):
-        raise YAMLBoundError(None, None, "an alias refers to a structure that holds it (a recursive "
-                                          "alias), which has no finite value", node.start_mark)
-    if len(within) >= YAML_MAX_DEPTH:
-        raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", node.start_mark)
-    size = 1
-    if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
-        children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
-        for child in children:
-            size += expanded_size(child, sizes, within + (node,))
-            if size > YAML_MAX_VALUES:
-                raise YAMLBoundError(None, None, f"its aliases expand to more than {YAML_MAX_VALUES:,} "
-                                                  f"values (an alias bomb?)", node.start_mark)
-    sizes[id(node)] = size
-    return size
-
-
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """'line L, column C: what is wrong' of a YAML error, on one line."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}"

@@ -17,9 +17,10 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from minilm.common import MinilmError, YAMLBoundError, parse_yaml, shown, suggest, yaml_problem
+from minilm.common import MinilmError, shown, suggest
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import canonical, validate
+from minilm.yamlfile import YAMLBoundError, parse_yaml, yaml_problem
 
 
 EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number
@@ -273,8 +274,7 @@ class Config:
         """The config as plain data; a head width of d_model / n_head is written as null (derived)."""
         out = dataclasses.asdict(self)
         m = out["model"]
-        m["head_dim"] = None if m["d_model"] % m["n_head"] == 0 and m["head_dim"] == m["d_model"] // m["n_head"] \
-            else m["head_dim"]
+        m["head_dim"] = None if m["head_dim"] * m["n_head"] == m["d_model"] else m["head_dim"]
         return out
 
     def to_yaml(self) -> str:
