@@ -117,15 +117,22 @@ def cached_logits(model, ids, prefill):
     return torch.cat(parts, dim=1)
 
 
-@pytest.mark.parametrize("case", sorted(HF_CASES))
-def test_imported_model_matches_transformers_cached_and_uncached(case, hf_tokenizer_dir, tmp_path):
-    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+def import_matches(case, tokenizer_dir, root):
+    """Import ``case`` and hold its logits to transformers', uncached and cached (a 25-token
+    prefill, then one token at a time); the transformers model and the loaded run."""
+    reference, directory = hf_model_dir(case, tokenizer_dir, root)
     ids = tokens()
+    loaded = load_model(str(directory))
     with torch.no_grad():
         expected = reference(ids).logits
-        model = load_model(str(directory)).model
-        assert (model(ids) - expected).abs().max() < TOLERANCE
-        assert (cached_logits(model, ids, prefill=25) - expected).abs().max() < TOLERANCE
+        assert (loaded.model(ids) - expected).abs().max() < TOLERANCE
+        assert (cached_logits(loaded.model, ids, prefill=25) - expected).abs().max() < TOLERANCE
+    return reference, loaded
+
+
+@pytest.mark.parametrize("case", sorted(HF_CASES))
+def test_imported_model_matches_transformers_cached_and_uncached(case, hf_tokenizer_dir, tmp_path):
+    import_matches(case, hf_tokenizer_dir, tmp_path)
 
 
 def test_imported_architecture_follows_the_config(hf_tokenizer_dir, tmp_path):

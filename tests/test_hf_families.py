@@ -14,7 +14,7 @@ import torch
 from tests.conftest import REPO, tiny_overrides
 from tests import test_hf
 from tests.test_hf import hf_tokenizer_dir  # noqa: F401 - the fixture, shared
-from tests.test_hf import TOLERANCE, cached_logits, hf_model_dir, minilm_checkpoint, tokens
+from tests.test_hf import TOLERANCE, cached_logits, hf_model_dir, import_matches, minilm_checkpoint, tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,16 +84,9 @@ def reference_cached_logits(reference, ids, prefill):
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
 def test_imported_family_matches_transformers_cached_and_uncached(case, hf_tokenizer_dir, tmp_path):
-    reference, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
-    ids = tokens()
-    with torch.no_grad():
-        expected = reference(ids).logits
-        model = load_model(str(directory)).model
-        assert (model(ids) - expected).abs().max() < TOLERANCE
-        assert (cached_logits(model, ids, prefill=25) - expected).abs().max() < TOLERANCE
-        # the model's architecture is what the config says, not a near miss that rounds alike
-    cfg = reference.config
-    m = load_model(str(directory)).config.model
+    reference, loaded = import_matches(case, hf_tokenizer_dir, tmp_path)
+    # the model's architecture is what the config says, not a near miss that rounds alike
+    cfg, m = reference.config, loaded.config.model
     assert (m.n_kv_head or m.n_head) == getattr(cfg, "num_key_value_heads", None) or cfg.model_type == "mpt"
     if cfg.model_type == "qwen3":
         assert m.qk_norm and m.head_dim == cfg.head_dim

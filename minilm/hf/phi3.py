@@ -9,9 +9,13 @@ original length (``switch: refill`` in ``minilm.positions.rope``). A Llama-style
 written as Llama unless Phi-3 is asked for (``minilm export --family phi3``)."""
 from __future__ import annotations
 
-from minilm.hf.family import Family, Weights, refuse, require, take_head, take_norm
+import torch
+
+from minilm.hf.family import Family, refuse, require
 from minilm.hf.llama import llama_style
-from minilm.hf.rope import rope_parameters, rope_position
+from minilm.hf.llama import read_weights as read_llama_weights
+from minilm.hf.llama import write as write_llama
+from minilm.hf.rope import rope_position
 
 
 def read_config(hf: dict, path: str) -> dict:
@@ -32,37 +36,38 @@ def read_config(hf: dict, path: str) -> dict:
                 position=position, embedding_scale=1.0)
 
 
+def unfused(tensors: dict, model: dict) -> dict:
+    """Phi-3's tensors under Llama's names: ``qkv_proj`` split into q, k and v, ``gate_up_proj``
+    into gate and up (both [first; second] as minilm's own fused weights)."""
+    kv = (model.get("n_kv_head") or model["n_head"]) * model["head_dim"]
+    sizes = {"self_attn.qkv_proj": (("q", "k", "v"), [model["n_head"] * model["head_dim"], kv, kv]),
+             "mlp.gate_up_proj": (("gate", "up"), None)}
+    out = {}
+    for name, tensor in tensors.items():
+        fused = next((k for k in sizes if name.endswith(f"{k}.weight")), None)
+        if fused is None:
+            out[name] = tensor
+            continue
+        parts, split = sizes[fused]
+        pieces = tensor.split(split) if split else tensor.chunk(2)
+        stem = name[:-len(f"{fused}.weight")] + fused.split(".")[0]
+        out.update({f"{stem}.{p}_proj.weight": piece for p, piece in zip(parts, pieces)})
+    return out
+
+
 def read_weights(tensors: dict, model: dict) -> dict:
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
-    out = {"wte.weight": w.take("embed_tokens.weight")}
-    for i in range(model["n_layer"]):
-        h, b = f"layers.{i}", f"blocks.{i}"
-        take_norm(out, w, f"{h}.input_layernorm", f"{b}.ln_1", bias=False)
-        take_norm(out, w, f"{h}.post_attention_layernorm", f"{b}.ln_2", bias=False)
-        out[f"{b}.attn.qkv.weight"] = w.take(f"{h}.self_attn.qkv_proj.weight")  # [q; k; v], as minilm's
-        out[f"{b}.attn.proj.weight"] = w.take(f"{h}.self_attn.o_proj.weight")
-        out[f"{b}.mlp.fc.weight"] = w.take(f"{h}.mlp.gate_up_proj.weight")  # [gate; up], as minilm's
-        out[f"{b}.mlp.proj.weight"] = w.take(f"{h}.mlp.down_proj.weight")
-    take_norm(out, w, "norm", "ln_f", bias=False)
-    return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
+    return read_llama_weights(unfused(tensors, model), {**model, "qkv_bias": False, "qk_norm": False})
 
 
 def write(m, sd: dict) -> tuple:
     require(not m.qkv_bias and not m.qk_norm, "Phi-3", f"it has neither q/k/v biases nor q/k norms "
                                                        f"(qkv_bias={m.qkv_bias}, qk_norm={m.qk_norm})")
-    params, positions = rope_parameters(m)
-    out = {"model.embed_tokens.weight": sd["wte.weight"]}
+    _, llama_config, out = write_llama(m, sd)  # Llama's tensors, then q/k/v and gate/up fused again
     for i in range(m.n_layer):
-        b, h = f"blocks.{i}", f"model.layers.{i}"
-        out[f"{h}.input_layernorm.weight"] = sd[f"{b}.ln_1.weight"]
-        out[f"{h}.post_attention_layernorm.weight"] = sd[f"{b}.ln_2.weight"]
-        out[f"{h}.self_attn.qkv_proj.weight"] = sd[f"{b}.attn.qkv.weight"]
-        out[f"{h}.self_attn.o_proj.weight"] = sd[f"{b}.attn.proj.weight"]
-        out[f"{h}.mlp.gate_up_proj.weight"] = sd[f"{b}.mlp.fc.weight"]
-        out[f"{h}.mlp.down_proj.weight"] = sd[f"{b}.mlp.proj.weight"]
-    out["model.norm.weight"] = sd["ln_f.weight"]
-    if not m.tie_embeddings:
-        out["lm_head.weight"] = sd["lm_head.weight"]
+        h = f"model.layers.{i}"
+        out[f"{h}.self_attn.qkv_proj.weight"] = torch.cat([out.pop(f"{h}.self_attn.{p}_proj.weight") for p in "qkv"])
+        out[f"{h}.mlp.gate_up_proj.weight"] = torch.cat([out.pop(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
+    params, positions = llama_config["rope_parameters"], llama_config["max_position_embeddings"]
     original = params.get("original_max_position_embeddings", positions)
     config = dict(architectures=["Phi3ForCausalLM"], model_type="phi3", vocab_size=m.vocab_size,
                   hidden_size=m.d_model, intermediate_size=m.d_ff, num_hidden_layers=m.n_layer,

@@ -6,7 +6,7 @@ state dict), ``config`` (a full run config as a plain dict), ``tokenizer`` (byte
 ``path``. ``minilm.checkpoints.loading.load_model`` then builds the model as for any
 checkpoint, so every scaling, ``interpolated`` and ``train.init_from`` apply to imported
 models too. How each family's config and weights map is its own file (``minilm.hf.gpt2``,
-``neox``, ``llama``); the families are listed in ``minilm.hf.families``.
+``neox``, ``llama``, ``phi3``, ``mpt``); the families are listed in ``minilm.hf.families``.
 
 ``path`` is a directory recognised by its config.json, or ``hf:NAME``: a repo id already in
 the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else

@@ -132,6 +132,7 @@ class RoPE(PositionScheme):
                              f"it must rotate at least 2")
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
+        self._by_positions = self.scaling.get("switch") in ("positions", "refill")  # transformers' LongRoPE
         self._memo = None
         self._frequencies = None  # (context_len, device, float32 inverse frequencies): ``frequencies``
         self._passes = 0  # forward passes started (``start``): a memo is trusted by identity within one
@@ -266,7 +267,7 @@ class RoPE(PositionScheme):
         Memoised for the layers of one forward pass: the very positions tensor of the pass that
         computed them (layers share it; nothing changes positions within a pass), else equal values."""
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
-        if self.scaling.get("switch") in ("positions", "refill") and pos.numel() and not pos.is_meta:
+        if self._by_positions and pos.numel() and not pos.is_meta:
             context_len = int(pos.max()) + 1  # transformers' longrope: this pass's own length picks the factors
         memo = None if compiling else self._memo
         same = memo is not None and ((memo[0] is pos and memo[2] == self._passes > 0) or (  # rows: views of their own

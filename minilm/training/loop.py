@@ -285,12 +285,11 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             run.scaler.load_state_dict(state["scaler"])
             run.skipped_steps = int(state.get("skipped_steps", 0))
     run.task = task_for(config, prepared)
-    run.taken = taken
-    _start_metrics(run, state)
+    _start_metrics(run, state, taken)
     return run
 
 
-def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
+def _start_metrics(run: TrainingRun, state: Optional[dict], taken: list = ()) -> None:
     """Create out_dir, start the loggers (continuing a resumed run's logs), and say what the run is."""
     config, dist, resumed = run.config, run.dist, state is not None
     if dist.main:
@@ -313,8 +312,8 @@ def _start_metrics(run: TrainingRun, state: Optional[dict]) -> None:
                 f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
-        if getattr(run, "taken", None):
-            run.say(f"note: resuming with the checkpoint's {', '.join(run.taken)} over the config file's; give a "
+        if taken:
+            run.say(f"note: resuming with the checkpoint's {', '.join(taken)} over the config file's; give a "
                     f"setting again on the command line to change it")
         changed = trajectory_changes(config, state)
         if changed:
