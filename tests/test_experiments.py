@@ -246,7 +246,7 @@ def test_retrieval_claims_are_read_only_past_the_gate():
     learned = probes("rope", L, [31, 30]) + probes("rope", 4 * L, [2, 1]) + probes("alibi", L, [30, 31]) \
         + probes("alibi", 4 * L, [3, 4])
     label, best, passed = claims.gate(learned, plan)
-    assert passed and best.successes == 61 and label in ("rope", "alibi")
+    assert passed and best == pytest.approx(61 / 64) and label in ("rope", "alibi")
     rows = {row[0]: row for row in claims.retrieval_verdicts(learned, plan)}
     assert rows["rope at 4L, depths pooled: below 50%"][-1] == "yes"
     assert rows["alibi at 4L below alibi at L, depths pooled"][-1] == "yes"

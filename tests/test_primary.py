@@ -43,11 +43,35 @@ def test_each_claim_is_its_own_test_and_holm_runs_over_the_family(tmp_path):
     assert by_id["flat"].p == pytest.approx(stats.tost(flat, -math.log(1.1), math.log(1.1)))
     worse = [math.log(a / b) for a, b in zip([48, 61, 53], [40, 50, 45])]
     assert by_id["worse"].p == pytest.approx(stats.t_test(worse, 0.0, ">"))
-    assert by_id["lost"].p == pytest.approx(stats.binomial_test(31, 96, 0.5, "<"))
-    assert by_id["gain"].p == pytest.approx(stats.two_proportion_test(90, 96, 66, 96, ">"))
+    assert by_id["lost"].p == pytest.approx(stats.t_test([9 / 32, 12 / 32, 10 / 32], 0.5, "<"))
+    # paired per seed: differences 10, 7 and 7 of 32, mean 1/4, s.e. 1/32: t = 8 with 2 degrees of freedom,
+    # whose upper tail is (1 - t / sqrt(t^2 + 2)) / 2 in closed form
+    assert by_id["gain"].p == pytest.approx((1 - 8 / math.sqrt(66)) / 2, rel=1e-9)
     assert [o.adjusted for o in tested] == pytest.approx(stats.holm([o.p for o in tested]))
     assert alpha == 0.05 and all(o.verdict == ("supported" if o.adjusted < 0.05 else "not supported") for o in tested)
     assert by_id["worse"].verdict == "supported" and by_id["flat"].estimate.startswith("ratio 1.00")
+    # TOST decides on the 90% interval (alpha = 0.05): that is the interval printed beside the verdict
+    ci = stats.interval(flat, 0.90)
+    assert f"[{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] (90% CI, n=3 seeds)" in by_id["flat"].estimate
+    assert ci.high < math.log(1.1) and ci.low > -math.log(1.1) and by_id["flat"].p < 0.05
+
+
+def test_retrieval_claims_take_the_seed_as_the_unit(tmp_path):
+    """The same per-seed accuracies from 32 or 3,200 probes per seed give the same test: the
+    replicates are the 3 trained models, not their probes (pooled, the binomial test would call
+    the larger count overwhelming)."""
+    plan = experiments.make_plan("length-generalization", True, [1, 2, 3])
+    L = plan["model"]["block_size"]
+    found = {}
+    for scale in (1, 100):
+        rows = (probes("rope", L, [32 * scale] * 3, trials=32 * scale, seeds=(1, 2, 3))
+                + probes("rope", 4 * L, [14 * scale, 17 * scale, 13 * scale], trials=32 * scale, seeds=(1, 2, 3)))
+        (lost,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
+        found[scale] = lost
+    assert found[1].p == pytest.approx(found[100].p, rel=1e-12)
+    assert found[1].p == pytest.approx(stats.t_test([14 / 32, 17 / 32, 13 / 32], 0.5, "<"))
+    assert "n=3 seeds" in found[1].estimate and found[1].verdict == "not supported"
+    assert stats.binomial_test(4400, 9600, 0.5, "<") < 1e-10  # what pooling the 100x probes would have claimed
 
 
 def test_an_untested_claim_stays_in_the_family_with_p_one(tmp_path):

@@ -9,7 +9,6 @@ from minilm.data.batches import get_batch
 from minilm.data.retrieval import IGNORE, SLOT, SUITE, RetrievalError, Task, probe, suite_probe, training_rows
 from minilm.evaluation.retrieval import accuracy
 from minilm.model.gpt import GPT
-from minilm.study.claims import difference, interval_verdict
 from minilm.study.stats import normal_quantile, wilson
 from minilm.training.losses import lm_loss
 from minilm.training.mixture import draw, mixed_loss, retrieval_rows
@@ -142,15 +141,6 @@ def test_wilson_intervals_match_published_values():
     assert wilson(47, 50).format() == "94% [84, 98]"
     with pytest.raises(ValueError):
         wilson(3, 2)
-
-
-def test_the_difference_of_two_proportions_matches_newcombe():
-    # Newcombe (1998), table II, example (a): 56/70 - 48/80, method 10: 0.0524 to 0.3339
-    d, low, high = difference(wilson(56, 70), wilson(48, 80))
-    assert (d, low, high) == pytest.approx((0.2, 0.0524, 0.3339), abs=1e-4)
-    assert interval_verdict(low, high, ">", 0.0) == "yes"
-    assert interval_verdict(low, high, "<", 0.0) == "no"
-    assert interval_verdict(-0.1, 0.1, "<", 0.0) == "unresolved"
 
 
 def test_a_share_outside_zero_to_one_is_a_one_line_error():

@@ -81,7 +81,7 @@ def run(args) -> int:
         rows += [{"task": name, **c} for c in cells]
         found = {(c["length"], c["depth"]): None if c["correct"] is None else wilson(c["correct"], c["trials"])
                  for c in cells}
-        panels.append((name, lengths, depths, found))
+        panels.append((name, lengths, depths, {cell: None if p is None else p.rate for cell, p in found.items()}))
         body = [[f"{d:g}"] + [found[(t, d)].format() if found[(t, d)] else "n/a (bounded)" for t in lengths]
                 for d in depths]
         pooled = [_pooled(cells, t) for t in lengths]

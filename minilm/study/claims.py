@@ -1,13 +1,15 @@
 """Reading the study's cells, and the claims written down before the run, with their verdicts.
 
-Perplexity claims compare two cells through their ratio, per seed (paired; t-interval over
-seeds, ``minilm.study.stats.verdict``). Retrieval claims are about proportions: the probes of
-a cell, pooled over seeds (and over depths where the claim says so), are binomial trials, and
-the verdict reads the Wilson interval of the proportion (``wilson``) or Newcombe's interval of
-a difference of two proportions (``difference``): *yes* when the interval is wholly on the
-expected side, *no* when wholly on the other, *unresolved* otherwise. Pooling treats the
-seeds' probes as one sample: the per-seed accuracies are reported beside it, so the spread
-between seeds stays visible.
+The unit of replication is the trained model, i.e. the seed. Perplexity claims compare two
+cells through their ratio, per seed (paired; t-interval over seeds, ``minilm.study.stats.verdict``).
+Retrieval claims read each seed's accuracy (its probes, and depths unless the claim names one,
+counted together: ``seed_accuracies``) and take the t-interval over seeds of that accuracy or of
+the per-seed difference between two cells (paired: every model of a seed sees the same
+probes). Probes of one model are not independent draws of the scheme's ability (seeds of one
+scheme differed by 8 to 22 of 32 needles), so they are never pooled across seeds into one
+binomial sample: that would give the 32 probes of each of 3 seeds the weight of 96 models.
+*yes* when the interval is wholly on the expected side, *no* when wholly on the other,
+*unresolved* otherwise.
 
 Retrieval past L is read only when the gate holds: the best scheme reaches ``GATE`` accuracy
 at L with depths pooled (a task no model learned measures nothing); otherwise every retrieval
@@ -19,7 +21,7 @@ import math
 from typing import Optional, Sequence
 
 from minilm.study.extension import METHOD_NAMES
-from minilm.study.stats import Interval, Proportion, interval, verdict, wilson
+from minilm.study.stats import Interval, interval, verdict
 
 GATE = 0.90
 
@@ -134,49 +136,47 @@ def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth
             and (depth is None or r["depth"] == depth) and (when is None or r.get("when") == when)]
 
 
-def pooled(rows, section: str, label: str, length: int, depth=None, when=None) -> Optional[Proportion]:
-    """The probes of a cell pooled over seeds (and depths, when ``depth`` is None); None where
-    nothing was run or the length is past a bounded scheme's table."""
+def seed_accuracies(rows, section: str, label: str, length: int, depth=None, when=None) -> Optional[dict]:
+    """{seed: accuracy} of a cell, each seed's probes counted together (and its depths, when
+    ``depth`` is None); None where nothing was run or the length is past a bounded scheme's table."""
     these = _matching(rows, section, label, length, depth, when)
     if not these or any(r["correct"] is None for r in these):
         return None
-    return wilson(sum(r["correct"] for r in these), sum(r["trials"] for r in these))
-
-
-def seed_rates(rows, section: str, label: str, length: int, depth=None, when=None) -> dict:
-    """{seed: accuracy} of a cell (depths pooled when ``depth`` is None)."""
     by_seed: dict = {}
-    for r in _matching(rows, section, label, length, depth, when):
-        if r["correct"] is not None:
-            done = by_seed.setdefault(r["seed"], [0, 0])
-            done[0], done[1] = done[0] + r["correct"], done[1] + r["trials"]
+    for r in these:
+        done = by_seed.setdefault(r["seed"], [0, 0])
+        done[0], done[1] = done[0] + r["correct"], done[1] + r["trials"]
     return {seed: correct / trials for seed, (correct, trials) in sorted(by_seed.items())}
 
 
-def difference(a: Proportion, b: Proportion) -> tuple:
-    """(p_a - p_b, low, high): Newcombe's hybrid score interval (1998, method 10) from the two
-    Wilson intervals: low = d - sqrt((p_a - l_a)^2 + (u_b - p_b)^2), high = d + sqrt((u_a - p_a)^2 + (p_b - l_b)^2)."""
-    d = a.rate - b.rate
-    return (d, d - math.sqrt((a.rate - a.low) ** 2 + (b.high - b.rate) ** 2),
-            d + math.sqrt((a.high - a.rate) ** 2 + (b.rate - b.low) ** 2))
+def mean_accuracy(rows, *where, **kw) -> Optional[float]:
+    """The mean over seeds of a cell's accuracy (None: not run, or bounded)."""
+    rates = seed_accuracies(rows, *where, **kw)
+    return None if rates is None else sum(rates.values()) / len(rates)
 
 
-def interval_verdict(low: float, high: float, expect: str, threshold: float) -> str:
-    if high < threshold or low > threshold:
-        return "yes" if (high < threshold) == (expect == "<") else "no"
-    return "unresolved"
+def paired_differences(a: dict, b: dict) -> list:
+    """Per seed present in both, accuracy(a) - accuracy(b)."""
+    return [a[s] - b[s] for s in sorted(a) if s in b]
+
+
+def accuracy_text(rates: dict, confidence: float = 0.95) -> str:
+    """'94% ± 4 (90/94/97)': the mean over seeds, the t-interval's half-width in points, per seed."""
+    ci = interval(list(rates.values()), confidence)
+    spread = "" if ci.half_width is None else f" ± {100 * ci.half_width:.0f}"
+    return f"{100 * ci.mean:.0f}%{spread} (" + "/".join(f"{100 * v:.0f}" for v in rates.values()) + ")"
 
 
 def gate(rows, plan: dict) -> tuple:
-    """(the best scheme at L with depths pooled, its Proportion, whether it reaches GATE)."""
+    """(the best scheme at L with depths pooled, its mean accuracy over seeds, whether it reaches GATE)."""
     L = plan["model"]["block_size"]
     labels = sorted({r["label"] for r in rows if r["section"] == "scratch"})
-    scored = [(label, pooled(rows, "scratch", label, L)) for label in labels]
-    scored = [(label, p) for label, p in scored if p is not None]
+    scored = [(label, mean_accuracy(rows, "scratch", label, L)) for label in labels]
+    scored = [(label, rate) for label, rate in scored if rate is not None]
     if not scored:
         return None, None, False
-    label, best = max(scored, key=lambda item: item[1].rate)
-    return label, best, best.rate >= GATE
+    label, best = max(scored, key=lambda item: item[1])
+    return label, best, best >= GATE
 
 
 def retrieval_claims(plan: dict) -> list:
@@ -218,23 +218,25 @@ def retrieval_claims(plan: dict) -> list:
 
 
 def retrieval_verdicts(rows, plan: dict) -> list:
-    """Rows of the retrieval claims table: claim, source, threshold, statistic with interval, verdict."""
+    """Rows of the retrieval claims table: claim, source, threshold, statistic with its 95%
+    t-interval over seeds (of the accuracy, or of the per-seed difference), verdict."""
     L = plan["model"]["block_size"]
     _, _, passed = gate(rows, plan)
     out = []
     for claim, source, a, b, expect, threshold in retrieval_claims(plan):
-        cells = [pooled(rows, *where[:2], int(where[2] * L), where[3], where[4]) for where in (a, b) if where]
-        if any(p is None for p in cells):
+        found = [seed_accuracies(rows, *where[:2], int(where[2] * L), where[3], where[4]) for where in (a, b) if where]
+        values = None if any(r is None for r in found) else (
+            list(found[0].values()) if b is None else paired_differences(*found))
+        if not values:
             statistic, result = "not run", "n/a"
         elif not passed:
             statistic, result = "not read", "not read (gate failed)"
-        elif b is None:
-            p = cells[0]
-            statistic, result = p.format() + f" (n={p.trials})", interval_verdict(p.low, p.high, expect, threshold)
         else:
-            d, low, high = difference(*cells)
-            statistic = f"{100 * d:+.0f} points [{100 * low:+.0f}, {100 * high:+.0f}]"
-            result = interval_verdict(low, high, expect, threshold)
+            ci = interval(values)
+            shown = "" if ci.half_width is None else f" [{100 * ci.low:+.0f}, {100 * ci.high:+.0f}]"
+            statistic = (f"{100 * ci.mean:.0f}%" if b is None else f"{100 * ci.mean:+.0f} points") + shown + \
+                f" (n={ci.n} seeds)"
+            result = verdict(values, expect, threshold)
         shown = f"{expect} {100 * threshold:g}%" if b is None else f"difference {expect} 0"
         out.append([claim, source, shown, statistic, result])
     return out

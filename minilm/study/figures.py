@@ -16,7 +16,7 @@ import numpy as np
 
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.study.ablation import GROUPS, reference_of
-from minilm.study.claims import cell_interval, pooled, position_curves
+from minilm.study.claims import cell_interval, mean_accuracy, position_curves
 from minilm.study.extension import LABEL_NAMES, extension_labels
 from minilm.study.plan import KINDS
 from minilm.study.stats import interval
@@ -133,7 +133,7 @@ def position_figure(panels: Sequence, path: str, title: str, train_length: int) 
 
 
 def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) -> str:
-    """Accuracy heatmaps, one panel per (title, lengths, depths, {(length, depth): Proportion or None}):
+    """Accuracy heatmaps, one panel per (title, lengths, depths, {(length, depth): accuracy from 0 to 1, or None}):
     depth down, length across, each cell annotated with its accuracy in percent; grey where not run."""
     Figure = require_matplotlib()
     columns = min(columns, len(panels))
@@ -141,7 +141,7 @@ def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) ->
     fig = Figure(figsize=(3.3 * columns, 2.9 * rows + 0.6))
     for index, (name, lengths, depths, cells) in enumerate(panels):
         ax = fig.add_subplot(rows, columns, index + 1)
-        grid = np.array([[np.nan if cells.get((t, d)) is None else cells[(t, d)].rate for t in lengths]
+        grid = np.array([[np.nan if cells.get((t, d)) is None else cells[(t, d)] for t in lengths]
                          for d in depths])
         ax.set_facecolor("#d9d9d9")
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -212,11 +212,11 @@ def study_figures(study) -> dict:
                                     f"against fine-tuning steps (mean, 95% interval)")
     r, rows = plan["retrieval"], study.retrieval
     probe_lengths = [int(m * L) for m in r["multiples"]]
-    grid = lambda section, label, when=None: {(t, d): pooled(rows, section, label, t, d, when)  # noqa: E731
+    grid = lambda section, label, when=None: {(t, d): mean_accuracy(rows, section, label, t, d, when)  # noqa: E731
                                               for t in probe_lengths for d in r["depths"]}
     out["retrieval"] = heatmap_figure([(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in KINDS],
                                       path("retrieval-by-length-and-depth.png"), f"retrieval accuracy (%), trained "
-                                      f"at L = {L}; probes pooled over {seeds} seeds")
+                                      f"at L = {L}; mean over {seeds} seeds")
     out["extension_retrieval"] = heatmap_figure(
         [(f"{names[m]}, {when}", probe_lengths, r["depths"], grid("extension", m, when))
          for m in labels for when in ("before", "after")],

@@ -7,10 +7,17 @@ A claim names its test (the file's header says what each computes):
   (paired: every scheme of a seed saw the same batches), and test the mean of log r over
   seeds with Student's t (``stats.t_test``) or with two one-sided tests against the margin
   (``stats.tost``, Schuirmann 1987). Log ratios make "10% better" and "10% worse" symmetric.
-* ``proportion`` and ``difference`` read retrieval: the probes of a cell pooled over seeds
-  (and over depths unless the claim names one) are binomial trials (``stats.binomial_test``,
-  ``stats.two_proportion_test``). Retrieval past L is not read when the gate fails
+* ``proportion`` and ``difference`` read retrieval with the seed as the unit: each seed's
+  accuracy (its probes, and depths unless the claim names one, counted together) is one value;
+  ``proportion`` is the one-sample t-test of those values against the threshold, ``difference``
+  the paired t-test of the per-seed differences a - b (every model of a seed sees the same
+  probes). Pooling the probes of all seeds into one binomial sample would treat 3 x 32
+  probes as 96 independent models. Retrieval past L is not read when the gate fails
   (``claims.gate``): such a claim is "not tested".
+
+Each estimate carries the (1 - 2 alpha) interval over seeds (90% at alpha = 0.05): the
+interval a one-sided test at level alpha decides on, and for TOST exactly the interval that
+must lie inside the margins (Schuirmann 1987), so the printed interval and the verdict agree.
 
 Holm's step-down correction (``stats.holm``) runs over every claim of the file, a claim that
 could not be tested entering with p = 1, so the family is the one written down, not the one
@@ -32,8 +39,8 @@ from typing import Optional
 import yaml
 
 from minilm.common import MinilmError
-from minilm.study.claims import gate, paired_ratio, pooled
-from minilm.study.stats import binomial_test, holm, interval, t_test, tost, two_proportion_test
+from minilm.study.claims import gate, paired_differences, paired_ratio, seed_accuracies
+from minilm.study.stats import holm, interval, t_test, tost
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
 TESTS = {"superiority": "perplexity", "equivalence": "perplexity", "proportion": "retrieval",
@@ -147,7 +154,7 @@ def outcomes(cells, rows, plan: dict, path: Optional[str] = None, text: Optional
         raise ClaimsError(f"{path}: mode={mode!r} is not among the study's eval.modes {plan['eval']['modes']}")
     L = plan["model"]["block_size"]
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
-    tested = [_test(claim, cells, rows, L, mode, passed) for claim in claims]
+    tested = [_test(claim, cells, rows, L, mode, passed, alpha) for claim in claims]
     tested = [o if o.p is None or math.isfinite(o.p) else dataclasses.replace(o, p=None, estimate=o.estimate +
                                                                              " (not finite: no test)") for o in tested]
     adjusted = holm([1.0 if o.p is None else o.p for o in tested])
@@ -155,25 +162,27 @@ def outcomes(cells, rows, plan: dict, path: Optional[str] = None, text: Optional
                    for o, a in zip(tested, adjusted)]
 
 
-def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool) -> Outcome:
+def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: float) -> Outcome:
     if TESTS[claim.test] == "perplexity":
-        return _perplexity(claim, cells, L, mode)
+        return _perplexity(claim, cells, L, mode, alpha)
     past_L = any(cell["length"] > 1 for cell in (claim.a, claim.b) if cell)
-    found = [_pooled(rows, cell, L) for cell in (claim.a, claim.b) if cell]
-    if any(p is None for p in found):
+    found = [_accuracies(rows, cell, L) for cell in (claim.a, claim.b) if cell]
+    if any(not rates for rates in found):
         return Outcome(claim, "not run", None)
     if past_L and not passed:
         return Outcome(claim, "not read (the gate failed)", None)
-    if claim.test == "proportion":
-        (p,) = found
-        return Outcome(claim, f"{p.format()} (n={p.trials})",
-                       binomial_test(p.successes, p.trials, claim.threshold, claim.expect))
-    a, b = found
-    return Outcome(claim, f"{100 * (a.rate - b.rate):+.1f} points ({a.successes}/{a.trials} vs {b.successes}/{b.trials})",
-                   two_proportion_test(a.successes, a.trials, b.successes, b.trials, claim.expect))
+    values = list(found[0].values()) if claim.test == "proportion" else paired_differences(*found)
+    if len(values) < 2:
+        return Outcome(claim, "one seed: no test" if values else "no seed in both cells", None)
+    ci = interval(values, 1 - 2 * alpha)
+    what = "accuracy" if claim.test == "proportion" else "difference"
+    estimate = (f"{what} {100 * ci.mean:.1f}% [{100 * ci.low:.1f}, {100 * ci.high:.1f}] "
+                f"({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
+    return Outcome(claim, estimate, t_test(values, claim.threshold if claim.test == "proportion" else 0.0,
+                                           claim.expect))
 
 
-def _perplexity(claim: Claim, cells, L: int, mode: str) -> Outcome:
+def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome:
     where = [(c["section"], c["label"], int(c["length"] * L), c.get("step")) for c in (claim.a, claim.b)]
     ratios = paired_ratio(cells, where[0], where[1], mode)
     if len(ratios) < 2:
@@ -181,16 +190,18 @@ def _perplexity(claim: Claim, cells, L: int, mode: str) -> Outcome:
     if not all(r > 0 and math.isfinite(r) for r in ratios):
         return Outcome(claim, f"ratios {ratios} (not finite: no test)", None)
     logs = [math.log(r) for r in ratios]
-    ci = interval(logs)  # the geometric mean ratio and its interval: what the tests on log r read
-    estimate = f"ratio {math.exp(ci.mean):.3f} [{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] (n={ci.n})"
+    ci = interval(logs, 1 - 2 * alpha)  # the geometric mean ratio and the interval the test decides on
+    estimate = (f"ratio {math.exp(ci.mean):.3f} [{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] "
+                f"({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
     if claim.test == "equivalence":
         bound = math.log(1 + claim.margin)
         return Outcome(claim, estimate, tost(logs, -bound, bound))
     return Outcome(claim, estimate, t_test(logs, math.log(claim.threshold or 1.0), claim.expect))
 
 
-def _pooled(rows, cell: dict, L: int):
-    return pooled(rows, cell["section"], cell["label"], int(cell["length"] * L), cell.get("depth"), cell.get("when"))
+def _accuracies(rows, cell: dict, L: int):
+    return seed_accuracies(rows, cell["section"], cell["label"], int(cell["length"] * L), cell.get("depth"),
+                           cell.get("when"))
 
 
 def hypothesis(claim: Claim) -> str:

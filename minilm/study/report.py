@@ -24,7 +24,7 @@ from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import ablation, sweep
-from minilm.study.claims import GATE, cell_text, gate, pooled, position_curves, retrieval_verdicts, seed_rates, verdicts
+from minilm.study.claims import GATE, accuracy_text, cell_text, gate, position_curves, retrieval_verdicts, seed_accuracies, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.extension import LABEL_NAMES, extension_labels
 from minilm.study.plan import KINDS, ExperimentError, Study
@@ -209,8 +209,8 @@ def _retrieval_protocol(study: Study) -> list:
         f"T tokens with the needle pair at that depth (0: the start; 1: right before the query), "
         f"{_distractors_text()}, and the query `MARK k` as its last two tokens; right when the most likely next "
         f"token is the needle's value (exact match). Keys and values are 32 token ids the text never uses: chance is "
-        f"1/32 = 3.1%. Intervals are Wilson score intervals on the probes pooled over seeds (each probe asks one "
-        f"question); the per-seed accuracies are given beside them. **Gate, set before the run**: retrieval past L "
+        f"1/32 = 3.1%. The unit is the seed (the trained model): each seed's accuracy is one value, and "
+        f"intervals are t-intervals over seeds, with the per-seed accuracies beside them. **Gate, set before the run**: retrieval past L "
         f"is read only if the best scheme reaches {100 * GATE:.0f}% at L with depths pooled.",
         f"- **Extension** of the rope model of each seed to {long} ({ext['factor']:g}x): {steps[-1]} steps x "
         f"{ft['batch_size']} x {long} tokens ({ft_tokens / 1e6:.3f}M tokens, **{100 * ft_tokens / pre_tokens:.1f}% "
@@ -269,13 +269,12 @@ def _positions(study: Study, figures: dict) -> list:
 
 
 def _accuracy(rows, section, label, length, depth=None, when=None) -> str:
-    p = pooled(rows, section, label, length, depth, when)
-    if p is None:
+    rates = seed_accuracies(rows, section, label, length, depth, when)
+    if rates is None:
         bounded = any(r["correct"] is None for r in rows if r["section"] == section and r["label"] == label
                       and r["length"] == length)
         return "n/a (bounded)" if bounded else ""
-    rates = seed_rates(rows, section, label, length, depth, when)
-    return p.format() + " (" + "/".join(f"{100 * v:.0f}" for v in rates.values()) + ")"
+    return accuracy_text(rates)
 
 
 def _retrieval(study: Study, figures: dict) -> list:
@@ -283,14 +282,15 @@ def _retrieval(study: Study, figures: dict) -> list:
     lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
     best, proportion, passed = gate(rows, plan)
     verdict_line = ("not run" if best is None else
-                    f"the best scheme at L is **{best}** with {proportion.format()}: the gate "
+                    f"the best scheme at L is **{best}** with {100 * proportion:.0f}% (mean over seeds): the gate "
                     f"({100 * GATE:.0f}%) is **{'passed' if passed else 'failed'}**"
                     + ("" if passed else "; no accuracy past L is read below"))
     header = ["model"] + [f"{t} ({t // L}L)" for t in lengths]
     body = [[kind] + [_accuracy(rows, "scratch", kind, t) for t in lengths] for kind in KINDS]
     lines = ["## 3. Retrieval: every scheme at 1L to 8L and every needle depth", "",
              f"Gate: {verdict_line}.", "",
-             "Exact-match accuracy with depths pooled: pooled over seeds, [95% Wilson interval], (per seed):", "",
+             "Exact-match accuracy with depths pooled: mean over seeds ± the 95% t-interval's half-width in points "
+             "(the seed is the unit: each seed's probes are one measurement of one model), (per seed):", "",
              table(header, body, "l" + "r" * len(lengths)), ""]
     if "retrieval" in figures:
         lines += [f"![retrieval by length and depth]({figures['retrieval']})", ""]
@@ -331,7 +331,7 @@ def _extension(study: Study, figures: dict) -> list:
     body += [[oracle_names[kind], "-"] + [_accuracy(study.retrieval, "oracle", kind, t) for t in probe_lengths]
              for kind in oracle]
     lines += ["Retrieval accuracy with depths pooled, before (step 0, the method applied zero-shot) and after "
-              "fine-tuning: pooled over seeds, [95% Wilson interval], (per seed):", "",
+              "fine-tuning: mean over seeds ± the 95% t-interval's half-width in points, (per seed):", "",
               table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
                     "ll" + "r" * len(probe_lengths)), ""]
     if "extension_retrieval" in figures:
@@ -386,8 +386,11 @@ def _primary(study: Study, number: int, commit: str) -> list:
              "n/a" if o.p is None else f"{o.p:.3g}", f"{o.adjusted:.3g}", o.verdict if o.p is not None
              else "not tested"] for o in tested]
     return [title, "", f"The claims file: {status} Perplexity claims test the per-seed log ratio ppl(a) / ppl(b) "
-            f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test the probes "
-            f"pooled over seeds (exact binomial, or the two-proportion score test). p-values are one-sided; Holm's "
+            f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test each "
+            f"seed's accuracy against the threshold, or the per-seed difference of two cells (paired: every model of "
+            f"a seed sees the same probes), with Student's t over seeds. Estimates carry the {100 * (1 - 2 * alpha):g}% "
+            f"interval, the one the test at level {alpha:g} decides on (for TOST: equivalence holds at level "
+            f"{alpha:g} exactly when that interval lies inside the margins). p-values are one-sided; Holm's "
             f"correction runs over all {len(tested)} claims (an untested claim counts as p = 1); *supported* means "
             f"adjusted p < {alpha:g}, *not supported* is not evidence of the opposite.", "",
             table(["id", "claim", "source", "test", "alternative", "estimate", "p", "Holm p", "verdict"], rows,
@@ -403,8 +406,8 @@ def _comparison(study: Study, number: int) -> list:
              "", "Perplexity: each row compares two perplexities through their ratio, computed per seed (mean ± 95% "
              "interval over seeds).", "", table(header, verdicts(study.cells, study.plan)), ""]
     if study.plan["experiment"] == "length-generalization":
-        lines += ["Retrieval: a proportion (Wilson interval) or a difference of two (Newcombe's interval), probes "
-                  "pooled over seeds and depths unless a depth is named.", "",
+        lines += ["Retrieval: each seed's accuracy (its probes and depths counted together unless a depth is "
+                  "named), or the per-seed difference of two cells (paired); mean and 95% t-interval over seeds.", "",
                   table(["expectation", "published evidence", "holds when", "measured", "verdict"],
                         retrieval_verdicts(study.retrieval, study.plan)), ""]
     return lines
