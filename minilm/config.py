@@ -264,11 +264,17 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out_dir: str = option("out/run", help="where checkpoints, metrics.jsonl and samples go")
-    seed: int = option(1337, help="fixes the initialisation and the batches")
+    seed: int = option(1337, help="fixes the initialisation (and the batches, unless data_seed is given)")
+    data_seed: Optional[int] = option(None, help="fixes the batches' order apart from the initialisation (null: seed)")
 
     def __post_init__(self):
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
-            raise ConfigError(f"seed={shown(self.seed)} is invalid: expected an integer from 0 to 2**63 - 1")
+        for key, value in (("seed", self.seed), ("data_seed", self.data_seed)):
+            if value is not None or key == "seed":
+                check_number(key, value, lambda v: isinstance(v, int) and 0 <= v < 2 ** 63, "an integer from 0 to 2**63 - 1")
+
+    @property
+    def batch_seed(self) -> int:  # the seed of the batches' generator
+        return self.seed if self.data_seed is None else self.data_seed
 
     def to_dict(self) -> dict:
         """The config as plain data; a head width of d_model / n_head is written as null (derived)."""
@@ -330,11 +336,9 @@ def from_dict(cls, data: Any, prefix: str = ""):
 
 def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: typing.Sequence[str] = (),
                     what: str = "") -> dict:
-    """Apply ``dotted.key=value`` assignments to a nested dict in place and return it. With
-    ``allowed`` (key prefixes), any other key is a ConfigError that says what may change
-    ``what``-time (e.g. "at evaluation time"). Setting ``model.position.kind`` to another kind
-    starts the position settings afresh, so no option of the old kind is left behind. Values
-    are parsed as YAML (a value that is not YAML stays a string)."""
+    """Apply ``dotted.key=value`` assignments (values parsed as YAML, else kept as strings) to a nested
+    dict in place and return it. With ``allowed`` (key prefixes), any other key is a ConfigError saying
+    what may change ``what`` (e.g. "at evaluation time"). A new ``model.position.kind`` starts its options afresh."""
     for assignment in assignments:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
         if "=" not in assignment:
@@ -399,8 +403,7 @@ def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()
 
 
 def given_keys(tree: dict, prefix: str = "") -> frozenset:
-    """Every dotted key a config file and its overrides set (sections too): what the user chose,
-    as against the defaults."""
+    """Every dotted key (sections too) a config file and its overrides set: what the user chose."""
     keys = set()
     for key, value in tree.items():
         keys.add(prefix + str(key))
@@ -410,8 +413,7 @@ def given_keys(tree: dict, prefix: str = "") -> frozenset:
 
 
 def was_given(config: "Config", key: str) -> bool:
-    """Whether the user set ``key`` (a dotted key): True for a config built in code, whose
-    every value counts as chosen (``load_config`` records what a file and overrides set)."""
+    """Whether the user set dotted ``key`` (``load_config`` records it); True for a config built in code."""
     given = getattr(config, "given", None)
     return given is None or key in given
 
@@ -434,11 +436,9 @@ def build_config(tree: dict) -> Config:
 
 
 def resolve_config(config: Config, tokenizer=None) -> Config:
-    """The config a run uses; the one place where the vocabulary size is decided.
-
-    ``model.vocab_size`` follows the tokenizer: ``tokenizer.vocab_size`` when one is given
-    (a prepared corpus, or the source checkpoint of ``train.init_from``), which then sets
-    ``data.vocab_size`` too; else ``data.vocab_size``, the size of the tokenizer to train."""
+    """The config a run uses; the one place where the vocabulary size is decided: ``model.vocab_size``
+    (and ``data.vocab_size``) follow ``tokenizer`` when one is given (a prepared corpus, or the source of
+    ``train.init_from``), else ``data.vocab_size``, the size of the tokenizer to train."""
     vocab = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
     if "model.vocab_size" in (getattr(config, "given", None) or ()) and config.model.vocab_size != vocab:
         raise ConfigError(f"model.vocab_size={config.model.vocab_size} is invalid: it follows the tokenizer ({vocab:,} "

@@ -20,6 +20,7 @@ from minilm.config import Config, ConfigError, TrainConfig
 from minilm.model.gpt import GPT
 from minilm.training import loop as trainer
 from minilm.training.loop import TrainingError, train
+from minilm.training.mixture import draw
 from minilm.training.optim import lr_at, make_optimizer
 from minilm.training.resume import trajectory_changes
 from tests.conftest import REPO, tiny_overrides
@@ -152,6 +153,23 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(tiny_config, monkeyp
     assert [r["loss"] for r in read_metrics(config.out_dir)] == reference
     assert second["final_val_loss"] == full["final_val_loss"]
     assert signal.getsignal(signal.SIGINT) is handler  # the handlers are restored
+
+
+def test_seed_fixes_the_initialisation_and_data_seed_the_batches(tiny_config):
+    def first(*extra):
+        run = trainer.setup(tiny_config(*extra, out="-".join(extra) or "default"), quiet=True)
+        for logger in run.loggers:
+            logger.close()
+        x, _, _ = draw(run.prepared.train, 4, 32, run.generator, 0, 0.0, None)
+        return run.raw.lm_head.weight.detach().clone(), x
+
+    weights, batch = first()
+    same_data_weights, same_data_batch = first("seed=7", "data_seed=1337")  # data_seed as the default seed
+    other_data_weights, other_data_batch = first("data_seed=8")
+    assert torch.equal(batch, same_data_batch) and not torch.equal(weights, same_data_weights)
+    assert torch.equal(weights, other_data_weights) and not torch.equal(batch, other_data_batch)
+    with pytest.raises(ConfigError, match=r"data_seed=-1 is invalid: expected an integer from 0 to 2\*\*63 - 1"):
+        tiny_config("data_seed=-1")
 
 
 def test_resume_errors(tiny_config):

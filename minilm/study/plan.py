@@ -103,6 +103,11 @@ ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
          ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
 
+# Seed s of a study initialises its models with seed s and orders their batches with data seed
+# DATA_SEED_OFFSET + s: two streams, both recorded in each run's config (one seed for both would
+# start the initialisation and the batch generator from the same random state).
+DATA_SEED_OFFSET = 10_000
+
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
 RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
                 "sample_tokens": 0, "final_eval_tokens": 0}
@@ -196,7 +201,8 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
     train_settings["batch_size"] = round(batch)
     tree = {"model": {**plan["model"], **tweaks.get("model", {}), "position": position,
                       "block_size": block_size or plan["model"]["block_size"]},
-            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed}
+            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed,
+            "data_seed": DATA_SEED_OFFSET + seed}
     try:
         return resolve_config(build_config(copy.deepcopy(tree)))
     except ConfigError as exc:

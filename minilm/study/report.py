@@ -27,7 +27,7 @@ from minilm.study import ablation, sweep
 from minilm.study.claims import GATE, accuracy_text, cell_text, gate, position_curves, retrieval_verdicts, seed_accuracies, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.extension import LABEL_NAMES, extension_labels
-from minilm.study.plan import KINDS, ExperimentError, Study
+from minilm.study.plan import DATA_SEED_OFFSET, KINDS, ExperimentError, Study
 from minilm.study.primary import hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
 
@@ -128,7 +128,8 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
         f"torch thread each; load average at start / end: {loads[0]} / {loads[1]}  ",
         f"Git commit at the start: `{commit}`  ",
         f"Machine: {machine()}; CPU flags: {cpu_flags()}  ",
-        f"Seeds: {', '.join(map(str, plan['seeds']))}; dtype: {plan['train']['dtype']}",
+        f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "
+        f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']}",
         "",
     ]
 

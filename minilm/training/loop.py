@@ -13,7 +13,7 @@ in-process. What it does, in order:
    ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data state), exactly.
 3. Loop over optimizer steps. Each step draws one *global* batch of
    ``world_size * grad_accum * batch_size`` sequences from a generator seeded by
-   ``config.seed`` and identical on every rank; rank r takes its own rows of it for
+   ``config.batch_seed`` (data_seed, else seed) and identical on every rank; rank r takes its own rows of it for
    each micro-step. Every rank therefore sees different sequences, and the data a step
    sees depends only on the global batch, not on how it is split over processes and
    micro-steps: two DDP processes reproduce one process with ``grad_accum=2``. Micro-steps
@@ -269,7 +269,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     if t.compile:
         model = torch.compile(model)
     run = TrainingRun(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
-              make_optimizer(raw, t, device), torch.Generator().manual_seed(config.seed), started)
+              make_optimizer(raw, t, device), torch.Generator().manual_seed(config.batch_seed), started)
     if state is not None and "model" not in state:
         load_sharded(state, raw, run.optimizer)
     elif state is not None:

@@ -66,11 +66,11 @@ def _first_difference(a, b, prefix=""):
 
 
 def check_resumable(config: Config, state: dict) -> None:
-    """Resuming needs the same model, data and seed; train settings may change (e.g. max_steps).
+    """Resuming needs the same model, data and seeds; train settings may change (e.g. max_steps).
     A key the checkpoint lacks (an option added after it was written) counts at the value that
     reproduces what the code did then (``checkpoints.format.with_defaults``)."""
     ours, theirs = config.to_dict(), with_defaults(state["config"])
-    for section in ("model", "data", "seed"):
+    for section in ("model", "data", "seed", "data_seed"):
         diff = _first_difference(ours.get(section), theirs.get(section), f"{section}.")
         if diff:
             key, now, before = diff
