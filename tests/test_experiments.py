@@ -12,6 +12,7 @@ import yaml
 from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
+from minilm.model.gpt import GPT
 from minilm.study import claims, extension, plan as experiments, report, sweep
 
 
@@ -180,8 +181,11 @@ def test_ablation_variants_are_sized_for_the_plan():
     assert quick["learned-concat"]["model"] == {"concat_position_dims": 16}
     assert full["learned-2x-tokens"]["train"] == {"max_steps": 1000, "warmup_steps": 100}
     assert full["rope-no-task"]["train"] == {"retrieval_share": 0.0}
+    # half of the mixture's rows are text: the same text tokens without the task is half the steps
+    assert full["rope-no-task-same-text"]["train"] == {"retrieval_share": 0.0, "max_steps": 250, "warmup_steps": 25}
     gap = experiments.make_plan("ablation", True, None, ["ablation.groups=[gap]"])["ablation"]["variants"]
     assert set(gap) == {"sinusoidal", "rope", "learned", "sinusoidal-no-task", "rope-no-task", "learned-no-task",
+                        "sinusoidal-no-task-same-text", "rope-no-task-same-text", "learned-no-task-same-text",
                         "sinusoidal-2x-tokens", "learned-2x-tokens", "learned-table-lr10"}
     with pytest.raises(experiments.ExperimentError, match="ablation.groups=.*valid: base, dim-dropout, concat, gap"):
         experiments.make_plan("ablation", True, None, ["ablation.groups=[bases]"])
@@ -266,10 +270,30 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
     sinusoidal = experiments.run_config(plan, str(tmp_path / "s"), {"kind": "sinusoidal"}, 1)
     assert sinusoidal.model.embedding_init_std == 0.125 and sinusoidal.train.position_lr_scale == 1
     rope = experiments.run_config(plan, str(tmp_path / "r"), {"kind": "rope"}, 1)
-    assert rope.model.position == {"kind": "rope"} and rope.model.embedding_init_std == 0.02
+    assert rope.model.position == {"kind": "rope"} and rope.model.embedding_init_std == 32 ** -0.5
+    assert (rope.seed, rope.data_seed) == (1, experiments.DATA_SEED_OFFSET + 1)  # two streams, both recorded
     with pytest.raises(experiments.ExperimentError, match="max_distance"):
         experiments.run_config(experiments.make_plan("length-generalization", True, [1], [
             "schemes={t5: {position: {max_distance: 0}}}"]), str(tmp_path / "bad"), {"kind": "t5"}, 1)
+
+
+def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_longest_length(tmp_path):
+    plan = experiments.make_plan("length-generalization", True, [1])
+    L = plan["model"]["block_size"]
+    configs = {kind: experiments.run_config(plan, str(tmp_path / kind), {"kind": kind}, 1)
+               for kind in experiments.KINDS}
+    recipes = {(c.model.embedding_init_std, c.model.embedding_scale) for c in configs.values()}
+    assert recipes == {(32 ** -0.5, "sqrt_d_model")}  # fairseq's, as the ALiBi paper trains every scheme
+    longest = max(plan["eval"]["multiples"] + plan["retrieval"]["multiples"]) * L
+    assert configs["randomized"].model.position["max_positions"] >= 4 * longest
+    model = GPT(configs["randomized"].model).eval()  # eval_positions: sampled, as the study evaluates
+    seen = []
+    model.positions.inner.start = seen.append  # the positions the wrapped rope is given
+    for _ in range(3):  # a draw at the longest length is a sample of the range, never every position
+        model(torch.zeros(1, longest, dtype=torch.long))
+    for drawn in seen:
+        assert len(drawn) == longest == len(torch.unique(drawn)) and int(drawn.max()) >= longest
+    assert not torch.equal(seen[0], seen[1])
 
 
 def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):

@@ -351,6 +351,24 @@ def test_llama3_and_longrope_match_transformers(head_dim, theta, params, length)
 
 # --------------------------------------------------------------------------- kerple
 
+def test_kerple_starts_and_stays_where_the_reference_code_keeps_it():
+    """chijames/KERPLE: log's multiplier U(0, 2) and inner scale U(0, 1); power's multiplier
+    U(0, 1) and exponent U(0, 2); each projected onto [1e-2, ...) (the exponent onto [1e-2, 2])
+    before every training pass."""
+    torch.manual_seed(0)
+    log = make({"kind": "kerple", "floor": 1e-2}, d_model=8, n_head=512)
+    power = make({"kind": "kerple", "variant": "power", "floor": 1e-2}, d_model=8, n_head=512)
+    for param, high in ((log.r1, 2.0), (log.r2, 1.0), (power.r1, 1.0), (power.r2, 2.0)):
+        assert 0 <= float(param.min()) < 0.02 * high and 0.98 * high < float(param.max()) < high
+        assert float(param.mean()) == pytest.approx(high / 2, rel=0.1)
+    with torch.no_grad():
+        power.r2[:2] = torch.tensor([-1.0, 3.0])
+    power.start(torch.arange(4.0))  # what every forward pass calls first
+    assert power.r2[:2].tolist() == pytest.approx([0.01, 2.0]) and float(power.r1.min()) >= 0.01 - 1e-9
+    default = make({"kind": "kerple"}, d_model=8, n_head=2)  # minilm's clamp before the option: saved models load alike
+    assert default.floor == 1e-4 and "floor=0.0001" in repr(default)
+
+
 def test_kerple_log_and_power_kernels():
     log = make({"kind": "kerple"}, d_model=8, n_head=4)
     with torch.no_grad():
@@ -363,7 +381,10 @@ def test_kerple_log_and_power_kernels():
             assert float(bias[h, 0, j]) == pytest.approx(-r1 * math.log(1 + r2 * (5 - j)), rel=1e-6)
     power = make({"kind": "kerple", "variant": "power"}, d_model=8, n_head=4)
     alibi = make({"kind": "alibi"}, d_model=8, n_head=4)
-    assert torch.allclose(power.bias(q, k), alibi.bias(q, k))  # power with r2 = 1 starts as ALiBi
+    with torch.no_grad():
+        power.r1.copy_(alibi.slopes)
+        power.r2.fill_(1.0)
+    assert torch.allclose(power.bias(q, k), alibi.bias(q, k))  # power with exponent 1 and ALiBi's slopes is ALiBi
     with torch.no_grad():
         power.r2.fill_(1.5)
     assert float(power.bias(q, k)[0, 0, 1]) == pytest.approx(-float(power.r1[0]) * 4 ** 1.5, rel=1e-6)
@@ -379,7 +400,7 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
     fire = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
     with torch.no_grad():
         fire.c.fill_(0.5)
-        fire.threshold.fill_(10.0)
+        fire.log_threshold.fill_(math.log(10.0))
     q, k = torch.tensor([4.0, 20.0]), torch.tensor([0.0, 3.0, 4.0])
     bias = fire.bias(q, k)
     for row, i in enumerate((4.0, 20.0)):
@@ -388,6 +409,10 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
             expected = fire.mlp(torch.tensor([[x]]))[0]
             assert torch.allclose(bias[:, row, col], expected, atol=1e-6)
     assert torch.all(fire.normalised_distance(q, k) <= 1) and float(fire.normalised_distance(q, k)[0, 2]) == 0.0
+    before = {k: v for k, v in fire.state_dict().items() if k != "log_threshold"}
+    older = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
+    older.load_state_dict({**before, "threshold": torch.tensor(10.0)})  # a checkpoint from before the log
+    assert torch.allclose(older.bias(q, k), bias, atol=1e-6)
 
     whole = fire.bias(torch.arange(40.0), torch.arange(40.0))
     old = fire_module.HIDDEN_BUDGET

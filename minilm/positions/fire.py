@@ -4,13 +4,19 @@ Transformers"): the bias of every head is a small learned function of the normal
     bias(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),    psi(x) = log(c x + 1),
 
 with i the query's absolute position and j the key's. f_theta is an MLP 1 -> 32 -> heads
-(ReLU), shared by all layers like T5's bias; c > 0 and the threshold L > 0 are learned
-(initialised at 1 and at the training length; kept positive by their absolute value). The
+(ReLU), shared by all layers like T5's bias; c > 0 and the threshold L > 0 are learned,
+initialised at 1 and at the training length. The paper gives no parameterisation for L; held
+as a number of positions (up to 512), an Adam step moves it by about the learning rate, so in
+the study it moved less than one position in 500 steps. It is learned as log L instead
+(``log_threshold``): an Adam step is then a relative change, the same at any L (checkpoints
+that hold ``threshold`` load as its log). c is kept positive by its absolute value. The
 normalisation by psi(max(L, i)) maps every distance into [0, 1], which is what lets the
 function interpolate rather than extrapolate at long lengths ("progressive interpolation").
 The bias depends on absolute positions only, so it is the same with a cache. The MLP's
 hidden layer is evaluated in slices of query rows so that memory stays linear in length.
 """
+import math
+
 import torch
 from torch import nn
 
@@ -31,11 +37,17 @@ class Fire(PositionScheme):
         self.hidden = int(hidden)
         self.mlp = nn.Sequential(nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.n_head))
         self.c = nn.Parameter(torch.tensor(1.0))
-        self.threshold = nn.Parameter(torch.tensor(float(self.block_size)))
+        self.log_threshold = nn.Parameter(torch.tensor(math.log(self.block_size)))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        old = state_dict.pop(prefix + "threshold", None)  # written before the threshold was learned as its log
+        if old is not None:
+            state_dict[prefix + "log_threshold"] = old.abs().log()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalised_distance(self, q_pos, k_pos):
         """psi(i - j) / psi(max(L, i)) for every query (rows) and key (columns), in [0, 1] for j <= i."""
-        c, threshold = self.c.abs(), self.threshold.abs()
+        c, threshold = self.c.abs(), self.log_threshold.exp()
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # future keys are masked anyway
         reach = torch.maximum(q_pos, threshold)[:, None]
         return torch.log1p(c * distance) / torch.log1p(c * reach)

@@ -53,8 +53,10 @@ EXPERIMENTS = ("length-generalization", "ablation")
 FULL = {
     "experiment": "length-generalization",
     "seeds": [1, 2, 3],
+    # one embedding recipe for every scheme, fairseq's as the ALiBi paper trains all of them: the token
+    # table N(0, d^-1/2), scaled by sqrt(d) on the way in
     "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False,
-              "tie_embeddings": False},
+              "tie_embeddings": False, "embedding_init_std": 128 ** -0.5, "embedding_scale": "sqrt_d_model"},
     # the train split's last 32,768 tokens are held out of every run: the sweep chooses the fine-tuning rate there
     "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data", "holdout_tokens": 32768},
     "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
@@ -67,11 +69,16 @@ FULL = {
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
-    # per kind, what makes a baseline faithful to its paper (pilots: docs/design.md, "Measured choices"): T5's
-    # 32 buckets up to L / 4 (T5: 128 for inputs of 512) and a bias table that can reach ALiBi's scale in 500
-    # steps; fairseq's token embedding for sinusoidal; randomized positions drawn at evaluation too.
-    "schemes": {"t5": {"position": {"max_distance": 32}, "train": {"position_lr_scale": 30.0}},
-                "sinusoidal": {"model": {"embedding_init_std": 128 ** -0.5}},
+    # per kind, the settings of its reference code where minilm's defaults differ (docs/design.md, "Faithful
+    # baselines"): KERPLE's floor of 1e-2 (chijames/KERPLE); xPos's scale_base at half the training length
+    # (torchscale: 512 for 1,024); randomized positions drawn at evaluation too, from RANDOMIZED_REACH x the
+    # longest evaluated length (``randomized_reach``). T5 keeps its reference layout (32 buckets to 128; the
+    # table N(0, d^-1/2)) but its table learns at 30x the rate: T5 trains with Adafactor's relative steps for
+    # 2^18 steps, and at the schedule's rate the table cannot reach ALiBi's scale in 500 (pilot: perplexity 98
+    # at L against 75 at 30x; docs/design.md). FIRE is minilm's default (its threshold learned as its log).
+    "schemes": {"t5": {"train": {"position_lr_scale": 30.0}},
+                "kerple": {"position": {"floor": 1.0e-2}},
+                "xpos": {"position": {"scale_base": 64.0}},
                 "randomized": {"position": {"eval_positions": "sampled"}}},
     # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
     # (1: its sequences, factor x its tokens; 1 / factor, its tokens, learned nothing: docs/design.md), at the first
@@ -90,8 +97,8 @@ QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "cu
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
-QUICK["schemes"]["t5"]["position"] = {"num_buckets": 8, "max_distance": 8}  # L / 4 again (L = 32)
-QUICK["schemes"]["sinusoidal"]["model"]["embedding_init_std"] = 32 ** -0.5
+QUICK["model"]["embedding_init_std"] = 32 ** -0.5
+QUICK["schemes"]["xpos"]["position"]["scale_base"] = 16.0  # L / 2 again (L = 32)
 
 # The ablation experiment (``minilm.study.ablation``): variants of the study's models against
 # references trained beside them, with the study's recipe and seeds; perplexity only.
@@ -102,6 +109,10 @@ ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items
                                  for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4])))
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
          ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
+
+# Randomized positions (Ruoss et al. 2023) are drawn from [0, max_positions): at least this many times
+# the longest length the study evaluates, so that even there a draw is a sample, not every position.
+RANDOMIZED_REACH = 4
 
 # Seed s of a study initialises its models with seed s and orders their batches with data seed
 # DATA_SEED_OFFSET + s: two streams, both recorded in each run's config (one seed for both would
@@ -175,6 +186,14 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     return plan
 
 
+def randomized_reach(plan: dict) -> int:
+    """``max_positions`` of the randomized scheme: RANDOMIZED_REACH x the longest evaluated length
+    (perplexity, retrieval and the extension's curves)."""
+    multiples = (plan["eval"]["multiples"] + plan.get("retrieval", {}).get("multiples", [])
+                 + plan.get("extension", {}).get("curve_multiples", []))
+    return RANDOMIZED_REACH * int(max(multiples) * plan["model"]["block_size"])
+
+
 def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
                init_from: Optional[str] = None, batch_scale: int = 1, settings: Optional[dict] = None,
                finetune: Optional[dict] = None):
@@ -189,6 +208,8 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
     for section, values in (settings or {}).items():
         tweaks.setdefault(section, {}).update(values)
     position = {**position, **tweaks.get("position", {})}
+    if position["kind"] == "randomized" and "max_positions" not in position:
+        position["max_positions"] = randomized_reach(plan)
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
