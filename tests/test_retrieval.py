@@ -158,7 +158,26 @@ def _pairs_before(prompt, end, marker):
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
-@pytest.mark.parametrize("name", SUITE)
+def test_the_copy_probe_repeats_the_text_found_at_its_depth(depth):
+    """copy: the text before the repeat is the haystack's own; the last items + 1 tokens are the
+    items + 1 tokens at the stated depth; each asked position is answered by the token that
+    followed it in the first copy."""
+    task = Task.from_tokens(corpus(), VOCAB)
+    T, items, span = 240, 4, 5
+    haystacks = torch.from_numpy(corpus(6 * T, seed=8).astype(np.int64)).view(6, T)
+    prompts, positions, targets = suite_probe(haystacks, task, "copy", depth, torch.Generator().manual_seed(9), items)
+    first = round(depth * (T - 2 * span))
+    assert torch.equal(prompts[:, :T - span], haystacks[:, :T - span])
+    assert torch.equal(prompts[:, T - span:], haystacks[:, first:first + span])
+    assert positions.shape == targets.shape == (6, items) and (positions[:, -1] == T - 2).all()
+    for prompt, where, want in zip(prompts.tolist(), positions.tolist(), targets.tolist()):
+        assert [prompt[p + 1] for p in where] == want == [prompt[p - (T - span) + first + 1] for p in where]
+    with pytest.raises(RetrievalError, match="too short for copy"):
+        suite_probe(haystacks[:, :9], task, "copy", depth, torch.Generator(), items)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("name", [name for name in SUITE if name != "copy"])
 def test_every_suite_answer_follows_from_what_the_prompt_says(name, depth):
     """Each task's answers are recomputed from the prompt alone by the rule the task states."""
     task = Task.from_tokens(corpus(), VOCAB)

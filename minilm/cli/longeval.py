@@ -85,7 +85,8 @@ def run(args) -> int:
         body = [[f"{d:g}"] + [found[(t, d)].format() if found[(t, d)] else "n/a (bounded)" for t in lengths]
                 for d in depths]
         pooled = [_pooled(cells, t) for t in lengths]
-        print(f"\n{name} ({args.trials} probes per cell, chance {100 * task.chance:.1f}% per answer)\n")
+        chance = "text: no fixed chance" if name == "copy" else f"chance {100 * task.chance:.1f}% per answer"
+        print(f"\n{name} ({args.trials} probes per cell, {chance})\n")
         print(markdown_table(["depth"] + [str(t) for t in lengths], body + [["all"] + pooled],
                              "l" + "r" * len(lengths)))
     if args.csv:

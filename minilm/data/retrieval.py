@@ -153,7 +153,7 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
 
 # --------------------------------------------------------------------------- the long-context suite
 
-SUITE = ("single", "multikey", "multiquery", "multivalue", "vartrack")
+SUITE = ("single", "multikey", "multiquery", "multivalue", "vartrack", "copy")
 
 
 def _write(prompt: torch.Tensor, at: int, *tokens) -> None:
@@ -175,6 +175,12 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
       a random order, ``MARK k v MARK k' v' ... MARK k''``: all ``items`` values must be right.
     * ``multivalue``: one key written with ``items`` values (one of them at ``depth``); the end asks
       ``MARK k`` and must give the values in the order they stand, one after the other.
+    * ``copy`` (an induction probe on real text, no special token: a model trained on text alone
+      is probed zero-shot): the ``items + 1`` text tokens at ``depth`` (the first copy, as the
+      haystack has them, starting at ``round(depth * (T - 2 (items + 1)))``) are written again
+      as the last ``items + 1`` tokens; given the first token of the repeat, the model must
+      give the other ``items`` one after the other (teacher forced), which text statistics
+      alone rarely do and a model that looks back at the first copy does.
     * ``vartrack`` (variable tracking): ``MARK x0 v``, then ``MARK x1 x0``, ..., ``MARK xn xn-1``
       (n = ``items`` - 1) later in that order; the end asks ``MARK xn`` and the answer is v.
       ``depth`` places the first assignment, as a fraction of the way to the last slot that
@@ -191,6 +197,14 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
         raise RetrievalError(f"depth={depth} is invalid: expected a fraction from 0 to 1")
     prompts = haystacks.clone()
     B, T = prompts.shape
+    if name == "copy":
+        span = items + 1
+        if T < 2 * span:
+            raise RetrievalError(f"length {T} is too short for copy with {items} items: it needs at least {2 * span}")
+        first = round(depth * (T - 2 * span))
+        prompts[:, T - span:] = prompts[:, first:first + span]
+        positions = torch.arange(T - span, T - 1).expand(B, -1)
+        return prompts, positions, prompts[:, T - span + 1:].clone()
     asked = {"multiquery": SLOT * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
     if T - asked < 2 * SLOT * items:
         raise RetrievalError(f"length {T} is too short for {name} with {items} items: it needs at least "
