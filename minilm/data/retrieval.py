@@ -160,6 +160,17 @@ def _write(prompt: torch.Tensor, at: int, *tokens) -> None:
     prompt[at:at + len(tokens)] = torch.tensor([int(t) for t in tokens])
 
 
+def _copy_probe(prompts: torch.Tensor, depth: float, items: int) -> tuple:
+    """``suite_probe``'s copy task on ``prompts`` (B, T) of text, in place."""
+    B, T = prompts.shape
+    span = items + 1
+    if T < 2 * span:
+        raise RetrievalError(f"length {T} is too short for copy with {items} items: it needs at least {2 * span}")
+    first = round(depth * (T - 2 * span))
+    prompts[:, T - span:] = prompts[:, first:first + span]
+    return prompts, torch.arange(T - span, T - 1).expand(B, -1), prompts[:, T - span + 1:].clone()
+
+
 def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, generator: torch.Generator,
                 items: int = 4) -> tuple:
     """(prompts (B, T), positions (B, A), targets (B, A)) of one long-context task (RULER-style,
@@ -198,13 +209,7 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
     prompts = haystacks.clone()
     B, T = prompts.shape
     if name == "copy":
-        span = items + 1
-        if T < 2 * span:
-            raise RetrievalError(f"length {T} is too short for copy with {items} items: it needs at least {2 * span}")
-        first = round(depth * (T - 2 * span))
-        prompts[:, T - span:] = prompts[:, first:first + span]
-        positions = torch.arange(T - span, T - 1).expand(B, -1)
-        return prompts, positions, prompts[:, T - span + 1:].clone()
+        return _copy_probe(prompts, depth, items)
     asked = {"multiquery": SLOT * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
     if T - asked < 2 * SLOT * items:
         raise RetrievalError(f"length {T} is too short for {name} with {items} items: it needs at least "

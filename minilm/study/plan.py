@@ -39,11 +39,9 @@ from minilm.study.work import evaluate_job, retrieval_job, train_job
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
 EXPERIMENTS = ("length-generalization", "ablation")
 
-# The full study. float32: bf16 autocast trained this small shape slower than float32 even
-# on a CPU with native bf16 units, and float32 numbers do not depend on the CPU's bf16
-# support. 3 layers: with 4 the full study overran its 60-minute budget on a 2-core AVX2
-# host; a layer less keeps the recipe (tokens, steps, the 10% fine-tuning fraction). The
-# measurements: docs/design.md, "Measured choices". Half of the training sequences
+# The full study (measurements: docs/design.md, "Measured choices"). float32: bf16 autocast trained
+# this small shape slower even on a CPU with native bf16 units. 3 layers: with 4 the full study
+# overran its 60-minute budget on a 2-core AVX2 host. Half of the training sequences
 # (pretraining and fine-tuning alike) are retrieval sequences (``minilm.data.retrieval``: one
 # needle per sequence, asked three times), the same rows for every scheme; with a quarter the
 # needle was learned later and closer to the gate (94% at step 500, 4% at 250; half: 94% at
@@ -69,13 +67,10 @@ FULL = {
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
-    # per kind, the settings of its reference code where minilm's defaults differ (docs/design.md, "Faithful
-    # baselines"): KERPLE's floor of 1e-2 (chijames/KERPLE); xPos's scale_base at half the training length
-    # (torchscale: 512 for 1,024); randomized positions drawn at evaluation too, from RANDOMIZED_REACH x the
-    # longest evaluated length (``randomized_reach``). T5 keeps its reference layout (32 buckets to 128; the
-    # table N(0, d^-1/2)) but its table learns at 30x the rate: T5 trains with Adafactor's relative steps for
-    # 2^18 steps, and at the schedule's rate the table cannot reach ALiBi's scale in 500 (pilot: perplexity 98
-    # at L against 75 at 30x; docs/design.md). FIRE is minilm's default (its threshold learned as its log).
+    # per kind, its reference code's settings where minilm's defaults differ (docs/design.md, "Baselines as
+    # their reference code"): KERPLE's floor 1e-2; xPos's scale_base L / 2 (torchscale: 512 for 1,024);
+    # randomized positions sampled at evaluation too (``randomized_reach``). T5 keeps its layout (32 buckets
+    # to 128) and its table learns at 30x: at the schedule's rate it cannot reach ALiBi's scale in 500 steps.
     "schemes": {"t5": {"train": {"position_lr_scale": 30.0}},
                 "kerple": {"position": {"floor": 1.0e-2}},
                 "xpos": {"position": {"scale_base": 64.0}},
@@ -110,14 +105,10 @@ ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
          ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
 
-# Randomized positions (Ruoss et al. 2023) are drawn from [0, max_positions): at least this many times
-# the longest length the study evaluates, so that even there a draw is a sample, not every position.
-RANDOMIZED_REACH = 4
-
-# Seed s of a study initialises its models with seed s and orders their batches with data seed
-# DATA_SEED_OFFSET + s: two streams, both recorded in each run's config (one seed for both would
-# start the initialisation and the batch generator from the same random state).
-DATA_SEED_OFFSET = 10_000
+# Randomized positions (Ruoss et al. 2023) come from [0, RANDOMIZED_REACH x the longest evaluated length):
+# even there a draw is a sample, not every position. Seed s initialises; data seed DATA_SEED_OFFSET + s
+# orders the batches (both recorded; one seed for both started model and batches from one random state).
+RANDOMIZED_REACH, DATA_SEED_OFFSET = 4, 10_000
 
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
 RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
