@@ -284,6 +284,9 @@ def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_
                for kind in experiments.KINDS}
     recipes = {(c.model.embedding_init_std, c.model.embedding_scale) for c in configs.values()}
     assert recipes == {(32 ** -0.5, "sqrt_d_model")}  # fairseq's, as the ALiBi paper trains every scheme
+    assert configs["kerple"].model.position["floor"] == 1e-2  # chijames/KERPLE's clamp
+    assert configs["xpos"].model.position["scale_base"] == L / 2  # torchscale's 512 for 1,024
+    assert configs["t5"].model.position == {"kind": "t5"}  # the reference layout: 32 buckets to 128
     longest = max(plan["eval"]["multiples"] + plan["retrieval"]["multiples"]) * L
     assert configs["randomized"].model.position["max_positions"] >= 4 * longest
     model = GPT(configs["randomized"].model).eval()  # eval_positions: sampled, as the study evaluates

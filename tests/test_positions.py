@@ -351,6 +351,24 @@ def test_llama3_and_longrope_match_transformers(head_dim, theta, params, length)
 
 # --------------------------------------------------------------------------- kerple
 
+def test_t5_and_fire_start_as_their_references_and_fire_learns_its_threshold_in_relative_steps():
+    """T5's table starts N(0, d_model^-1/2) as transformers' T5 (not zero); FIRE's threshold
+    starts at the training length and one Adam step moves it by a fraction of itself (about the
+    rate), at a threshold of 128 as at 4,096, where a threshold held in positions would move by
+    about the rate in positions."""
+    torch.manual_seed(0)
+    t5 = make({"kind": "t5"}, d_model=64, n_head=128)
+    assert float(t5.relative_bias.weight.std()) == pytest.approx(64 ** -0.5, rel=0.05)
+    for L in (128, 4096):
+        fire = make({"kind": "fire"}, d_model=8, n_head=2, block_size=L)
+        assert float(fire.log_threshold.exp()) == pytest.approx(L)
+        optimizer = torch.optim.Adam([fire.log_threshold], lr=0.01)
+        q = torch.arange(1.0, L, 16.0)  # queries before the threshold are normalised by it
+        fire.normalised_distance(q, torch.zeros(1)).sum().backward()  # a larger threshold lowers them all
+        optimizer.step()
+        assert float(fire.log_threshold.exp()) / L == pytest.approx(math.exp(0.01), rel=1e-4)
+
+
 def test_kerple_starts_and_stays_where_the_reference_code_keeps_it():
     """chijames/KERPLE: log's multiplier U(0, 2) and inner scale U(0, 1); power's multiplier
     U(0, 1) and exponent U(0, 2); each projected onto [1e-2, ...) (the exponent onto [1e-2, 2])
