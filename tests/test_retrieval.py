@@ -1,5 +1,7 @@
 """The retrieval task (minilm.data.retrieval), its training mixture (minilm.training.mixture), its
 evaluation (minilm.evaluation.retrieval) and the binomial intervals the study reads it with."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -83,7 +85,7 @@ def test_a_model_that_looks_up_the_key_scores_everything_and_chance_is_chance():
             super().__init__()
             self.guess, self.w = guess, torch.nn.Parameter(torch.zeros(1))
             self.positions = type("P", (), {"position_limit": staticmethod(lambda: None)})()
-            self.lm_head = lambda h: h
+            self.logits = lambda h: h
 
         def forward(self, x, return_hidden=True):
             out = torch.zeros(x.shape[0], x.shape[1], VOCAB)
@@ -99,6 +101,8 @@ def test_a_model_that_looks_up_the_key_scores_everything_and_chance_is_chance():
     rows = accuracy(Oracle(False), task, tokens, [64, 128], [0.0, 1.0], trials=20, seed=1)
     assert [(r["length"], r["depth"], r["correct"], r["trials"]) for r in rows] == \
         [(64, 0.0, 20, 20), (64, 1.0, 20, 20), (128, 0.0, 20, 20), (128, 1.0, 20, 20)]
+    # the answer's logit 1, every other 0: log-probability log(e / (e + VOCAB - 1)) on every probe
+    assert all(r["logprob"] == pytest.approx(1 - math.log(math.e + VOCAB - 1), rel=1e-5) for r in rows)
     guessed = accuracy(Oracle(True), task, tokens, [128], [0.5], trials=640, seed=2)[0]
     assert abs(guessed["correct"] / 640 - task.chance) < 0.03
 
@@ -244,7 +248,7 @@ def test_suite_accuracy_scores_a_probe_right_only_when_every_answer_is():
             super().__init__()
             self.known, self.miss_first, self.w = known, miss_first, torch.nn.Parameter(torch.zeros(1))
             self.positions = type("P", (), {"position_limit": staticmethod(lambda: None)})()
-            self.lm_head = lambda h: h
+            self.logits = lambda h: h
 
         def forward(self, x, return_hidden=True):
             out = torch.zeros(x.shape[0], x.shape[1], VOCAB)

@@ -90,7 +90,7 @@ def run(args) -> int:
         print(markdown_table(["depth"] + [str(t) for t in lengths], body + [["all"] + pooled],
                              "l" + "r" * len(lengths)))
     if args.csv:
-        header = ["task", "length", "depth", "correct", "trials"]
+        header = ["task", "length", "depth", "correct", "trials", "logprob"]
         atomic_write(args.csv, "\n".join([",".join(header)] + [",".join("" if r[h] is None else str(r[h])
                                                                          for h in header) for r in rows]) + "\n")
         print(f"\ncells written to {args.csv}")

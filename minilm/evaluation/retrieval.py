@@ -3,7 +3,9 @@
 For each length T and depth d, ``trials`` probes of exactly T tokens are cut from the
 validation split (random stretches; the same stretches, keys and values for every model
 given the same seed, so models are compared on identical prompts). A probe is right when the
-model's most likely next token after the query is the needle's value (exact match, greedy).
+model's most likely next token after the query is the needle's value (exact match, greedy);
+``logprob`` is the mean over probes of the answers' mean log-probability (nats), a score that
+ranks models where exact match is at its floor or its ceiling.
 Each probe asks one question, so the trials of a cell are independent given the model and
 its accuracy is a binomial proportion (intervals: ``minilm.study.stats.wilson``). A length
 past a bounded scheme's table (learned positions) is not run: its rows have ``correct`` None.
@@ -23,7 +25,7 @@ from minilm.data.retrieval import Task, probe, suite_probe
 def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence[float], *, trials: int,
              seed: int, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, name: Optional[str] = None,
              items: int = 4) -> list:
-    """Rows {length, depth, correct, trials} of exact-match retrieval over ``tokens`` (the validation
+    """Rows {length, depth, correct, trials, logprob} of exact-match retrieval over ``tokens`` (the validation
     split): the study's ``probe`` of ``task``, or with ``name`` a task of the long-context suite
     (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is)."""
     device = next(model.parameters()).device
@@ -42,15 +44,16 @@ def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence
             else:
                 prompts, positions, targets = suite_probe(haystacks, task, name, depth, generator, items)
             if limit is not None and length > limit:
-                rows.append(dict(length=length, depth=depth, correct=None, trials=trials))
+                rows.append(dict(length=length, depth=depth, correct=None, trials=trials, logprob=None))
                 continue
-            correct, per_batch = 0, max(1, batch_tokens // length)
+            correct, logprob, per_batch = 0, 0.0, max(1, batch_tokens // length)
             for i in range(0, trials, per_batch):
-                x, at = prompts[i:i + per_batch].to(device), positions[i:i + per_batch].to(device)
+                x, at, want = (t[i:i + per_batch].to(device) for t in (prompts, positions, targets))
                 with autocast(device, dtype):
                     hidden = model(x, return_hidden=True)
                     hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
-                    guess = model.lm_head(hidden).argmax(dim=-1).cpu()
-                correct += int((guess == targets[i:i + per_batch]).all(dim=1).sum())
-            rows.append(dict(length=length, depth=depth, correct=correct, trials=trials))
+                    logits = model.logits(hidden).float()
+                correct += int((logits.argmax(dim=-1) == want).all(dim=1).sum())
+                logprob += float(torch.log_softmax(logits, -1).gather(-1, want[..., None]).mean(dim=(1, 2)).sum())
+            rows.append(dict(length=length, depth=depth, correct=correct, trials=trials, logprob=logprob / trials))
     return rows
