@@ -1,11 +1,9 @@
 """Configuration: dataclasses for model / data / train, YAML loading, dotted overrides.
 
-A run is described by one YAML file with the sections ``model`` (including
-``model.position``), ``data`` and ``train`` plus the top-level ``out_dir`` and
-``seed``. Overrides such as ``train.max_steps=200`` or ``model.position.kind=alibi``
-are applied on top, their values parsed as YAML. Every mistake is a one-line
-``ConfigError`` that names the key and the closest valid names.
-"""
+A run is one YAML file with the sections ``model`` (including ``model.position``), ``data`` and
+``train`` plus the top-level ``out_dir``, ``seed`` and ``data_seed``. Overrides such as
+``train.max_steps=200`` are applied on top, parsed as YAML. Every mistake is a one-line
+``ConfigError`` that names the key and the closest valid names."""
 from __future__ import annotations
 
 import dataclasses
@@ -195,12 +193,13 @@ class TrainConfig:
                             help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)")
     muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
     muon_split_qkv: bool = option(False, role=TRAJECTORY, help="with muon: q, k and v orthogonalised apart")
-    position_lr_scale: float = option(1.0, role=TRAJECTORY,
-                                      help="the position scheme's parameters (never weight-decayed) take this times "
-                                           "the schedule's rate, e.g. T5's bias table, which starts at zero")
+    position_lr_scale: float = option(1.0, role=TRAJECTORY, help="the position scheme's parameters (never "
+                                      "weight-decayed) take this times the schedule's rate, e.g. T5's bias table")
     grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
     retrieval_share: float = option(0.0, role=TRAJECTORY,
                                     help="share of sequences that are retrieval sequences (minilm.data.retrieval)")
+    retrieval_weight: float = option(0.0, role=TRAJECTORY, help="0: a retrieval row's loss is its answers, rows "
+                                     "weighted alike; w > 0: it keeps its text's loss and each answer counts w tokens")
     eval_interval: int = option(250, help="steps between held-out evaluations")
     eval_iters: int = option(20, help="held-out batches per evaluation")
     log_interval: int = option(10, help="steps between metrics.jsonl lines")
@@ -245,9 +244,10 @@ class TrainConfig:
                 any(name not in LOGGERS for name in self.loggers):
             raise ConfigError(f"train.loggers={shown(self.loggers)} is invalid: expected a list of distinct names among "
                               f"{', '.join(LOGGERS)}")
-        if not 0 <= self.retrieval_share < 1:
+        if not (0 <= self.retrieval_share < 1 or (self.retrieval_weight and self.retrieval_share == 1)):
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
-                              f"(none) to below 1")
+                              f"(none) to below 1 (to 1 with train.retrieval_weight > 0)")
+        check_number("train.retrieval_weight", self.retrieval_weight, lambda v: 0 <= v <= 1e4, "a number from 0 to 1e4")
         for name in ("muon_lr_scale", "position_lr_scale"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
         check_number("train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1")

@@ -135,6 +135,27 @@ def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
     assert mixed_loss(hidden, weight, 0.0, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
 
 
+def test_a_needle_in_every_row_keeps_the_text_and_weighs_each_answer_w_tokens():
+    """train.retrieval_weight w > 0: the rows keep their text's targets (all but those whose next
+    token the task wrote), the answers are flagged, and the loss counts each text target once and
+    each answer w times."""
+    tokens = corpus(20000, seed=6)
+    task = Task.from_tokens(tokens, VOCAB)
+    x0, y0 = get_batch(tokens, 8, 64, torch.Generator().manual_seed(7))
+    x, y, answers = draw(tokens, 8, 64, torch.Generator().manual_seed(7), 0, 1.0, task, keep_text=True)
+    assert answers.shape == y.shape and answers.sum(dim=1).tolist() == [task.queries] * 8  # one needle, asked 3x
+    assert all(int(v) in task.values for v in y[answers]) and not torch.isin(y[~answers], torch.tensor(task.values)).any()
+    kept = (y != IGNORE) & ~answers
+    assert torch.equal(y[kept], y0[kept]) and kept.float().mean() > 0.8  # the text's own next tokens, most of them
+    written = torch.cat([x, y0[:, -1:]], 1) != torch.cat([x0, y0[:, -1:]], 1)  # where the task wrote the input
+    assert not (kept & written[:, 1:]).any()  # no target is a token the task wrote, unless it is an answer
+    hidden, weight, w = torch.randn(8, 64, 8), torch.randn(VOCAB, 8), 8.0
+    per_token = torch.nn.functional.cross_entropy((hidden @ weight.t()).reshape(-1, VOCAB), y.reshape(-1),
+                                                  ignore_index=IGNORE, reduction="none").view(8, 64)
+    manual = (per_token[kept].sum() + w * per_token[answers].sum()) / (kept.sum() + w * answers.sum())
+    assert mixed_loss(hidden, weight, 0.0, y, answers, w).item() == pytest.approx(manual.item(), rel=1e-5)
+
+
 def test_wilson_intervals_match_published_values():
     assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
     # Newcombe (1998), table I: 0/10 -> 0 to 0.2775; 1/29 -> 0.0061 to 0.1718; 81/263 -> 0.2553 to 0.3662
@@ -152,6 +173,9 @@ def test_a_share_outside_zero_to_one_is_a_one_line_error():
     for share in (1.0, -0.1):
         with pytest.raises(ConfigError, match=f"train.retrieval_share={share} is invalid"):
             build_config({"train": {"retrieval_share": share}})
+    assert build_config({"train": {"retrieval_share": 1.0, "retrieval_weight": 2.0}}).train.retrieval_share == 1.0
+    with pytest.raises(ConfigError, match="train.retrieval_weight=-1.0 is invalid"):
+        build_config({"train": {"retrieval_weight": -1}})
 
 
 # --------------------------------------------------------------------------- the long-context suite

@@ -93,9 +93,10 @@ def _choice(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randperm(n, generator=generator)[:k]
 
 
-def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generator) -> tuple:
+def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generator, keep_text: bool = False) -> tuple:
     """(x, y) from haystacks (B, T + 1) of corpus tokens: pairs and queries written over the
-    text; y holds the answers at the queries' key positions and ``IGNORE`` elsewhere."""
+    text; y holds the answers at the queries' key positions and ``IGNORE`` elsewhere, or with
+    ``keep_text`` the text's own next tokens wherever the next token is still the text's."""
     rows = haystacks.clone()
     B, T = rows.shape[0], rows.shape[1] - 1
     group, slots = 1 + task.queries, (T + 1) // SLOT  # the slots of one pair: the pair, then its queries
@@ -115,6 +116,9 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
                 rows[b, at:at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
             for at in places[1:]:
                 y[b, at + 1] = v
+    if keep_text:
+        text = (rows == haystacks)[:, 1:] & (y == IGNORE)
+        y[text] = rows[:, 1:][text]
     return rows[:, :-1].contiguous(), y
 
 

@@ -329,7 +329,7 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     lr = lr_at(run.step, t)
     run.optimizer.set_lr(lr)
     x_all, y_all, mask_all = draw(run.prepared.train, B * A * dist.world, T, run.generator, run.step,
-                                  t.retrieval_share, run.task)
+                                  t.retrieval_share, run.task, keep_text=t.retrieval_weight > 0)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for micro in range(A):
         row = micro * dist.world + dist.rank
@@ -341,7 +341,8 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         with contextlib.nullcontext() if (not dist.enabled or last or run.sharded) else run.model.no_sync():
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
-                loss = run.model(x, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, y, mask),
+                loss = run.model(x, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, y, mask,
+                                                                                 t.retrieval_weight),
                                  **run.forward_options) / A  # the loss inside the forward pass
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()

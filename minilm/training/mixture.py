@@ -7,11 +7,18 @@ s of all sequences, spread evenly, the same rows for every position scheme and s
 function of the step alone (so a resumed run draws the same ones). With s = 0 the batch is
 ``get_batch``'s, untouched.
 
-The loss weighs every sequence alike: a micro-batch of B rows, r of them retrieval rows,
-has loss ((B - r) / B) * (mean token loss of the corpus rows) + (r / B) * (mean loss of the
-answers of the retrieval rows). Only the answers of a retrieval row carry loss (the rest of
-it is text with pairs written over it, and the pairs' values are random), so without this
-weighting a row's 3 answers would count as much as 3 of a corpus row's 128 tokens.
+With ``train.retrieval_weight`` 0 the loss weighs every sequence alike: a micro-batch of B
+rows, r of them retrieval rows, has loss ((B - r) / B) * (mean token loss of the corpus rows)
++ (r / B) * (mean loss of the answers of the retrieval rows). Only the answers of a retrieval
+row carry loss (the rest of it is text with pairs written over it, and the pairs' values are
+random), so a row's 3 answers weigh as much as a corpus row's 128 tokens, and the text of the
+retrieval rows is not learned from: the task buys its accuracy with the model's text.
+
+With ``train.retrieval_weight`` w > 0 a retrieval row keeps its text (``training_rows`` with
+``keep_text``): every target that is still the text's next token counts once, wherever it
+is, and each answer counts w times: loss = (sum of text losses + w * sum of answer losses) /
+(text targets + w * answers). The share may then be 1 (a needle in every row). Targets whose
+next token the task wrote (a marker, a key, a pair's random value) carry no loss.
 """
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ def retrieval_rows(step: int, batch: int, share: float) -> torch.Tensor:
 
 
 def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: int, share: float,
-         task) -> tuple:
-    """(x, y, retrieval mask) of one global batch; y is ``IGNORE`` where a retrieval row has no answer."""
+         task, keep_text: bool = False) -> tuple:
+    """(x, y, mask) of one global batch. ``mask``: the retrieval rows (B,), y ``IGNORE`` where such
+    a row has no answer; with ``keep_text``, the answers' positions (B, T) instead, y the text's
+    next tokens elsewhere (``IGNORE`` where the task wrote the next token)."""
     x, y = get_batch(tokens, batch, block_size, generator)
     if share <= 0:
         return x, y, None
@@ -38,15 +47,26 @@ def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: 
     if mask.any():
         x, y = x.clone(), y.clone()  # with one row, get_batch's x and y are views of one tensor
         haystacks = torch.cat([x[mask], y[mask, -1:]], dim=1)
-        x[mask], y[mask] = training_rows(haystacks, task, generator)
+        x[mask], y[mask] = training_rows(haystacks, task, generator, keep_text)
+    if keep_text:  # the answers are the task's values, ids the training text never uses
+        mask = mask[:, None] & torch.isin(y, torch.tensor(task.values))
     return x, y, mask
 
 
-def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, mask) -> torch.Tensor:
+def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, mask,
+               answer_weight: float = 0.0) -> torch.Tensor:
     """The language-model loss of the corpus rows and the answer loss of the retrieval rows,
-    each weighted by its share of the rows (module docstring); logits soft-capped at ``softcap``."""
+    each weighted by its share of the rows; with ``answer_weight`` w > 0 (``mask`` then marks
+    the answers) every text target once and every answer w times (module docstring); logits
+    soft-capped at ``softcap``."""
     if mask is None or not mask.any():
         return lm_loss(hidden, weight, y, softcap)
+    if answer_weight > 0:
+        text = (y != IGNORE) & ~mask
+        n_text, n_answers = text.sum(), mask.sum()
+        total = n_text * lm_loss(hidden[text], weight, y[text], softcap) + \
+            answer_weight * n_answers * lm_loss(hidden[mask], weight, y[mask], softcap)
+        return total / (n_text + answer_weight * n_answers)
     rows = mask.shape[0]
     answers = y[mask] != IGNORE
     loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers], softcap)
