@@ -153,11 +153,13 @@ def _protocol(study: Study) -> list:
         f"~{GPT(first.model).num_params() / 1e6:.2f}M parameters; training length **L = {L}**.",
         f"- **From scratch**: {t['max_steps']} steps x {t['batch_size']} x {L} tokens ({pre_tokens / 1e6:.2f}M "
         f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} {_falling(first.train)} after "
-        f"{t['warmup_steps']} warmup steps. Seed s fixes the initialisation and the batches; every scheme of seed s "
-        f"sees the same batches. **{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every "
-        f"scheme) are retrieval sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a "
-        f"later query `MARK k`, written over the text, loss on the answers only, each sequence weighted alike "
-        f"(`minilm.training.mixture`); input and output embeddings "
+        f"{t['warmup_steps']} warmup steps. Every scheme of seed s sees the same batches. "
+        f"**{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every scheme) are retrieval "
+        f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a later query `MARK k`, "
+        f"written over the text, " + (
+            f"the text's loss kept: every text token counts once and each answer {t['retrieval_weight']:g} times "
+            if t.get("retrieval_weight") else "loss on the answers only, each sequence weighted alike ")
+        + f"(`minilm.training.mixture`); input and output embeddings "
         f"{'tied' if first.model.tie_embeddings else 'untied'}.",
         f"- **Perplexity**: the first {scored} of the validation split at every length (the split, at most "
         f"{e['max_tokens'] or 'all'} tokens, rounded down to a multiple of the longest length, so every cell "
