@@ -172,6 +172,17 @@ def test_seed_fixes_the_initialisation_and_data_seed_the_batches(tiny_config):
         tiny_config("data_seed=-1")
 
 
+def test_a_needle_in_every_row_logs_the_text_and_the_task_loss_apart(tiny_config):
+    config = tiny_config("train.max_steps=3", "train.retrieval_share=1.0", "train.retrieval_weight=8",
+                         "model.block_size=64")
+    train(config, quiet=True)
+    rows = read_metrics(config.out_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # the step's loss is the weighted mean of the two, so it lies between them
+        low, high = sorted((r["text_loss"], r["task_loss"]))
+        assert low - 1e-4 <= r["loss"] <= high + 1e-4
+
+
 def test_resume_errors(tiny_config):
     with pytest.raises(CheckpointError, match="no checkpoint"):
         train(tiny_config(), resume=True, quiet=True)

@@ -4,10 +4,8 @@
 only parses arguments and calls it, and other code (the experiment runner) can call it
 in-process. What it does, in order:
 
-1. Prepare the corpus (``minilm.data.prepare``; rank 0 first under DDP); the vocabulary
-   size follows its tokenizer (``config.resolve_config``). With ``train.init_from`` the
-   corpus is encoded with the source checkpoint's tokenizer (any corpus: a fine-tuning
-   mixture too).
+1. Prepare the corpus (``minilm.data.prepare``; rank 0 first under DDP); the vocabulary size follows
+   its tokenizer (``config.resolve_config``), with ``train.init_from`` the source's (any corpus).
 2. Build the model: fresh, from ``train.init_from`` (trained weights through
    ``minilm.checkpoints.loading.load_model``; fresh optimiser and step), or with ``resume=True`` from
    ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data state), exactly.
@@ -129,6 +127,7 @@ class TrainingRun:
     best_bpc: Optional[float] = None
     last_val: Optional[dict] = None
     task: Optional[Task] = None  # the retrieval task of train.retrieval_share (minilm.training.mixture)
+    loss_parts: dict = dataclasses.field(default_factory=dict)  # retrieval_weight > 0: text_loss, task_loss (rank 0)
     scaler: Optional[torch.amp.GradScaler] = None  # train.dtype float16: the loss scale (else None)
     skipped_steps: int = 0  # float16: steps whose gradients overflowed, skipped (the scale then halves)
     loggers: list = dataclasses.field(default_factory=list)  # train.loggers, on rank 0 (minilm.training.loggers)
@@ -342,7 +341,7 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
             with autocast(device, run.dtype):
                 mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
                 loss = run.model(x, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, y, mask,
-                                                                                 t.retrieval_weight),
+                                                                                 t.retrieval_weight, run.loss_parts),
                                  **run.forward_options) / A  # the loss inside the forward pass
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()
@@ -392,7 +391,7 @@ def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_no
         run.log({"event": "train", "step": step, "tokens": step * run.tokens_per_step, "loss": round(loss, 5),
                  "lr": lr, "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
                  "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2),
-                 "memory_mib": peak_memory_mib(run.device),
+                 "memory_mib": peak_memory_mib(run.device), **{k: round(float(v), 5) for k, v in run.loss_parts.items()},
                  **({"skipped_steps": run.skipped_steps, "loss_scale": run.scaler.get_scale()} if run.scaler else {})})
     if step % t.eval_interval == 0 and step < t.max_steps:
         run.last_val = run.validate(val_set)

@@ -22,6 +22,8 @@ next token the task wrote (a marker, a key, a pair's random value) carry no loss
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from minilm.data.batches import get_batch
@@ -54,19 +56,20 @@ def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: 
 
 
 def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, mask,
-               answer_weight: float = 0.0) -> torch.Tensor:
+               answer_weight: float = 0.0, parts: Optional[dict] = None) -> torch.Tensor:
     """The language-model loss of the corpus rows and the answer loss of the retrieval rows,
     each weighted by its share of the rows; with ``answer_weight`` w > 0 (``mask`` then marks
-    the answers) every text target once and every answer w times (module docstring); logits
-    soft-capped at ``softcap``."""
+    the answers) every text target once and every answer w times (module docstring), and the two
+    means, detached, in ``parts`` (text_loss, task_loss); logits soft-capped at ``softcap``."""
     if mask is None or not mask.any():
         return lm_loss(hidden, weight, y, softcap)
     if answer_weight > 0:
         text = (y != IGNORE) & ~mask
         n_text, n_answers = text.sum(), mask.sum()
-        total = n_text * lm_loss(hidden[text], weight, y[text], softcap) + \
-            answer_weight * n_answers * lm_loss(hidden[mask], weight, y[mask], softcap)
-        return total / (n_text + answer_weight * n_answers)
+        text_loss, task_loss = (lm_loss(hidden[m], weight, y[m], softcap) for m in (text, mask))
+        if parts is not None:
+            parts.update(text_loss=text_loss.detach(), task_loss=task_loss.detach())
+        return (n_text * text_loss + answer_weight * n_answers * task_loss) / (n_text + answer_weight * n_answers)
     rows = mask.shape[0]
     answers = y[mask] != IGNORE
     loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers], softcap)
