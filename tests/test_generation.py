@@ -83,7 +83,7 @@ def test_decoder_logits_match_the_model_run_on_the_whole_sequence(random_gpt, ki
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal"])
-def test_prompt_longer_than_the_window_is_fed_one_token_at_a_time(random_gpt, kind):
+def test_prompt_longer_than_the_window_is_prefilled_in_chunks_of_the_window(random_gpt, kind):
     model = random_gpt({"kind": kind}, block_size=16)
     prompt = torch.randint(0, 97, (50,), generator=torch.Generator().manual_seed(1)).tolist()
     cached = greedy_tokens(model, prompt, 30)
@@ -91,6 +91,23 @@ def test_prompt_longer_than_the_window_is_fed_one_token_at_a_time(random_gpt, ki
     with torch.inference_mode():
         first = reference_logits(model, prompt, 16).argmax().item()
     assert cached[0] == first
+
+
+@pytest.mark.parametrize("kind", ["rope", "alibi"])
+def test_left_padded_prompts_past_the_window_decode_as_each_alone(random_gpt, kind):
+    """Two prompts of different lengths, both longer than the rolling window, in one batch (left-padded,
+    prefilled in chunks): each row's greedy text is what it gets alone and what recomputation gives."""
+    from minilm.generation.decode import generate_rows
+    model = random_gpt({"kind": kind}, block_size=16)
+    prompts = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (53, 37)]
+
+    def greedy(rows, **kw):
+        steps = generate_rows(model, rows, max_new_tokens=12, sampling=Sampling(temperature=0.0), max_context=16, **kw)
+        return torch.stack(list(steps), dim=1).tolist()
+
+    together = greedy(prompts)
+    for row, prompt in zip(together, prompts):
+        assert [row] == greedy([prompt]) == greedy([prompt], use_cache=False)
 
 
 def test_dynamic_ntk_uses_the_same_context_length_with_and_without_cache(random_gpt):

@@ -81,6 +81,28 @@ def test_rolling_cache_equals_sliding_window(kind):
     assert cache.length == 50
 
 
+@pytest.mark.parametrize("kind", ["rope", "alibi", "t5", "none", "sinusoidal", "kerple", "xpos"])
+def test_a_rolling_cache_takes_chunks_across_its_wrap(kind):
+    """Chunks of up to the capacity that cross the ring's end: each query sees the keys held
+    before its chunk and the chunk's own, within its window, as sliding-window attention does."""
+    model = tiny({"kind": kind}, block_size=16)
+    idx = torch.randint(0, 61, (2, 50), generator=torch.Generator().manual_seed(4))
+    window, outs, t = 12, [], 0
+    with torch.no_grad():
+        reference = model(idx, window=window, context_len=window)
+        cache = model.new_cache(2, window, rolling=True)
+        for size in (5, 9, 12, 3, 12, 9):  # 50 tokens
+            outs.append(model(idx[:, t:t + size], cache=cache))
+            t += size
+        assert (torch.cat(outs, dim=1) - reference).abs().max().item() <= 1e-5 and cache.length == 50
+        with pytest.raises(ValueError, match="chunks of at most its capacity"):
+            model(idx[:, :13], cache=cache)
+        sinks = model.new_cache(2, window, rolling=True, sinks=2, sink_positions="absolute")
+        model(idx[:, :window], cache=sinks)
+        with pytest.raises(ValueError, match="with sinks one token at a time"):
+            model(idx[:, window:window + 2], cache=sinks)
+
+
 @pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal", "none", "t5"])
 def test_unbounded_schemes_run_past_block_size(kind):
     model = tiny({"kind": kind}, block_size=16)

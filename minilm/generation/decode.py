@@ -24,7 +24,7 @@ Past the context (``max_context``, default the model's block_size) generation ne
 * unbounded schemes (rope, alibi, t5, none, sinusoidal, interpolated over those) keep
   absolute positions and a rolling cache of ``max_context`` slots that evicts the oldest
   key when full: sliding-window attention, no re-encoding. A prompt longer than the
-  window is prefilled up to the window, then fed one token at a time. With ``sinks`` = N
+  window is prefilled in chunks of the window (with sinks, one token at a time past it). With ``sinks`` = N
   (attention sinks, Xiao et al. 2023) the first N tokens stay in the window for good beside
   the last max_context - N, placed by ``sink_positions``: ``cache`` (the default, as the
   paper does it) numbers positions within the cache, so the sinks stay max_context - 1 - s
@@ -246,11 +246,12 @@ class Decoder:
         return self._fill(ids)
 
     def _fill(self, ids: torch.Tensor) -> torch.Tensor:
-        """Write ``ids`` into the cache from its current length; the logits that follow them."""
-        first = ids[:, :self.cache.capacity]  # a rolling cache takes one token at a time once it wraps
-        logits = self.model(first, self.cache, context_len=self.max_context)[:, -1]
-        for t in range(first.shape[1], ids.shape[1]):
-            logits = self.model(ids[:, t:t + 1], self.cache, context_len=self.max_context)[:, -1]
+        """Write ``ids`` into the cache from its current length; the logits that follow them. Past
+        the window a rolling cache takes chunks of its capacity (with sinks, one token at a time)."""
+        chunk = 1 if self.cache.sinks else self.cache.capacity
+        logits = self.model(ids[:, :self.cache.capacity], self.cache, context_len=self.max_context)[:, -1]
+        for t in range(self.cache.capacity, ids.shape[1], chunk):
+            logits = self.model(ids[:, t:t + chunk], self.cache, context_len=self.max_context)[:, -1]
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,11 @@ positions, never from slice lengths.
 
 A ``rolling`` cache is a ring buffer of ``capacity`` slots: once full, each new token
 overwrites the oldest one (slot = position mod capacity), which gives sliding-window
-attention over the last ``capacity`` positions with absolute positions kept.
+attention over the last ``capacity`` positions with absolute positions kept. A chunk of up to
+``capacity`` tokens may pass the end of the ring (a long prompt, prefilled in chunks): its
+queries see the keys held before it together with its own (``update`` hands attention both,
+and the mask by positions keeps each query's window), and only then do its keys overwrite the
+oldest slots. With sinks, a cache that has wrapped takes one token at a time.
 
 With ``sinks`` = N > 0 (attention sinks, Xiao et al. 2023, "Efficient Streaming Language
 Models with Attention Sinks") the first N slots keep positions 0..N-1 for good and the ring
@@ -79,11 +83,12 @@ class KVCache:
         self.static = static
         self.length = 0  # tokens seen = position of the next token
         self._pending = None  # the slots of the forward pass in progress: an int for one token, else a tensor
+        self._before = None  # a chunk that wraps the ring: (held slots, their positions, the chunk's positions)
 
     def rewind(self) -> None:
         """Empty the cache (its memory kept), to be filled again from position 0."""
         self.slot_pos.fill_(EMPTY)
-        self.length, self._pending = 0, None
+        self.length, self._pending, self._before = 0, None, None
 
     def begin(self, num_new: int) -> torch.Tensor:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
@@ -91,10 +96,14 @@ class KVCache:
         if not self.rolling and end > self.capacity:
             raise ValueError(f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
                              f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache")
-        if self.rolling and num_new > 1 and end > self.capacity:
-            raise ValueError(f"a rolling cache takes one token at a time once it wraps: got {num_new} tokens at "
-                             f"position {self.length} with capacity {self.capacity}")
+        wraps = self.rolling and num_new > 1 and end > self.capacity
+        if wraps and (self.sinks or num_new > self.capacity):
+            raise ValueError(f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
+                             f"one token at a time, once it wraps: got {num_new} tokens at position {self.length}")
         positions = torch.arange(self.length, end, device=self.slot_pos.device, dtype=torch.float32)
+        if wraps:  # the keys held now stay visible to this chunk's queries (module docstring)
+            held = min(self.length, self.capacity)
+            self._before = (held, self.slot_pos[:held].clone(), positions)
         if num_new == 1 and not self.static:  # a decode step: its slot is a Python int (a compiled step takes tensors)
             slot = self.slot_of(self.length)
             self.slot_pos[slot] = self.length
@@ -128,6 +137,14 @@ class KVCache:
             self.keys[layer][:, :, slots] = k[:, :, 0]
             self.values[layer][:, :, slots] = v[:, :, 0]
             n = min(self.length + 1, self.capacity)
+        elif self._before is not None:  # held keys and the chunk's, before the chunk overwrites the oldest
+            held, held_pos, positions = self._before
+            keys, values = self.keys[layer], self.values[layer]
+            out = (torch.cat([keys[:, :, :held], k.to(keys.dtype)], 2),
+                   torch.cat([values[:, :, :held], v.to(values.dtype)], 2), torch.cat([held_pos, positions]))
+            keys.index_copy_(2, slots, k.to(keys.dtype))
+            values.index_copy_(2, slots, v.to(values.dtype))
+            return out
         else:
             self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
             self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
@@ -137,4 +154,4 @@ class KVCache:
     def commit(self) -> None:
         """Advance the length once every layer has written its keys."""
         self.length += 1 if isinstance(self._pending, int) else len(self._pending)
-        self._pending = None
+        self._pending = self._before = None
