@@ -110,6 +110,15 @@ def test_left_padded_prompts_past_the_window_decode_as_each_alone(random_gpt, ki
         assert [row] == greedy([prompt]) == greedy([prompt], use_cache=False)
 
 
+def test_a_prompt_of_many_windows_shows_its_prefill_progress(random_gpt, capsys):
+    from minilm.generation.decode import PROGRESS_CHUNKS, generate_rows
+    model = random_gpt({"kind": "rope"}, block_size=16)
+    for windows, shown in ((PROGRESS_CHUNKS + 1, True), (3, False)):
+        prompt = torch.randint(0, 97, (16 * windows,), generator=torch.Generator().manual_seed(2)).tolist()
+        list(generate_rows(model, [prompt], max_new_tokens=1, sampling=Sampling(temperature=0.0), max_context=16))
+        assert ("prefill" in capsys.readouterr().err) == shown
+
+
 def test_dynamic_ntk_uses_the_same_context_length_with_and_without_cache(random_gpt):
     model = random_gpt({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0,
                                                      "original_max_positions": 16}}, block_size=32)

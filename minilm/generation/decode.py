@@ -43,18 +43,21 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence
 
 import torch
+from tqdm import tqdm
 
 from minilm.common import MinilmError, available_memory, peak_memory, shown
 from minilm.generation.compiled import compiled_body
 from minilm.generation.lean import lean_body
 from minilm.model.cache import SINK_POSITIONS, cache_dtype
 
+PROGRESS_CHUNKS = 16  # a prompt prefilled in at least this many chunks past the window shows a progress bar
 
 class GenerationError(MinilmError):
     """A bad generation setting or input; the message is one line for the user."""
@@ -250,7 +253,9 @@ class Decoder:
         the window a rolling cache takes chunks of its capacity (with sinks, one token at a time)."""
         chunk = 1 if self.cache.sinks else self.cache.capacity
         logits = self.model(ids[:, :self.cache.capacity], self.cache, context_len=self.max_context)[:, -1]
-        for t in range(self.cache.capacity, ids.shape[1], chunk):
+        starts = range(self.cache.capacity, ids.shape[1], chunk)
+        for t in tqdm(starts, desc="prefill", unit="chunk", file=sys.stderr, leave=False,
+                      disable=len(starts) < PROGRESS_CHUNKS):  # a long prompt shows its progress
             logits = self.model(ids[:, t:t + chunk], self.cache, context_len=self.max_context)[:, -1]
         return logits
 
