@@ -188,8 +188,7 @@ def _protocol(study: Study) -> list:
 
 
 def _pairs_text() -> str:
-    return ("one needle pair `MARK k v` per sequence" if PAIRS == 1 else
-            f"1 to {PAIRS} key-value pairs `MARK k v` per sequence")
+    return "one needle pair `MARK k v` per sequence" if PAIRS == 1 else f"1 to {PAIRS} pairs `MARK k v` per sequence"
 
 
 def _distractors_text() -> str:
@@ -212,9 +211,9 @@ def _retrieval_protocol(study: Study) -> list:
         f"T tokens with the needle pair at that depth (0: the start; 1: right before the query), "
         f"{_distractors_text()}, and the query `MARK k` as its last two tokens; right when the most likely next "
         f"token is the needle's value (exact match). Keys and values are 32 token ids the text never uses: chance is "
-        f"1/32 = 3.1%. The unit is the seed (the trained model): each seed's accuracy is one value, and "
-        f"intervals are t-intervals over seeds, with the per-seed accuracies beside them. **Gate, set before the run**: retrieval past L "
-        f"is read only if the best scheme reaches {100 * GATE:.0f}% at L with depths pooled.",
+        f"1/32 = 3.1%. The unit is the seed (the trained model): intervals are t-intervals over the per-seed "
+        f"accuracies, given beside them. **Gate, set before the run**: retrieval past L is read only if the best "
+        f"scheme reaches {100 * GATE:.0f}% at L with depths pooled.",
         f"- **Extension** of the rope model of each seed to {long} ({ext['factor']:g}x): {steps[-1]} steps x "
         f"{ft['batch_size']} x {long} tokens ({ft_tokens / 1e6:.3f}M tokens, **{100 * ft_tokens / pre_tokens:.1f}% "
         f"of pretraining**, the same share of retrieval sequences), {_finetune_rate(study)}; one "
@@ -290,8 +289,7 @@ def _retrieval(study: Study, figures: dict) -> list:
                     + ("" if passed else "; no accuracy past L is read below"))
     header = ["model"] + [f"{t} ({t // L}L)" for t in lengths]
     body = [[kind] + [_accuracy(rows, "scratch", kind, t) for t in lengths] for kind in KINDS]
-    lines = ["## 3. Retrieval: every scheme at 1L to 8L and every needle depth", "",
-             f"Gate: {verdict_line}.", "",
+    lines = ["## 3. Retrieval: every scheme at 1L to 8L and every needle depth", "", f"Gate: {verdict_line}.", "",
              "Exact-match accuracy with depths pooled: mean over seeds ± the 95% t-interval's half-width in points "
              "(the seed is the unit: each seed's probes are one measurement of one model), (per seed):", "",
              table(header, body, "l" + "r" * len(lengths)), ""]
