@@ -147,8 +147,13 @@ def test_untrained_parameters_are_labelled():
     assert "no trained parameters" in suptitle(plots.scheme_figure(sinusoidal, position("sinusoidal")))
     assert "no trained parameters (settings from out/x)" in suptitle(
         plots.scheme_figure(sinusoidal, position("sinusoidal"), source="out/x"))
-    t5 = build(position("t5"), **SHAPE)
-    assert "UNTRAINED: all zero at init" in suptitle(plots.scheme_figure(t5, position("t5")))
+    t5 = build(position("t5"), **SHAPE)  # its table starts random (transformers' T5 initialisation)
+    assert "UNTRAINED: initial values at init" in suptitle(plots.scheme_figure(t5, position("t5")))
+    fire = build(position("fire"), **SHAPE)
+    with torch.no_grad():
+        for param in fire.parameters():
+            param.zero_()
+    assert "UNTRAINED: all zero at init" in suptitle(plots.scheme_figure(fire, position("fire")))
 
 
 def test_none_explains_itself():

@@ -224,9 +224,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_config, monkeypa
     original = trainer.mixed_loss
     calls = []
 
-    def nan_from_step_8(hidden, weight, softcap, targets, mask):
+    def nan_from_step_8(hidden, weight, softcap, targets, mask, *rest):
         calls.append(1)
-        loss = original(hidden, weight, softcap, targets, mask)
+        loss = original(hidden, weight, softcap, targets, mask, *rest)
         return loss * float("nan") if len(calls) >= 8 else loss
 
     monkeypatch.setattr(trainer, "mixed_loss", nan_from_step_8)
