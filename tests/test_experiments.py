@@ -44,8 +44,18 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     scratch = [c for c in cells if c["section"] == "scratch"]
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
     assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
-    assert {c["seed"] for c in cells} == {"3", "4"}
-    assert len({c["tokens"] for c in cells if c["section"] != "sweep"}) == 1  # every cell scores the same tokens
+    assert {c["seed"] for c in cells if c["section"] != "tuning"} == {"3", "4"}
+    assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
+    # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
+    tuned = json.load(open(out / "study.json"))["lr_scales"]
+    assert set(tuned) == set(experiments.KINDS) and set(tuned.values()) <= {0.5, 1.0, 2.0}
+    for name, run in json.load(open(out / "study.json"))["runs"].items():
+        if run["section"] in ("scratch", "oracle"):
+            kind = run["config"]["model"]["position"]["kind"]
+            assert run["config"]["train"]["lr"] == pytest.approx(plan["train"]["lr"] * tuned[kind]), name
+    assert "Each scheme's learning rate, chosen on held-out training text" in text
+    holdout = ("sweep", "tuning")  # scored on the held-out end of the train split
+    assert len({c["tokens"] for c in cells if c["section"] not in holdout}) == 1  # every cell scores the same tokens
     scored = int(next(c["tokens"] for c in cells if c["section"] == "scratch"))
     assert f"the first {scored:,} tokens" in text  # the protocol names the validation cells' count, not the sweep's
     assert {c["status"] for c in scratch if c["label"] == "learned" and int(c["length"]) > L} == {"bounded"}
@@ -300,6 +310,27 @@ def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_
     assert not torch.equal(seen[0], seen[1])
 
 
+def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
+    from minilm.study import tuning
+    plan = experiments.make_plan("length-generalization", True, [1], ["tuning.seeds=[101, 102]"])
+    L = plan["model"]["block_size"]
+
+    def cell(kind, scale, seed, ppl):
+        return dict(section="tuning", label=tuning.label(kind, scale), seed=seed, step=None, mode="nonoverlapping",
+                    length=L, ppl=ppl)
+    # geometric means: x0.5 sqrt(40 * 90) = 60, x1 sqrt(50 * 60) = 54.8, x2 diverged on one seed (out)
+    cells = [cell("t5", 0.5, 101, 40), cell("t5", 0.5, 102, 90), cell("t5", 1.0, 101, 50), cell("t5", 1.0, 102, 60),
+             cell("t5", 2.0, 101, 10), cell("t5", 2.0, 102, float("inf"))]
+    assert tuning.choose(plan, cells, "t5") == 1.0
+    tie = [cell("rope", 0.5, s, 50) for s in (101, 102)] + [cell("rope", 2.0, s, 50) for s in (101, 102)]
+    assert tuning.choose(plan, tie, "rope") == 0.5  # equally far from 1 (x0.5, x2): the first, the smaller
+    with pytest.raises(tuning.TuningError, match="no rate of tuning.lr_scales"):
+        tuning.choose(plan, [cell("fire", 1.0, 101, float("nan"))], "fire")
+    with pytest.raises(experiments.ExperimentError, match="tuning seeds disjoint from the study's seeds"):
+        experiments.make_plan("length-generalization", True, [1, 101])
+    assert experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]"])  # no tuning: allowed
+
+
 def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):
     """A plan that sets train.schedule trains its runs with it, and the report says which one."""
     plan = experiments.make_plan("length-generalization", True, [1], ["train.schedule=wsd", "train.cooldown=0.25"])
@@ -336,7 +367,11 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     job = {j.key: j for j in study.jobs}
     sweeps = [k for k in job if k.startswith("eval holdout rope-none-512-lr")]
     assert len(sweeps) == 3 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
-    assert job["train rope-yarn-512-s1"].resolve is not None and job["train rope-s1"].resolve is None
+    assert job["train rope-yarn-512-s1"].resolve is not None
+    # a run from scratch waits for its kind's tuning runs, scored on held-out text at the tuning seed
+    tuned = [k for k in job if k.startswith("eval holdout rope-lr")]
+    assert len(tuned) == 3 and set(tuned) == set(job["train rope-s1"].after) and job["train rope-s1"].resolve
+    assert {r.seed for r in runs.values() if r.section == "tuning"} == {101}
     assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
     keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
     assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"

@@ -17,7 +17,6 @@ claim past L is "not read".
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 from minilm.study.extension import METHOD_NAMES

@@ -40,3 +40,33 @@ def extension_labels(plan: dict) -> list:
     controls = plan.get("controls", {})
     return [*plan["extension"]["methods"], *controls.get("other_extensions", []),
             *(["keep"] if controls.get("keep_training") else [])]
+
+
+def plan_problem(plan: dict, kinds) -> "str | None":
+    """What is wrong with the plan's extension, schemes, controls, sweep and retrieval sections (None: nothing)."""
+    steps = plan["extension"]["curve_steps"]
+    if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
+        return f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, e.g. [0, 10, 25, 50, 100, 200]"
+    unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
+    if unknown:
+        return f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}"
+    odd = {kind: sorted(set(tweaks) - {"position", "model", "train"}) for kind, tweaks in plan["schemes"].items()
+           if kind not in kinds or not isinstance(tweaks, dict) or set(tweaks) - {"position", "model", "train"}}
+    if odd:
+        return f"schemes has {odd}: keys are kinds ({', '.join(kinds)}) holding position, model and train settings"
+    controls = plan.get("controls", {})
+    bad = ([k for k in controls.get("oracle", []) if k not in kinds]
+           + [k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS])
+    if bad:
+        return (f"controls has {bad}: oracle takes kinds ({', '.join(kinds)}), other_extensions takes "
+                f"{', '.join(OTHER_EXTENSIONS)}")
+    s = plan.get("sweep", {"method": "linear", "lrs": []})
+    if s["method"] not in METHOD_NAMES or any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and
+                                                                              not plan["data"]["holdout_tokens"]):
+        return (f"sweep={s} is invalid: expected a method ({', '.join(METHOD_NAMES)}) and rates > 0, chosen on "
+                f"data.holdout_tokens > 0 of held-out training text")
+    r = plan["retrieval"]
+    if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
+        return (f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: expected depths from 0 "
+                f"to 1 and at least one trial")
+    return None

@@ -3,19 +3,17 @@ side in parallel processes (``python -m minilm experiment NAME``).
 
 **length-generalization** (Press et al. 2022; Chen et al. 2023, PI; Peng et al. 2023, YaRN).
 For every seed s (every run of seed s sees the same batches, so comparisons are paired):
-1. **From scratch**: one model per kind of ``KINDS`` at training length L (the plan's
-   ``schemes`` settings for the kinds that need them to be faithful), ``train.retrieval_share``
-   of the rows from the retrieval task (``minilm.data.retrieval``).
-2. **Perplexity** at ``eval.multiples`` of L in the modes of ``minilm.evaluation.scoring``, with
-   the mean loss by position; **retrieval** probes at ``retrieval.multiples`` and ``depths``.
-3. **Extension** to ``factor`` x L: rope with each of ``extension.methods``, learned and
-   sinusoidal by interpolation (``controls.other_extensions``), one fine-tuning run each with
-   snapshots at ``curve_steps`` (step 0: the source with the method applied zero-shot).
+1. **From scratch**: one model per kind of ``KINDS`` at training length L, at the rate
+   ``minilm.study.tuning`` chose for its kind on the tuning seeds (and the plan's ``schemes``
+   settings), every row text with a needle of the retrieval task (``minilm.data.retrieval``).
+2. **Perplexity** at ``eval.multiples`` of L (``minilm.evaluation.scoring``'s modes), loss by
+   position; **retrieval** probes at ``retrieval.multiples`` and ``depths``.
+3. **Extension** to ``factor`` x L: rope with each of ``extension.methods``, learned and sinusoidal
+   by interpolation, fine-tuned with snapshots at ``curve_steps`` (step 0: the method zero-shot),
+   at the rate ``minilm.study.sweep`` chose on held-out training text.
 4. **Controls**: rope trained on at L with the fine-tuning's tokens (``keep_training``), and
    ``controls.oracle`` trained from scratch at factor x L on the pretraining's sequences.
-The extension's learning rate is chosen by a sweep on held-out training text (``minilm.study.sweep``).
 **ablation**: variants of the study's models against references (``minilm.study.ablation``).
-
 Runs are ``minilm.study.jobs`` jobs; their results are ``Study.cells`` and ``Study.retrieval``,
 which ``minilm.study.report`` writes up. Checkpoints go under ``<out>/runs/`` (git-ignored).
 """
@@ -30,9 +28,10 @@ from minilm.common import MinilmError, atomic_write
 from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
-from minilm.study import sweep
+from minilm.study import sweep, tuning
 from minilm.study.ablation import GROUPS, select
-from minilm.study.extension import METHOD_NAMES, OTHER_EXTENSIONS, interpolated_position, scaling_override
+from minilm.study.extension import (METHOD_NAMES, OTHER_EXTENSIONS, interpolated_position, plan_problem,
+                                    scaling_override)
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.work import evaluate_job, retrieval_job, train_job
 
@@ -61,6 +60,8 @@ FULL = {
               "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu", "retrieval_share": 1.0,
               "retrieval_weight": 8.0},
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
+    # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
+    "tuning": {"seeds": [101], "lr_scales": [0.5, 1.0, 2.0]},
     # minilm.study.sweep: the extension's rate, chosen for direct fine-tuning (the baseline the claims test against)
     "sweep": {"method": "none", "lrs": [1.0e-4, 2.0e-4, 5.0e-4]},
     "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
@@ -133,34 +134,12 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
             raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} "
                                   f"(seeds: --seeds)")
     apply_overrides(plan, overrides)
-    if seeds is not None:
-        plan["seeds"] = list(seeds)
+    plan["seeds"] = list(seeds) if seeds is not None else plan["seeds"]
     if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
         raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
-    if "extension" in plan:
-        steps = plan["extension"]["curve_steps"]
-        if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
-            raise ExperimentError(f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, "
-                                  f"e.g. [0, 10, 25, 50, 100, 200]")
-        unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
-        if unknown:
-            raise ExperimentError(f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}")
-        odd = {kind: sorted(set(tweaks) - {"position", "model", "train"}) for kind, tweaks in plan["schemes"].items()
-               if kind not in KINDS or not isinstance(tweaks, dict) or set(tweaks) - {"position", "model", "train"}}
-        if odd:
-            raise ExperimentError(f"schemes has {odd}: keys are kinds ({', '.join(KINDS)}) holding position, model "
-                                  f"and train settings")
-        controls = plan.get("controls", {})
-        bad = ([k for k in controls.get("oracle", []) if k not in KINDS]
-               + [k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS])
-        if bad:
-            raise ExperimentError(f"controls has {bad}: oracle takes kinds ({', '.join(KINDS)}), other_extensions "
-                                  f"takes {', '.join(OTHER_EXTENSIONS)}")
-        s = plan.get("sweep", {"method": "linear", "lrs": []})
-        if s["method"] not in METHOD_NAMES or any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and
-                                                                                  not plan["data"]["holdout_tokens"]):
-            raise ExperimentError(f"sweep={s} is invalid: expected a method ({', '.join(METHOD_NAMES)}) and rates > 0, "
-                                  f"chosen on data.holdout_tokens > 0 of held-out training text")
+    problem = (plan_problem(plan, KINDS) if "extension" in plan else None) or tuning.check(plan)
+    if problem:
+        raise ExperimentError(problem)
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
@@ -169,11 +148,6 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         if unknown or not plan["ablation"]["groups"]:
             raise ExperimentError(f"ablation.groups={plan['ablation']['groups']} is invalid: valid: {', '.join(GROUPS)}")
         plan["ablation"]["variants"] = select(plan, plan["ablation"]["groups"])
-    if "retrieval" in plan:
-        r = plan["retrieval"]
-        if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
-            raise ExperimentError(f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: "
-                                  f"expected depths from 0 to 1 and at least one trial")
     return plan
 
 
@@ -258,6 +232,7 @@ class Study:
         self._sweep: list = []  # keys of the sweep's evaluation jobs (``minilm.study.sweep``)
         self._tuned: dict = {}  # name -> run_config arguments of the runs at the rate the sweep chooses
         self.finetune_lr: Optional[float] = None  # the rate the sweep chose
+        self._tuning, self._by_kind, self.lr_scales = {}, {}, {}  # minilm.study.tuning: keys, runs, chosen scales
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
@@ -266,11 +241,16 @@ class Study:
 
     def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(),
                source: str = "", tuned: bool = False, **kw) -> str:
-        """A training job; ``tuned``: a fine-tuning run at the rate the sweep chooses, which it waits for."""
+        """A training job; ``tuned``: a fine-tuning run at the rate the sweep chooses, or a run from
+        scratch at the rate the tuning chooses for its kind, which it waits for."""
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
         self.runs[name] = StudyRun(f"train {name}", section, label, seed, config, source)
         resolve = None
-        if tuned and self._sweep:
+        if tuned and "init_from" not in kw and position["kind"] in self._tuning:
+            self._by_kind[name] = (position, seed, kw)
+            after, resolve = [*after, *self._tuning[position["kind"]]], lambda done, name=name: (
+                self._scaled_config(name, done).to_dict(), self.overwrite)
+        elif tuned and self._sweep:
             self._tuned[name] = (position, seed, kw)
             after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),
                                                                              self.overwrite)
@@ -286,6 +266,16 @@ class Study:
         position, seed, kw = self._tuned[name]
         return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed,
                           finetune=sweep.finetune_at(self.plan, self.finetune_lr), **kw)
+
+    def _scaled_config(self, name: str, done: dict):
+        """The config of run ``name`` from scratch at the rate the tuning chose for its kind."""
+        position, seed, kw = self._by_kind[name]
+        if position["kind"] not in self.lr_scales:
+            keys = self._tuning[position["kind"]]
+            cells = [row for key, read in self._readers if key in keys for row in read(done[key].value)]
+            self.lr_scales[position["kind"]] = tuning.choose(self.plan, cells, position["kind"])
+        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed,
+                          settings={"train": tuning.rates(self.plan, self.lr_scales[position["kind"]])}, **kw)
 
     def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="",
                   split: str = "val") -> str:
@@ -350,8 +340,11 @@ class Study:
             return self.jobs
         seeds, ext, controls = self.plan["seeds"], self.plan["extension"], self.plan.get("controls", {})
         f, long = ext["factor"], int(ext["factor"] * self.L)
+        tune = (lambda kinds: tuning.build(self, kinds)) if tuning.scales(self.plan) else (lambda kinds: {})
+        self._tuning = tune(["rope"])  # rope first: its runs unblock the extension
         for seed in seeds:
-            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch")
+            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch", tuned=True)
+        self._tuning.update(tune([kind for kind in KINDS if kind != "rope"]))
         self._sweep = sweep.build(self) if sweep.rates(self.plan) else []
         for seed in seeds:
             for method in ext["methods"]:
@@ -363,14 +356,16 @@ class Study:
         for seed in seeds:
             for kind in KINDS:
                 if kind != "rope":
-                    self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch")
+                    self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch",
+                                tuned=True)
             for name in controls.get("other_extensions", []):
                 self._extend(f"{name}-{long}-s{seed}", name, seed, OTHER_EXTENSIONS[name][0],
                              interpolated_position(name, f), block_size=long)
             oracle = controls.get("oracle", []) if seed in seeds[:controls.get("oracle_seeds", len(seeds))] else []
             for kind in oracle:  # the pretraining's tokens in rows of factor x L
                 self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
-                            "train the oracle controls", block_size=long, batch_scale=controls.get("oracle_batch_scale", 1 / f))
+                            "train the oracle controls", tuned=True, block_size=long,
+                            batch_scale=controls.get("oracle_batch_scale", 1 / f))
         self._build_evaluations()
         return self.jobs
 
@@ -421,6 +416,8 @@ class Study:
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
         for name in self._tuned:  # their configs as they ran, at the rate the sweep chose
             self.runs[name].config = self._tuned_config(name, self.done)
+        for name in self._by_kind:  # and at the rate the tuning chose for their kind
+            self.runs[name].config = self._scaled_config(name, self.done)
         for key, read in self._readers:
             rows = read(self.done[key].value)
             (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
@@ -428,6 +425,7 @@ class Study:
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
         return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lr": self.finetune_lr,
+                "lr_scales": self.lr_scales,
                 "cells": self.cells,
                 "retrieval": self.retrieval,
                 "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
@@ -438,7 +436,7 @@ class Study:
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
-        study.finetune_lr = state.get("finetune_lr")
+        study.finetune_lr, study.lr_scales = state.get("finetune_lr"), state.get("lr_scales", {})
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study

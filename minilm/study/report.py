@@ -23,7 +23,7 @@ from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as tab
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import ablation, sweep
+from minilm.study import ablation, sweep, tuning
 from minilm.study.claims import GATE, accuracy_text, cell_text, gate, position_curves, retrieval_verdicts, seed_accuracies, verdicts
 from minilm.study.figures import study_figures
 from minilm.study.extension import LABEL_NAMES, extension_labels
@@ -139,10 +139,10 @@ OPTIMIZER_NAMES = {"adamw": "AdamW", "muon": "Muon (blocks' matrices) with AdamW
 
 def _protocol(study: Study) -> list:
     plan, L = study.plan, study.L
-    first = next(iter(study.runs.values())).config
+    first = next(r.config for r in study.runs.values() if r.section in ("scratch", "ablation"))
     t, n = plan["train"], len(plan["seeds"])
     pre_tokens = t["max_steps"] * t["batch_size"] * L
-    cell = next((c for c in study.cells if c["section"] != sweep.SECTION), None)  # the sweep scores the holdout
+    cell = next((c for c in study.cells if c["section"] not in (sweep.SECTION, tuning.SECTION)), None)  # holdout
     scored = f"{cell['tokens']:,} tokens ({cell['chars']:,} characters)" if cell else "n/a"
     e = plan["eval"]
     stride = e["fixed_stride"] or L
@@ -152,8 +152,8 @@ def _protocol(study: Study) -> list:
         f"{first.model.vocab_size}-token vocabulary trained on `{plan['data']['corpus']}`, "
         f"~{GPT(first.model).num_params() / 1e6:.2f}M parameters; training length **L = {L}**.",
         f"- **From scratch**: {t['max_steps']} steps x {t['batch_size']} x {L} tokens ({pre_tokens / 1e6:.2f}M "
-        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g} {_falling(first.train)} after "
-        f"{t['warmup_steps']} warmup steps. Every scheme of seed s sees the same batches. "
+        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g}{' x its kind’s tuned scale' * bool(study.lr_scales)} "
+        f"{_falling(first.train, t['min_lr'])} after {t['warmup_steps']} warmup steps. Every scheme of seed s sees the same batches. "
         f"**{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every scheme) are retrieval "
         f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a later query `MARK k`, "
         f"written over the text, " + (
@@ -233,7 +233,7 @@ def _scratch(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
     lines = [f"## 1. Perplexity: every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} "
-             f"tokens", ""]
+             f"tokens", "", *tuning.report_lines(plan, cells, study.lr_scales)]
     for mode in plan["eval"]["modes"]:
         lines += [f"Perplexity, {mode} protocol:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
     if "lengths" in figures:
