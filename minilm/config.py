@@ -198,8 +198,8 @@ class TrainConfig:
     grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
     retrieval_share: float = option(0.0, role=TRAJECTORY,
                                     help="share of sequences that are retrieval sequences (minilm.data.retrieval)")
-    retrieval_weight: float = option(0.0, role=TRAJECTORY, help="0: a retrieval row's loss is its answers, rows "
-                                     "weighted alike; w > 0: it keeps its text's loss and each answer counts w tokens")
+    retrieval_weight: float = option(0.0, role=TRAJECTORY, help="w > 0: retrieval rows keep their text's loss, each "
+                                     "answer counting w tokens (0: answers only, rows weighted alike); 0 without a share")
     eval_interval: int = option(250, help="steps between held-out evaluations")
     eval_iters: int = option(20, help="held-out batches per evaluation")
     log_interval: int = option(10, help="steps between metrics.jsonl lines")
@@ -247,7 +247,7 @@ class TrainConfig:
         if not (0 <= self.retrieval_share < 1 or (self.retrieval_weight and self.retrieval_share == 1)):
             raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
                               f"(none) to below 1 (to 1 with train.retrieval_weight > 0)")
-        check_number("train.retrieval_weight", self.retrieval_weight, lambda v: 0 <= v <= 1e4, "a number from 0 to 1e4")
+        check_number("train.retrieval_weight", self.retrieval_weight, lambda v: 0 <= v <= 1e4 and (not v or self.retrieval_share > 0), "a number from 0 to 1e4, 0 without train.retrieval_share")
         for name in ("muon_lr_scale", "position_lr_scale"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
         check_number("train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1")

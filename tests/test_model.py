@@ -99,8 +99,12 @@ def test_a_rolling_cache_takes_chunks_across_its_wrap(kind):
             model(idx[:, :13], cache=cache)
         sinks = model.new_cache(2, window, rolling=True, sinks=2, sink_positions="absolute")
         model(idx[:, :window], cache=sinks)
-        with pytest.raises(ValueError, match="with sinks one token at a time"):
+        with pytest.raises(ValueError, match="with sinks or static one token at a time"):
             model(idx[:, window:window + 2], cache=sinks)
+        static = model.new_cache(2, window, rolling=True, static=True)  # a compiled decoder's cache
+        model(idx[:, :window], cache=static)
+        with pytest.raises(ValueError, match="with sinks or static one token at a time"):
+            model(idx[:, window:window + 2], cache=static)
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal", "none", "t5"])

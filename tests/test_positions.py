@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from minilm.checkpoints.format import upgraded_weights
 from minilm.positions import available, build, fire as fire_module
 from minilm.positions.alibi import alibi_slopes
 from minilm.positions.rope import dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq, yarn_mscale
@@ -427,9 +428,10 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
             expected = fire.mlp(torch.tensor([[x]]))[0]
             assert torch.allclose(bias[:, row, col], expected, atol=1e-6)
     assert torch.all(fire.normalised_distance(q, k) <= 1) and float(fire.normalised_distance(q, k)[0, 2]) == 0.0
-    before = {k: v for k, v in fire.state_dict().items() if k != "log_threshold"}
+    old = {f"positions.{k}": v for k, v in fire.state_dict().items() if k != "log_threshold"}
+    old["positions.threshold"] = torch.tensor(10.0)  # a checkpoint from before the log, as every load reads it
     older = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
-    older.load_state_dict({**before, "threshold": torch.tensor(10.0)})  # a checkpoint from before the log
+    older.load_state_dict({k[len("positions."):]: v for k, v in upgraded_weights(old).items()})
     assert torch.allclose(older.bias(q, k), bias, atol=1e-6)
 
     whole = fire.bias(torch.arange(40.0), torch.arange(40.0))

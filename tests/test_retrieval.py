@@ -176,6 +176,8 @@ def test_a_share_outside_zero_to_one_is_a_one_line_error():
     assert build_config({"train": {"retrieval_share": 1.0, "retrieval_weight": 2.0}}).train.retrieval_share == 1.0
     with pytest.raises(ConfigError, match="train.retrieval_weight=-1.0 is invalid"):
         build_config({"train": {"retrieval_weight": -1}})
+    with pytest.raises(ConfigError, match="train.retrieval_weight=8.0 is invalid: .* 0 without train.retrieval_share"):
+        build_config({"train": {"retrieval_weight": 8}})  # a weight with no retrieval rows would do nothing
 
 
 # --------------------------------------------------------------------------- the long-context suite

@@ -210,6 +210,22 @@ def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_
         train(tiny_config("train.max_steps=4", t5, "train.position_lr_scale=10.0"), resume=True, quiet=True)
 
 
+def test_a_fire_checkpoint_from_before_the_log_threshold_loads_and_fine_tunes(tiny_config):
+    """FIRE's threshold was saved as a count of positions before it was learned as its log: such
+    a checkpoint loads (evaluation, generation) and starts a fine-tuning with the same model."""
+    config = tiny_config("train.max_steps=1", "model.position={kind: fire}")
+    train(config, quiet=True)
+    model = load_model(config.out_dir)[0]
+    state = checkpoint.load(config.out_dir)
+    state["model"]["positions.threshold"] = state["model"].pop("positions.log_threshold").exp()
+    checkpoint.save(state, config.out_dir)
+    idx = torch.randint(0, 100, (1, 32))
+    with torch.no_grad():
+        assert torch.allclose(load_model(config.out_dir)[0](idx), model(idx), atol=1e-5)
+    tuned = tiny_config("train.max_steps=1", f"train.init_from={config.out_dir}", out="tuned")
+    assert train(tuned, quiet=True)["steps"] == 1
+
+
 def test_a_resume_names_a_schedule_the_checkpoint_predates():
     """A checkpoint written before train.schedule existed trained with the cosine: resuming it
     under wsd is a change of trajectory, and the note says so; the same settings give none."""

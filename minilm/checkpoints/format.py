@@ -113,7 +113,18 @@ def load(path: str, map_location: Optional[str] = "cpu") -> dict:
         if key not in state:
             raise CheckpointError(f"{path!r} is incomplete: it lacks '{key}'")
     state["path"] = path
+    if isinstance(state["model"], dict):
+        state["model"] = upgraded_weights(state["model"])
     return state
+
+
+def upgraded_weights(weights: dict) -> dict:
+    """A state dict with the weights renamed since it was saved, at their values now: FIRE's
+    ``threshold`` (a count of positions) is learned as its log, ``log_threshold``."""
+    out = dict(weights)
+    for key in [k for k in out if k.startswith("positions.") and k.endswith(".threshold")]:
+        out[key[:-len("threshold")] + "log_threshold"] = out.pop(key).abs().log()
+    return out
 
 
 def with_defaults(config: dict) -> dict:

@@ -250,8 +250,8 @@ class Decoder:
 
     def _fill(self, ids: torch.Tensor) -> torch.Tensor:
         """Write ``ids`` into the cache from its current length; the logits that follow them. Past
-        the window a rolling cache takes chunks of its capacity (with sinks, one token at a time)."""
-        chunk = 1 if self.cache.sinks else self.cache.capacity
+        the window a rolling cache takes chunks of its capacity (with sinks or static, one token at a time)."""
+        chunk = 1 if self.cache.sinks or self.cache.static else self.cache.capacity
         logits = self.model(ids[:, :self.cache.capacity], self.cache, context_len=self.max_context)[:, -1]
         starts = range(self.cache.capacity, ids.shape[1], chunk)
         for t in tqdm(starts, desc="prefill", unit="chunk", file=sys.stderr, leave=False,

@@ -12,7 +12,7 @@ attention over the last ``capacity`` positions with absolute positions kept. A c
 ``capacity`` tokens may pass the end of the ring (a long prompt, prefilled in chunks): its
 queries see the keys held before it together with its own (``update`` hands attention both,
 and the mask by positions keeps each query's window), and only then do its keys overwrite the
-oldest slots. With sinks, a cache that has wrapped takes one token at a time.
+oldest slots. With sinks, or static, a cache that has wrapped takes one token at a time.
 
 With ``sinks`` = N > 0 (attention sinks, Xiao et al. 2023, "Efficient Streaming Language
 Models with Attention Sinks") the first N slots keep positions 0..N-1 for good and the ring
@@ -97,9 +97,10 @@ class KVCache:
             raise ValueError(f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
                              f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache")
         wraps = self.rolling and num_new > 1 and end > self.capacity
-        if wraps and (self.sinks or num_new > self.capacity):
+        if wraps and (self.sinks or self.static or num_new > self.capacity):
             raise ValueError(f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
-                             f"one token at a time, once it wraps: got {num_new} tokens at position {self.length}")
+                             f"or static one token at a time, once it wraps: got {num_new} tokens at position "
+                             f"{self.length}")
         positions = torch.arange(self.length, end, device=self.slot_pos.device, dtype=torch.float32)
         if wraps:  # the keys held now stay visible to this chunk's queries (module docstring)
             held = min(self.length, self.capacity)

@@ -9,7 +9,7 @@ initialised at 1 and at the training length. The paper gives no parameterisation
 as a number of positions (up to 512), an Adam step moves it by about the learning rate, so in
 the study it moved less than one position in 500 steps. It is learned as log L instead
 (``log_threshold``): an Adam step is then a relative change, the same at any L (checkpoints
-that hold ``threshold`` load as its log). c is kept positive by its absolute value. The
+that hold ``threshold`` load as its log: ``minilm.checkpoints.format.upgraded_weights``). c is kept positive by its absolute value. The
 normalisation by psi(max(L, i)) maps every distance into [0, 1], which is what lets the
 function interpolate rather than extrapolate at long lengths ("progressive interpolation").
 The bias depends on absolute positions only, so it is the same with a cache. The MLP's
@@ -38,12 +38,6 @@ class Fire(PositionScheme):
         self.mlp = nn.Sequential(nn.Linear(1, self.hidden), nn.ReLU(), nn.Linear(self.hidden, self.n_head))
         self.c = nn.Parameter(torch.tensor(1.0))
         self.log_threshold = nn.Parameter(torch.tensor(math.log(self.block_size)))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        old = state_dict.pop(prefix + "threshold", None)  # written before the threshold was learned as its log
-        if old is not None:
-            state_dict[prefix + "log_threshold"] = old.abs().log()
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalised_distance(self, q_pos, k_pos):
         """psi(i - j) / psi(max(L, i)) for every query (rows) and key (columns), in [0, 1] for j <= i."""

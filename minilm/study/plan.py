@@ -250,7 +250,7 @@ class Study:
             self._by_kind[name] = (position, seed, kw)
             after, resolve = [*after, *self._tuning[position["kind"]]], lambda done, name=name: (
                 self._scaled_config(name, done).to_dict(), self.overwrite)
-        elif tuned and self._sweep:
+        elif tuned and "init_from" in kw and self._sweep:
             self._tuned[name] = (position, seed, kw)
             after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),
                                                                              self.overwrite)

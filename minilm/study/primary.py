@@ -16,8 +16,11 @@ A claim names its test (the file's header says what each computes):
   (``claims.gate``): such a claim is "not tested".
 
 Each estimate carries the (1 - 2 alpha) interval over seeds (90% at alpha = 0.05): the
-interval a one-sided test at level alpha decides on, and for TOST exactly the interval that
-must lie inside the margins (Schuirmann 1987), so the printed interval and the verdict agree.
+interval a one-sided test at level alpha decides on before any correction, and for TOST
+exactly the interval that must lie inside the margins (Schuirmann 1987). The verdict reads the
+Holm-adjusted p-value, so a claim whose interval clears its threshold may still be "not
+supported" once the family is corrected. Seeds that agree exactly (retrieval saturated at 0%
+or 100%) are tested by the sign test over seeds (``stats.t_test``), not by a zero-width interval.
 
 Holm's step-down correction (``stats.holm``) runs over every claim of the file, a claim that
 could not be tested entering with p = 1, so the family is the one written down, not the one

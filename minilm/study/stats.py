@@ -14,13 +14,15 @@ taken over those per-seed values. ``verdict`` then says whether the expectation
 side, ``no`` when it is wholly on the other side, ``unresolved`` when it contains the
 threshold (or when there is only one seed).
 
-A retrieval cell is a count of successes k in n independent trials: a binomial proportion,
+The probes of *one* model are a count of successes k in n trials: a binomial proportion,
 whose interval is ``wilson``'s (Wilson 1927), the score interval
 
     (p + z^2/2n +- z sqrt(p(1 - p)/n + z^2/4n^2)) / (1 + z^2/n),   p = k/n, z = the normal quantile,
 
-which stays inside [0, 1] and is not empty at k = 0 or k = n (where a t-interval on
-per-seed proportions would print "0 ± 0").
+which stays inside [0, 1] and is not empty at k = 0 or k = n (``longeval`` on one checkpoint).
+Across seeds the study does not pool probes: each seed's accuracy is one value (the trained
+model is the unit), read with the t-interval above, and seeds that agree exactly are tested by
+the sign test (``t_test``).
 
 Hypothesis tests, for claims written down before a run (each gives a p-value, so that many
 claims can be corrected together):
@@ -221,12 +223,13 @@ def t_statistic(values: Sequence[float], threshold: float) -> tuple:
 def t_test(values: Sequence[float], threshold: float, expect: str) -> float:
     """p-value of the one-sided one-sample t-test of "mean ``expect`` threshold" (``expect``
     '<' or '>'; the null hypothesis is the other side, equality included). Values without any
-    spread give t = +-inf and p = 0 or 1: the test then trusts seeds that agreed exactly, which
-    is anti-conservative when they did so by chance (a rounding, a saturated metric)."""
+    spread (t = +-inf: seeds that agreed exactly, e.g. retrieval saturated at 0% or 100%) fall
+    back to the exact sign test over the n values, 0.5^n when all lie on the expected side and
+    1 otherwise: the t-test would give p = 0 from two agreeing seeds."""
     _check_expect(expect)
     t, df = t_statistic(values, threshold)
     if math.isinf(t):
-        return 0.0 if (t < 0) == (expect == "<") else 1.0
+        return 0.5 ** len(values) if (t < 0) == (expect == "<") else 1.0
     return t_cdf(t, df) if expect == "<" else 1.0 - t_cdf(t, df)
 
 
