@@ -7,6 +7,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -191,6 +192,18 @@ CASES = [
     ("checkpoint random bytes", ["generate.py", "--checkpoint", "{scratch}/random.pt", "hi"], None,
      "not a file that torch.save wrote"),
     ("checkpoint truncated", ["generate.py", "--checkpoint", "{scratch}/truncated.pt", "hi"], None, "truncated"),
+    ("checkpoint bytes flipped", ["generate.py", "--checkpoint", "{scratch}/flipped.pt", "hi"], None,
+     "fails its checksum"),
+    ("resume from flipped bytes", ["train.py", "out_dir={scratch}/flipped_run", "--resume", "--quiet"], None,
+     "fails its checksum"),
+    ("checkpoint nan weights", ["generate.py", "--checkpoint", "{scratch}/nan.pt", "hi"], None, "NaN or infinite"),
+    ("evaluate inf weight", ["evaluate.py", "{scratch}/inf.pt", "--quiet"], None, "NaN or infinite"),
+    ("checkpoint int64 weights", ["generate.py", "--checkpoint", "{scratch}/int64.pt", "hi"], None,
+     "as int64: expected floating point"),
+    ("checkpoint config a string", ["generate.py", "--checkpoint", "{scratch}/config_text.pt", "hi"], None,
+     "its config holds no model section (got str)"),
+    ("checkpoint config without model", ["-m", "minilm", "export", "{scratch}/config_nomodel.pt", "{scratch}/ex3"],
+     None, "its config holds no model section (got dict)"),
     ("evaluate random bytes", ["evaluate.py", "{scratch}/random.pt", "--quiet"], None, "random.pt"),
     ("passkey truncated", ["-m", "minilm", "passkey", "eval", "{scratch}/truncated.pt"], None, "truncated.pt"),
     ("export truncated", ["-m", "minilm", "export", "{scratch}/truncated.pt", "{scratch}/ex1"], None,
@@ -292,6 +305,27 @@ CASES = [
 ]
 
 
+def _poisoned_checkpoints(ckpt, scratch):
+    """The run's checkpoint with 64 bytes flipped inside its largest weight (also as a run to
+    resume), with NaN, inf or int64 weights, and with its config a string or without its model."""
+    raw = bytearray((Path(ckpt) / "ckpt.pt").read_bytes())
+    with zipfile.ZipFile(Path(ckpt) / "ckpt.pt") as archive:
+        biggest = max(archive.infolist(), key=lambda info: info.file_size)
+    start = biggest.header_offset + 30 + len(biggest.filename.encode()) + len(biggest.extra) + biggest.file_size // 2
+    raw[start:start + 64] = bytes(b ^ 0xFF for b in raw[start:start + 64])
+    (scratch / "flipped.pt").write_bytes(bytes(raw))
+    shutil.copytree(ckpt, scratch / "flipped_run")
+    (scratch / "flipped_run" / "ckpt.pt").write_bytes(bytes(raw))
+    state = {k: v for k, v in checkpoint.load(ckpt).items() if k != "path"}
+    first = next(iter(state["model"]))
+    for name, change in (("nan", lambda w: w * float("nan")), ("inf", lambda w: w.clone().index_fill_(0, torch.tensor(
+            [0]), float("inf"))), ("int64", lambda w: w.to(torch.int64))):
+        torch.save({**state, "model": {**state["model"], first: change(state["model"][first])}}, scratch / f"{name}.pt")
+    torch.save({**state, "config": "model: {n_layer: 2}"}, scratch / "config_text.pt")
+    torch.save({**state, "config": {k: v for k, v in state["config"].items() if k != "model"}},
+               scratch / "config_nomodel.pt")
+
+
 @pytest.fixture(scope="module")
 def outcomes(tiny_corpus, tmp_path_factory):
     """Run every case (a few processes at a time); {name: CompletedProcess}."""
@@ -304,6 +338,7 @@ def outcomes(tiny_corpus, tmp_path_factory):
     (scratch / "garbage.pt").write_bytes(b"not a checkpoint" * 10)
     (scratch / "random.pt").write_bytes(random.Random(0).randbytes(3000))
     (scratch / "truncated.pt").write_bytes((Path(ckpt) / "ckpt.pt").read_bytes()[:20000])
+    _poisoned_checkpoints(ckpt, scratch)
     _hf_directories(ckpt, scratch)
     _hostile_yaml(scratch)
     (scratch / "users" / "metrics.jsonl").mkdir(parents=True)

@@ -18,7 +18,8 @@ from tests.conftest import REPO
 
 
 def state(value: float) -> dict:
-    return {"model": {"w": torch.full((4,), value)}, "config": {"seed": 1}, "tokenizer": b"tok", "step": int(value)}
+    return {"model": {"w": torch.full((4,), value)}, "config": {"seed": 1, "model": {}}, "tokenizer": b"tok",
+            "step": int(value)}
 
 
 def test_save_then_load_roundtrip(tmp_path):
