@@ -34,10 +34,8 @@ claims can be corrected together):
   (low, high)" holds when both "mean > low" and "mean < high" are rejected-against, i.e.
   p = max(p_low, p_high); at level alpha this is the same as the (1 - 2 alpha) t-interval
   lying inside the margins. "Flat" and "ties" claims, with their margin stated beforehand.
-* ``binomial_test``: the exact one-sided binomial test of a proportion against p0 (the
-  retrieval claims "accuracy below 50%").
-* ``two_proportion_test``: the one-sided score (z) test of p_a - p_b against 0 with the
-  pooled proportion (Agresti, Categorical Data Analysis, section 3.1.3).
+  Retrieval claims take it too, on per-seed accuracies (against a threshold) or per-seed
+  differences (paired): the seed, not the probe, is the unit.
 * ``holm``: Holm's step-down adjusted p-values (Holm 1979): sort p_(1) <= ... <= p_(m),
   adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)); a claim holds at family-wise
   error rate alpha when its adjusted p-value is below alpha.
@@ -203,10 +201,6 @@ def _check_expect(expect: str) -> None:
         raise ValueError(f"expect={expect!r}: valid: '<', '>'")
 
 
-def normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
 def t_statistic(values: Sequence[float], threshold: float) -> tuple:
     """(t, degrees of freedom) of the one-sample t-test of ``values`` against ``threshold``."""
     values = [float(v) for v in values]
@@ -239,33 +233,6 @@ def tost(values: Sequence[float], low: float, high: float) -> float:
     if not low < high:
         raise ValueError(f"tost needs low < high, got low={low}, high={high}")
     return max(t_test(values, low, ">"), t_test(values, high, "<"))
-
-
-def binomial_test(successes: int, trials: int, p0: float, expect: str) -> float:
-    """Exact one-sided p-value of "the proportion ``expect`` p0" after ``successes`` of ``trials``:
-    P(X <= successes) for '<', P(X >= successes) for '>', X ~ Binomial(trials, p0)."""
-    _check_expect(expect)
-    if trials < 1 or not 0 <= successes <= trials or not 0.0 < p0 < 1.0:
-        raise ValueError(f"binomial_test needs 0 <= successes <= trials, trials >= 1 and 0 < p0 < 1, "
-                         f"got {successes} of {trials}, p0={p0}")
-    ks = range(0, successes + 1) if expect == "<" else range(successes, trials + 1)
-    log = [math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1)
-           + k * math.log(p0) + (trials - k) * math.log1p(-p0) for k in ks]
-    top = max(log)
-    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in log))
-
-
-def two_proportion_test(a_successes: int, a_trials: int, b_successes: int, b_trials: int, expect: str) -> float:
-    """One-sided p-value of "p_a - p_b ``expect`` 0": the score test with the pooled proportion,
-    z = (p_a - p_b) / sqrt(p (1 - p) (1/n_a + 1/n_b)), p = (k_a + k_b) / (n_a + n_b)."""
-    _check_expect(expect)
-    pooled = (a_successes + b_successes) / (a_trials + b_trials)
-    d = a_successes / a_trials - b_successes / b_trials
-    se = math.sqrt(pooled * (1 - pooled) * (1 / a_trials + 1 / b_trials))
-    if se == 0.0:  # both at 0% or both at 100%: no evidence either way
-        return 1.0 if d == 0 else float(((d < 0) != (expect == "<")))
-    z = d / se
-    return normal_cdf(z) if expect == "<" else normal_cdf(-z)
 
 
 def holm(pvalues: Sequence[float]) -> list:
