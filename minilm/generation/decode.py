@@ -59,6 +59,7 @@ from minilm.model.cache import SINK_POSITIONS, cache_dtype
 
 PROGRESS_CHUNKS = 16  # a prompt prefilled in at least this many chunks past the window shows a progress bar
 
+
 class GenerationError(MinilmError):
     """A bad generation setting or input; the message is one line for the user."""
 

@@ -141,11 +141,11 @@ class KVCache:
         elif self._before is not None:  # held keys and the chunk's, before the chunk overwrites the oldest
             held, held_pos, positions = self._before
             keys, values = self.keys[layer], self.values[layer]
-            out = (torch.cat([keys[:, :, :held], k.to(keys.dtype)], 2),
-                   torch.cat([values[:, :, :held], v.to(values.dtype)], 2), torch.cat([held_pos, positions]))
-            keys.index_copy_(2, slots, k.to(keys.dtype))
-            values.index_copy_(2, slots, v.to(values.dtype))
-            return out
+            k, v = k.to(keys.dtype), v.to(values.dtype)
+            out = torch.cat([keys[:, :, :held], k], 2), torch.cat([values[:, :, :held], v], 2)
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+            return (*out, torch.cat([held_pos, positions]))
         else:
             self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
             self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))

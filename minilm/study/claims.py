@@ -17,6 +17,7 @@ claim past L is "not read".
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from minilm.study.extension import METHOD_NAMES
@@ -30,6 +31,16 @@ def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode:
     """{seed: perplexity} of one cell of the study (no entry where it was not run)."""
     return {c["seed"]: c["ppl"] for c in cells if c["section"] == section and c["label"] == label
             and c["length"] == length and c["mode"] == mode and c.get("step") == step and c["ppl"] is not None}
+
+
+def mean_log_perplexity(cells: Sequence[dict], section: str, label: str, length: int, mode: str) -> Optional[float]:
+    """The mean over seeds of a cell's log perplexity, what a choice of rate on held-out text
+    minimises (``sweep``, ``tuning``); None where nothing was run or any seed's is not finite
+    (a run that diverged is out)."""
+    values = list(per_seed(cells, section, label, length, mode).values())
+    if not values or not all(0 < p < math.inf for p in values):
+        return None
+    return sum(math.log(p) for p in values) / len(values)
 
 
 def position_curves(cells: Sequence[dict], section: str, label: str, length: int, step=None) -> list:

@@ -16,12 +16,11 @@ the same run as that method's extension run; it is trained twice, a few seconds 
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional
 
 from minilm.common import MinilmError, markdown_table
-from minilm.study.claims import paired_ratio, per_seed
+from minilm.study.claims import mean_log_perplexity, paired_ratio, per_seed
 from minilm.study.extension import METHOD_NAMES
 from minilm.study.stats import interval
 
@@ -74,11 +73,8 @@ def choose(plan: dict, cells: list) -> Optional[float]:
     held-out text (the smaller rate on a tie; a rate with a non-finite perplexity on any seed is
     out); None without a sweep, a ``SweepError`` when no rate is left."""
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
-    scores = {}
-    for lr in rates(plan):
-        values = [math.log(ppl) for ppl in per_seed(cells, SECTION, label(lr), long, MODE).values()]
-        if values and all(math.isfinite(v) for v in values):  # a rate that diverged on any seed is out
-            scores[lr] = sum(values) / len(values)
+    scores = {lr: mean_log_perplexity(cells, SECTION, label(lr), long, MODE) for lr in rates(plan)}
+    scores = {lr: score for lr, score in scores.items() if score is not None}  # a rate that diverged is out
     if rates(plan) and not scores:
         raise SweepError(f"no rate of sweep.lrs={rates(plan)} gave a finite held-out perplexity at {long} tokens on "
                          f"every seed: try smaller rates")

@@ -18,7 +18,7 @@ import math
 from typing import Optional
 
 from minilm.common import MinilmError, markdown_table
-from minilm.study.claims import per_seed
+from minilm.study.claims import mean_log_perplexity, per_seed
 from minilm.study.stats import interval
 
 SECTION = "tuning"  # the cells of the tuning runs, and the runs' section
@@ -68,12 +68,8 @@ def choose(plan: dict, cells: list, kind: str) -> float:
     """The scale of ``kind`` with the lowest mean log perplexity over the tuning seeds at L on the
     held-out text (module docstring); a ``TuningError`` when every scale diverged."""
     L = plan["model"]["block_size"]
-    scores = {}
-    for scale in scales(plan):
-        values = [math.log(p) if p > 0 else math.inf for p in per_seed(cells, SECTION, label(kind, scale), L,
-                                                                        MODE).values()]
-        if values and all(math.isfinite(v) for v in values):
-            scores[scale] = sum(values) / len(values)
+    scores = {scale: mean_log_perplexity(cells, SECTION, label(kind, scale), L, MODE) for scale in scales(plan)}
+    scores = {scale: score for scale, score in scores.items() if score is not None}
     if not scores:
         raise TuningError(f"no rate of tuning.lr_scales={scales(plan)} x train.lr={plan['train']['lr']:g} gave {kind} "
                           f"a finite held-out perplexity on every tuning seed: try smaller scales")

@@ -329,7 +329,8 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     run.optimizer.set_lr(lr)
     x_all, y_all, mask_all = draw(run.prepared.train, B * A * dist.world, T, run.generator, run.step,
                                   t.retrieval_share, run.task, keep_text=t.retrieval_weight > 0)
-    loss_sum, _ = torch.zeros((), dtype=torch.float64), run.loss_parts.clear()  # parts: this step's last micro-batch
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    run.loss_parts.clear()  # what mixed_loss logs: this step's, from its last micro-batch
     for micro in range(A):
         row = micro * dist.world + dist.rank
         x, y = x_all[row * B:(row + 1) * B].to(device, non_blocking=True), \
