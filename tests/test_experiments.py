@@ -185,6 +185,30 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
 
 
+def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_path, capsys):
+    out = tmp_path / "ablation"
+    args = ["ablation", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1", "--quiet",
+            "ablation.groups=[base]", f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
+            f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"]
+    assert experiment_cli.main(args) == 0
+    first = (out / "results.csv").read_text()
+    journal = sorted((out / "journal").glob("*.pkl"))
+    kept = {p: p.stat().st_mtime_ns for p in journal[::2]}
+    for path in journal[1::2]:  # as if the run had been killed before these jobs finished
+        path.unlink()
+    (out / "study.json").unlink()
+    assert experiment_cli.main(args) == 2  # an earlier experiment is not run over unasked
+    assert "--resume to continue it" in capsys.readouterr().err
+    assert experiment_cli.main([*args, "--resume"]) == 0
+    assert (out / "results.csv").read_text() == first  # the jobs run again give the same cells
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items()) and len(list((out / "journal").glob("*.pkl"))) == len(journal)
+    text = (out / "report.md").read_text(encoding="utf-8")
+    assert "the last of 2 invocations" in text and "--resume" not in text.split("\n")[2]  # the command as first given
+    assert experiment_cli.main([*args[:-1], "train.max_steps=6", "--resume"]) == 2
+    assert "the plan differs" in capsys.readouterr().err
+    assert experiment_cli.main([*args, "--resume", "--overwrite"]) == 2
+
+
 def test_ablation_variants_are_sized_for_the_plan():
     full, quick = (experiments.make_plan("ablation", q)["ablation"]["variants"] for q in (False, True))
     assert full["sinusoidal-concat"]["model"] == {"concat_position_dims": 64}

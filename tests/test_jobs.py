@@ -1,11 +1,14 @@
-"""minilm.study.jobs: a graph of jobs in worker processes: order, values, times and errors."""
+"""minilm.study.jobs: a graph of jobs in worker processes: order, values, times and errors; the journal
+that lets an interrupted study resume (minilm.study.journal)."""
 import math
 import operator
 import time
 
 import pytest
 
-from minilm.study.jobs import Job, run_jobs
+from minilm.study.jobs import Done, Job, run_jobs
+from minilm.study.journal import Journal, JournalError
+from minilm.study.provenance import busy_seconds
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -34,3 +37,38 @@ def test_the_graph_is_checked_before_anything_runs():
         run_jobs([Job("b", operator.add, (1, 1), after=("a",)), Job("a", operator.add, (1, 1))], quiet=True)
     with pytest.raises(ValueError, match="at least 1"):
         run_jobs([Job("a", operator.add, (1, 1))], workers=0, quiet=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_journal_gives_back_finished_jobs_and_reruns_changed_ones(workers, tmp_path):
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {"seeds": [1]}, resume=False)
+    first = run_jobs([Job("a", operator.add, (1, 0)), Job("b", operator.mul, (3, 4))], workers=workers, quiet=True,
+                     journal=journal)
+    # read back, not run: run, "a" would divide by zero; "b" changed its arguments, so it runs again; "c"
+    # needs "a" and takes its arguments from a's value (as the study's tuned runs do)
+    again = run_jobs([Job("a", operator.truediv, (1, 0)), Job("b", operator.mul, (3, 5)),
+                      Job("c", operator.add, after=("a",), resolve=lambda done: (done["a"].value, 10))],
+                     workers=workers, quiet=True, journal=journal)
+    assert {k: d.value for k, d in again.items()} == {"a": 1, "b": 15, "c": 11}
+    assert again["a"].started == first["a"].started  # its times are the first run's
+
+
+def test_a_journal_belongs_to_one_commit_and_plan(tmp_path):
+    journal = Journal(str(tmp_path / "journal"))
+    with pytest.raises(JournalError, match="holds no journal"):
+        journal.start("abc", {"seeds": [1]}, resume=True)
+    assert journal.start("abc", {"seeds": [1]}, resume=False) == 1
+    assert journal.start("abc", {"seeds": [1]}, resume=True) == 2
+    with pytest.raises(JournalError, match="commit 'abc', the code is now 'def'"):
+        journal.start("def", {"seeds": [1]}, resume=True)
+    with pytest.raises(JournalError, match="the plan differs"):
+        journal.start("abc", {"seeds": [1, 2]}, resume=True)
+    run_jobs([Job("a", operator.add, (1, 0))], quiet=True, journal=journal)
+    journal.start("abc", {"seeds": [1]}, resume=False)  # a fresh start forgets the finished jobs
+    assert journal.read("a", (1, 0)) is None
+
+
+def test_busy_time_is_the_union_of_the_jobs_intervals():
+    done = {k: Done(None, s, e) for k, (s, e) in {"a": (0, 10), "b": (5, 12), "c": (100, 103), "d": (101, 102)}.items()}
+    assert busy_seconds(done) == 15

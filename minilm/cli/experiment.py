@@ -11,7 +11,8 @@ import time
 
 from minilm.cli import Parser, run_command
 from minilm.common import keep_aside
-from minilm.study import plan as experiments, primary, report
+from minilm.study import plan as experiments, primary, provenance, report
+from minilm.study.journal import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,6 +35,9 @@ def parse_args(argv):
     parser.add_argument("--report-only", action="store_true",
                         help="write report.md again from --out's study.json (e.g. after adding discussion.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier experiment in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted experiment in --out: the jobs it finished are read back, not run "
+                             "again (same arguments and the same commit)")
     return parser.parse_intermixed_args(argv)
 
 
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
     return run_command(lambda: run(args, argv, out),
-                       on_interrupt="interrupted; finished runs are kept under " + os.path.join(out, "runs"))
+                       on_interrupt=f"interrupted; the finished jobs are kept in {out}: continue with --resume")
 
 
 def say(message: str) -> None:
@@ -65,28 +69,34 @@ def run(args, argv, out: str) -> int:
         return 0
     started = time.time()
     started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    load_start = report.load_average()
-    commit = report.git_commit(REPO, exclude=out)  # the code as it is when the run starts
+    load_start = provenance.load_average()
+    commit = provenance.git_commit(REPO, exclude=out)  # the code as it is when the run starts
     if args.workers < 1:
         raise experiments.ExperimentError(f"--workers {args.workers} is invalid: expected at least 1")
     plan = experiments.make_plan(args.experiment, args.quick, args.seeds, args.overrides)
     earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
-    if earlier and not args.overwrite:  # found before any job runs, in the experiment's own words
+    if args.resume and args.overwrite:
+        raise experiments.ExperimentError("--resume continues the experiment in --out and --overwrite starts it over: "
+                                          "give one of them")
+    if earlier and not (args.overwrite or args.resume):  # found before any job runs, in the experiment's own words
         raise experiments.ExperimentError(f"--out {out!r} holds an earlier experiment ({', '.join(earlier)}): give "
-                                          f"--overwrite to run it again over its runs, --report-only to rewrite its "
-                                          f"report, or another --out")
-    study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, overwrite=args.overwrite)
+                                          f"--resume to continue it, --overwrite to run it again over its runs, "
+                                          f"--report-only to rewrite its report, or another --out")
+    journal = Journal(os.path.join(out, "journal"))
+    invocation = journal.start(commit, plan, resume=args.resume)
+    study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now
     study.build()
-    kept = keep_aside(os.path.join(out, "discussion.md")) if earlier else None
+    kept = keep_aside(os.path.join(out, "discussion.md")) if earlier and not args.resume else None
     if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost
         say(f"the earlier run's discussion.md is kept as {os.path.basename(kept)}; this report has none until "
             f"you write one (then --report-only)")
     if not args.quiet:
         say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
     study.run()
-    command = "python -m minilm experiment " + " ".join(argv)
+    study.invocations = invocation
+    command = "python -m minilm experiment " + " ".join(a for a in argv if a != "--resume")
     path = report.write_report(study, command, time.time() - started, started_at,
-                               (load_start, report.load_average()), commit)
+                               (load_start, provenance.load_average()), commit)
     print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
     return 0

@@ -7,6 +7,9 @@ results so far (a setting chosen by earlier jobs: the study's fine-tuning rate).
 cores better than one run with many threads (small matrices scale poorly across threads).
 Ready jobs start in the order given, so list the ones that unblock others first.
 
+A ``journal`` (``minilm.study.journal``) records every finished job as it finishes and gives
+back, without running it, a job that finished earlier with the same key and arguments.
+
 With ``workers=1`` the jobs run in this process, one after another. Workers are started
 with ``spawn`` (a fresh interpreter each: no inherited thread pools or locks). A job's
 function and arguments must be picklable: module-level functions and plain data. A job
@@ -83,8 +86,9 @@ def check_graph(jobs: Sequence[Job]) -> None:
         seen.add(job.key)
 
 
-def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: bool = False) -> dict:
-    """Run every job; returns {key: Done}. The progress bar names the jobs running."""
+def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: bool = False, journal=None) -> dict:
+    """Run every job (or read it back from ``journal``); returns {key: Done}. The progress bar
+    names the jobs running."""
     check_graph(jobs)
     if workers < 1 or threads < 1:
         raise ValueError(f"workers={workers} and threads={threads} must be at least 1")
@@ -95,38 +99,62 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: boo
             _limit_threads(threads)
             try:
                 for job in jobs:
-                    done[job.key] = Done(*_timed(job.fn, job.arguments(done)), job.phase)
+                    args = job.arguments(done)
+                    done[job.key] = _recorded(journal, job, args)
+                    if done[job.key] is None:
+                        done[job.key] = Done(*_timed(job.fn, args), job.phase)
+                        _record(journal, job, args, done[job.key])
                     bar.update(1)
             finally:
                 torch.set_num_threads(previous)
             return done
-        _run_parallel(jobs, workers, threads, done, bar)
+        _run_parallel(jobs, workers, threads, done, bar, journal)
     return done
 
 
-def _run_parallel(jobs, workers, threads, done, bar) -> None:
+def _recorded(journal, job: Job, args: tuple) -> Optional[Done]:
+    return journal.read(job.key, args) if journal is not None else None
+
+
+def _record(journal, job: Job, args: tuple, done: Done) -> None:
+    if journal is not None:
+        journal.record(job.key, args, done)
+
+
+def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
     pending = list(jobs)
-    running: dict = {}  # future -> job
+    running: dict = {}  # future -> (job, its arguments)
     context = multiprocessing.get_context("spawn")
     pool = futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_limit_threads, initargs=(threads,))
     try:
         while pending or running:
-            for job in [j for j in pending if all(k in done for k in j.after)][:workers - len(running)]:
+            for job in [j for j in pending if all(k in done for k in j.after)]:
+                if len(running) >= workers:
+                    break
                 pending.remove(job)
-                running[pool.submit(_timed, job.fn, job.arguments(done))] = job
+                args = job.arguments(done)
+                earlier = _recorded(journal, job, args)
+                if earlier is not None:
+                    done[job.key] = earlier
+                    bar.update(1)
+                else:
+                    running[pool.submit(_timed, job.fn, args)] = job, args
+            if not running and any(all(k in done for k in j.after) for j in pending):
+                continue  # jobs read back from the journal made others ready
             if not running:
                 raise ValueError(f"jobs {[j.key for j in pending]} can never start")
             finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
             for future in finished:
-                job = running.pop(future)
+                job, args = running.pop(future)
                 try:
                     value, started, ended = future.result()  # a job's exception is raised here
                 except BrokenProcessPool:
                     raise JobError(f"a worker process died while running {job.key!r} (killed, or out of memory?); "
                                    f"finished runs are kept") from None
                 done[job.key] = Done(value, started, ended, job.phase)
+                _record(journal, job, args, done[job.key])
                 bar.update(1)
-                bar.set_postfix_str(", ".join(j.key for j in running.values())[:60], refresh=False)
+                bar.set_postfix_str(", ".join(j.key for j, _ in running.values())[:60], refresh=False)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise

@@ -218,8 +218,9 @@ class Study:
     label, seed, when (extension: before | after), length, depth, correct (None: bounded), trials. ``runs``: name -> StudyRun;
     ``done``: job key -> ``minilm.study.jobs.Done`` (values and times)."""
 
-    def __init__(self, plan: dict, out: str, *, workers: int = 1, overwrite: bool = False, quiet: bool = False):
-        self.plan, self.out, self.workers, self.overwrite, self.quiet = plan, out, workers, overwrite, quiet
+    def __init__(self, plan: dict, out: str, *, workers: int = 1, quiet: bool = False, journal=None):
+        self.plan, self.out, self.workers, self.quiet, self.journal = plan, out, workers, quiet, journal
+        self.invocations = 1  # of the command, resumed (``--resume``) after the first
         self.runs_dir = os.path.join(out, "runs")
         self.runs: dict = {}
         self.jobs: list = []
@@ -249,12 +250,11 @@ class Study:
         if tuned and "init_from" not in kw and position["kind"] in self._tuning:
             self._by_kind[name] = (position, seed, kw)
             after, resolve = [*after, *self._tuning[position["kind"]]], lambda done, name=name: (
-                self._scaled_config(name, done).to_dict(), self.overwrite)
+                self._scaled_config(name, done).to_dict(),)
         elif tuned and "init_from" in kw and self._sweep:
             self._tuned[name] = (position, seed, kw)
-            after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),
-                                                                             self.overwrite)
-        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(), self.overwrite), tuple(after), phase,
+            after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),)
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(),), tuple(after), phase,
                              resolve))
         return f"train {name}"
 
@@ -413,7 +413,7 @@ class Study:
         atomic_write(os.path.join(self.runs_dir, ".gitignore"), "# checkpoints of the study's runs: not for git\n*\n")
         if not self.jobs:
             self.build()
-        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet)
+        self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, journal=self.journal)
         for name in self._tuned:  # their configs as they ran, at the rate the sweep chose
             self.runs[name].config = self._tuned_config(name, self.done)
         for name in self._by_kind:  # and at the rate the tuning chose for their kind
@@ -425,7 +425,7 @@ class Study:
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
         return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lr": self.finetune_lr,
-                "lr_scales": self.lr_scales,
+                "lr_scales": self.lr_scales, "invocations": self.invocations,
                 "cells": self.cells,
                 "retrieval": self.retrieval,
                 "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
@@ -437,6 +437,7 @@ class Study:
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
         study.finetune_lr, study.lr_scales = state.get("finetune_lr"), state.get("lr_scales", {})
+        study.invocations = state.get("invocations", 1)
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 from typing import Optional
 
-import torch
 import yaml
 
-from minilm.common import atomic_write, cpu_has_fast_bf16, markdown_table as table, write_csv
+from minilm.common import atomic_write, markdown_table as table, write_csv
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
@@ -28,55 +25,9 @@ from minilm.study.claims import GATE, accuracy_text, cell_text, gate, position_c
 from minilm.study.figures import study_figures
 from minilm.study.extension import LABEL_NAMES, extension_labels
 from minilm.study.plan import DATA_SEED_OFFSET, KINDS, ExperimentError, Study
+from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.primary import hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
-
-
-def git_commit(repo: str, exclude: Optional[str] = None) -> str:
-    """``git rev-parse HEAD`` of the repository, plus ' (dirty)' when files differ from it
-    (untracked ones included, except under ``exclude``: the experiment's own output)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
-                                capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    skip = None if exclude is None else os.path.relpath(os.path.abspath(exclude), repo) + os.sep
-    changed = [line[3:] for line in status if skip is None or not (line[3:].strip('"') + os.sep).startswith(skip)]
-    return head + (f" (dirty: {len(changed)} uncommitted or untracked files, e.g. {changed[0]})" if changed else "")
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} logical CPUs "
-            f"({torch.get_num_threads()} torch threads){gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
-
-
-def load_average() -> str:
-    try:
-        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-def cpu_flags() -> str:
-    """The CPU's vector and matrix extensions that decide float32 / bf16 speed."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return (", ".join(shown) or "none of avx2/avx512/amx") + f"; torch sees native bf16: {cpu_has_fast_bf16()}"
 
 
 # --------------------------------------------------------------------------- writing
@@ -126,6 +77,9 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
         f"Command: `{command}`  ",
         f"Started: {started_at}; **wall time {wall / 60:.1f} min** with {study.workers} worker processes of one "
         f"torch thread each; load average at start / end: {loads[0]} / {loads[1]}  ",
+        *([f"Resumed (`--resume`): that was the last of {study.invocations} invocations at the same commit; jobs ran "
+           f"for **{busy_seconds(study.done) / 60:.1f} min** in all (the union of their running times)  "]
+          if study.invocations > 1 else []),
         f"Git commit at the start: `{commit}`  ",
         f"Machine: {machine()}; CPU flags: {cpu_flags()}  ",
         f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "

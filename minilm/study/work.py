@@ -14,8 +14,10 @@ from minilm.evaluation import lengths as evaluation, retrieval
 from minilm.training.loop import train
 
 
-def train_job(config_tree: dict, overwrite: bool) -> dict:
-    summary = train(build_config(config_tree), quiet=True, overwrite=overwrite)
+def train_job(config_tree: dict) -> dict:
+    """Train one run of the study. Its out_dir is the study's own (under ``<out>/runs``, which the
+    command refuses to reuse unless told to), so a run left there by an interrupted study is replaced."""
+    summary = train(build_config(config_tree), quiet=True, overwrite=True)
     return {k: v for k, v in summary.items() if k != "sample"}
 
 

@@ -1,0 +1,71 @@
+"""Where, when and with what code a study ran: the git commit (and whether the tree was
+dirty), the machine, its CPU's vector extensions, the load, and the time its jobs ran."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from typing import Optional
+
+import torch
+
+from minilm.common import cpu_has_fast_bf16
+
+
+def git_commit(repo: str, exclude: Optional[str] = None) -> str:
+    """``git rev-parse HEAD`` of the repository, plus ' (dirty)' when files differ from it
+    (untracked ones included, except under ``exclude``: the experiment's own output)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    skip = None if exclude is None else os.path.relpath(os.path.abspath(exclude), repo) + os.sep
+    changed = [line[3:] for line in status if skip is None or not (line[3:].strip('"') + os.sep).startswith(skip)]
+    return head + (f" (dirty: {len(changed)} uncommitted or untracked files, e.g. {changed[0]})" if changed else "")
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} logical CPUs "
+            f"({torch.get_num_threads()} torch threads){gpu}; Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
+def load_average() -> str:
+    try:
+        return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def cpu_flags() -> str:
+    """The CPU's vector and matrix extensions that decide float32 / bf16 speed."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return (", ".join(shown) or "none of avx2/avx512/amx") + f"; torch sees native bf16: {cpu_has_fast_bf16()}"
+
+
+def busy_seconds(done: dict) -> float:
+    """The time during which at least one job ran (the union of the jobs' intervals): the wall
+    time of a study that ran in several invocations (``--resume``), without the gaps between them."""
+    total, reach = 0.0, None
+    for started, ended in sorted((d.started, d.ended) for d in done.values()):
+        if reach is None or started > reach:
+            total, reach = total + ended - started, ended
+        elif ended > reach:
+            total, reach = total + ended - reach, ended
+    return total
