@@ -22,7 +22,7 @@ def quick_study(tiny_corpus, tmp_path_factory):
     code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seeds", "3,4",
                                 "--workers", "2", "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}",
                                 "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20",
-                                "sweep.lrs=[1.0e-4, 3.0e-3]"])  # neither is finetune.lr (5e-4)
+                                "sweep.lrs=[1.0e-4, 3.0e-3]", "tuning.seeds=[101]"])  # neither is finetune.lr (5e-4)
     assert code == 0
     return out
 
@@ -44,7 +44,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     scratch = [c for c in cells if c["section"] == "scratch"]
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
     assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
-    assert {c["seed"] for c in cells if c["section"] != "tuning"} == {"3", "4"}
+    assert {c["seed"] for c in cells if c["section"] not in ("tuning", "sweep")} == {"3", "4"}
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
@@ -64,7 +64,9 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     labels = extension.extension_labels(plan)  # the methods, learned + PI, sinusoidal + PI, training kept at L
     assert set(labels) > set(plan["extension"]["methods"]) and "keep" in labels
     assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in labels for s in steps}
-    assert {c["label"] for c in cells if c["section"] == "oracle"} == {"rope", "alibi"}
+    # the oracle on the pretraining's sequences (4x its tokens) and on its tokens, at the first seed (oracle_seeds)
+    assert {(c["label"], c["seed"]) for c in cells if c["section"] == "oracle"} == {("rope", "3"),
+                                                                                   ("rope-equal-tokens", "3")}
     heading = next(line for line in text.splitlines() if line.startswith("## 5. "))
     # a checkout where git shows the claims file committed before the run's commit, or anywhere else
     assert heading.startswith(("## 5. Primary claims (pre-registered in `minilm/study/registered/",
@@ -118,28 +120,34 @@ def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
     assert by_step[0] == pytest.approx(source.nll, rel=1e-5)  # step 0: the source with the scaling applied
 
 
-def test_the_sweep_chooses_the_fine_tuning_rate_on_held_out_training_text(quick_study):
+def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seeds(quick_study):
     out, L = quick_study, experiments.QUICK["model"]["block_size"]
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
-    sweep = [c for c in state["cells"] if c["section"] == "sweep"]
-    # each rate at each seed, scored at L and 4L on the holdout: 2048 held-out tokens, fewer than the validation's
-    assert {(c["label"], c["seed"], c["length"]) for c in sweep} == {
-        (lr, seed, t) for lr in ("0.0001", "0.003") for seed in (3, 4) for t in (L, 4 * L)}
-    assert {c["tokens"] for c in sweep} == {2047 // (4 * L) * 4 * L}
+    cells = [c for c in state["cells"] if c["section"] == "sweep"]
+    labels = extension.extension_labels(state["plan"])
+    # each row at each rate, fine-tuned from the tuning seed's model and scored at 4L on the holdout
+    assert {(c["label"], c["seed"], c["length"]) for c in cells} == {
+        (f"{label} {lr}", 101, 4 * L) for label in labels for lr in ("0.0001", "0.003")}
+    assert {c["tokens"] for c in cells} == {2047 // (4 * L) * 4 * L}
     val = next(c for c in state["cells"] if c["section"] == "scratch")
-    assert val["tokens"] != sweep[0]["tokens"]
-    mean_log = {lr: sum(math.log(c["ppl"]) for c in sweep if c["label"] == lr and c["length"] == 4 * L) / 2
-                for lr in ("0.0001", "0.003")}
-    chosen = float(min(mean_log, key=mean_log.get))
-    assert state["finetune_lr"] == chosen
-    # every extension run (and the keep-training control) trained at that rate, as its checkpoint says
-    for name, run in state["runs"].items():
-        if run["section"] == "extension":
-            config = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]
-            assert config["train"]["lr"] == pytest.approx(chosen) and run["config"]["train"]["lr"] == chosen
-            assert config["train"]["min_lr"] == pytest.approx(chosen / 10)
+    assert val["tokens"] != cells[0]["tokens"]
+    for label in labels:
+        ppl = {lr: c["ppl"] for c in cells for lr in ("0.0001", "0.003") if c["label"] == f"{label} {lr}"}
+        chosen = float(min(ppl, key=ppl.get))
+        assert state["finetune_lrs"][label] == chosen
+        # the sweep's runs start from the tuning seed's model of the row's kind, at the scale chosen for it
+        kind = extension.extension_runs(state["plan"])[label][0]
+        source = f"{kind}-lr{state['lr_scales'][kind]:g}-t101"
+        sweep_run = state["runs"][f"{label}-lr{chosen:g}-t101"]
+        assert sweep_run["config"]["train"]["init_from"].endswith(source)
+        # every extension run of the row (each seed) trained at the row's rate, as its checkpoint says
+        for name, run in state["runs"].items():
+            if run["section"] == "extension" and run["label"] == label:
+                config = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]
+                assert config["train"]["lr"] == pytest.approx(chosen) and run["config"]["train"]["lr"] == chosen
+                assert config["train"]["min_lr"] == pytest.approx(chosen / 10)
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "Fine-tuning learning rate, chosen on held-out training text" in text
+    assert "Fine-tuning rates, chosen on held-out training text" in text and "The plateau:" in text
 
 
 def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study):
@@ -234,7 +242,7 @@ def test_ablation_variants_are_sized_for_the_plan():
 def test_plan_overrides_and_errors(capsys, tmp_path):
     plan = experiments.make_plan("length-generalization", True, [5, 6], ["data.corpus=texts/", "finetune.lr=1e-4"])
     assert plan["seeds"] == [5, 6] and plan["data"]["corpus"] == "texts/" and plan["finetune"]["lr"] == 1e-4
-    assert experiments.FULL["data"]["corpus"] == "shakespeare" and experiments.FULL["seeds"] == [1, 2, 3]
+    assert experiments.FULL["data"]["corpus"] == "shakespeare" and experiments.FULL["seeds"] == [1, 2, 3, 4, 5]
     with pytest.raises(experiments.ExperimentError, match="unknown section 'modle'"):
         experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
@@ -352,7 +360,9 @@ def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
         tuning.choose(plan, [cell("fire", 1.0, 101, float("nan"))], "fire")
     with pytest.raises(experiments.ExperimentError, match="tuning seeds disjoint from the study's seeds"):
         experiments.make_plan("length-generalization", True, [1, 101])
-    assert experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]"])  # no tuning: allowed
+    assert experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]", "sweep.lrs=[]"])  # allowed
+    with pytest.raises(experiments.ExperimentError, match="sweep.lrs needs the tuning section"):
+        experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]"])
 
 
 def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):
@@ -379,23 +389,27 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     L, f = plan["model"]["block_size"], plan["extension"]["factor"]
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     runs = study.runs
-    assert tokens(runs["rope-512-oracle-s1"]) == f * tokens(runs["rope-s1"]) == tokens(runs["alibi-512-oracle-s1"])
+    assert tokens(runs["rope-512-oracle-s1"]) == f * tokens(runs["rope-s1"]) == f * tokens(runs["rope-equal-tokens-512-oracle-s1"])
     assert runs["rope-512-oracle-s1"].config.train.batch_size == runs["rope-s1"].config.train.batch_size
+    assert {r.seed for r in runs.values() if r.section == "oracle"} == {1}  # the study's oracle seeds: 3 of 5
     three = experiments.Study(experiments.make_plan("length-generalization", False, [1, 2, 3], [
-        "controls.oracle_seeds=2", "controls.oracle_batch_scale=0.25"]), str(tmp_path / "3"))
+        "controls.oracle_seeds=2", "controls.oracle=[rope, alibi]", "controls.oracle_equal_tokens=false"]),
+        str(tmp_path / "3"))
     three.scored_tokens = 8192
     three.build()  # the oracle at its first oracle_seeds (2) seeds only
     assert {r.seed for r in three.runs.values() if r.section == "oracle"} == {1, 2}
-    assert tokens(three.runs["alibi-512-oracle-s2"]) == tokens(three.runs["alibi-s2"])
-    # the extension runs wait for the sweep's held-out evaluations, which wait for the sweep's runs
+    assert {r.label for r in three.runs.values() if r.section == "oracle"} == {"rope", "alibi"}
+    # an extension run waits for its row's sweep (its held-out evaluations at the tuning seed), which waits for the
+    # tuning of its source kind
     job = {j.key: j for j in study.jobs}
-    sweeps = [k for k in job if k.startswith("eval holdout rope-none-512-lr")]
-    assert len(sweeps) == 3 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
+    sweeps = [k for k in job if k.startswith("eval holdout yarn-lr")]
+    assert len(sweeps) == 4 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
     assert job["train rope-yarn-512-s1"].resolve is not None
+    assert set(job["train learned-pi-lr0.0001-t101"].after) == {k for k in job if k.startswith("eval holdout learned-lr")}
     # a run from scratch waits for its kind's tuning runs, scored on held-out text at the tuning seed
     tuned = [k for k in job if k.startswith("eval holdout rope-lr")]
     assert len(tuned) == 3 and set(tuned) == set(job["train rope-s1"].after) and job["train rope-s1"].resolve
-    assert {r.seed for r in runs.values() if r.section == "tuning"} == {101}
+    assert {r.seed for r in runs.values() if r.section in ("tuning", "sweep")} == {101}
     assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
     keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
     assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"
@@ -419,18 +433,19 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
 
 
 def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_path):
-    plan = experiments.make_plan("length-generalization", True, [1, 2])
+    plan = experiments.make_plan("length-generalization", True, [1, 2], ["sweep.lrs=[1.0e-4, 2.0e-4, 5.0e-4]"])
     long = 4 * plan["model"]["block_size"]
-    cells = lambda values: [{"section": "sweep", "label": f"{lr:g}", "seed": seed, "length": long,  # noqa
-                             "mode": "nonoverlapping", "ppl": ppl}
+    cells = lambda values: [{"section": "sweep", "label": sweep.cell_label("yarn", lr), "seed": seed,  # noqa
+                             "length": long, "mode": "nonoverlapping", "ppl": ppl}
                             for (lr, seed), ppl in values.items()]
-    # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on seed 1
-    chosen = sweep.choose(plan, cells({(1e-4, 1): 100.0, (1e-4, 2): 100.0, (2e-4, 1): 90.0, (2e-4, 2): 90.0,
-                                       (5e-4, 1): 80.0, (5e-4, 2): 112.8125}))
+    # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on tuning seed 101
+    chosen = sweep.choose(plan, cells({(1e-4, 101): 100.0, (1e-4, 102): 100.0, (2e-4, 101): 90.0, (2e-4, 102): 90.0,
+                                       (5e-4, 101): 80.0, (5e-4, 102): 112.8125}), "yarn")
     assert chosen == 2e-4
-    assert sweep.choose(plan, cells({(1e-4, 1): float("inf"), (1e-4, 2): 1.0, (2e-4, 1): 50.0, (2e-4, 2): 50.0})) == 2e-4
-    with pytest.raises(sweep.SweepError, match=r"no rate of sweep.lrs=\[0.0001, 0.0002, 0.0005\] gave a finite"):
-        sweep.choose(plan, cells({(1e-4, 1): float("nan")}))
+    assert sweep.choose(plan, cells({(1e-4, 101): float("inf"), (1e-4, 102): 1.0, (2e-4, 101): 50.0,
+                                     (2e-4, 102): 50.0}), "yarn") == 2e-4
+    with pytest.raises(sweep.SweepError, match=r"no rate of sweep.lrs=\[0.0001, 0.0002, 0.0005\] gave yarn a finite"):
+        sweep.choose(plan, cells({(1e-4, 101): float("nan")}), "yarn")
     assert sweep.finetune_at(plan, 2e-4) == {**plan["finetune"], "lr": 2e-4, "min_lr": pytest.approx(2e-5)}
     short = experiments.Study(experiments.make_plan("length-generalization", True, [1], ["data.holdout_tokens=100"]),
                               str(tmp_path))

@@ -75,6 +75,32 @@ def test_retrieval_claims_take_the_seed_as_the_unit(tmp_path):
     assert pooled < 1e-10  # what treating them as 9,600 independent trials would have claimed
 
 
+def test_a_log_probability_claim_ranks_models_at_the_accuracy_ceiling(tmp_path):
+    """Both methods retrieve every probe, so accuracy cannot rank them; each seed's mean answer
+    log-probability (two depths of 32 and 96 probes, weighted by their probes) can, paired by seed."""
+    plan = experiments.make_plan("length-generalization", True, [1, 2, 3])
+    L = plan["model"]["block_size"]
+
+    def rows(label, by_depth):  # {depth: [(correct, logprob) per seed]}
+        return [dict(section="extension", label=label, length=4 * L, depth=d, correct=c, trials=n, seed=seed,
+                     when="after", logprob=lp) for (d, n), values in by_depth.items()
+                for seed, (c, lp) in zip((1, 2, 3), values)]
+    study = (probes("rope", L, [32, 32, 32], seeds=(1, 2, 3))  # the gate passes
+             + rows("linear", {(0.0, 32): [(32, -0.10), (32, -0.20), (32, -0.30)],
+                             (1.0, 96): [(96, -0.30), (96, -0.40), (96, -0.50)]})
+             + rows("none", {(0.0, 32): [(32, -0.50), (32, -0.40), (32, -0.90)],
+                             (1.0, 96): [(96, -0.70), (96, -0.80), (96, -0.70)]}))
+    by_accuracy, by_logprob = primary.outcomes([], study, plan, write(tmp_path, [
+        GAIN, {**GAIN, "id": "gain-logprob", "metric": "logprob"}]))[1]
+    assert by_accuracy.verdict == "not supported"  # 100% against 100%: no evidence either way
+    # per seed, weighted by probes: linear -0.25, -0.35, -0.45; none -0.65, -0.70, -0.75: differences .40, .35, .30
+    assert by_logprob.p == pytest.approx(stats.t_test([0.40, 0.35, 0.30], 0.0, ">"))
+    assert by_logprob.estimate.startswith("difference 0.350 nats [") and "n=3 seeds" in by_logprob.estimate
+    assert primary.hypothesis(by_logprob.claim) == "log-prob difference > 0"
+    with pytest.raises(primary.ClaimsError, match="metric='logprob' is invalid"):
+        primary.load(write(tmp_path, [{**LOST, "metric": "logprob"}]))
+
+
 def test_an_untested_claim_stays_in_the_family_with_p_one(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1, 2])
     L = plan["model"]["block_size"]

@@ -21,6 +21,9 @@ the study trains them ("as in the study"). The groups:
   steps), which separates the task's effect from the tokens'; with
   twice the tokens (twice the steps, same schedule shape: is it undertraining?); and learned
   positions with a ten times larger learning rate on the table (is the table too slow to move?).
+* **dtype**: the study's schemes trained in float32 beside the study's bf16 autocast (where the
+  CPU has native bf16, ``train.dtype: auto`` takes it): the paired check that the precision does
+  not move the conclusions (on a host without native bf16 both sides are float32).
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ REFERENCE = "as in the study"
 GROUPS = {"base": "Sinusoidal base frequency",
           "dim-dropout": "Dimension-specific dropout on sinusoidal positions",
           "concat": "Concatenated instead of added, at equal width",
-          "gap": "What closes the gap at L"}
+          "gap": "What closes the gap at L",
+          "dtype": "float32 against the study's dtype"}
 
 
 def variants(plan: dict) -> dict:
@@ -53,6 +57,7 @@ def variants(plan: dict) -> dict:
 
     return {
         "sinusoidal": variant("sinusoidal"), "learned": variant("learned"), "rope": variant("rope"),
+        "alibi": variant("alibi"),
         "sinusoidal-base1000": variant("sinusoidal", "base 1,000", "base", {"base": 1000.0}),
         "sinusoidal-base100000": variant("sinusoidal", "base 100,000", "base", {"base": 100000.0}),
         "sinusoidal-dimdrop-ramp": variant("sinusoidal", "dim dropout ramp 0.2 -> 0.1", "dim-dropout",
@@ -71,6 +76,8 @@ def variants(plan: dict) -> dict:
         **{f"{scheme}-2x-tokens": variant(scheme, "2x tokens", "gap", train=double)
            for scheme in ("sinusoidal", "learned")},
         "learned-table-lr10": variant("learned", "table lr x10", "gap", train={"position_lr_scale": 10.0}),
+        **{f"{scheme}-float32": variant(scheme, "float32", "dtype", train={"dtype": "float32"})
+           for scheme in ("sinusoidal", "rope", "alibi")},
     }
 
 

@@ -146,17 +146,21 @@ def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth
             and (depth is None or r["depth"] == depth) and (when is None or r.get("when") == when)]
 
 
-def seed_accuracies(rows, section: str, label: str, length: int, depth=None, when=None) -> Optional[dict]:
+def seed_accuracies(rows, section: str, label: str, length: int, depth=None, when=None,
+                    metric: str = "accuracy") -> Optional[dict]:
     """{seed: accuracy} of a cell, each seed's probes counted together (and its depths, when
-    ``depth`` is None); None where nothing was run or the length is past a bounded scheme's table."""
+    ``depth`` is None); None where nothing was run or the length is past a bounded scheme's table.
+    ``metric="logprob"``: each seed's mean log-probability of the answers over the same probes."""
     these = _matching(rows, section, label, length, depth, when)
-    if not these or any(r["correct"] is None for r in these):
+    key = "correct" if metric == "accuracy" else "logprob"
+    if not these or any(r.get(key) is None for r in these):
         return None
     by_seed: dict = {}
     for r in these:
-        done = by_seed.setdefault(r["seed"], [0, 0])
-        done[0], done[1] = done[0] + r["correct"], done[1] + r["trials"]
-    return {seed: correct / trials for seed, (correct, trials) in sorted(by_seed.items())}
+        done = by_seed.setdefault(r["seed"], [0.0, 0])
+        done[0] += r["correct"] if key == "correct" else r["logprob"] * r["trials"]
+        done[1] += r["trials"]
+    return {seed: total / trials for seed, (total, trials) in sorted(by_seed.items())}
 
 
 def mean_accuracy(rows, *where, **kw) -> Optional[float]:

@@ -42,6 +42,42 @@ def extension_labels(plan: dict) -> list:
             *(["keep"] if controls.get("keep_training") else [])]
 
 
+def extension_runs(plan: dict) -> dict:
+    """Every extension row's run: label -> (the kind it starts from, its position setting, its
+    ``run_config`` keywords: the extended block size; the keep-training control's rows of L,
+    factor x as many per step for the same tokens)."""
+    f, L = plan["extension"]["factor"], plan["model"]["block_size"]
+    runs = {}
+    for label in extension_labels(plan):
+        if label in OTHER_EXTENSIONS:
+            runs[label] = (OTHER_EXTENSIONS[label][0], interpolated_position(label, f), {"block_size": int(f * L)})
+        elif label == "keep":
+            runs[label] = ("rope", {"kind": "rope"}, {"block_size": L, "batch_scale": f})
+        else:
+            scaling = {"scaling": {"type": label, "factor": f}} if label != "none" else {}
+            runs[label] = ("rope", {"kind": "rope", **scaling}, {"block_size": int(f * L)})
+    return runs
+
+
+def extension_run_name(label: str, seed: int, plan: dict) -> str:
+    """The run directory's name of extension row ``label`` at ``seed``."""
+    f, L = plan["extension"]["factor"], plan["model"]["block_size"]
+    if label == "keep":
+        return f"rope-keep-{L}-s{seed}"
+    return f"{'rope-' if label in METHOD_NAMES else ''}{label}-{int(f * L)}-s{seed}"
+
+
+def oracle_runs(plan: dict) -> list:
+    """(kind, label, batch scale) of the oracle controls, trained from scratch at factor x L: each
+    kind of ``controls.oracle`` with ``oracle_batch_scale`` x the pretraining's rows per step (1: its
+    sequences, factor x its tokens), and with ``oracle_equal_tokens`` the same kind on the
+    pretraining's tokens (1 / factor x the rows), label ``<kind>-equal-tokens``."""
+    controls, f = plan.get("controls", {}), plan["extension"]["factor"]
+    runs = [(kind, kind, controls.get("oracle_batch_scale", 1.0)) for kind in controls.get("oracle", [])]
+    return runs + [(kind, f"{kind}-equal-tokens", 1 / f) for kind in controls.get("oracle", [])
+                   if controls.get("oracle_equal_tokens")]
+
+
 def plan_problem(plan: dict, kinds) -> "str | None":
     """What is wrong with the plan's extension, schemes, controls, sweep and retrieval sections (None: nothing)."""
     steps = plan["extension"]["curve_steps"]
@@ -60,11 +96,12 @@ def plan_problem(plan: dict, kinds) -> "str | None":
     if bad:
         return (f"controls has {bad}: oracle takes kinds ({', '.join(kinds)}), other_extensions takes "
                 f"{', '.join(OTHER_EXTENSIONS)}")
-    s = plan.get("sweep", {"method": "linear", "lrs": []})
-    if s["method"] not in METHOD_NAMES or any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and
-                                                                              not plan["data"]["holdout_tokens"]):
-        return (f"sweep={s} is invalid: expected a method ({', '.join(METHOD_NAMES)}) and rates > 0, chosen on "
-                f"data.holdout_tokens > 0 of held-out training text")
+    s = plan.get("sweep", {"lrs": []})
+    if any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and not plan["data"]["holdout_tokens"]):
+        return (f"sweep={s} is invalid: expected rates > 0, chosen on data.holdout_tokens > 0 of held-out "
+                f"training text")
+    if s["lrs"] and not plan.get("tuning", {}).get("lr_scales"):
+        return "sweep.lrs needs the tuning section (tuning.seeds, tuning.lr_scales): the sweep fine-tunes the tuning seeds' models"
     r = plan["retrieval"]
     if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
         return (f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: expected depths from 0 "

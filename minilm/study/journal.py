@@ -65,6 +65,7 @@ class Journal:
                 if name.endswith(".pkl"):
                     os.remove(os.path.join(self.directory, name))
             meta = {"commit": commit, "plan": plan, "invocations": 1}
+            atomic_write(os.path.join(self.directory, ".gitignore"), "# the study's journal of finished jobs: not for git\n*\n")
         atomic_write(meta_path, json.dumps(meta, indent=1))
         return meta["invocations"]
 

@@ -30,25 +30,23 @@ from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
 from minilm.study import sweep, tuning
 from minilm.study.ablation import GROUPS, select
-from minilm.study.extension import (METHOD_NAMES, OTHER_EXTENSIONS, interpolated_position, plan_problem,
-                                    scaling_override)
+from minilm.study.extension import (METHOD_NAMES, OTHER_EXTENSIONS, extension_run_name, extension_runs,
+                                    oracle_runs, plan_problem, scaling_override)
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.work import evaluate_job, retrieval_job, train_job
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
 EXPERIMENTS = ("length-generalization", "ablation")
 
-# The full study (measurements: docs/design.md, "Measured choices"). float32: bf16 autocast trained
-# this small shape slower even on a CPU with native bf16 units. 3 layers: with 4 the full study
-# overran its 60-minute budget on a 2-core AVX2 host. Every training sequence (pretraining and
-# fine-tuning alike) is text with one needle written over it (``minilm.data.retrieval``, asked three
-# times) and keeps its text's loss: every text token counts once, each answer 8 times
-# (``train.retrieval_weight``; ``minilm.training.mixture``), so the task cannot buy its accuracy with
-# the model's text (the earlier half of the rows with answers only cost rope 0.85x / 1.27x in
-# perplexity). The embeddings are untied: tied, the task's ids collapse onto one direction (design.md).
+# The full study (measurements: docs/design.md, "Measured choices"). dtype auto: bf16 autocast where the
+# CPU has native bf16 (1.4x float32's tokens/s at this shape, torch 2.13; the ablation's dtype group is the
+# paired float32 check). Every training sequence (pretraining and fine-tuning alike) is text with one
+# needle written over it (``minilm.data.retrieval``, asked three times) and keeps its text's loss: every
+# text token counts once, each answer 8 times (``train.retrieval_weight``), so the task cannot buy its
+# accuracy with the model's text. Untied embeddings: tied, the task's ids collapse onto one direction.
 FULL = {
     "experiment": "length-generalization",
-    "seeds": [1, 2, 3],
+    "seeds": [1, 2, 3, 4, 5],
     # one embedding recipe for every scheme: GPT-2's (the token table N(0, 0.02), each scheme's own input
     # multiplier: sqrt(d) for sinusoidal, as Vaswani et al.). fairseq's for every scheme (N(0, d^-1/2) x sqrt(d))
     # cost rope the task (17% at L against 100%) and text (2.3945 against 2.3588 bits/char text-only): design.md
@@ -57,14 +55,14 @@ FULL = {
     # the train split's last 32,768 tokens are held out of every run: the sweep chooses the fine-tuning rate there
     "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data", "holdout_tokens": 32768},
     "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
-              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "float32", "device": "cpu", "retrieval_share": 1.0,
+              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "auto", "device": "cpu", "retrieval_share": 1.0,
               "retrieval_weight": 8.0},
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
     "tuning": {"seeds": [101], "lr_scales": [0.5, 1.0, 2.0]},
-    # minilm.study.sweep: the extension's rate, chosen for direct fine-tuning (the baseline the claims test against)
-    "sweep": {"method": "none", "lrs": [1.0e-4, 2.0e-4, 5.0e-4]},
-    "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 10, 25, 50, 100, 200],
+    # minilm.study.sweep: each extension row's rate, chosen on held-out text at the tuning seeds
+    "sweep": {"lrs": [3.0e-5, 1.0e-4, 3.0e-4, 1.0e-3]},
+    "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 25, 50, 100, 200, 400],
                   "curve_multiples": [1, 2, 4, 8]},
     "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
              "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
@@ -78,10 +76,10 @@ FULL = {
                 "xpos": {"position": {"scale_base": 64.0}},
                 "randomized": {"position": {"eval_positions": "sampled"}}},
     # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
-    # (1: its sequences, factor x its tokens; 1 / factor, its tokens, learned nothing: docs/design.md), at the first
-    # oracle_seeds seeds; keep_training: rope trained on at L with the fine-tuning's tokens
-    "controls": {"oracle": ["rope", "alibi"], "oracle_seeds": 1, "oracle_batch_scale": 1.0, "keep_training": True,
-                 "other_extensions": list(OTHER_EXTENSIONS)},
+    # (1: its sequences, factor x its tokens), at the first oracle_seeds seeds, and (oracle_equal_tokens) on the
+    # pretraining's tokens (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's tokens
+    "controls": {"oracle": ["rope"], "oracle_seeds": 3, "oracle_batch_scale": 1.0, "oracle_equal_tokens": True,
+                 "keep_training": True, "other_extensions": list(OTHER_EXTENSIONS)},
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -91,6 +89,8 @@ QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 3
 QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
 QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
+QUICK["sweep"]["lrs"] = [1.0e-4, 1.0e-3]
+QUICK["controls"]["oracle_seeds"] = 1
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
@@ -106,9 +106,8 @@ ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items
 PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
          ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
 
-# Randomized positions (Ruoss et al. 2023) come from [0, RANDOMIZED_REACH x the longest evaluated length):
-# even there a draw is a sample, not every position. Seed s initialises; data seed DATA_SEED_OFFSET + s
-# orders the batches (both recorded; one seed for both started model and batches from one random state).
+# Randomized positions (Ruoss et al. 2023) come from [0, RANDOMIZED_REACH x the longest evaluated length);
+# seed s initialises, data seed DATA_SEED_OFFSET + s orders the batches (both recorded).
 RANDOMIZED_REACH, DATA_SEED_OFFSET = 4, 10_000
 
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
@@ -230,10 +229,9 @@ class Study:
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
         self._evaluations: dict = {}  # (checkpoint, overrides, split) -> (key, {(mode, length)}) of its evaluation job
-        self._sweep: list = []  # keys of the sweep's evaluation jobs (``minilm.study.sweep``)
-        self._tuned: dict = {}  # name -> run_config arguments of the runs at the rate the sweep chooses
-        self.finetune_lr: Optional[float] = None  # the rate the sweep chose
-        self._tuning, self._by_kind, self.lr_scales = {}, {}, {}  # minilm.study.tuning: keys, runs, chosen scales
+        self._chosen: dict = {}  # name -> (position, seed, run_config keywords, choice) of the runs ``depends`` makes
+        self._tuning, self.lr_scales = {}, {}  # minilm.study.tuning: kind -> its evaluation keys; chosen scales
+        self._sweep, self.finetune_lrs = {}, {}  # minilm.study.sweep: extension row -> its evaluation keys; chosen rates
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
@@ -241,41 +239,48 @@ class Study:
         return self.plan["model"]["block_size"]
 
     def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(),
-               source: str = "", tuned: bool = False, **kw) -> str:
-        """A training job; ``tuned``: a fine-tuning run at the rate the sweep chooses, or a run from
-        scratch at the rate the tuning chooses for its kind, which it waits for."""
+               source: str = "", depends: Optional[tuple] = None, **kw) -> str:
+        """A training job; ``depends``: (the keys of the jobs a choice reads, a function of the
+        results so far giving ``run_config`` keywords): a run at the rate the tuning chose for its
+        kind, or the sweep for its extension row, which waits for those jobs."""
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
         self.runs[name] = StudyRun(f"train {name}", section, label, seed, config, source)
         resolve = None
-        if tuned and "init_from" not in kw and position["kind"] in self._tuning:
-            self._by_kind[name] = (position, seed, kw)
-            after, resolve = [*after, *self._tuning[position["kind"]]], lambda done, name=name: (
-                self._scaled_config(name, done).to_dict(),)
-        elif tuned and "init_from" in kw and self._sweep:
-            self._tuned[name] = (position, seed, kw)
-            after, resolve = [*after, *self._sweep], lambda done, name=name: (self._tuned_config(name, done).to_dict(),)
-        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(),), tuple(after), phase,
-                             resolve))
+        if depends is not None:
+            self._chosen[name] = (position, seed, kw, depends[1])
+            after, resolve = [*after, *depends[0]], lambda done, name=name: (self._chosen_config(name, done).to_dict(),)
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(),), tuple(after), phase, resolve))
         return f"train {name}"
 
-    def _tuned_config(self, name: str, done: dict):
-        """The config of tuned run ``name`` at the rate the sweep chose from the results in ``done``."""
-        if self.finetune_lr is None:
-            self.finetune_lr = sweep.choose(self.plan, [row for key, read in self._readers if key in self._sweep
-                                                        for row in read(done[key].value)])
-        position, seed, kw = self._tuned[name]
-        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed,
-                          finetune=sweep.finetune_at(self.plan, self.finetune_lr), **kw)
+    def _chosen_config(self, name: str, done: dict):
+        """The config of run ``name`` with the settings chosen from the results in ``done``."""
+        position, seed, kw, choice = self._chosen[name]
+        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **{**kw, **choice(done)})
 
-    def _scaled_config(self, name: str, done: dict):
-        """The config of run ``name`` from scratch at the rate the tuning chose for its kind."""
-        position, seed, kw = self._by_kind[name]
-        if position["kind"] not in self.lr_scales:
-            keys = self._tuning[position["kind"]]
-            cells = [row for key, read in self._readers if key in keys for row in read(done[key].value)]
-            self.lr_scales[position["kind"]] = tuning.choose(self.plan, cells, position["kind"])
-        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed,
-                          settings={"train": tuning.rates(self.plan, self.lr_scales[position["kind"]])}, **kw)
+    def _cells(self, keys, done: dict) -> list:  # the rows of finished jobs ``keys``
+        return [row for key, read in self._readers if key in keys for row in read(done[key].value)]
+
+    def _scale(self, kind: str, done: dict) -> float:
+        """The rate scale the tuning chose for ``kind`` (``minilm.study.tuning``), once its runs are done."""
+        if kind not in self.lr_scales:
+            self.lr_scales[kind] = tuning.choose(self.plan, self._cells(self._tuning[kind], done), kind)
+        return self.lr_scales[kind]
+
+    def _rate(self, label: str, done: dict) -> float:
+        """The fine-tuning rate the sweep chose for extension row ``label`` (``minilm.study.sweep``)."""
+        if label not in self.finetune_lrs:
+            self.finetune_lrs[label] = sweep.choose(self.plan, self._cells(self._sweep[label], done), label)
+        return self.finetune_lrs[label]
+
+    def tuned_source(self, kind: str, seed: int, done: Optional[dict] = None) -> str:
+        """The tuning seed's run of ``kind`` at the scale the tuning chose (before it is known: at x1)."""
+        scale = self._scale(kind, done) if done is not None else 1.0
+        return os.path.join(self.runs_dir, tuning.run_name(kind, scale, seed))
+
+    def _by_kind(self, kind: str) -> Optional[tuple]:
+        """``depends`` of a run from scratch of ``kind``: at the rate the tuning chose for it."""
+        return None if kind not in self._tuning else (
+            self._tuning[kind], lambda done: {"settings": {"train": tuning.rates(self.plan, self._scale(kind, done))}})
 
     def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="",
                   split: str = "val") -> str:
@@ -338,42 +343,40 @@ class Study:
         if self.plan["experiment"] == "ablation":
             self._build_ablation()
             return self.jobs
-        seeds, ext, controls = self.plan["seeds"], self.plan["extension"], self.plan.get("controls", {})
-        f, long = ext["factor"], int(ext["factor"] * self.L)
+        seeds, controls = self.plan["seeds"], self.plan.get("controls", {})
+        f, long = self.plan["extension"]["factor"], int(self.plan["extension"]["factor"] * self.L)
         tune = (lambda kinds: tuning.build(self, kinds)) if tuning.scales(self.plan) else (lambda kinds: {})
-        self._tuning = tune(["rope"])  # rope first: its runs unblock the extension
-        for seed in seeds:
-            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch", tuned=True)
-        self._tuning.update(tune([kind for kind in KINDS if kind != "rope"]))
-        self._sweep = sweep.build(self) if sweep.rates(self.plan) else []
-        for seed in seeds:
-            for method in ext["methods"]:
-                position = {"kind": "rope", **({"scaling": {"type": method, "factor": f}} if method != "none" else {})}
-                self._extend(f"rope-{method}-{long}-s{seed}", method, seed, "rope", position, block_size=long)
-            if controls.get("keep_training"):  # the fine-tuning's tokens in rows of L
-                self._extend(f"rope-keep-{self.L}-s{seed}", "keep", seed, "rope", {"kind": "rope"},
-                             block_size=self.L, batch_scale=f)
+        self._tuning = tune(KINDS)  # the tuning seeds first: every run at the study's seeds waits for them
+        self._sweep = sweep.build(self) if sweep.rates(self.plan) else {}
+        extensions = extension_runs(self.plan)
+        for seed in seeds:  # rope first: its runs unblock the extension
+            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch",
+                        depends=self._by_kind("rope"))
+            for label, (kind, position, kw) in extensions.items():
+                if kind == "rope":
+                    self._extend(label, seed, kind, position, kw)
         for seed in seeds:
             for kind in KINDS:
                 if kind != "rope":
                     self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch",
-                                tuned=True)
-            for name in controls.get("other_extensions", []):
-                self._extend(f"{name}-{long}-s{seed}", name, seed, OTHER_EXTENSIONS[name][0],
-                             interpolated_position(name, f), block_size=long)
-            oracle = controls.get("oracle", []) if seed in seeds[:controls.get("oracle_seeds", len(seeds))] else []
-            for kind in oracle:  # the pretraining's tokens in rows of factor x L
-                self._train(f"{kind}-{long}-oracle-s{seed}", "oracle", kind, seed, {"kind": kind},
-                            "train the oracle controls", tuned=True, block_size=long,
-                            batch_scale=controls.get("oracle_batch_scale", 1 / f))
+                                depends=self._by_kind(kind))
+            for label, (kind, position, kw) in extensions.items():
+                if kind != "rope":
+                    self._extend(label, seed, kind, position, kw)
+            for kind, label, scale in oracle_runs(self.plan) if seed in seeds[:controls.get("oracle_seeds", 1)] else []:
+                self._train(f"{label}-{long}-oracle-s{seed}", "oracle", label, seed, {"kind": kind},
+                            "train the oracle controls", depends=self._by_kind(kind), block_size=long, batch_scale=scale)
         self._build_evaluations()
         return self.jobs
 
-    def _extend(self, name: str, label: str, seed: int, source_kind: str, position: dict, **kw) -> None:
-        """A fine-tuning run from the seed's ``source_kind`` model (section extension)."""
-        source = f"{source_kind}-s{seed}"
+    def _extend(self, label: str, seed: int, source_kind: str, position: dict, kw: dict) -> None:
+        """Extension row ``label``'s fine-tuning run from the seed's ``source_kind`` model (section
+        extension), at the rate the sweep chose for the row."""
+        source, name = f"{source_kind}-s{seed}", extension_run_name(label, seed, self.plan)
+        depends = None if label not in self._sweep else (
+            self._sweep[label], lambda done: {"finetune": sweep.finetune_at(self.plan, self._rate(label, done))})
         self._train(name, "extension", label, seed, position, "fine-tune the extensions", after=[f"train {source}"],
-                    source=source, init_from=os.path.join(self.runs_dir, source), tuned=True, **kw)
+                    source=source, init_from=os.path.join(self.runs_dir, source), depends=depends, **kw)
 
     def _build_ablation(self) -> None:
         for seed in self.plan["seeds"]:
@@ -414,17 +417,15 @@ class Study:
         if not self.jobs:
             self.build()
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, journal=self.journal)
-        for name in self._tuned:  # their configs as they ran, at the rate the sweep chose
-            self.runs[name].config = self._tuned_config(name, self.done)
-        for name in self._by_kind:  # and at the rate the tuning chose for their kind
-            self.runs[name].config = self._scaled_config(name, self.done)
+        for name in self._chosen:  # their configs as they ran, at the rates the tuning and the sweep chose
+            self.runs[name].config = self._chosen_config(name, self.done)
         for key, read in self._readers:
             rows = read(self.done[key].value)
             (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
-        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lr": self.finetune_lr,
+        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lrs": self.finetune_lrs,
                 "lr_scales": self.lr_scales, "invocations": self.invocations,
                 "cells": self.cells,
                 "retrieval": self.retrieval,
@@ -436,7 +437,7 @@ class Study:
     def from_state(cls, state: dict, out: str) -> "Study":
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
-        study.finetune_lr, study.lr_scales = state.get("finetune_lr"), state.get("lr_scales", {})
+        study.finetune_lrs, study.lr_scales = state.get("finetune_lrs", {}), state.get("lr_scales", {})
         study.invocations = state.get("invocations", 1)
         study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
         study.done = {key: Done(**done) for key, done in state["done"].items()}

@@ -12,8 +12,10 @@ A claim names its test (the file's header says what each computes):
   ``proportion`` is the one-sample t-test of those values against the threshold, ``difference``
   the paired t-test of the per-seed differences a - b (every model of a seed sees the same
   probes). Pooling the probes of all seeds into one binomial sample would treat 3 x 32
-  probes as 96 independent models. Retrieval past L is not read when the gate fails
-  (``claims.gate``): such a claim is "not tested".
+  probes as 96 independent models. With ``metric: logprob`` a ``difference`` reads each seed's
+  mean log-probability of the answers instead (nats), which ranks models that all retrieve at
+  the ceiling. Retrieval past L is not read when the gate fails (``claims.gate``): such a
+  claim is "not tested".
 
 Each estimate carries the (1 - 2 alpha) interval over seeds (90% at alpha = 0.05): the
 interval a one-sided test at level alpha decides on before any correction, and for TOST
@@ -66,6 +68,7 @@ class Claim:
     expect: Optional[str] = None
     threshold: Optional[float] = None
     margin: Optional[float] = None
+    metric: str = "accuracy"  # retrieval: accuracy, or logprob (the answers' mean log-probability, nats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +114,13 @@ def load(path: str, text: Optional[str] = None) -> tuple:
     return float(alpha), tree.get("mode", "nonoverlapping"), claims
 
 
+def confirmatory_run(path: str, text: Optional[str] = None) -> tuple:
+    """(the run the file names to test its claims, [earlier runs that tested claims of it]): the
+    file's ``confirmatory_run`` and ``earlier_runs`` keys, as written (empty where absent)."""
+    tree = yaml.safe_load(read(path) if text is None else text) or {}
+    return str(tree.get("confirmatory_run", "")).strip(), [str(r) for r in tree.get("earlier_runs", []) or []]
+
+
 def _claim(path: str, entry) -> Claim:
     name = entry.get("id", "?") if isinstance(entry, dict) else "?"
     fields = {f.name for f in dataclasses.fields(Claim)}
@@ -135,6 +145,9 @@ def _claim(path: str, entry) -> Claim:
             raise ClaimsError(f"{path}: claim {name!r}: an equivalence test needs margin > 0, got {claim.margin!r}")
     elif claim.expect not in ("<", ">"):
         raise ClaimsError(f"{path}: claim {name!r}: expect={claim.expect!r} is invalid: valid: '<', '>'")
+    if claim.metric not in ("accuracy", "logprob") or (claim.metric == "logprob" and claim.test != "difference"):
+        raise ClaimsError(f"{path}: claim {name!r}: metric={claim.metric!r} is invalid: accuracy, or logprob with "
+                          f"the difference test")
     if claim.test == "proportion" and not (isinstance(claim.threshold, (int, float)) and 0 < claim.threshold < 1):
         raise ClaimsError(f"{path}: claim {name!r}: a proportion test needs 0 < threshold < 1, got {claim.threshold!r}")
     if claim.test == "superiority" and claim.threshold is not None and not (
@@ -169,7 +182,7 @@ def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: flo
     if TESTS[claim.test] == "perplexity":
         return _perplexity(claim, cells, L, mode, alpha)
     past_L = any(cell["length"] > 1 for cell in (claim.a, claim.b) if cell)
-    found = [_accuracies(rows, cell, L) for cell in (claim.a, claim.b) if cell]
+    found = [_accuracies(rows, cell, L, claim.metric) for cell in (claim.a, claim.b) if cell]
     if any(not rates for rates in found):
         return Outcome(claim, "not run", None)
     if past_L and not passed:
@@ -179,8 +192,9 @@ def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: flo
         return Outcome(claim, "one seed: no test" if values else "no seed in both cells", None)
     ci = interval(values, 1 - 2 * alpha)
     what = "accuracy" if claim.test == "proportion" else "difference"
-    estimate = (f"{what} {100 * ci.mean:.1f}% [{100 * ci.low:.1f}, {100 * ci.high:.1f}] "
-                f"({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
+    scale, unit = (1, " nats") if claim.metric == "logprob" else (100, "%")
+    estimate = (f"{what} {scale * ci.mean:.{3 if scale == 1 else 1}f}{unit} [{scale * ci.low:.{3 if scale == 1 else 1}f}, "
+                f"{scale * ci.high:.{3 if scale == 1 else 1}f}] ({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
     return Outcome(claim, estimate, t_test(values, claim.threshold if claim.test == "proportion" else 0.0,
                                            claim.expect))
 
@@ -202,9 +216,9 @@ def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome
     return Outcome(claim, estimate, t_test(logs, math.log(claim.threshold or 1.0), claim.expect))
 
 
-def _accuracies(rows, cell: dict, L: int):
+def _accuracies(rows, cell: dict, L: int, metric: str = "accuracy"):
     return seed_accuracies(rows, cell["section"], cell["label"], int(cell["length"] * L), cell.get("depth"),
-                           cell.get("when"))
+                           cell.get("when"), metric=metric)
 
 
 def hypothesis(claim: Claim) -> str:
@@ -215,7 +229,7 @@ def hypothesis(claim: Claim) -> str:
         return f"ratio {claim.expect} {claim.threshold or 1:g}"
     if claim.test == "proportion":
         return f"accuracy {claim.expect} {100 * claim.threshold:g}%"
-    return f"difference {claim.expect} 0"
+    return f"{'log-prob ' if claim.metric == 'logprob' else ''}difference {claim.expect} 0"
 
 
 # --------------------------------------------------------------------------- registration

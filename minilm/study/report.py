@@ -11,6 +11,7 @@ one aside (``discussion.md.1``)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Optional
 
@@ -21,12 +22,13 @@ from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import ablation, sweep, tuning
-from minilm.study.claims import GATE, accuracy_text, cell_text, gate, position_curves, retrieval_verdicts, seed_accuracies, verdicts
+from minilm.study.claims import (GATE, accuracy_text, cell_text, gate, per_seed, position_curves, retrieval_verdicts,
+                                 seed_accuracies, verdicts)
 from minilm.study.figures import study_figures
-from minilm.study.extension import LABEL_NAMES, extension_labels
+from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.plan import DATA_SEED_OFFSET, KINDS, ExperimentError, Study
 from minilm.study.provenance import busy_seconds, cpu_flags, machine
-from minilm.study.primary import hypothesis, outcomes, path_for, registration
+from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
 from minilm.study.stats import interval
 
 
@@ -83,7 +85,8 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
         f"Git commit at the start: `{commit}`  ",
         f"Machine: {machine()}; CPU flags: {cpu_flags()}  ",
         f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "
-        f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']}",
+        f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']} (the runs trained in "
+        f"{', '.join(sorted({s.get('dtype', '?') for s in study.summaries().values()})) or 'n/a'}; evaluation in float32)",
         "",
     ]
 
@@ -213,8 +216,7 @@ def _positions(study: Study, figures: dict) -> list:
     rows = [[kind] + spans("scratch", kind) for kind in KINDS]
     rows += [[f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
              + spans("extension", m, last) for m in extension_labels(plan)]
-    rows += [[f"{kind} trained at {int(ext['factor'] * L)} (oracle)"] + spans("oracle", kind)
-             for kind in plan.get("controls", {}).get("oracle", [])]
+    rows += [[name] + spans("oracle", label) for label, name in _oracle_names(plan).items()]
     lines = ["## 2. Loss by position: does a scheme use the context past L?", "",
              f"Mean loss (nats per token) over position ranges of the nonoverlapping {longest}-token segments (mean ± "
              f"95% interval over seeds); lower further right means the context is used:", "",
@@ -256,23 +258,25 @@ def _extension(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
     ext, modes, labels = plan["extension"], plan["eval"]["modes"], extension_labels(plan)
     f, steps = int(ext["factor"]), ext["curve_steps"]
-    oracle = plan.get("controls", {}).get("oracle", [])
+    oracle_names = _oracle_names(plan)
+    oracle = list(oracle_names)
     names = {m: LABEL_NAMES[m] for m in labels}
     lines = [f"## 4. Extending from {L} to {f * L}, with the controls", "",
              f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
              f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
-             f"from scratch at {f * L} ({_oracle_budget(plan)}; what extension is compared with)"
+             f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
+             f"{f}x its tokens, and on its tokens)"
              + (f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only" if oracle and
                 plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"]) else "") + ".", "",
-             *sweep.report_lines(plan, cells, study.finetune_lr),
+             *sweep.report_lines(plan, cells, study.finetune_lrs),
              f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
              table(["method"] + [f"{s} steps" for s in steps],
                    [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
                     for m in labels], "l" + "r" * len(steps)), ""]
+    lines += _plateau(cells, labels, names, f * L, modes[0], steps)
     if "extension" in figures:
         lines += [f"![extension perplexity by step]({figures['extension']})", ""]
     lengths = [int(m * L) for m in ext["curve_multiples"]]
-    oracle_names = {kind: f"{kind} trained at {f * L} (oracle)" for kind in oracle}
     for mode in modes:
         lines += [f"After {steps[-1]} steps, {mode} protocol:", "",
                   _length_table(cells, "extension", labels, lengths, mode, step=steps[-1], names=names)]
@@ -283,23 +287,36 @@ def _extension(study: Study, figures: dict) -> list:
     probe_lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
     body = [[names[m], when] + [_accuracy(study.retrieval, "extension", m, t, when=when) for t in probe_lengths]
             for m in labels for when in ("before", "after")]
-    body += [[oracle_names[kind], "-"] + [_accuracy(study.retrieval, "oracle", kind, t) for t in probe_lengths]
-             for kind in oracle]
+    body += [[name, "-"] + [_accuracy(study.retrieval, "oracle", label, t) for t in probe_lengths]
+             for label, name in oracle_names.items()]
     lines += ["Retrieval accuracy with depths pooled, before (step 0, the method applied zero-shot) and after "
               "fine-tuning: mean over seeds ± the 95% t-interval's half-width in points, (per seed):", "",
               table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
                     "ll" + "r" * len(probe_lengths)), ""]
     if "extension_retrieval" in figures:
         lines += [f"![extension retrieval by length and depth]({figures['extension_retrieval']})", ""]
-    return lines
+
+    def logprob(section, label, t, when=None):
+        values = seed_accuracies(study.retrieval, section, label, t, when=when, metric="logprob")
+        return interval(list(values.values())).format(3) if values else ""
+    body = [[names[m], when] + [logprob("extension", m, t, when) for t in probe_lengths]
+            for m in labels for when in ("before", "after")]
+    body += [[name, "-"] + [logprob("oracle", label, t) for t in probe_lengths] for label, name in oracle_names.items()]
+    return lines + ["The same probes scored by the answers' mean log-probability (nats; 0 is certainty; a model "
+                    "that knows only that the answer is one of the 32 value ids scores log 1/32 = -3.47), which ranks methods that all retrieve at the ceiling: mean ± 95% interval "
+                    "over seeds:", "", table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
+                                             "ll" + "r" * len(probe_lengths)), ""]
 
 
 def _finetune_rate(study: Study) -> str:
-    ft = sweep.finetune_at(study.plan, study.finetune_lr)
     runs = [run.config.train for run in study.runs.values()]
     tuned = next((train for train in runs if train.init_from), runs[0])  # else pretraining's, which it inherits
-    chosen = " (the sweep chose it: section 4)" if study.finetune_lr else ""
-    return f"lr {ft['lr']:g}{chosen} {_falling(tuned, ft['min_lr'])}"
+    if study.finetune_lrs:
+        ft = study.plan["finetune"]
+        return (f"each method at the rate the sweep chose for it (section 4), then {tuned.schedule} down to "
+                f"{ft['min_lr'] / ft['lr']:g}x it")
+    ft = study.plan["finetune"]
+    return f"lr {ft['lr']:g} {_falling(tuned, ft['min_lr'])}"
 
 
 def _falling(train, min_lr: Optional[float] = None) -> str:
@@ -310,10 +327,34 @@ def _falling(train, min_lr: Optional[float] = None) -> str:
     return f"cosine to {end}"
 
 
-def _oracle_budget(plan: dict) -> str:
-    rows = plan["train"]["batch_size"] * plan.get("controls", {}).get("oracle_batch_scale", 1 / plan["extension"]["factor"])
-    tokens = rows * plan["extension"]["factor"] / plan["train"]["batch_size"]
-    return f"{rows:g} rows per step, {tokens:g}x the pretraining's tokens"
+def _oracle_names(plan: dict) -> dict:
+    """Oracle label -> its row name: the kind, length, rows per step and tokens against pretraining."""
+    f, rows = plan["extension"]["factor"], plan["train"]["batch_size"]
+    return {label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
+                   f"{f * scale:g}x the tokens)" for kind, label, scale in oracle_runs(plan)}
+
+
+def _plateau(cells, labels, names, long: int, mode: str, steps) -> list:
+    """Steps to within 2% of each method's final perplexity, and the change over the last interval."""
+    def reached(label):
+        values = []
+        for seed in {c["seed"] for c in cells if c["section"] == "extension" and c["label"] == label}:
+            curve = {s: per_seed(cells, "extension", label, long, mode, step=s).get(seed) for s in steps[1:]}
+            if all(v is not None and math.isfinite(v) for v in curve.values()):
+                values.append((next(s for s in steps[1:] if curve[s] <= 1.02 * curve[steps[-1]]),
+                               curve[steps[-1]] / curve[steps[-2]]))
+        return values
+
+    rows = []
+    for label in labels:
+        values = reached(label)
+        if values:
+            rows.append([names[label], " / ".join(str(s) for s, _ in values),
+                         interval([r for _, r in values]).format(3)])
+    return [f"The plateau: the first fine-tuning step whose perplexity at {long} is within 2% of the step-{steps[-1]} "
+            f"perplexity (per seed), and the ratio of the last two steps' perplexities ({steps[-1]} / {steps[-2]}; "
+            f"mean ± 95% interval over seeds): near 1, the method has stopped improving:", "",
+            table(["method", "steps to within 2% (per seed)", f"ppl {steps[-1]} / ppl {steps[-2]}"], rows, "lrr"), ""]
 
 
 def _primary(study: Study, number: int, commit: str) -> list:
@@ -337,6 +378,10 @@ def _primary(study: Study, number: int, commit: str) -> list:
         status = (f"{why}: these claims were **not** written before this run, so their tests are exploratory "
                   f"here, like everything in section {number + 1}.")
         title = f"## {number}. The claims of `{shown}` (not pre-registered for this run: exploratory)"
+    named, earlier = confirmatory_run(path, recorded["text"] if recorded else None)
+    if named:
+        status += (f" The file names the run that tests these claims: {named}. Earlier runs that tested claims of "
+                   f"this file under other protocols: {len(earlier)}" + (f" ({'; '.join(earlier)})." if earlier else "."))
     rows = [[o.claim.id, o.claim.claim, o.claim.source, o.claim.test, hypothesis(o.claim), o.estimate,
              "n/a" if o.p is None else f"{o.p:.3g}", f"{o.adjusted:.3g}", o.verdict if o.p is not None
              else "not tested"] for o in tested]

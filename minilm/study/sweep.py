@@ -1,27 +1,26 @@
-"""The fine-tuning learning-rate sweep of the length-generalization study (issue #27).
+"""The extension's fine-tuning rates, each chosen on held-out training text at the tuning seeds
+(issues #27, #47).
 
-The extension's learning rate is not guessed: before any extension run starts, each seed's
-rope model is fine-tuned to factor x L with ``sweep.method`` at every rate of ``sweep.lrs``,
-with the extension's budget, and each run is scored at factor x L
-on text held out of the train split (``data.holdout_tokens``: text no run of the study trained
-on), never on the validation split that the report's tables read. The rate with the lowest
-mean log perplexity over seeds there is the one every extension run and the keep-training
-control use (``choose``); the cosine ends at the same fraction of it as ``finetune`` says
-(min_lr / lr). Without ``sweep.lrs`` the extension uses ``finetune.lr`` as written.
-
-One rate serves every method, as in the papers, and it is tuned for one of them: the study
-tunes it for direct fine-tuning (``none``), the baseline its claims say PI and YaRN beat, so a
-tuned rate can only make those claims harder to support. (The sweep's run at the chosen rate is
-the same run as that method's extension run; it is trained twice, a few seconds each.)
+No extension row's rate is guessed, and no row borrows another's: every row of the extension
+(each rope scaling method, the other schemes' interpolations, the keep-training control) is
+fine-tuned at each rate of ``sweep.lrs`` (a grid from 3e-5 to 1e-3 in the full study), as its
+runs are, from the model of its source kind at each *tuning seed* (``tuning.seeds``: trained at
+the rate the tuning chose for that kind; no table reads them), and each run is scored at
+factor x L on the held-out end of the train split (``data.holdout_tokens``), never on the
+validation split the report reads. The rate with the lowest mean log perplexity over the tuning
+seeds is the row's (``choose``; the smaller rate on a tie; a rate that diverged is out); the
+cosine ends at the same fraction of it as ``finetune`` says (min_lr / lr). Tuned for perplexity:
+the rate that extends text best is not necessarily the one that retrieves best, and the report's
+retrieval tables say what it did. Without ``sweep.lrs`` every row uses ``finetune.lr`` as written.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from minilm.common import MinilmError, markdown_table
-from minilm.study.claims import mean_log_perplexity, paired_ratio, per_seed
-from minilm.study.extension import METHOD_NAMES
+from minilm.study import tuning
+from minilm.study.claims import mean_log_perplexity, per_seed
+from minilm.study.extension import LABEL_NAMES, extension_runs
 from minilm.study.stats import interval
 
 SECTION = "sweep"  # the cells of the sweep, and the runs' section
@@ -42,66 +41,62 @@ def finetune_at(plan: dict, lr: Optional[float]) -> dict:
     return dict(ft) if lr is None else {**ft, "lr": lr, "min_lr": lr * ft["min_lr"] / ft["lr"]}
 
 
-def label(lr: float) -> str:
-    return f"{lr:g}"
+def cell_label(label: str, lr: float) -> str:
+    return f"{label} {lr:g}"
 
 
-def build(study) -> list:
-    """Add the sweep's fine-tuning runs and their held-out evaluations to ``study``; returns the
-    keys of the evaluation jobs, which the tuned runs wait for."""
-    plan, L = study.plan, study.L
-    method, factor = plan[SECTION]["method"], plan["extension"]["factor"]
-    long = int(factor * L)
-    position = {"kind": "rope", **({"scaling": {"type": method, "factor": factor}} if method != "none" else {})}
-    keys = []
-    for seed in plan["seeds"]:
-        source = f"rope-s{seed}"
-        for lr in rates(plan):
-            name = f"rope-{method}-{long}-lr{label(lr)}-s{seed}"
-            key = study._train(name, SECTION, label(lr), seed, position, "sweep the fine-tuning rate",
-                               after=[f"train {source}"], source=source,
-                               init_from=os.path.join(study.runs_dir, source), block_size=long,
-                               finetune=finetune_at(plan, lr))
-            keys.append(study._evaluate(key, study.runs[name].config.out_dir, [1, factor], [MODE],
-                                        dict(section=SECTION, label=label(lr), seed=seed, step=None),
-                                        phase="evaluate the sweep on held-out training text", split="holdout"))
+def build(study) -> dict:
+    """Add the sweep's fine-tuning runs and their held-out evaluations to ``study``; returns
+    {extension row: the keys of its evaluation jobs}, which the row's runs wait for."""
+    plan = study.plan
+    factor = plan["extension"]["factor"]
+    keys: dict = {}
+    for label, (kind, position, kw) in extension_runs(plan).items():
+        for seed in tuning.seeds(plan):
+            for lr in rates(plan):
+                name = f"{label}-lr{lr:g}-t{seed}"
+                key = study._train(name, SECTION, cell_label(label, lr), seed, position, "sweep the fine-tuning rates",
+                                   depends=(study._tuning[kind], lambda done, kind=kind, seed=seed, lr=lr: {
+                                       "init_from": study.tuned_source(kind, seed, done),
+                                       "finetune": finetune_at(plan, lr)}),
+                                   init_from=study.tuned_source(kind, seed), finetune=finetune_at(plan, lr), **kw)
+                keys.setdefault(label, []).append(study._evaluate(
+                    key, study.runs[name].config.out_dir, [factor], [MODE],
+                    dict(section=SECTION, label=cell_label(label, lr), seed=seed, step=None),
+                    phase="evaluate the sweep on held-out training text", split="holdout"))
     return keys
 
 
-def choose(plan: dict, cells: list) -> Optional[float]:
-    """The swept rate with the lowest mean log perplexity over seeds at factor x L on the
-    held-out text (the smaller rate on a tie; a rate with a non-finite perplexity on any seed is
-    out); None without a sweep, a ``SweepError`` when no rate is left."""
+def choose(plan: dict, cells: list, label: str) -> Optional[float]:
+    """The rate of extension row ``label`` with the lowest mean log perplexity over the tuning
+    seeds at factor x L on the held-out text (the smaller rate on a tie; a rate with a non-finite
+    perplexity on any seed is out); None without a sweep, a ``SweepError`` when no rate is left."""
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
-    scores = {lr: mean_log_perplexity(cells, SECTION, label(lr), long, MODE) for lr in rates(plan)}
+    scores = {lr: mean_log_perplexity(cells, SECTION, cell_label(label, lr), long, MODE) for lr in rates(plan)}
     scores = {lr: score for lr, score in scores.items() if score is not None}  # a rate that diverged is out
     if rates(plan) and not scores:
-        raise SweepError(f"no rate of sweep.lrs={rates(plan)} gave a finite held-out perplexity at {long} tokens on "
-                         f"every seed: try smaller rates")
+        raise SweepError(f"no rate of sweep.lrs={rates(plan)} gave {label} a finite held-out perplexity at {long} "
+                         f"tokens on every tuning seed: try smaller rates")
     return min(sorted(scores), key=lambda lr: scores[lr]) if scores else None
 
 
-def report_lines(plan: dict, cells: list, chosen: Optional[float]) -> list:
-    """The sweep's table for the report: held-out perplexity at L and factor x L per rate."""
-    if not rates(plan):
+def report_lines(plan: dict, cells: list, chosen: dict) -> list:
+    """The sweep's table for the report: held-out perplexity at factor x L per row and rate."""
+    if not rates(plan) or not chosen:
         return []
-    L, factor = plan["model"]["block_size"], plan["extension"]["factor"]
-    lengths = [L, int(factor * L)]
+    long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
 
-    def ppl(lr, t):
-        values = list(per_seed(cells, SECTION, label(lr), t, MODE).values())
-        return interval(values).format() if values else ""
+    def ppl(label, lr):
+        values = list(per_seed(cells, SECTION, cell_label(label, lr), long, MODE).values())
+        text = interval(values).format() if values else ""
+        return f"**{text}**" if chosen.get(label) == lr else text
 
-    def ratio(lr):  # paired, per seed, against the chosen rate at factor x L
-        values = [] if chosen is None else paired_ratio(cells, (SECTION, label(lr), lengths[1], None),
-                                                        (SECTION, label(chosen), lengths[1], None), MODE)
-        return "-" if lr == chosen else (interval(values).format(3) if values else "")
-
-    rows = [[f"{lr:g}" + (" (chosen)" if lr == chosen else "")] + [ppl(lr, t) for t in lengths] + [ratio(lr)]
-            for lr in rates(plan)]
-    return [f"Fine-tuning learning rate, chosen on held-out training text: fine-tuning of each seed's rope model "
-            f"({METHOD_NAMES[plan[SECTION]['method']]}) at each rate, perplexity on the last {plan['data']['holdout_tokens']:,} tokens of "
-            f"the train split (held out of every run; never the validation split), mean ± 95% interval over seeds. "
-            f"The lowest mean log perplexity at {lengths[1]} chooses the rate of every extension run:", "",
-            markdown_table(["peak lr"] + [f"held-out ppl at {t}" for t in lengths]
-                           + [f"/ the chosen rate's at {lengths[1]} (paired)"], rows, "lrrr"), ""]
+    rows = [[LABEL_NAMES[label]] + [ppl(label, lr) for lr in rates(plan)] + [f"{chosen[label]:g}"]
+            for label in chosen]
+    return [f"Fine-tuning rates, chosen on held-out training text: each row fine-tuned at each rate from the "
+            f"tuning seeds' models ({', '.join(map(str, tuning.seeds(plan)))}; none of them a seed of the tables), "
+            f"perplexity at {long} on the last {plan['data']['holdout_tokens']:,} tokens of the train split (held out "
+            f"of every run; never the validation split), mean over tuning seeds; bold: chosen, the lowest mean log "
+            f"perplexity:", "",
+            markdown_table(["method"] + [f"lr {lr:g}" for lr in rates(plan)] + ["chosen"], rows,
+                           "l" + "r" * (len(rates(plan)) + 1)), ""]

@@ -47,6 +47,10 @@ def label(kind: str, scale: float) -> str:
     return f"{kind} x{scale:g}"
 
 
+def run_name(kind: str, scale: float, seed: int) -> str:
+    return f"{kind}-lr{scale:g}-t{seed}"
+
+
 def build(study, kinds) -> dict:
     """Add the tuning runs of ``kinds`` and their held-out evaluations to ``study``; returns
     {kind: the keys of its evaluation jobs}, which the kind's runs at the study's seeds wait for."""
@@ -54,7 +58,7 @@ def build(study, kinds) -> dict:
     for kind in kinds:
         for seed in seeds(study.plan):
             for scale in scales(study.plan):
-                name = f"{kind}-lr{scale:g}-t{seed}"
+                name = run_name(kind, scale, seed)
                 key = study._train(name, SECTION, label(kind, scale), seed, {"kind": kind}, "tune each scheme's rate",
                                    settings={"train": rates(study.plan, scale)})
                 keys.setdefault(kind, []).append(study._evaluate(

@@ -197,7 +197,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, quie
     """Train as ``config`` says; return a summary dict.
 
     Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
-    tokens seen in total), seconds (wall time of this call, data preparation included),
+    tokens seen in total), seconds (wall time of this call, data preparation included), dtype,
     tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
     final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
     A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
@@ -428,7 +428,7 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
             sample = sample_text(whole, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
     summary = {
         "checkpoint": run.ckpt_path, "steps": step, "tokens": step * run.tokens_per_step,
-        "seconds": round(time.time() - run.started, 2),
+        "seconds": round(time.time() - run.started, 2), "dtype": str(run.dtype).replace("torch.", ""),
         "tokens_per_s": round((step - start_step) * run.tokens_per_step / max(train_seconds, 1e-9), 1),
         "best_val_bpc": run.best_bpc,
         "final_val_loss": final and final["val_loss"], "final_val_bpc": final and final["val_bpc"],
