@@ -17,7 +17,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from minilm import GPT  # noqa: E402
 from minilm.common import saved_tensor_bytes  # noqa: E402
-from minilm.config import load_config  # noqa: E402
+from minilm.configfile import load_config  # noqa: E402
 
 
 def measure(model, idx, checkpointed: bool) -> tuple:

@@ -19,7 +19,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from minilm.config import load_config, resolve_config  # noqa: E402
+from minilm.config import resolve_config  # noqa: E402
+from minilm.configfile import load_config
 from minilm.training.loop import setup, train_step  # noqa: E402
 from minilm.training.memory import step_memory  # noqa: E402
 from minilm.training.resume import StopFlag  # noqa: E402

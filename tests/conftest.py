@@ -50,7 +50,8 @@ def tiny_overrides(corpus_root, out_dir, *extra) -> list:
 @pytest.fixture
 def tiny_config(tiny_corpus, tmp_path):
     """tiny_config(*overrides, out='run') -> a resolved Config for a tiny run writing under tmp_path."""
-    from minilm.config import load_config, resolve_config
+    from minilm.config import resolve_config
+    from minilm.configfile import load_config
 
     def make(*extra, out="run"):
         return resolve_config(load_config(None, tiny_overrides(tiny_corpus, tmp_path / out, *extra)))

@@ -16,7 +16,8 @@ import torch
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.loading import load_model
-from minilm.config import load_config, resolve_config
+from minilm.config import resolve_config
+from minilm.configfile import load_config
 from minilm.hf.export import export_model
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides

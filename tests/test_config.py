@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from minilm.cli import train as train_command
-from minilm.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig, find_config_file, load_config, resolve_config
+from minilm.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.configfile import find_config_file, load_config
 from minilm.model.gpt import GPT
 from tests.conftest import REPO
 

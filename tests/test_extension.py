@@ -8,7 +8,8 @@ from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.extension import complete_position, load_source_weights
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
-from minilm.config import ConfigError, build_config, load_config
+from minilm.config import ConfigError, build_config
+from minilm.configfile import load_config
 from minilm.positions import build, describe, unwrap_setting
 from minilm.training.source import source_model
 

@@ -19,7 +19,8 @@ import torch.distributed.checkpoint as dcp
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
-from minilm.config import ConfigError, load_config, resolve_config
+from minilm.config import ConfigError, resolve_config
+from minilm.configfile import load_config
 from minilm.training.loop import TrainingError, train
 from minilm.training import saving
 from minilm.training.parallel import FSDP2_ON_CPU
@@ -215,7 +216,8 @@ def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config,
 
 KILLED_SAVE = """
 import os, sys
-from minilm.config import load_config, resolve_config
+from minilm.config import resolve_config
+from minilm.configfile import load_config
 from minilm.training import saving
 from minilm.training.loop import train
 point, calls = saving._point, []

@@ -198,7 +198,8 @@ def short_documents(tmp_path_factory):
 
 
 def document_run(root, tmp_path, mode):
-    from minilm.config import load_config, resolve_config
+    from minilm.config import resolve_config
+    from minilm.configfile import load_config
     from minilm.training.loop import train
     overrides = [f"data.corpus={root / 'docs.jsonl'}", "data.vocab_size=400", f"data.dir={root / 'data'}",
                  "data.end_of_text=true", f"data.document_mask={mode}", "model.position.kind=learned",
@@ -222,7 +223,8 @@ def test_training_masks_documents_as_configured(short_documents, tmp_path):
 
 
 def test_a_document_mask_without_end_of_text_is_a_config_error():
-    from minilm.config import ConfigError, load_config
+    from minilm.config import ConfigError
+    from minilm.configfile import load_config
     with pytest.raises(ConfigError, match="data.document_mask='mask' needs documents marked"):
         load_config(None, ["data.document_mask=mask"])
 

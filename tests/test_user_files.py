@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from minilm.common import atomic_write, keep_aside
-from minilm.config import load_config, resolve_config
+from minilm.config import resolve_config
+from minilm.configfile import load_config
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
 

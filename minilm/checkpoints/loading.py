@@ -23,7 +23,8 @@ import torch
 
 from minilm.checkpoints.extension import complete_position, load_source_weights
 from minilm.checkpoints.format import CheckpointError, load, with_defaults
-from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, apply_overrides, build_config, fields_with
+from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, build_config, fields_with
+from minilm.configfile import apply_overrides
 from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
 from minilm.hf.reading import is_hf_source, read_hf
 from minilm.model.gpt import GPT

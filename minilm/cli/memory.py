@@ -8,7 +8,8 @@ import torch
 
 from minilm.cli import Parser, run_command
 from minilm.common import markdown_table
-from minilm.config import ConfigError, load_config
+from minilm.config import ConfigError
+from minilm.configfile import load_config
 from minilm.training.memory import ROWS, step_memory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

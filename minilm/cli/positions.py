@@ -23,7 +23,8 @@ import yaml
 from minilm.checkpoints.loading import load_model
 from minilm.cli import run_command
 from minilm.common import MinilmError
-from minilm.config import ModelConfig, apply_overrides
+from minilm.config import ModelConfig
+from minilm.configfile import apply_overrides
 from minilm.figures import positions as plots
 from minilm.figures.canvas import require_matplotlib
 from minilm.positions import available, build, canonical, scheme_class

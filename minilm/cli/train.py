@@ -16,7 +16,8 @@ import json
 import yaml
 
 from minilm.cli import Parser, run_command
-from minilm.config import Config, DataConfig, ModelConfig, TrainConfig, load_config, resolve_config
+from minilm.config import Config, DataConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.configfile import load_config
 from minilm.training.loop import train
 
 

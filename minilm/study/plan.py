@@ -25,7 +25,8 @@ import os
 from typing import Optional
 
 from minilm.common import MinilmError, atomic_write
-from minilm.config import ConfigError, apply_overrides, build_config, resolve_config
+from minilm.config import ConfigError, build_config, resolve_config
+from minilm.configfile import apply_overrides
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
 from minilm.study import sweep, tuning

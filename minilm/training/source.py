@@ -1,7 +1,7 @@
 """``train.init_from``: the model a run starts from, and what the run takes from it.
 
 The source's weights, architecture and tokenizer always; its position setting, training
-length and dropout unless the config sets them (``minilm.config.was_given``: what a YAML file
+length and dropout unless the config sets them (``minilm.configfile.was_given``: what a YAML file
 and its overrides set, as against the defaults). A set position setting of the source's kind
 applies over the source's (a scaling, interpolation: ``minilm.checkpoints.extension``); another
 kind, or another architecture, is an error naming both values. ``source_model`` also returns
@@ -15,14 +15,15 @@ from typing import Optional
 from minilm.checkpoints.extension import position_overrides
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded, load_model
-from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config, was_given
+from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config
+from minilm.configfile import was_given
 from minilm.positions import describe, unwrap_setting, validate
 
 
 def source_model(config: Config) -> tuple:
     """``train.init_from``: (config with the source's model settings and vocabulary, Loaded, a
     line saying what was loaded and what the run takes from it). What the config sets (a YAML
-    file and overrides: ``minilm.config.was_given``) applies over the source: a position setting of the
+    file and overrides: ``minilm.configfile.was_given``) applies over the source: a position setting of the
     same kind (a scaling, interpolation), block_size, dropout; another kind or architecture is
     an error naming both values. What it leaves unset is the source's."""
     path, knows_given = config.train.init_from, getattr(config, "given", None) is not None
