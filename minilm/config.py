@@ -174,6 +174,31 @@ class DataConfig:
                               f"data.end_of_text=true (or data.document_mask='none')")
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "mlp")  # minilm.model.lora.TARGETS
+LORA_ALSO_TRAIN = ("norms", "embeddings", "position", "head")  # minilm.model.lora.ALSO_TRAIN
+
+
+@dataclass
+class LoRAConfig:
+    r: int = option(0, role=TRAJECTORY, help="low-rank adapters of this rank on the targets, everything else frozen "
+                                              "but also_train (0: no LoRA, every weight trains); needs train.init_from")
+    alpha: float = option(16.0, role=TRAJECTORY, help="the adapters' output is scaled by alpha / r")
+    targets: list = option(factory=lambda: ["q", "k", "v", "o"], role=TRAJECTORY,
+                           help="the linears that get adapters, any of: q, k, v, o, mlp (every MLP linear)")
+    also_train: list = option(factory=list, role=TRAJECTORY, help="trained fully beside the adapters, any of: norms, "
+                                                                  "embeddings, position, head (LongLoRA: norms, embeddings)")
+
+    def __post_init__(self):
+        check_number("train.lora.r", self.r, lambda v: isinstance(v, int) and 0 <= v <= 65536, "an integer from 0 (off)")
+        check_number("train.lora.alpha", self.alpha, lambda v: v > 0, "a number > 0")
+        for key, values, valid in (("targets", self.targets, LORA_TARGETS), ("also_train", self.also_train,
+                                                                            LORA_ALSO_TRAIN)):
+            if not isinstance(values, list) or len(set(map(str, values))) != len(values) or \
+                    any(v not in valid for v in values) or (key == "targets" and self.r and not values):
+                raise ConfigError(f"train.lora.{key}={shown(values)} is invalid: expected a list of distinct names "
+                                  f"among {', '.join(valid)}")
+
+
 @dataclass
 class TrainConfig:
     batch_size: int = option(32, role=TRAJECTORY, help="sequences per step (per process under torchrun)")
@@ -219,6 +244,7 @@ class TrainConfig:
     sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
     final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")
     snapshot_steps: list = option(factory=list, help="also keep the weights at these steps: snapshots/step-N.pt")
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # minilm.model.lora; a resumed run keeps the checkpoint's
     loggers: list = option(factory=lambda: ["jsonl"],
                            help="where metrics go, any of: jsonl (metrics.jsonl), csv (metrics.csv), tensorboard, wandb")
 
@@ -253,6 +279,9 @@ class TrainConfig:
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
                               "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")
+        if self.lora.r and (not self.init_from or self.optimizer == "muon" or self.checkpoint_format == "sharded"):
+            raise ConfigError(f"train.lora.r={self.lora.r} needs train.init_from (the base the adapters train on), "
+                              f"train.optimizer=adamw and train.checkpoint_format=file")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from minilm.cli import train as train_command
-from minilm.config import Config, ConfigError, DataConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
 from minilm.configfile import find_config_file, load_config
 from minilm.model.gpt import GPT
 from tests.conftest import REPO
@@ -138,9 +138,10 @@ def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(cap
         train_command.main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
+                         ("train.lora", LoRAConfig), (None, Config)):
         for f in dataclasses.fields(cls):
-            if f.name in ("model", "data", "train"):
+            if f.name in ("model", "data", "train", "lora"):  # sections: their keys are listed
                 continue
             key = f"{section}.{f.name}" if section else f.name
             assert f.metadata.get("help"), f"{key} has no help"
@@ -149,4 +150,5 @@ def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(cap
     assert "  train.optimizer = adamw (adamw | muon): muon: Muon" in out
     assert "  model.position = {kind: rope}: the position scheme" in out
     assert "  train.snapshot_steps = []: " in out and "  out_dir = out/run: " in out
+    assert "  train.lora.targets = [q, k, v, o]: the linears that get adapters" in out
 

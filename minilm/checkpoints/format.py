@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import errno
+import hashlib
 import os
 import pickle
 import re
@@ -175,3 +176,14 @@ def with_defaults(config: dict) -> dict:
             if f.name not in config[section] and f.default is not dataclasses.MISSING:
                 config[section][f.name] = f.default
     return config
+
+
+def weights_hash(weights: dict) -> str:
+    """sha256 over every tensor of a state dict, by name (its name, dtype, shape and bytes): the
+    identity of a LoRA run's base, whatever file format holds it (``minilm.training.adapters``)."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -22,12 +22,13 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from minilm.checkpoints.extension import complete_position, load_source_weights
-from minilm.checkpoints.format import CheckpointError, load, with_defaults
+from minilm.checkpoints.format import CheckpointError, load, weights_hash, with_defaults
 from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, build_config, fields_with
 from minilm.configfile import apply_overrides
 from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
 from minilm.hf.reading import is_hf_source, read_hf
 from minilm.model.gpt import GPT
+from minilm.model.lora import add_adapters, merge_adapters
 from minilm.positions import canonical, unwrap_setting
 
 CHANGEABLE = tuple(f"model.{name}" for name in fields_with(ModelConfig, AFTER_TRAINING)) + ("data.",)
@@ -50,8 +51,13 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                dtype: Optional[torch.dtype] = None) -> Loaded:
     """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
     Hugging Face model directory or ``hf:NAME``: ``minilm.hf.reading``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
-    given). Raises CheckpointError or ConfigError with one-line messages."""
-    state = read_checkpoint(path)
+    given). A LoRA run's checkpoint (``lora_base``) loads its base, checked by hash, and merges its
+    adapters (``minilm.model.lora``). Raises CheckpointError or ConfigError with one-line messages."""
+    return model_of(read_checkpoint(path), overrides, device=device, dtype=dtype)
+
+
+def model_of(state: dict, overrides: Sequence[str] = (), *, device="cpu", dtype: Optional[torch.dtype] = None) -> Loaded:
+    """``load_model`` of a checkpoint already read (``read_checkpoint``)."""
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
     state["config"] = with_defaults(state["config"])  # options newer than the checkpoint, as the code then was
     trained = state["config"]["model"]
@@ -70,6 +76,41 @@ def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
                               f"can scale its positions or interpolate them (interpolated around {was}), not "
                               f"change their kind")
     model = GPT(config.model)
-    load_source_weights(model, state)
+    if "lora_base" in state:
+        base = lora_base(state)
+        load_source_weights(model, {**base.state, "model": base.model.state_dict()})
+        merge_trained_adapters(model, config.train.lora, state)
+    else:
+        load_source_weights(model, state)
     model.to(device=device, dtype=dtype).eval()
     return Loaded(model, tokenizer_from_bytes(state["tokenizer"]), config, state)
+
+
+def lora_base(state: dict) -> Loaded:
+    """The base a LoRA run trained on (``state["lora_base"]``: its path and ``weights_hash``), as
+    loaded; a base that is gone or whose weights changed since is an error."""
+    recorded = state["lora_base"]
+    try:
+        base = read_checkpoint(recorded["path"])
+    except CheckpointError as exc:
+        raise CheckpointError(f"{state['path']}: the LoRA base {recorded['path']!r} cannot be read ({exc}); the "
+                              f"adapters need the base they were trained on") from None
+    if weights_hash(base["model"]) != recorded["sha256"]:
+        raise CheckpointError(f"{state['path']}: the LoRA base {recorded['path']!r} has changed since the adapters "
+                              f"were trained on it (its weights' sha256 is not {recorded['sha256'][:12]}...): restore "
+                              f"that base, or train the adapters again")
+    return model_of(base)
+
+
+def merge_trained_adapters(model: GPT, lora, state: dict) -> None:
+    """Put ``lora``'s adapters on ``model`` (the base's weights), load what the run trained
+    (adapters and also_train parameters: ``state["model"]``) and merge them into the weights."""
+    add_adapters(model, lora.targets, lora.r, lora.alpha, lora.also_train)
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    missing, unexpected = sorted(trained - set(state["model"])), sorted(set(state["model"]) - trained)
+    if missing or unexpected:
+        raise CheckpointError(f"{state['path']}: its LoRA weights do not fit train.lora={lora}: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    model.load_state_dict(state["model"], strict=False)
+    merge_adapters(model)
+    model.requires_grad_(True)

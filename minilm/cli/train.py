@@ -16,7 +16,7 @@ import json
 import yaml
 
 from minilm.cli import Parser, run_command
-from minilm.config import Config, DataConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.config import Config, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
 from minilm.configfile import load_config
 from minilm.training.loop import train
 
@@ -62,9 +62,10 @@ def config_keys() -> str:
     """Every config key with its default and its one-line help, one per line, from the
     dataclasses' fields (what ``minilm train --help`` ends with)."""
     lines = []
-    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), (None, Config)):
+    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), ("train.lora", LoRAConfig),
+                         (None, Config)):
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(f.type) or f.name in ("model", "data", "train"):
+            if f.name in ("model", "data", "train", "lora"):
                 continue
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             key = f"{section}.{f.name}" if section else f.name

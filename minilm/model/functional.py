@@ -7,12 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minilm.model.lora import LoRALinear
+
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` without ``nn.Module.__call__``, whose checks for hooks cost about 3 us a call
     (README, "Benchmarks"). Nothing hooks these layers: hooks (FSDP's, the attention figure's, the
-    memory count's) go on blocks and on attention."""
-    return F.linear(x, layer.weight, layer.bias)
+    memory count's) go on blocks and on attention. A layer with low-rank adapters
+    (``minilm.model.lora``) adds theirs."""
+    out = F.linear(x, layer.weight, layer.bias)
+    return layer.adapt(x, out) if type(layer) is LoRALinear else out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

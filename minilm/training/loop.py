@@ -16,20 +16,15 @@ in-process. What it does, in order:
    sees depends only on the global batch, not on how it is split over processes and
    micro-steps: two DDP processes reproduce one process with ``grad_accum=2``. Micro-steps
    before the last skip DDP's gradient all-reduce (``no_sync``).
-4. The optimiser of ``minilm.training.optim``: AdamW (Loshchilov & Hutter 2019), or Muon for
-   the blocks' matrices and AdamW for the rest, with weight decay on the 2-D weight matrices only
-   (attention, MLP, the tied token embedding / LM head); LayerNorm weights, biases and
-   the position scheme's parameters (learned tables, T5 bias buckets) are not decayed,
-   so rarely seen far positions are not pulled to zero. Learning rate: linear warmup
-   over ``warmup_steps``, then down to ``min_lr`` at ``max_steps``: a cosine, or held and then
-   a linear cooldown (``train.schedule``, ``minilm.training.optim.lr_at``). Gradients are
-   clipped to a global norm of ``grad_clip`` (0 disables).
-5. Every ``eval_interval`` steps: loss, perplexity and bits per character on a fixed set
-   of ``eval_iters`` validation batches (the same sequences each time, so evaluations are
-   comparable). At the end: the same numbers over the whole validation split in
-   non-overlapping ``block_size`` segments (at most ``final_eval_tokens`` tokens).
-   Bits per character = mean nats per token * val tokens / val characters / ln 2, which
-   does not depend on the tokenizer.
+   With ``train.lora.r`` only low-rank adapters (and ``also_train``) train (``minilm.training.adapters``).
+4. The optimiser of ``minilm.training.optim`` (AdamW or Muon; what decays, its docstring says).
+   Learning rate: linear warmup over ``warmup_steps``, then down to ``min_lr`` at ``max_steps``:
+   a cosine, or held and then a linear cooldown (``train.schedule``, ``minilm.training.optim.lr_at``).
+   Gradients are clipped to a global norm of ``grad_clip`` (0 disables).
+5. Every ``eval_interval`` steps: loss, perplexity and bits per character on a fixed set of
+   ``eval_iters`` validation batches (the same each time). At the end: the same over the whole
+   validation split in ``block_size`` segments (at most ``final_eval_tokens`` tokens). Bits per
+   character = mean nats per token * val tokens / val characters / ln 2 (tokenizer-independent).
 6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.checkpoints.format.save``) every
    ``checkpoint_interval`` steps, at the end, and when Ctrl-C or SIGTERM stops the run.
    It always holds the latest state (what ``--resume`` needs); the final model is the
@@ -37,10 +32,9 @@ in-process. What it does, in order:
    saving, so the last good checkpoint stays.
 7. Print a ``sample_tokens`` sample (temperature 0.8, ``minilm.generation``) and a summary line.
 
-``train`` is four stages, each its own function: ``setup`` (1-2), ``train_step`` (3-4),
-``after_step`` (5-6 during the loop) and ``finish`` (5-7 at the end). Precision: ``train.dtype``
-as ``common.resolve_dtype`` resolves it (auto: bf16 autocast where the hardware has native
-bf16 units, else float32).
+``train`` is four stages: ``setup`` (1-2), ``train_step`` (3-4), ``after_step`` (5-6 during the loop)
+and ``finish`` (5-7 at the end). Precision: ``train.dtype`` (``common.resolve_dtype``; auto: bf16
+autocast where the hardware has native bf16 units, else float32).
 """
 from __future__ import annotations
 
@@ -69,6 +63,7 @@ from minilm.evaluation.scoring import document_forward, eval_batches, heldout_lo
 from minilm.generation.decode import Sampling
 from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
+from minilm.training.adapters import count_parameters, start_adapters
 from minilm.training.distributed import Dist, init_distributed
 from minilm.training.loggers import check_loggers, open_loggers
 from minilm.training.memory import check_step_fits
@@ -131,6 +126,7 @@ class TrainingRun:
     scaler: Optional[torch.amp.GradScaler] = None  # train.dtype float16: the loss scale (else None)
     skipped_steps: int = 0  # float16: steps whose gradients overflowed, skipped (the scale then halves)
     loggers: list = dataclasses.field(default_factory=list)  # train.loggers, on rank 0 (minilm.training.loggers)
+    lora_base: Optional[dict] = None  # train.lora: the base's path and weights' hash (minilm.training.adapters)
 
     @property
     def ckpt_path(self) -> str:
@@ -260,15 +256,19 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         raw = GPT(config.model)
     if not on_meta:
-        if (state is not None and "model" in state) or source is not None:  # a sharded checkpoint loads below
+        if ((state is not None and "model" in state) or source is not None) and not t.lora.r:  # sharded: below
             raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
+        elif t.lora.r:  # the base's weights, the adapters and (resumed) what they had learned
+            raw.load_state_dict(source.model.state_dict())
+            lora_base = start_adapters(raw, t.lora, source, state)
         raw.to(device)
     raw.checkpoint_blocks = t.activation_checkpointing
     model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
     if t.compile:
         model = torch.compile(model)
     run = TrainingRun(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
-              make_optimizer(raw, t, device), torch.Generator().manual_seed(config.batch_seed), started)
+                      make_optimizer(raw, t, device), torch.Generator().manual_seed(config.batch_seed), started,
+                      lora_base=lora_base if t.lora.r else None)
     if state is not None and "model" not in state:
         load_sharded(state, raw, run.optimizer)
     elif state is not None:
@@ -298,7 +298,8 @@ def _start_metrics(run: TrainingRun, state: Optional[dict], taken: list = ()) ->
         run.loggers = open_loggers(config.train.loggers, config.out_dir, run.step if resumed else None,
                                    config.to_dict(), run.say)
     m = config.model
-    run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters, position {m.position}, "
+    trainable, frozen = count_parameters(run.raw)
+    run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {m.position}, "
             f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
             f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
             f"{f', {dist.world} processes' if dist.enabled else ''}; "

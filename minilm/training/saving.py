@@ -37,6 +37,7 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.common import WriteError, atomic_write, first_sentence, new_directory, temporary_path, write_failure
 from minilm.config import Config, from_dict
 from minilm.model.gpt import GPT
+from minilm.training.adapters import trained_state
 from minilm.training.distributed import Dist
 from minilm.training.optim import Optimizers, make_optimizer
 from minilm.training.parallel import full_model_state, full_optimizer_state
@@ -59,7 +60,9 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
     }
     if run.config.train.checkpoint_format == "sharded":
         return save_sharded(run.ckpt_path, record, run.raw, run.optimizer, run.dist)
-    model = full_model_state(run.raw, run.sharded)  # under FSDP every rank takes part in gathering
+    if run.lora_base is not None:  # a LoRA run keeps what it trains and names its base (minilm.training.adapters)
+        record["lora_base"] = run.lora_base
+    model = trained_state(run.raw) if run.lora_base is not None else full_model_state(run.raw, run.sharded)
     optimizer = run.optimizer.state_dict(lambda part: full_optimizer_state(run.raw, part, run.sharded))
     return on_rank_0(run.dist, run.ckpt_path,
                      lambda: checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path))

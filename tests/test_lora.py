@@ -1,0 +1,169 @@
+"""LoRA (minilm.model.lora, minilm.training.adapters): adapters on an imported Llama-shaped
+base, the trainable count against the formula, frozen weights that do not move, a checkpoint
+of what trains and the base's hash, merged logits equal to the adapted model's, resume, and
+the merged model exported to transformers."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+from minilm.checkpoints.format import CheckpointError, load as load_checkpoint
+from minilm.checkpoints.loading import load_model
+from minilm.config import Config, ConfigError, DataConfig, ModelConfig, build_config
+from minilm.generation.decode import Sampling, generate_ids
+from minilm.hf.export import export_model
+from minilm.model.gpt import GPT
+from minilm.model.lora import LoRALinear, adapter_parameter_count, add_adapters, merge_adapters
+from minilm.training.loop import setup, train_step
+from minilm.training.resume import StopFlag
+from tests.conftest import tiny_overrides
+from tests.test_hf import scramble
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LLAMA = dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False, d_model=128,
+             n_head=4, n_layer=2, d_ff=512, block_size=32)
+
+
+def llama_base(tokenizer, directory, seed=0, scrambled=True):
+    """A random-weight Llama-shaped model written as a Hugging Face directory (what an import reads);
+    ``scrambled``: large weights, whose greedy text wanders (else GPT-2's initialisation)."""
+    torch.manual_seed(seed)
+    model_config = ModelConfig(vocab_size=tokenizer.vocab_size, **LLAMA)
+    model = scramble(GPT(model_config), seed) if scrambled else GPT(model_config)
+    config = Config(model=model_config, data=DataConfig(vocab_size=tokenizer.vocab_size))
+    assert export_model(model, tokenizer, config, str(directory))["family"] == "llama"
+    return model
+
+
+def lora_overrides(corpus, base, out, *extra):
+    """A LoRA extension of ``base`` to 2x its length with YaRN: adapters of rank 2 on q, k, v, o, norms trained."""
+    tiny = [o for o in tiny_overrides(corpus, out, "train.sample_tokens=0", "train.final_eval_tokens=0",
+                                      "train.batch_size=2") if not o.startswith("model.")]  # the base's shape
+    return [*tiny, f"train.init_from={base}", "train.lora.r=2", "train.lora.alpha=4", "train.lora.targets=[q, k, v, o]",
+            "train.lora.also_train=[norms]", "model.block_size=64",
+            "model.position={kind: rope, scaling: {type: yarn, factor: 2}}", "train.lr=1e-2", "train.min_lr=1e-3",
+            *extra]
+
+
+def test_adapters_start_at_the_base_and_merge_into_the_same_function():
+    torch.manual_seed(0)
+    model = scramble(GPT(ModelConfig(vocab_size=61, **LLAMA))).double()  # float64: the algebra, not rounding
+    ids = torch.randint(0, 61, (2, 20))
+    with torch.no_grad():
+        before = model(ids)
+    trainable = add_adapters(model, ["q", "v", "mlp"], r=3, alpha=6.0)
+    c = model.config
+    # r (d_in + d_out) per adapter: q (128 -> 128), v (128 -> 64), gate and up (128 -> 512), down (512 -> 128)
+    per_layer = 3 * ((128 + 128) + (128 + 64) + 2 * (128 + 512) + (512 + 128))
+    assert trainable == adapter_parameter_count(model, ["q", "v", "mlp"], 3) == c.n_layer * per_layer
+    assert isinstance(model.blocks[0].attn.qkv, LoRALinear) and not model.blocks[0].attn.qkv.weight.requires_grad
+    with torch.no_grad():
+        assert torch.equal(model(ids), before)  # B starts at zero: the base's function exactly
+        for name, param in model.named_parameters():
+            if ".lora_b." in name:
+                param.normal_(std=0.1)
+        adapted = model(ids)
+        merged = merge_adapters(model)(ids)
+    assert (adapted - before).abs().max() > 1e-2  # the adapters change the function ...
+    assert (merged - adapted).abs().max() < 1e-10  # ... and merged weights compute what they computed
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def test_a_lora_run_trains_only_adapters_and_the_named_parameters(tiny_corpus, gen_tokenizer, tmp_path):
+    llama_base(gen_tokenizer, tmp_path / "base", scrambled=False)
+    from minilm.configfile import load_config
+    config = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run"))
+    run = setup(config, quiet=True)
+    base = load_model(str(tmp_path / "base")).model.state_dict()
+    trained = {name for name, p in run.raw.named_parameters() if p.requires_grad}
+    assert all(".lora_" in n or "ln_" in n or "norm" in n for n in trained) and any(".lora_a." in n for n in trained)
+    optimised = {id(p) for part in run.optimizer.parts for group in part.param_groups for p in group["params"]}
+    assert optimised == {id(p) for p in run.raw.parameters() if p.requires_grad}  # no optimiser state for the rest
+    with StopFlag() as stop:
+        for _ in range(4):
+            train_step(run, stop)
+    for name, param in run.raw.named_parameters():
+        if not param.requires_grad:  # frozen: bit-identical to the base, and never given a gradient
+            assert param.grad is None and torch.equal(param.detach(), base[name]), name
+    assert any(not torch.equal(p.detach(), base[n]) for n, p in run.raw.named_parameters() if "ln_" in n)
+    ids = torch.randint(0, gen_tokenizer.vocab_size, (2, 64))
+    with torch.no_grad():  # in float32, after training: the merged model computes what the adapted one does
+        adapted = run.raw.eval()(ids)
+        merged = merge_adapters(run.raw)(ids)
+    assert (merged - adapted).abs().max() < 1e-5
+
+
+def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpus, gen_tokenizer, tmp_path):
+    """A 20-step LoRA extension (YaRN 2x) of an imported Llama-shaped model: the trainable count is the
+    formula's, the checkpoint holds only that (under a tenth of the base's weights), and the export
+    (adapters merged) generates minilm's greedy text in transformers."""
+    llama_base(gen_tokenizer, tmp_path / "base")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    args = lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=20")
+    done = subprocess.run([sys.executable, "-m", "minilm", "train", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
+    shape = GPT(ModelConfig(vocab_size=gen_tokenizer.vocab_size, **LLAMA))
+    norms = sum(p.numel() for n, p in shape.named_parameters() if "ln_" in n)
+    formula = adapter_parameter_count(shape, ["q", "k", "v", "o"], 2) + norms
+    assert sum(t.numel() for t in state["model"].values()) == formula
+    assert f"{formula:,} trained, LoRA" in done.stderr
+    assert state["lora_base"]["path"] == str(tmp_path / "base") and len(state["lora_base"]["sha256"]) == 64
+    weights = os.path.getsize(tmp_path / "base" / "model.safetensors")
+    assert os.path.getsize(tmp_path / "run" / "ckpt.pt") < weights / 10
+    exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    loaded = load_model(str(tmp_path / "run"))
+    prompt = loaded.tokenizer.encode("The king hath")
+    with torch.no_grad():
+        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
+        reference.generation_config.eos_token_id = None
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                                    pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == theirs and len(set(ours)) > 2
+
+
+def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny_corpus, gen_tokenizer, tmp_path):
+    from minilm.training.loop import train
+    from minilm.configfile import load_config
+    llama_base(gen_tokenizer, tmp_path / "base")
+    constant = ["train.min_lr=1e-2", "train.warmup_steps=0", "train.checkpoint_interval=3", "train.eval_interval=3"]
+    whole = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "whole", "train.max_steps=6",
+                                             *constant))
+    train(whole, quiet=True)
+    half = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=3",
+                                            *constant))
+    train(half, quiet=True)
+    again = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=6",
+                                             *constant))
+    train(again, resume=True, quiet=True)
+    a, b = (load_checkpoint(str(tmp_path / run / "ckpt.pt"))["model"] for run in ("whole", "half"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    llama_base(gen_tokenizer, tmp_path / "other", seed=1)  # the base's weights are replaced by others
+    shutil.copy(tmp_path / "other" / "model.safetensors", tmp_path / "base" / "model.safetensors")
+    with pytest.raises(CheckpointError, match="has changed since the adapters were trained"):
+        load_model(str(tmp_path / "whole"))
+    with pytest.raises(CheckpointError, match="not the base this run's adapters were trained on"):
+        train(again, resume=True, quiet=True)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"lora": {"r": 4}}, "needs train.init_from"),
+    ({"lora": {"r": 4}, "init_from": "x", "optimizer": "muon"}, "train.optimizer=adamw"),
+    ({"lora": {"r": 4, "targets": ["qkv"]}, "init_from": "x"}, "train.lora.targets=['qkv'] is invalid"),
+    ({"lora": {"r": 4, "targets": []}, "init_from": "x"}, "train.lora.targets=[] is invalid"),
+    ({"lora": {"r": -1}}, "train.lora.r=-1 is invalid"),
+    ({"lora": {"also_train": ["bias"]}}, "also_train=['bias'] is invalid: expected a list of distinct names among "
+                                         "norms, embeddings, position, head"),
+])
+def test_bad_lora_settings_are_one_line_errors(setting, message):
+    with pytest.raises(ConfigError) as error:
+        build_config({"train": setting})
+    assert message in str(error.value) and "\n" not in str(error.value)
