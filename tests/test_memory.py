@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from minilm import GPT, ModelConfig
-from minilm.training.memory import LAYOUTS, activation_bytes, parameter_counts, step_memory
+from minilm.config import LoRAConfig
+from minilm.model.lora import add_adapters
+from minilm.training.memory import LAYOUTS, activation_bytes, lora_counts, parameter_counts, step_memory
 from tests.conftest import REPO
 
 SHAPES = {
@@ -87,3 +89,27 @@ def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     bad = subprocess.run([sys.executable, "-m", "minilm", "memory", "--ranks", "0"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr == "error: --ranks 0 is invalid: expected a number of processes >= 1\n"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_lora_step_is_counted_as_it_runs(checkpointing, dtype):
+    """A LoRA run's step: the dry run of the adapted model keeps what a real CPU pass keeps
+    (frozen weights in the compute dtype, adapters float32 under autocast), and weights,
+    gradients and optimiser state follow the trained / frozen split."""
+    config = ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, block_size=24, **SHAPES["llama-like"])
+    lora = LoRAConfig(r=4, targets=["q", "v", "mlp"], also_train=["norms"])
+    real = activation_bytes(config, 3, dtype, checkpointing, gathered=False, device="cpu", lora=lora)
+    assert activation_bytes(config, 3, dtype, checkpointing, gathered=False, lora=lora) == real > 0
+    model = GPT(config)
+    trainable = add_adapters(model, lora.targets, lora.r, lora.alpha, lora.also_train)
+    frozen = sum(p.numel() for p in model.parameters()) - trainable
+    assert lora_counts(config, lora) == (trainable, frozen)
+    width = torch.empty((), dtype=dtype).element_size()
+    rows = step_memory(config, 3, 4, dtype, "adamw", lora=lora)
+    assert [(r["parallel"], r["checkpointing"]) for r in rows] == [("ddp", False), ("ddp", True)]
+    assert rows[0]["weights"] == 4 * trainable + width * frozen
+    assert rows[0]["gradients"] == 8 * trainable and rows[0]["optimizer"] == 8 * trainable
+    full = step_memory(config, 3, 4, dtype, "adamw")[0]
+    state = lambda row: row["weights"] + row["gradients"] + row["optimizer"]  # noqa: E731
+    assert state(rows[0]) < state(full) / 2 and rows[0]["total"] < full["total"]

@@ -10,7 +10,7 @@ from minilm.cli import Parser, run_command
 from minilm.common import markdown_table
 from minilm.config import ConfigError
 from minilm.configfile import load_config
-from minilm.training.memory import ROWS, step_memory
+from minilm.training.memory import ROWS, lora_counts, step_memory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -41,7 +41,8 @@ def run(args) -> int:
     model = config.model
     if "model.vocab_size" not in getattr(config, "given", ()):
         model.vocab_size = config.data.vocab_size  # what the tokenizer would set
-    rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer)
+    lora = config.train.lora
+    rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer, lora=lora)
     unit, size = ("GiB", 2 ** 30) if max(r["total"] for r in rows) >= 2 ** 30 else ("MiB", 2 ** 20)
     print(f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
           f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "
@@ -49,6 +50,11 @@ def run(args) -> int:
     print(markdown_table(("parallel", "activation checkpointing", *ROWS, "total"),
                          [(r["parallel"], "yes" if r["checkpointing"] else "no",
                            *(f"{r[k] / size:.2f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
+    if lora.r:
+        trained, frozen = lora_counts(model, lora)
+        print(f"LoRA r={lora.r} on {', '.join(lora.targets)}{' + ' + ', '.join(lora.also_train) if lora.also_train else ''}: "
+              f"{trained:,} parameters trained (float32, with their gradients and AdamW's moments), {frozen:,} frozen "
+              f"in {args.dtype}; ddp only (a LoRA run refuses fsdp)")
     if config.train.optimizer == "muon":
         print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
     return 0

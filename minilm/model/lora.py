@@ -117,6 +117,14 @@ def add_adapters(model: nn.Module, targets: Sequence[str], r: int, alpha: float,
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def freeze_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Store the frozen weights (``requires_grad`` False) in ``dtype``, a LoRA run's compute dtype:
+    they take no gradient and no optimiser state, so nothing needs a float32 copy of them."""
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point():
+            param.data = param.data.to(dtype)
+
+
 def merge_adapters(model: nn.Module) -> nn.Module:
     """Every ``LoRALinear`` of ``model`` replaced by a plain linear holding W + (alpha / r) B A, in place."""
     for name, module in list(model.named_modules()):

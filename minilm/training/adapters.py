@@ -15,16 +15,18 @@ from torch import nn
 from minilm.checkpoints.format import CheckpointError, weights_hash
 from minilm.checkpoints.loading import Loaded
 from minilm.hf.reading import is_hf_source
-from minilm.model.lora import add_adapters
+from minilm.model.lora import add_adapters, freeze_in
 
 
-def start_adapters(raw: nn.Module, lora, source: Loaded, state=None) -> dict:
-    """Give ``raw`` (holding the source's weights) the run's adapters and freeze the rest; with
-    ``state`` (``--resume``) load what the run had trained. Returns the checkpoint's ``lora_base``."""
+def start_adapters(raw: nn.Module, lora, source: Loaded, dtype, state=None) -> dict:
+    """Give ``raw`` (holding the source's weights) the run's adapters and freeze the rest, kept in
+    the run's compute ``dtype`` (``model.lora.freeze_in``); with ``state`` (``--resume``) load what
+    the run had trained. Returns the checkpoint's ``lora_base``."""
     path = source.state.get("path") or ""
     base = {"path": path if is_hf_source(path) or not path else os.path.abspath(path),
             "sha256": weights_hash(source.state["model"])}
     add_adapters(raw, lora.targets, lora.r, lora.alpha, lora.also_train)
+    freeze_in(raw, dtype)
     if state is None:
         return base
     recorded, settings = state.get("lora_base") or {}, state["config"]["train"].get("lora", {})

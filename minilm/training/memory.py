@@ -24,6 +24,11 @@ norms and the head) over R processes:
   run stands in a function that keeps what flash keeps. With checkpointing the pass keeps each
   block's input, and the backward pass recomputes one block at a time on top of that.
 
+A LoRA run (``train.lora``, ``minilm.training.adapters``) trains T parameters (the adapters and
+``also_train``) and keeps the other F frozen in the compute dtype: weights 4T + F x its width,
+gradients 4T (and DDP's buckets 4T), AdamW's moments 8T; its activations are the dry run of the
+adapted model (FSDP is not counted: a LoRA run refuses it).
+
 The count of activations is checked against a real CPU forward pass in ``tests/test_memory.py``.
 Not counted: the CUDA context and allocator slack, communication buffers beyond DDP's buckets,
 temporaries inside a kernel, the data.
@@ -39,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 from minilm.common import MinilmError, available_memory, saved_tensor_bytes
 from minilm.config import ModelConfig
 from minilm.model.gpt import GPT
+from minilm.model.lora import add_adapters, freeze_in
 from minilm.training.mixture import mixed_loss
 from minilm.training.optim import is_hidden_matrix
 
@@ -89,15 +95,18 @@ class _DryRun(TorchFunctionMode):
 
 
 def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dtype, checkpointing: bool,
-                     gathered: bool = True, device: str = "meta") -> int:
+                     gathered: bool = True, device: str = "meta", lora=None) -> int:
     """Bytes autograd keeps for the backward pass of one training forward pass and loss over
     ``batch_size`` rows of ``model_config.block_size`` tokens, computed in ``dtype``: with the
     weights in ``dtype`` (``gathered``: as FSDP's mixed precision gathers them), or in float32
     under autocast (DDP), which keeps a ``dtype`` copy of each weight for the backward pass.
     On ``device`` "meta" nothing is allocated (``_DryRun``); on a real device the pass runs
-    (how the count is checked)."""
+    (how the count is checked). With ``lora`` (a ``LoRAConfig`` with r > 0), the adapted model."""
     with torch.device(device):
         model = GPT(model_config).to(dtype if gathered else torch.float32).train()
+        if lora is not None and lora.r:
+            add_adapters(model, lora.targets, lora.r, lora.alpha, lora.also_train)
+            freeze_in(model, dtype)
     idx = torch.zeros(batch_size, model_config.block_size, dtype=torch.long, device=device)
     weights = {p.untyped_storage()._cdata for p in model.parameters()}
     mixed = None if gathered or dtype == torch.float32 else dtype
@@ -127,6 +136,15 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
     return kept + sum(inputs.values())
 
 
+def lora_counts(model_config: ModelConfig, lora) -> tuple:
+    """(trained, frozen) parameters of a LoRA run of ``model_config`` (adapters and also_train trained)."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+        add_adapters(model, lora.targets, lora.r, lora.alpha, lora.also_train)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trained, sum(p.numel() for p in model.parameters()) - trained
+
+
 def parameter_counts(model_config: ModelConfig) -> tuple:
     """(all parameters, those of the blocks' matrices (Muon's), the root's (embedding, head,
     final norm, positions), the largest block's)."""
@@ -139,14 +157,23 @@ def parameter_counts(model_config: ModelConfig) -> tuple:
 
 
 def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: torch.dtype, optimizer: str,
-                layouts: tuple = LAYOUTS) -> list:
+                layouts: tuple = LAYOUTS, lora=None) -> list:
     """Bytes per process of each of ``ROWS`` and their ``total``, one dict for each of
-    ``layouts`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon)."""
+    ``layouts`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon). With
+    ``lora`` (r > 0) a LoRA run's, under DDP only (module docstring)."""
     total, matrices, root, block = parameter_counts(model_config)
     width = torch.empty((), dtype=dtype).element_size()
+    adapted = lora is not None and lora.r
+    layouts = tuple((p, c) for p, c in layouts if p == "ddp") if adapted else layouts
     needed = {(parallel, c) for parallel, checkpointing in layouts for c in {False, checkpointing}}
-    kept = {(parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp")
-            for parallel, c in needed}
+    kept = {(parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp",
+                                            lora=lora) for parallel, c in needed}
+    if adapted:
+        trained, frozen = lora_counts(model_config, lora)
+        rows = [{"parallel": "ddp", "checkpointing": c, "weights": 4 * trained + width * frozen,
+                 "gradients": 8 * trained, "optimizer": 8 * trained, "gathered": 0, "activations": kept["ddp", c]
+                 + ((kept["ddp", False] - kept["ddp", True]) / model_config.n_layer if c else 0)} for _, c in layouts]
+        return [{**row, "total": sum(row[k] for k in ROWS)} for row in rows]
     rows = []
     for parallel, checkpointing in layouts:
         sharded = parallel == "fsdp"
