@@ -167,3 +167,32 @@ def test_bad_lora_settings_are_one_line_errors(setting, message):
     with pytest.raises(ConfigError) as error:
         build_config({"train": setting})
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(tiny_corpus, gen_tokenizer, tmp_path):
+    """Adapters on every target, norms and the token embedding trained too: peft puts the exported
+    adapter on the transformers base, and its logits are minilm's (the run's checkpoint, merged)."""
+    peft = pytest.importorskip("peft")
+    llama_base(gen_tokenizer, tmp_path / "base")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    args = [o for o in lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=8",
+                                      "train.lora.targets=[q, k, v, o, mlp]",
+                                      "train.lora.also_train=[norms, embeddings]") if not o.startswith("model.")]
+    done = subprocess.run([sys.executable, "-m", "minilm", "train", *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "peft"),
+                               "--adapter"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "peft")) == ["adapter_config.json", "adapter_model.safetensors"]
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    theirs = peft.PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+    ours = load_model(str(tmp_path / "run")).model
+    ids = torch.randint(0, gen_tokenizer.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)(ids).logits
+        delta = (theirs(ids).logits - ours(ids)).abs().max()
+    assert delta < 1e-4 and (plain - ours(ids)).abs().max() > 100 * delta  # the adapters matter, and match
+    refused = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "base"), str(tmp_path / "x"),
+                              "--adapter"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert refused.returncode == 2 and "is not a LoRA run's checkpoint" in refused.stderr
