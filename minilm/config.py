@@ -163,12 +163,17 @@ class DataConfig:
                                          "to choose settings on without the validation split (evaluate --split holdout)")
     document_mask: str = option("none", choices=("none", "mask", "restart"),
                                 help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
+    min_document_tokens: int = option(0, help="N > 0: train on documents of at least N tokens, a row filled with as "
+                                              "few documents as it can (needs end_of_text); 0: windows of the stream")
 
     def __post_init__(self):
         holdout = self.holdout_tokens
         if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 0:
             raise ConfigError(f"data.holdout_tokens={shown(holdout)} is invalid: expected 0 (none) or a number of tokens")
         check_choices(self, "data")
+        check_number("data.min_document_tokens", self.min_document_tokens,
+                     lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT and (not v or self.end_of_text),
+                     "0 (off) or a number of tokens, with data.end_of_text=true (documents must be marked)")
         if self.document_mask != "none" and not self.end_of_text:
             raise ConfigError(f"data.document_mask={self.document_mask!r} needs documents marked: set "
                               f"data.end_of_text=true (or data.document_mask='none')")

@@ -46,7 +46,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed
@@ -57,21 +57,23 @@ from minilm.checkpoints.loading import Loaded
 from minilm.common import (TRAIN_DTYPES, MinilmError, WriteError, autocast, peak_memory_mib, resolve_device,
                            resolve_dtype)
 from minilm.config import Config, resolve_config
+from minilm.data.batches import Documents, crossing_rows
 from minilm.data.corpus import Prepared, prepare
 from minilm.data.retrieval import Task
 from minilm.evaluation.scoring import document_forward, eval_batches, heldout_loss, split_batches
 from minilm.generation.decode import Sampling
 from minilm.generation.text import generate_text
 from minilm.model.gpt import GPT
-from minilm.training.adapters import count_parameters, start_adapters
+from minilm.training.adapters import start_adapters
+from minilm.training.announce import start_metrics
 from minilm.training.distributed import Dist, init_distributed
-from minilm.training.loggers import check_loggers, open_loggers
+from minilm.training.loggers import check_loggers
 from minilm.training.memory import check_step_fits
 from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import claim
 from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
-from minilm.training.resume import StopFlag, resumed_config, set_rng_state, trajectory_changes
+from minilm.training.resume import StopFlag, resumed_config, set_rng_state
 from minilm.training.saving import checkpoint_path, load_sharded, resume_state, whole_model, write_checkpoint
 from minilm.training.source import source_model
 
@@ -127,6 +129,8 @@ class TrainingRun:
     skipped_steps: int = 0  # float16: steps whose gradients overflowed, skipped (the scale then halves)
     loggers: list = dataclasses.field(default_factory=list)  # train.loggers, on rank 0 (minilm.training.loggers)
     lora_base: Optional[dict] = None  # train.lora: the base's path and weights' hash (minilm.training.adapters)
+    rows: Any = None  # where the batches come from: the train tokens, or data.min_document_tokens' Documents
+    crossing: list = dataclasses.field(default_factory=lambda: [0, 0])  # rows holding a document's end, rows drawn
 
     @property
     def ckpt_path(self) -> str:
@@ -284,41 +288,10 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             run.scaler.load_state_dict(state["scaler"])
             run.skipped_steps = int(state.get("skipped_steps", 0))
     run.task = task_for(config, prepared)
-    _start_metrics(run, state, taken)
+    run.rows = Documents(prepared.train, prepared.eot_id, config.data.min_document_tokens) \
+        if config.data.min_document_tokens else prepared.train
+    start_metrics(run, state, taken)
     return run
-
-
-def _start_metrics(run: TrainingRun, state: Optional[dict], taken: list = ()) -> None:
-    """Create out_dir, start the loggers (continuing a resumed run's logs), and say what the run is."""
-    config, dist, resumed = run.config, run.dist, state is not None
-    if dist.main:
-        os.makedirs(config.out_dir, exist_ok=True)
-        if not resumed and os.path.exists(run.ckpt_path):
-            run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
-        run.loggers = open_loggers(config.train.loggers, config.out_dir, run.step if resumed else None,
-                                   config.to_dict(), run.say)
-    m = config.model
-    trainable, frozen = count_parameters(run.raw)
-    run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {m.position}, "
-            f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
-            f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
-            f"{f', {dist.world} processes' if dist.enabled else ''}; "
-            f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
-    t = config.train
-    if t.parallel == "fsdp" and not dist.enabled:
-        run.say("note: train.parallel=fsdp in one process: there is nothing to shard, the model trains whole")
-    if t.warmup_steps >= t.max_steps:
-        run.say(f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
-                f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
-    if resumed:
-        run.say(f"resuming {run.ckpt_path} at step {run.step}")
-        if taken:
-            run.say(f"note: resuming with the checkpoint's {', '.join(taken)} over the config file's; give a "
-                    f"setting again on the command line to change it")
-        changed = trajectory_changes(config, state)
-        if changed:
-            run.say(f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
-                    f"the uninterrupted one (it continues exactly only with the same train settings)")
 
 
 def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
@@ -328,8 +301,11 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     B, T, A = t.batch_size, run.config.model.block_size, t.grad_accum
     lr = lr_at(run.step, t)
     run.optimizer.set_lr(lr)
-    x_all, y_all, mask_all = draw(run.prepared.train, B * A * dist.world, T, run.generator, run.step,
+    x_all, y_all, mask_all = draw(run.rows, B * A * dist.world, T, run.generator, run.step,
                                   t.retrieval_share, run.task, keep_text=t.retrieval_weight > 0)
+    if run.prepared.eot_id is not None:
+        run.crossing[0] += crossing_rows(x_all, run.prepared.eot_id)
+        run.crossing[1] += len(x_all)
     loss_sum = torch.zeros((), dtype=torch.float64)
     run.loss_parts.clear()  # what mixed_loss logs: this step's, from its last micro-batch
     for micro in range(A):
@@ -435,6 +411,7 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         "final_val_loss": final and final["val_loss"], "final_val_bpc": final and final["val_bpc"],
         "final_val_ppl": final and final["val_ppl"], "interrupted": interrupted, "sample": sample,
         **({"skipped_steps": run.skipped_steps} if run.scaler else {}),
+        **({"rows_crossing_documents": run.crossing[0] / run.crossing[1]} if run.crossing[1] else {}),
     }
     if sample is not None:
         run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---",
@@ -444,7 +421,9 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
     else:
         run.say(f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
                 f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
-                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}", result=True)
+                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}"
+                + (f"; {summary['rows_crossing_documents']:.1%} of the rows crossed a document boundary"
+                   if run.crossing[1] else ""), result=True)
     run.model = run.raw  # DDP's wrapper and its Reducer are freed before the process group (Dist.finish)
     run.dist.finish()
     return summary

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from minilm.data.batches import get_batch
+from minilm.data.batches import Documents, get_batch
 from minilm.data.retrieval import IGNORE, Task, training_rows
 from minilm.training.losses import lm_loss
 
@@ -39,10 +39,12 @@ def retrieval_rows(step: int, batch: int, share: float) -> torch.Tensor:
 
 def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: int, share: float,
          task, keep_text: bool = False) -> tuple:
-    """(x, y, mask) of one global batch. ``mask``: the retrieval rows (B,), y ``IGNORE`` where such
+    """(x, y, mask) of one global batch, from a token array or the ``Documents`` of
+    ``data.min_document_tokens``. ``mask``: the retrieval rows (B,), y ``IGNORE`` where such
     a row has no answer; with ``keep_text``, the answers' positions (B, T) instead, y the text's
     next tokens elsewhere (``IGNORE`` where the task wrote the next token)."""
-    x, y = get_batch(tokens, batch, block_size, generator)
+    x, y = (tokens.batch(batch, block_size, generator) if isinstance(tokens, Documents)
+            else get_batch(tokens, batch, block_size, generator))
     if share <= 0:
         return x, y, None
     mask = retrieval_rows(step, batch, share)
