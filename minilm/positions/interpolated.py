@@ -48,12 +48,11 @@ class Interpolated(PositionScheme):
     def _scaled(self, pos):
         if torch.compiler.is_compiling():  # a compiled graph computes it once anyway; comparing breaks the graph
             return pos / self.factor
-        memo = self._memo  # one division per forward pass, shared by every layer
-        if memo is not None and memo[0].shape == pos.shape and memo[0].device == pos.device \
-                and torch.equal(memo[0], pos):
+        memo = self._memo  # one division per forward pass, shared by every layer: the pass hands each the same
+        if memo is not None and memo[0] is pos:  # tensor (by identity: comparing values would wait on a GPU)
             return memo[1]
         scaled = pos / self.factor
-        self._memo = (pos.clone(), scaled)
+        self._memo = (pos, scaled)
         return scaled
 
     def start(self, pos):
