@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 
 from minilm.cli import Parser, run_command
-from minilm.common import markdown_table
-from minilm.config import ConfigError
-from minilm.configfile import load_config
+from minilm.common import MinilmError, markdown_table
+from minilm.config import ConfigError, ModelConfig
+from minilm.configfile import load_config, was_given
+from minilm.hf.reading import is_hf_source, read_model_tree
 from minilm.training.memory import ROWS, lora_counts, step_memory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -38,15 +39,15 @@ def run(args) -> int:
     batch = args.batch_size if args.batch_size is not None else config.train.batch_size
     if batch < 1:
         raise ConfigError(f"--batch-size {batch} is invalid: expected rows per process >= 1")
-    model = config.model
-    if "model.vocab_size" not in getattr(config, "given", ()):
+    model, source = counted_model(config)
+    if not source and "model.vocab_size" not in getattr(config, "given", ()):
         model.vocab_size = config.data.vocab_size  # what the tokenizer would set
     lora = config.train.lora
     rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer, lora=lora)
     unit, size = ("GiB", 2 ** 30) if max(r["total"] for r in rows) >= 2 ** 30 else ("MiB", 2 ** 20)
     print(f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
           f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "
-          f"{unit} per process")
+          f"{unit} per process{source}")
     print(markdown_table(("parallel", "activation checkpointing", *ROWS, "total"),
                          [(r["parallel"], "yes" if r["checkpointing"] else "no",
                            *(f"{r[k] / size:.2f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
@@ -58,3 +59,22 @@ def run(args) -> int:
     if config.train.optimizer == "muon":
         print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
     return 0
+
+
+def counted_model(config) -> tuple:
+    """(the model a run of ``config`` trains, how it was found): with ``train.init_from`` a Hugging
+    Face model, its architecture from config.json (no weights read) with the block_size and
+    position keys the config sets, as ``train.init_from`` applies them; else the config's own."""
+    path = config.train.init_from
+    if not path or not is_hf_source(path):
+        return config.model, ""
+    try:
+        tree = read_model_tree(path)[2]
+    except MinilmError as exc:
+        print(f"note: train.init_from={path!r} cannot be read here ({exc}); counting the config's model section")
+        return config.model, ""
+    if was_given(config, "model.block_size"):
+        tree["block_size"] = config.model.block_size
+    if was_given(config, "model.position"):
+        tree["position"] = {**tree["position"], **config.model.position}
+    return ModelConfig(**tree), f" (the architecture of train.init_from={path})"

@@ -72,6 +72,29 @@ def cached_snapshot(name: str) -> str:
 
 def read_hf(path: str) -> dict:
     """The minilm checkpoint dict of a Hugging Face model directory or ``hf:NAME``."""
+    directory, family, model_tree = read_model_tree(path)
+    expected = expected_shapes(model_tree, path)
+    try:
+        state_dict = family.read_weights(read_weights(directory), model_tree)
+    except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
+        if isinstance(exc, HFError):
+            raise
+        raise HFError(f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
+                      ) from None
+    check_shapes(state_dict, expected, path)
+    tokenizer = HFTokenizer.from_directory(directory)
+    config = Config().to_dict()
+    config["model"] = {**config["model"], **model_tree}
+    config["data"]["vocab_size"] = tokenizer.vocab_size
+    if tokenizer.vocab_size > model_tree["vocab_size"]:
+        raise HFError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                      f"{model_tree['vocab_size']} embedding rows")
+    return {"model": state_dict, "config": config, "tokenizer": tokenizer.to_bytes(), "path": str(path)}
+
+
+def read_model_tree(path: str) -> tuple:
+    """(directory, family, minilm model settings) of a Hugging Face model directory or ``hf:NAME``,
+    from its config.json alone (no weights read: what ``minilm memory`` counts)."""
     directory = cached_snapshot(path[len(PREFIX):]) if str(path).startswith(PREFIX) else path
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -93,23 +116,7 @@ def read_hf(path: str) -> dict:
         raise HFError(f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} "
                       f"model") from None
     check_sizes(model_tree, path)
-    expected = expected_shapes(model_tree, path)
-    try:
-        state_dict = family.read_weights(read_weights(directory), model_tree)
-    except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
-        if isinstance(exc, HFError):
-            raise
-        raise HFError(f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
-                      ) from None
-    check_shapes(state_dict, expected, path)
-    tokenizer = HFTokenizer.from_directory(directory)
-    config = Config().to_dict()
-    config["model"] = {**config["model"], **model_tree}
-    config["data"]["vocab_size"] = tokenizer.vocab_size
-    if tokenizer.vocab_size > model_tree["vocab_size"]:
-        raise HFError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                      f"{model_tree['vocab_size']} embedding rows")
-    return {"model": state_dict, "config": config, "tokenizer": tokenizer.to_bytes(), "path": str(path)}
+    return directory, family, model_tree
 
 
 def read_weights(directory: str) -> dict:
