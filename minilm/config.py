@@ -284,9 +284,10 @@ class TrainConfig:
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
                               "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")
-        if self.lora.r and (not self.init_from or self.optimizer == "muon" or self.checkpoint_format == "sharded"):
+        if self.lora.r and (not self.init_from or self.optimizer == "muon" or self.checkpoint_format == "sharded"
+                            or self.parallel == "fsdp"):
             raise ConfigError(f"train.lora.r={self.lora.r} needs train.init_from (the base the adapters train on), "
-                              f"train.optimizer=adamw and train.checkpoint_format=file")
+                              f"train.optimizer=adamw, train.checkpoint_format=file and train.parallel=ddp")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
 

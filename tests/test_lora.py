@@ -14,11 +14,13 @@ import transformers
 from minilm.checkpoints.format import CheckpointError, load as load_checkpoint
 from minilm.checkpoints.loading import load_model
 from minilm.config import Config, ConfigError, DataConfig, ModelConfig, build_config
+from minilm.configfile import load_config
 from minilm.generation.decode import Sampling, generate_ids
 from minilm.hf.export import export_model
 from minilm.model.gpt import GPT
 from minilm.model.lora import LoRALinear, adapter_parameter_count, add_adapters, merge_adapters
-from minilm.training.loop import setup, train_step
+from minilm.training.loop import setup, train, train_step
+from minilm.training.mixture import mixed_loss
 from minilm.training.resume import StopFlag
 from tests.conftest import tiny_overrides
 from tests.test_hf import scramble
@@ -75,7 +77,6 @@ def test_adapters_start_at_the_base_and_merge_into_the_same_function():
 
 def test_a_lora_run_trains_only_adapters_and_the_named_parameters(tiny_corpus, gen_tokenizer, tmp_path):
     llama_base(gen_tokenizer, tmp_path / "base", scrambled=False)
-    from minilm.configfile import load_config
     config = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run"))
     run = setup(config, quiet=True)
     base = load_model(str(tmp_path / "base")).model.state_dict()
@@ -131,8 +132,6 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
 
 
 def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny_corpus, gen_tokenizer, tmp_path):
-    from minilm.training.loop import train
-    from minilm.configfile import load_config
     llama_base(gen_tokenizer, tmp_path / "base")
     constant = ["train.min_lr=1e-2", "train.warmup_steps=0", "train.checkpoint_interval=3", "train.eval_interval=3"]
     whole = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "whole", "train.max_steps=6",
@@ -233,3 +232,23 @@ def test_the_readme_walk_extends_a_tiny_imported_model_with_the_shipped_recipe(t
         theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                     pad_token_id=0)[0, len(prompt):].tolist()
     assert ours == theirs
+
+
+def test_adapters_train_alike_with_activation_checkpointing():
+    """Recomputing each block in the backward pass gives the adapters the same gradients."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, **LLAMA))
+    add_adapters(model, ["q", "k", "v", "o", "mlp"], r=2, alpha=4.0, also_train=["norms"])
+    for name, param in model.named_parameters():
+        if ".lora_b." in name:
+            torch.nn.init.normal_(param, std=0.02)
+    ids = torch.randint(0, 61, (2, 24))
+    grads = []
+    for checkpointing in (False, True):
+        model.zero_grad(set_to_none=True)
+        model.checkpoint_blocks = checkpointing
+        model.train()(ids, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, ids, None)).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+        assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    assert grads[0].keys() == grads[1].keys() and all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6)
+                                                      for k in grads[0])
