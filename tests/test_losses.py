@@ -43,3 +43,17 @@ def test_under_bfloat16_autocast_it_matches_the_unfused_loss_closely():
     assert torch.allclose(fused, reference, rtol=1e-3, atol=1e-3)
     fused.backward()
     assert hidden.grad.dtype == hidden.dtype and weight.grad.dtype == weight.dtype
+
+
+def test_a_frozen_head_takes_no_gradient_and_the_hidden_states_the_same_one():
+    """A LoRA run freezes the head: the fused loss then forms no dL/dW (nor its accumulator), and
+    dL/dh is what it is with the head trained."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    weight, targets = torch.randn(50, 16), torch.randint(0, 50, (2, 9))
+    lm_loss(hidden, weight, targets).backward()
+    frozen = hidden.grad.clone()
+    hidden.grad = None
+    trained = weight.clone().requires_grad_(True)
+    lm_loss(hidden, trained, targets).backward()
+    assert weight.grad is None and trained.grad is not None and torch.allclose(hidden.grad, frozen)

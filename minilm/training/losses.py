@@ -14,7 +14,8 @@ in the autocast dtype and the softmax in float32, as they would unfused.
 
 With a logit soft-cap c (``model.logit_softcap``; Gemma 2) the logits are z = c tanh(s / c) of
 s = h . W, and the chain rule through tanh multiplies P - Y by dz/ds = 1 - tanh(s / c)^2 before
-the two matmuls of the gradients.
+the two matmuls of the gradients. A head that takes no gradient (frozen: a LoRA run) skips
+dL/dW and its V x C accumulator.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             h, w = hidden.to(dtype), weight.to(dtype)
             n, wide = h.shape[0], torch.promote_types(dtype, torch.float32)  # the softmax's dtype
             grad_h = torch.empty_like(hidden)
-            grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device)
+            need_w = ctx.needs_input_grad[1]  # a frozen head (a LoRA run) takes no gradient: none is formed
+            grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
             total = torch.zeros((), dtype=wide, device=hidden.device)
             for start in range(0, n, CHUNK_ROWS):
                 rows, y = h[start:start + CHUNK_ROWS], targets[start:start + CHUNK_ROWS]
@@ -55,11 +57,11 @@ class LinearCrossEntropy(torch.autograd.Function):
                     p.mul_(slope)
                 p = p.to(dtype)
                 grad_h[start:start + CHUNK_ROWS] = p @ w
-                if dtype == wide:
+                if need_w and dtype == wide:
                     grad_w.addmm_(p.t(), rows)
-                else:
+                elif need_w:
                     grad_w += (p.t() @ rows).to(wide)
-        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype) if need_w else None)
         ctx.n = n
         return total / n
 
@@ -67,7 +69,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss / ctx.n
-        return grad_h * scale, grad_w * scale, None, None
+        return grad_h * scale, None if grad_w is None else grad_w * scale, None, None
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
