@@ -467,3 +467,17 @@ def test_longeval_takes_an_imported_directory(hf_tokenizer_dir, tiny_corpus, tmp
     assert "single (2 probes per cell" in out and "vartrack (2 probes per cell" in out
     if pytest.importorskip("matplotlib"):
         assert figure.stat().st_size > 1000
+
+
+def greedy_both(loaded, directory, new_tokens=20, text="The king hath"):
+    """(minilm's greedy continuation of ``text`` with ``loaded``, transformers' with the model exported to
+    ``directory``): token ids, every one forced (no end-of-text stop)."""
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    prompt = loaded.tokenizer.encode(text)
+    with torch.no_grad():
+        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=new_tokens,
+                                             sampling=Sampling(temperature=0))]
+        reference.generation_config.eos_token_id = None
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                                    pad_token_id=0)[0, len(prompt):].tolist()
+    return ours, theirs

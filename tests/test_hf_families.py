@@ -14,7 +14,7 @@ import torch
 from tests.conftest import REPO, tiny_overrides
 from tests import test_hf
 from tests.test_hf import hf_tokenizer_dir  # noqa: F401 - the fixture, shared
-from tests.test_hf import TOLERANCE, cached_logits, hf_model_dir, import_matches, minilm_checkpoint, tokens
+from tests.test_hf import TOLERANCE, cached_logits, greedy_both, hf_model_dir, import_matches, minilm_checkpoint, tokens
 
 transformers = pytest.importorskip("transformers")
 
@@ -243,13 +243,6 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
         assert len(lines) == 1 and "exportable: rope" in lines[0] and "alibi (MPT)" in lines[0], result.stderr
         return
     assert result.returncode == 0, result.stderr[-2000:]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    assert reference.config.model_type == EXPORTS[name]
-    loaded = load_model(str(tmp_path / "run"))
-    prompt = loaded.tokenizer.encode("The king hath")
-    with torch.no_grad():
-        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
-        reference.generation_config.eos_token_id = None
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                    pad_token_id=0)[0, len(prompt):].tolist()
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").model_type == EXPORTS[name]
+    ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "hf")
     assert ours == theirs

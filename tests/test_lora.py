@@ -15,7 +15,6 @@ from minilm.checkpoints.format import CheckpointError, load as load_checkpoint
 from minilm.checkpoints.loading import load_model
 from minilm.config import Config, ConfigError, DataConfig, ModelConfig, build_config
 from minilm.configfile import load_config
-from minilm.generation.decode import Sampling, generate_ids
 from minilm.hf.export import export_model
 from minilm.model.gpt import GPT
 from minilm.model.lora import LoRALinear, adapter_parameter_count, add_adapters, merge_adapters
@@ -23,7 +22,7 @@ from minilm.training.loop import setup, train, train_step
 from minilm.training.mixture import mixed_loss
 from minilm.training.resume import StopFlag
 from tests.conftest import tiny_overrides
-from tests.test_hf import scramble
+from tests.test_hf import greedy_both, scramble
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LLAMA = dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False, d_model=128,
@@ -120,14 +119,7 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
                               cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert exported.returncode == 0, exported.stderr[-2000:]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
-    loaded = load_model(str(tmp_path / "run"))
-    prompt = loaded.tokenizer.encode("The king hath")
-    with torch.no_grad():
-        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
-        reference.generation_config.eos_token_id = None
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                    pad_token_id=0)[0, len(prompt):].tolist()
+    ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "hf")
     assert ours == theirs and len(set(ours)) > 2
 
 
@@ -223,14 +215,7 @@ def test_the_readme_walk_extends_a_tiny_imported_model_with_the_shipped_recipe(t
     minilm("export", str(tmp_path / "run"), str(tmp_path / "merged"))
     note = minilm("export", str(tmp_path / "run"), str(tmp_path / "adapter"), "--adapter")
     assert "the run changed the base's positions" in note
-    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
-    loaded = load_model(str(tmp_path / "run"))
-    prompt = loaded.tokenizer.encode("The king hath")
-    with torch.no_grad():
-        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=12, sampling=Sampling(temperature=0))]
-        reference.generation_config.eos_token_id = None
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                                    pad_token_id=0)[0, len(prompt):].tolist()
+    ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "merged", 12)
     assert ours == theirs
 
 

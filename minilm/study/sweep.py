@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from minilm.common import MinilmError, markdown_table
+from minilm.common import MinilmError
 from minilm.study import tuning
-from minilm.study.claims import mean_log_perplexity, per_seed
+from minilm.study.claims import mean_log_perplexity
 from minilm.study.extension import LABEL_NAMES, extension_runs
-from minilm.study.stats import interval
 
 SECTION = "sweep"  # the cells of the sweep, and the runs' section
 MODE = "nonoverlapping"  # how the sweep scores the held-out text
@@ -86,17 +85,10 @@ def report_lines(plan: dict, cells: list, chosen: dict) -> list:
         return []
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
 
-    def ppl(label, lr):
-        values = list(per_seed(cells, SECTION, cell_label(label, lr), long, MODE).values())
-        text = interval(values).format() if values else ""
-        return f"**{text}**" if chosen.get(label) == lr else text
-
-    rows = [[LABEL_NAMES[label]] + [ppl(label, lr) for lr in rates(plan)] + [f"{chosen[label]:g}"]
-            for label in chosen]
     return [f"Fine-tuning rates, chosen on held-out training text: each row fine-tuned at each rate from the "
             f"tuning seeds' models ({', '.join(map(str, tuning.seeds(plan)))}; none of them a seed of the tables), "
             f"perplexity at {long} on the last {plan['data']['holdout_tokens']:,} tokens of the train split (held out "
             f"of every run; never the validation split), mean over tuning seeds; bold: chosen, the lowest mean log "
             f"perplexity:", "",
-            markdown_table(["method"] + [f"lr {lr:g}" for lr in rates(plan)] + ["chosen"], rows,
-                           "l" + "r" * (len(rates(plan)) + 1)), ""]
+            tuning.choice_table(cells, SECTION, chosen, rates(plan), cell_label, long, "method",
+                                [f"lr {lr:g}" for lr in rates(plan)], LABEL_NAMES), ""]

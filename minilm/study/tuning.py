@@ -86,19 +86,28 @@ def report_lines(plan: dict, cells: list, chosen: Optional[dict]) -> list:
         return []
     L = plan["model"]["block_size"]
 
-    def ppl(kind, scale):
-        values = list(per_seed(cells, SECTION, label(kind, scale), L, MODE).values())
-        text = interval(values).format() if values else ""
-        return f"**{text}**" if chosen.get(kind) == scale else text
-
-    rows = [[kind] + [ppl(kind, s) for s in scales(plan)] + [f"{chosen[kind]:g}"] for kind in chosen]
     return [f"Each scheme's learning rate, chosen on held-out training text: every kind trained from scratch at "
             f"{', '.join(f'{s:g}' for s in scales(plan))} x lr {plan['train']['lr']:g} on the tuning seeds "
             f"{', '.join(map(str, seeds(plan)))} (none of them a seed of the tables), perplexity at L = {L} on the last "
             f"{plan['data']['holdout_tokens']:,} tokens of the train split (mean over tuning seeds; bold: chosen, the "
             f"lowest mean log perplexity):", "",
-            markdown_table(["scheme"] + [f"x{s:g}" for s in scales(plan)] + ["chosen"], rows,
-                           "l" + "r" * (len(scales(plan)) + 1)), ""]
+            choice_table(cells, SECTION, chosen, scales(plan), label, L, "scheme", [f"x{s:g}" for s in scales(plan)]),
+            ""]
+
+
+def choice_table(cells, section: str, chosen: dict, options, cell_label, length: int, what: str, headers,
+                 names: Optional[dict] = None) -> str:
+    """Held-out perplexity at ``length`` (mean ± interval over the tuning seeds) of each row of
+    ``chosen`` ({row: the option chosen for it}) at each of ``options`` (cells labelled
+    ``cell_label(row, option)``), the chosen one in bold, and the choice: the tuning's table and
+    the sweep's."""
+    def ppl(row, option):
+        values = list(per_seed(cells, section, cell_label(row, option), length, MODE).values())
+        text = interval(values).format() if values else ""
+        return f"**{text}**" if chosen.get(row) == option else text
+
+    rows = [[(names or {}).get(row, row)] + [ppl(row, o) for o in options] + [f"{chosen[row]:g}"] for row in chosen]
+    return markdown_table([what, *headers, "chosen"], rows, "l" + "r" * (len(options) + 1))
 
 
 def check(plan: dict) -> Optional[str]:
