@@ -29,14 +29,19 @@ LLAMA = dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", n_kv_head=
              n_head=4, n_layer=2, d_ff=512, block_size=32)
 
 
-def llama_base(tokenizer, directory, seed=0, scrambled=True):
-    """A random-weight Llama-shaped model written as a Hugging Face directory (what an import reads);
-    ``scrambled``: large weights, whose greedy text wanders (else GPT-2's initialisation)."""
+NEOX = dict(position={"kind": "rope", "rotary_fraction": 0.5}, norm="layernorm", mlp="gelu", bias=True,
+            tie_embeddings=False, d_model=128, n_head=4, n_layer=2, d_ff=512, block_size=32)
+
+
+def llama_base(tokenizer, directory, seed=0, scrambled=True, shape=None):
+    """A random-weight Llama-shaped model (or another ``shape``: NEOX) written as a Hugging Face
+    directory (what an import reads); ``scrambled``: large weights, whose greedy text wanders (else
+    GPT-2's initialisation)."""
     torch.manual_seed(seed)
-    model_config = ModelConfig(vocab_size=tokenizer.vocab_size, **LLAMA)
+    model_config = ModelConfig(vocab_size=tokenizer.vocab_size, **(shape or LLAMA))
     model = scramble(GPT(model_config), seed) if scrambled else GPT(model_config)
     config = Config(model=model_config, data=DataConfig(vocab_size=tokenizer.vocab_size))
-    assert export_model(model, tokenizer, config, str(directory))["family"] == "llama"
+    assert export_model(model, tokenizer, config, str(directory))["family"] == ("llama" if shape is None else "gpt_neox")
     return model
 
 
@@ -160,11 +165,13 @@ def test_bad_lora_settings_are_one_line_errors(setting, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(tiny_corpus, gen_tokenizer, tmp_path):
+@pytest.mark.parametrize("shape", [None, NEOX], ids=["llama", "gpt_neox"])
+def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, tiny_corpus, gen_tokenizer, tmp_path):
     """Adapters on every target, norms and the token embedding trained too: peft puts the exported
-    adapter on the transformers base, and its logits are minilm's (the run's checkpoint, merged)."""
+    adapter on the transformers base, and its logits are minilm's (the run's checkpoint, merged).
+    GPT-NeoX holds q, k and v in one linear: minilm's three adapters are one of rank 3r there."""
     peft = pytest.importorskip("peft")
-    llama_base(gen_tokenizer, tmp_path / "base")
+    llama_base(gen_tokenizer, tmp_path / "base", shape=shape)
     env = {**os.environ, "PYTHONPATH": REPO}
     args = [o for o in lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=8",
                                       "train.lora.targets=[q, k, v, o, mlp]",

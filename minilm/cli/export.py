@@ -19,7 +19,7 @@ def main(argv=None) -> int:
                                                        "writes Qwen2 or Qwen3 where the model has their options)")
     parser.add_argument("--adapter", action="store_true",
                         help="a LoRA run: write its adapters (and also_train parameters) in peft's format, "
-                             "adapter_config.json and adapter_model.safetensors, for its Llama-family base")
+                             "adapter_config.json and adapter_model.safetensors, for its Llama-family or GPT-NeoX base")
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
 
