@@ -234,7 +234,8 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
     only with ``overwrite``, after the new one is complete), else it is removed and
     ``directory`` stays as it was. A non-empty ``directory`` is refused without
     ``overwrite``, also when it fills while this one is written (two writers racing for one
-    name: the second fails); a failure to write is one WriteError naming ``directory``."""
+    name: the second fails); a failure to write is one WriteError naming ``directory``. Its
+    files get the permissions of ordinary files (0666 less the umask), as its directories do."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise WriteError(directory, "it exists and is not a directory", "choose a new directory")
@@ -249,6 +250,9 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
         raise write_failure(directory, exc) from None
     try:
         yield staging
+        for path in staging.rglob("*"):  # ordinary permissions, whatever wrote the files (safetensors: 0600)
+            if path.is_file() and not path.is_symlink():
+                path.chmod(0o666 & ~_umask())
         old = None
         if overwrite and directory.exists():  # else the rename below takes an empty one's place, and fails on a full one
             old = directory.with_name(f".{directory.name}-old-{secrets.token_hex(4)}.tmp")

@@ -124,6 +124,9 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
                               cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert exported.returncode == 0, exported.stderr[-2000:]
+    (tmp_path / "plain.txt").write_text("x")  # every exported file has an ordinary file's permissions
+    modes = {path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
+    assert modes == {(tmp_path / "plain.txt").stat().st_mode & 0o777}
     ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "hf")
     assert ours == theirs and len(set(ours)) > 2
 

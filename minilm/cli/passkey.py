@@ -45,9 +45,11 @@ def main(argv=None) -> int:
     ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
     ev.add_argument("checkpoints", nargs="+")
     ev.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
-    ev.add_argument("--depths", default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS))
-    ev.add_argument("--trials", type=int, default=5)
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--depths", default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS),
+                    help="where the key sits in the filler, comma-separated fractions (0: the start, 1: the end; "
+                         "default %(default)s)")
+    ev.add_argument("--trials", type=int, default=5, help="random keys per length and depth (default %(default)s)")
+    ev.add_argument("--seed", type=int, default=0, help="seeds the keys and the filler (default %(default)s)")
     ev.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="evaluation-time override, e.g. model.position.scaling.type=dynamic")
     mk = sub.add_parser("make-corpus", help="write passkey documents as a text corpus directory")

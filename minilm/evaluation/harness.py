@@ -41,7 +41,8 @@ try:
 except ImportError:  # the optional extra is missing: the adapter says so when it is asked for
     TemplateLM = None
 
-INSTALL = 'lm-evaluation-harness is not installed: pip install -e ".[eval]"'
+INSTALL = ('lm-evaluation-harness is not installed: pip install "lm_eval>=0.4.5" (from a clone: pip install -e '
+           '".[eval]")')
 
 
 class HarnessError(MinilmError):
