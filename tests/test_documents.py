@@ -80,5 +80,12 @@ def test_the_run_says_how_many_rows_crossed_a_document_boundary(tmp_path, capfd)
         shares[n] = train(config, quiet=False)["rows_crossing_documents"]
         assert f"{100 * shares[n]:.1f}% of the rows crossed a document boundary" in capfd.readouterr().out
     assert shares[600] < 0.25 < shares[0]
+    masked = load_config(None, [f"data.corpus={corpus}", "data.vocab_size=400", f"data.dir={tmp_path / 'data'}",
+                                "data.end_of_text=true", "data.min_document_tokens=300", "data.document_mask=restart",
+                                "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.block_size=128",
+                                "train.batch_size=8", "train.max_steps=2", "train.eval_interval=2", "train.eval_iters=1",
+                                "train.sample_tokens=0", "train.final_eval_tokens=0", "train.device=cpu",
+                                "train.dtype=float32", f"out_dir={tmp_path / 'masked'}"])
+    assert 0 <= train(masked, quiet=True)["rows_crossing_documents"] < 1  # with the document masks too
     with pytest.raises(ConfigError, match="with data.end_of_text=true"):
         build_config({"data": {"min_document_tokens": 100}})

@@ -41,7 +41,8 @@ def llama_base(tokenizer, directory, seed=0, scrambled=True, shape=None):
     model_config = ModelConfig(vocab_size=tokenizer.vocab_size, **(shape or LLAMA))
     model = scramble(GPT(model_config), seed) if scrambled else GPT(model_config)
     config = Config(model=model_config, data=DataConfig(vocab_size=tokenizer.vocab_size))
-    assert export_model(model, tokenizer, config, str(directory))["family"] == ("llama" if shape is None else "gpt_neox")
+    family = export_model(model, tokenizer, config, str(directory))["family"]
+    assert family == {"layernorm": "gpt_neox"}.get(model_config.norm, "qwen3" if model_config.qk_norm else "llama")
     return model
 
 
@@ -168,7 +169,7 @@ def test_bad_lora_settings_are_one_line_errors(setting, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("shape", [None, NEOX], ids=["llama", "gpt_neox"])
+@pytest.mark.parametrize("shape", [None, {**LLAMA, "qk_norm": True}, NEOX], ids=["llama", "qwen3", "gpt_neox"])
 def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, tiny_corpus, gen_tokenizer, tmp_path):
     """Adapters on every target, norms and the token embedding trained too: peft puts the exported
     adapter on the transformers base, and its logits are minilm's (the run's checkpoint, merged).
