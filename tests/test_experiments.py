@@ -222,14 +222,14 @@ def test_ablation_variants_are_sized_for_the_plan():
     assert full["sinusoidal-concat"]["model"] == {"concat_position_dims": 64}
     assert quick["learned-concat"]["model"] == {"concat_position_dims": 16}
     assert full["learned-2x-tokens"]["train"] == {"max_steps": 1000, "warmup_steps": 100}
-    assert full["rope-no-task"]["train"] == {"retrieval_share": 0.0}
+    assert full["rope-no-task"]["train"] == {"retrieval_share": 0.0, "retrieval_weight": 0.0}  # text alone
     gap = experiments.make_plan("ablation", True, None, ["ablation.groups=[gap]"])["ablation"]["variants"]
     assert set(gap) == {"sinusoidal", "rope", "learned", "sinusoidal-no-task", "rope-no-task", "learned-no-task",
                         "sinusoidal-2x-tokens", "learned-2x-tokens", "learned-table-lr10"}
     # with half the rows answers only (no text loss), the same text tokens without the task is half the steps
     answers_only = experiments.make_plan("ablation", False, None, ["train.retrieval_weight=0", "train.retrieval_share=0.5"])
     same_text = answers_only["ablation"]["variants"]["rope-no-task-same-text"]["train"]
-    assert same_text == {"retrieval_share": 0.0, "max_steps": 250, "warmup_steps": 25}
+    assert same_text == {"retrieval_share": 0.0, "retrieval_weight": 0.0, "max_steps": 250, "warmup_steps": 25}
     with pytest.raises(experiments.ExperimentError, match="ablation.groups=.*valid: base, dim-dropout, concat, gap"):
         experiments.make_plan("ablation", True, None, ["ablation.groups=[bases]"])
     # a variant's settings reach its run's config, over the scheme's own settings of the plan
@@ -237,6 +237,11 @@ def test_ablation_variants_are_sized_for_the_plan():
     v = plan["ablation"]["variants"]["sinusoidal-concat"]
     config = experiments.run_config(plan, "/tmp/x", v["position"], 1, settings={"model": v["model"], "train": v["train"]})
     assert config.model.concat_position_dims == 64 and config.model.embedding_init_std == 0.02
+    # every variant of the full ablation makes a valid run (the graph is built before any job runs)
+    study = experiments.Study(plan, "/tmp/ablation-graph")
+    study.scored_tokens = 8192
+    assert len(study.build()) == 2 * len(plan["seeds"]) * len(plan["ablation"]["variants"])
+    assert study.runs["alibi-float32-s1"].config.train.dtype == "float32"
 
 
 def test_plan_overrides_and_errors(capsys, tmp_path):

@@ -48,7 +48,7 @@ def variants(plan: dict) -> dict:
     half, t = plan["model"]["d_model"] // 2, plan["train"]
     double = {"max_steps": 2 * t["max_steps"], "warmup_steps": 2 * t["warmup_steps"]}
     share = 0.0 if t.get("retrieval_weight") else t.get("retrieval_share", 0.0)  # rows without text loss
-    same_text = {"retrieval_share": 0.0, "max_steps": max(1, round((1 - share) * t["max_steps"])),
+    same_text = {"retrieval_share": 0.0, "retrieval_weight": 0.0, "max_steps": max(1, round((1 - share) * t["max_steps"])),
                  "warmup_steps": max(1, round((1 - share) * t["warmup_steps"]))}
 
     def variant(scheme, condition=REFERENCE, group=None, position=None, model=None, train=None):
@@ -68,7 +68,8 @@ def variants(plan: dict) -> dict:
                                      model={"concat_position_dims": half}),
         "learned-concat": variant("learned", f"concatenated ({half} + {half} dims)", "concat",
                                   model={"concat_position_dims": half}),
-        **{f"{scheme}-no-task": variant(scheme, "no retrieval task", "gap", train={"retrieval_share": 0.0})
+        **{f"{scheme}-no-task": variant(scheme, "no retrieval task", "gap",
+                                        train={"retrieval_share": 0.0, "retrieval_weight": 0.0})
            for scheme in ("sinusoidal", "rope", "learned")},
         **{f"{scheme}-no-task-same-text": variant(scheme, "no retrieval task, the mixture's text tokens", "gap",
                                                   train=same_text)
