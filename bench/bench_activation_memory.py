@@ -6,6 +6,7 @@ plus the time of forward + backward.
 
 The model is the config's (the main job's by default) at --block-size; the numbers are per
 process (per rank under torchrun, which splits the global batch)."""
+
 import argparse
 import os
 import sys
@@ -41,12 +42,16 @@ def main() -> None:
     model = GPT(config.model).train()
     idx = torch.randint(0, config.model.vocab_size, (args.batch_size, args.block_size + 1))
     measure(model, idx, False)  # warm-up
-    print(f"{config.model.n_layer} layers x d_model {config.model.d_model}, batch {args.batch_size} x "
-          f"{args.block_size} tokens, float32, torch {torch.__version__}")
+    print(
+        f"{config.model.n_layer} layers x d_model {config.model.d_model}, batch {args.batch_size} x "
+        f"{args.block_size} tokens, float32, torch {torch.__version__}"
+    )
     for checkpointed in (False, True):
         saved, seconds = measure(model, idx, checkpointed)
-        print(f"activation_checkpointing={str(checkpointed).lower():5s}: {saved / 2 ** 20:8.1f} MiB kept for the "
-              f"backward pass; forward + backward {seconds:.2f} s")
+        print(
+            f"activation_checkpointing={str(checkpointed).lower():5s}: {saved / 2**20:8.1f} MiB kept for the "
+            f"backward pass; forward + backward {seconds:.2f} s"
+        )
 
 
 if __name__ == "__main__":

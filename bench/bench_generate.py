@@ -33,6 +33,7 @@ step, in a fresh process, with an empty inductor cache and again with the cache 
 the eager and compiled seconds per token; break-even = compile seconds / (eager - compiled
 seconds per token), the new tokens from which compiling would save time overall.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,18 @@ class Rate(tuple):
 
 def ours(model, prompt, new, *, use_cache=True, max_context=None, compile=False, stats=None) -> Rate:
     """Decode rate of ``generate_ids``: from the first new token to the last."""
-    for step, _ in enumerate(generate_ids(model, prompt, max_new_tokens=new, sampling=GREEDY, use_cache=use_cache,
-                                          max_context=max_context, compile=compile, stats=stats)):
+    for step, _ in enumerate(
+        generate_ids(
+            model,
+            prompt,
+            max_new_tokens=new,
+            sampling=GREEDY,
+            use_cache=use_cache,
+            max_context=max_context,
+            compile=compile,
+            stats=stats,
+        )
+    ):
         if step == 0:
             wall, cpu = time.perf_counter(), time.process_time()
     return Rate(new - 1, time.perf_counter() - wall, time.process_time() - cpu)
@@ -91,10 +102,16 @@ def hf_model(args):
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
-    config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.d_model, intermediate_size=args.d_model * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.heads, max_position_embeddings=args.prompt + args.new,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.d_model,
+        intermediate_size=args.d_model * 8 // 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        max_position_embeddings=args.prompt + args.new,
+        tie_word_embeddings=True,
+    )
     config._attn_implementation = "sdpa"
     return LlamaForCausalLM(config).eval().to(getattr(torch, args.dtype))
 
@@ -103,8 +120,16 @@ def hf_decode_rate(model, prompt, new) -> float:
     ids = torch.tensor([prompt])
     clock = FirstTokenClock()
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, use_cache=True, streamer=clock, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            use_cache=True,
+            streamer=clock,
+            pad_token_id=0,
+        )
     wall, cpu = time.perf_counter(), time.process_time()
     assert out.shape[1] == len(prompt) + new
     return Rate(new - 1, wall - clock.first[0], cpu - clock.first[1])
@@ -124,8 +149,10 @@ def share_of_floor(rates, floor) -> str:
     """Best over best, and the median of the per-repeat shares (rates[i] / floor[i])."""
     per_repeat = sorted(r[0] / f[0] for r, f in zip(rates, floor))
     listed = " ".join(f"{x:.0%}" for x in per_repeat)
-    return (f"{best(rates)[0] / best(floor)[0]:.0%} of the floor "
-            f"(per repeat: median {median_share(rates, floor):.0%}, {listed})")
+    return (
+        f"{best(rates)[0] / best(floor)[0]:.0%} of the floor "
+        f"(per repeat: median {median_share(rates, floor):.0%}, {listed})"
+    )
 
 
 def show(name, rates, note=""):
@@ -136,14 +163,19 @@ def show(name, rates, note=""):
 
 def show_floors(floor, cache_floor, total: int) -> None:
     show("matmuls alone (floor):", floor, "   (weights read once per token)")
-    show("+ attention, full cache:", cache_floor, f"   (and a {total}-slot KV cache read per token: "
-                                                  f"{median_share(cache_floor, floor):.0%} of the matmuls' rate)")
+    show(
+        "+ attention, full cache:",
+        cache_floor,
+        f"   (and a {total}-slot KV cache read per token: {median_share(cache_floor, floor):.0%} of the matmuls' rate)",
+    )
 
 
 def show_compiled(compiled, floor, cache_floor, compile_seconds: float) -> None:
     show("ours, --compile:", compiled, f"   -> {share_of_floor(compiled, floor)}; compiled in {compile_seconds:.0f} s")
-    print(f"{'':23s} -> {median_share(compiled, cache_floor):.0%} of the floor with the full-cache attention "
-          f"(median per repeat)")
+    print(
+        f"{'':23s} -> {median_share(compiled, cache_floor):.0%} of the floor with the full-cache attention "
+        f"(median per repeat)"
+    )
 
 
 @torch.inference_mode()
@@ -184,8 +216,11 @@ def main(argv=None):
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled step (ours, --compile)")
     p.add_argument("--no-uncached", action="store_true", help="skip the slow --no-cache measurement")
-    p.add_argument("--break-even", action="store_true",
-                   help="only measure the new tokens from which compiling the decode step pays off")
+    p.add_argument(
+        "--break-even",
+        action="store_true",
+        help="only measure the new tokens from which compiling the decode step pays off",
+    )
     p.add_argument("--compile-seconds", action="store_true", help=argparse.SUPPRESS)  # one compile, in a child
     args = p.parse_args(argv)
     if args.threads:
@@ -194,13 +229,21 @@ def main(argv=None):
     total = args.prompt + args.new
     multiples = [int(m) for m in args.growth.split(",") if m]
     longest = total * max(multiples + [1])
-    config = ModelConfig(vocab_size=args.vocab, n_layer=args.layers, n_head=args.heads, d_model=args.d_model,
-                         block_size=longest, position={"kind": args.position})
+    config = ModelConfig(
+        vocab_size=args.vocab,
+        n_layer=args.layers,
+        n_head=args.heads,
+        d_model=args.d_model,
+        block_size=longest,
+        position={"kind": args.position},
+    )
     model = GPT(config).eval().to(getattr(torch, args.dtype))
     prompt = torch.randint(0, args.vocab, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    print(f"model: {args.layers} layers x {args.d_model} wide x {args.heads} heads, vocab {args.vocab}, "
-          f"{args.position} positions, {model.num_params() / 1e6:.1f}M params, {args.dtype}; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"model: {args.layers} layers x {args.d_model} wide x {args.heads} heads, vocab {args.vocab}, "
+        f"{args.position} positions, {model.num_params() / 1e6:.1f}M params, {args.dtype}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     print(f"batch 1, greedy, {args.new} new tokens after a {args.prompt}-token prompt; best of {args.repeats}")
 
     ours(model, prompt, 8, max_context=total)  # warm-up
@@ -232,43 +275,59 @@ def main(argv=None):
     if not args.no_uncached:
         uncached = [ours(model, prompt, args.new, use_cache=False, max_context=total)]
         wall, cpu = best(uncached)
-        show("ours, --no-cache:", uncached, f"   -> the cache is {ours_wall / wall:.1f}x faster "
-                                            f"({ours_cpu / cpu:.1f}x per CPU-second)")
+        show(
+            "ours, --no-cache:",
+            uncached,
+            f"   -> the cache is {ours_wall / wall:.1f}x faster ({ours_cpu / cpu:.1f}x per CPU-second)",
+        )
     hf = None if args.no_hf else hf_model(args)
     if hf is None and not args.no_hf:
-        print("transformers is not installed: skipping the HF comparison (pip install -e \".[bench]\")")
+        print('transformers is not installed: skipping the HF comparison (pip install -e ".[bench]")')
     if hf is not None:
         hf_decode_rate(hf, prompt, 8)  # warm-up
         reference = [hf_decode_rate(hf, prompt, args.new) for _ in range(args.repeats)]
         wall, cpu = best(reference)
-        show("HF LlamaForCausalLM:", reference, f"   -> ours is {ours_wall / wall:.1f}x faster "
-                                               f"({ours_cpu / cpu:.1f}x per CPU-second), {wall / floor_wall:.0%} "
-                                               f"of the floor")
+        show(
+            "HF LlamaForCausalLM:",
+            reference,
+            f"   -> ours is {ours_wall / wall:.1f}x faster "
+            f"({ours_cpu / cpu:.1f}x per CPU-second), {wall / floor_wall:.0%} "
+            f"of the floor",
+        )
 
     print(f"decode tokens/s as the cache grows ({args.new} new tokens, cache ending at the length shown):")
     for m in multiples:
         length = total * m
-        long_prompt = torch.randint(0, args.vocab, (length - args.new,),
-                                    generator=torch.Generator().manual_seed(m)).tolist()
+        long_prompt = torch.randint(
+            0, args.vocab, (length - args.new,), generator=torch.Generator().manual_seed(m)
+        ).tolist()
         line = f"  {m:3d}x  cache length {length:6d}:"
-        for compile in (False, True)[:1 if args.no_compile else 2]:
+        for compile in (False, True)[: 1 if args.no_compile else 2]:
             if compile:  # a new cache size is a new compiled step: compile it before timing
                 ours(model, long_prompt, args.new, max_context=length, compile=True)
-            wall, cpu = best([ours(model, long_prompt, args.new, max_context=length, compile=compile)
-                              for _ in range(args.repeats)])
+            wall, cpu = best(
+                [ours(model, long_prompt, args.new, max_context=length, compile=compile) for _ in range(args.repeats)]
+            )
             line += f"  {'compiled' if compile else 'eager'} {wall:7.1f} tokens/s ({cpu:6.1f} per CPU-second)"
         print(line)
-    print(f"default decode (no flags: eager, KV cache; {args.new} new tokens, {args.dtype}): {best(cached)[0]:.1f} "
-          f"tokens/s = {median_share(cached, cache_floor):.0%} of the floor with the cache reads "
-          f"({best(cache_floor)[0]:.1f}), {median_share(cached, floor):.0%} of the weights-only floor "
-          f"({best(floor)[0]:.1f}) (medians per repeat)")
+    print(
+        f"default decode (no flags: eager, KV cache; {args.new} new tokens, {args.dtype}): {best(cached)[0]:.1f} "
+        f"tokens/s = {median_share(cached, cache_floor):.0%} of the floor with the cache reads "
+        f"({best(cache_floor)[0]:.1f}), {median_share(cached, floor):.0%} of the weights-only floor "
+        f"({best(floor)[0]:.1f}) (medians per repeat)"
+    )
 
 
 def child_compile_seconds(argv, cache_dir: str) -> float:
     """The first compiled decode step's seconds in a fresh process using inductor cache ``cache_dir``."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--compile-seconds"],
-                         env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--compile-seconds"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return float(out.rsplit("compile seconds:", 1)[1])
 
 
@@ -283,14 +342,18 @@ def break_even(args, model, prompt, total, argv) -> None:
         fast.append(ours(model, prompt, args.new, max_context=total, compile=True))
     saved = 1 / best(eager)[0] - 1 / best(fast)[0]
     print(f"compile: {cold:.1f} s with an empty inductor cache, {warm:.1f} s with the cache it left")
-    print(f"decode: eager {best(eager)[0]:.1f} tokens/s, compiled {best(fast)[0]:.1f} tokens/s: "
-          f"{saved * 1e3:.3f} ms saved per token")
+    print(
+        f"decode: eager {best(eager)[0]:.1f} tokens/s, compiled {best(fast)[0]:.1f} tokens/s: "
+        f"{saved * 1e3:.3f} ms saved per token"
+    )
     if saved <= 0:
         print("break-even: never (the compiled step is not faster here)")
         return
-    print(f"break-even: {cold / saved:,.0f} new tokens (empty cache), {warm / saved:,.0f} (warm cache), were every "
-          f"step to save what one saves at a {total}-slot cache (a static cache is read whole at every step, so "
-          f"longer generations save less per step)")
+    print(
+        f"break-even: {cold / saved:,.0f} new tokens (empty cache), {warm / saved:,.0f} (warm cache), were every "
+        f"step to save what one saves at a {total}-slot cache (a static cache is read whole at every step, so "
+        f"longer generations save less per step)"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ the frozen ones then cast). The prediction is ``minilm memory``'s for one proces
 (its all-reduce buckets, the second gradient term, left out).
 LoRA: rank 8 on q, k, v, o, the norms trained too, frozen weights in the compute dtype.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,17 @@ LORA = LoRAConfig(r=8, alpha=16.0, targets=["q", "k", "v", "o"], also_train=["no
 
 
 def shape(tokens: int) -> ModelConfig:
-    return ModelConfig(vocab_size=32000, n_layer=12, n_head=12, d_model=768, d_ff=2048, mlp="swiglu", norm="rmsnorm",
-                       block_size=tokens, position={"kind": "rope"})
+    return ModelConfig(
+        vocab_size=32000,
+        n_layer=12,
+        n_head=12,
+        d_model=768,
+        d_ff=2048,
+        mlp="swiglu",
+        norm="rmsnorm",
+        block_size=tokens,
+        position={"kind": "rope"},
+    )
 
 
 def resident() -> int:
@@ -92,13 +102,19 @@ def one_mode(mode: str, tokens: int, steps: int, dtype: torch.dtype) -> dict:
             times.append(time.perf_counter() - started)
     peak = sampler.stop()
     times.sort()
-    return {"mode": mode, "trained": sum(p.numel() for p in trained), "params": sum(p.numel() for p in model.parameters()),
-            "tokens_per_s": tokens / times[len(times) // 2], "peak": peak - before}
+    return {
+        "mode": mode,
+        "trained": sum(p.numel() for p in trained),
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_per_s": tokens / times[len(times) // 2],
+        "peak": peak - before,
+    }
 
 
 def predicted(mode: str, tokens: int, dtype: torch.dtype) -> float:
-    row = step_memory(shape(tokens), 1, 1, dtype, "adamw", layouts=(("ddp", False),),
-                      lora=LORA if mode == "lora" else None)[0]
+    row = step_memory(
+        shape(tokens), 1, 1, dtype, "adamw", layouts=(("ddp", False),), lora=LORA if mode == "lora" else None
+    )[0]
     return row["total"] - row["gradients"] / 2  # one process: no DDP buckets
 
 
@@ -119,14 +135,43 @@ def main(argv=None) -> int:
         # a fixed mmap threshold: glibc then returns freed large blocks (the float32 weights the frozen ones were
         # cast from) to the system, so the resident set shows what the step holds, not what malloc kept
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-        child = subprocess.run([sys.executable, __file__, "--mode", mode, "--tokens", str(args.tokens), "--steps",
-                                str(args.steps), "--dtype", name], capture_output=True, text=True, check=True, env=env)
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--mode",
+                mode,
+                "--tokens",
+                str(args.tokens),
+                "--steps",
+                str(args.steps),
+                "--dtype",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
         r = json.loads(child.stdout.strip().splitlines()[-1])
-        rows.append([mode, f"{r['params'] / 1e6:.1f}M", f"{r['trained']:,}", f"{r['tokens_per_s']:,.0f}",
-                     f"{r['peak'] / 2 ** 20:,.0f}", f"{predicted(mode, args.tokens, dtype) / 2 ** 20:,.0f}"])
+        rows.append(
+            [
+                mode,
+                f"{r['params'] / 1e6:.1f}M",
+                f"{r['trained']:,}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['peak'] / 2**20:,.0f}",
+                f"{predicted(mode, args.tokens, dtype) / 2**20:,.0f}",
+            ]
+        )
     print(f"1 x {args.tokens} tokens a step, {name}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(markdown_table(["mode", "parameters", "trained", "tokens/s (median)", "peak MiB (measured)",
-                          "MiB (minilm memory)"], rows, "llrrrr"))
+    print(
+        markdown_table(
+            ["mode", "parameters", "trained", "tokens/s (median)", "peak MiB (measured)", "MiB (minilm memory)"],
+            rows,
+            "llrrrr",
+        )
+    )
     return 0
 
 

@@ -33,6 +33,7 @@ the conventional one, not an exact count.
     python bench/bench_train.py --compile                # + ours and the reference compiled
     python bench/bench_train.py --n-layer 4 --d-model 192 --n-head 4 --batch-size 8   # the main job's shape
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,7 +64,7 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, min_seconds: float = 2
         start = time.perf_counter()
         probe @ probe
         times.append(time.perf_counter() - start)
-    n = 2048 if 2 * 512 ** 3 / min(times) > 5e9 else 1024
+    n = 2048 if 2 * 512**3 / min(times) > 5e9 else 1024
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     a @ b  # warm up
@@ -75,7 +76,7 @@ def matmul_peak(dtype: torch.dtype, device: torch.device, min_seconds: float = 2
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         spent += elapsed
-        best = max(best, 2 * n ** 3 / elapsed / 1e9)
+        best = max(best, 2 * n**3 / elapsed / 1e9)
     return best, n
 
 
@@ -93,8 +94,14 @@ def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y
     """(model, step function) of minilm's training step on this shape and position kind,
     the forward pass compiled as the trainer does it with ``compile``."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=args.vocab_size, n_layer=args.n_layer, n_head=args.n_head,
-                         d_model=args.d_model, block_size=args.block_size, position={"kind": position})
+    config = ModelConfig(
+        vocab_size=args.vocab_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        block_size=args.block_size,
+        position={"kind": position},
+    )
     model = GPT(config).to(device)
     optimizer = make_optimizer(model, TrainConfig(optimizer=args.optimizer), device)
     forward = torch.compile(model) if compile else model
@@ -106,6 +113,7 @@ def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
     return model, step
 
 
@@ -142,27 +150,39 @@ def main(argv=None) -> None:
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--position", default="rope", help="our second position kind (default rope)")
     parser.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"), help="our optimiser")
-    parser.add_argument("--dtype", default="all", choices=("all", "float32", "bfloat16"),
-                        help="all: float32, and bfloat16 where it is native (default)")
+    parser.add_argument(
+        "--dtype",
+        default="all",
+        choices=("all", "float32", "bfloat16"),
+        help="all: float32, and bfloat16 where it is native (default)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--steps", type=int, default=7, help="timed steps of each (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true",
-                        help="also ours (learned) compiled, as train.compile runs it, and the reference compiled")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also ours (learned) compiled, as train.compile runs it, and the reference compiled",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     native_bf16 = device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
-    dtypes = {"all": [torch.float32] + ([torch.bfloat16] if native_bf16 else []),
-              "float32": [torch.float32], "bfloat16": [torch.bfloat16]}[args.dtype]
+    dtypes = {
+        "all": [torch.float32] + ([torch.bfloat16] if native_bf16 else []),
+        "float32": [torch.float32],
+        "bfloat16": [torch.bfloat16],
+    }[args.dtype]
     B, T = args.batch_size, args.block_size
     x = torch.randint(0, args.vocab_size, (B, T), device=device)
     y = torch.randint(0, args.vocab_size, (B, T), device=device)
 
     peaks = {d: matmul_peak(d, device) for d in (torch.float32, torch.bfloat16)}
-    print(f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}; matmul peak: " +
-          ", ".join(f"{str(d).replace('torch.', '')} {gflops:.1f} GFLOP/s ({n}^3)" for d, (gflops, n) in peaks.items()))
+    print(
+        f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}; matmul peak: "
+        + ", ".join(f"{str(d).replace('torch.', '')} {gflops:.1f} GFLOP/s ({n}^3)" for d, (gflops, n) in peaks.items())
+    )
     if not native_bf16 and args.dtype == "all":
         print("bfloat16 is not measured: this CPU has no native bf16 units (emulated; dtype auto trains in float32)")
     for dtype in dtypes:
@@ -175,22 +195,43 @@ def main(argv=None) -> None:
             steps["compiled"] = our_step(args, "learned", device, dtype, x, y, compile=True)[1]
             steps["reference compiled"] = reference(args, device, dtype, x, y, compile=True)[1]
         seconds = median_seconds(steps, args.steps, device)
-        print(f"{name}: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, "
-              f"vocab {args.vocab_size}; optimiser {args.optimizer}; median of {args.steps} steps each")
+        print(
+            f"{name}: {args.n_layer} layers x d_model {args.d_model}, {args.n_head} heads, T={T}, batch {B}, "
+            f"vocab {args.vocab_size}; optimiser {args.optimizer}; median of {args.steps} steps each"
+        )
         rates = {}
-        rows = [("ours, learned", ours_learned, "learned"), (f"ours, {args.position}", ours_other, args.position),
-                ("nanoGPT-style reference", ours_learned, "reference")]
-        rows += [("ours, learned, compiled", ours_learned, "compiled"),
-                 ("reference, compiled", ours_learned, "reference compiled")] if args.compile else []
+        rows = [
+            ("ours, learned", ours_learned, "learned"),
+            (f"ours, {args.position}", ours_other, args.position),
+            ("nanoGPT-style reference", ours_learned, "reference"),
+        ]
+        rows += (
+            [
+                ("ours, learned, compiled", ours_learned, "compiled"),
+                ("reference, compiled", ours_learned, "reference compiled"),
+            ]
+            if args.compile
+            else []
+        )
         for label, model, key in rows:
             rates[key] = B * T / seconds[key]
             gflops = flops_per_token(model) * rates[key] / 1e9
-            print(f"  {label:26s} {seconds[key] * 1000:7.0f} ms/step {rates[key]:9,.0f} tokens/s "
-                  f"{gflops:7.1f} GFLOP/s ({gflops / peaks[dtype][0]:.0%} of the {name} peak)")
-        compiled = (f", {rates['compiled'] / rates['reference']:.2f}x (learned, compiled); compiled / compiled: "
-                    f"{rates['compiled'] / rates['reference compiled']:.2f}x") if args.compile else ""
-        print(f"  ours / reference: {rates['learned'] / rates['reference']:.2f}x (learned), "
-              f"{rates[args.position] / rates['reference']:.2f}x ({args.position}){compiled}")
+            print(
+                f"  {label:26s} {seconds[key] * 1000:7.0f} ms/step {rates[key]:9,.0f} tokens/s "
+                f"{gflops:7.1f} GFLOP/s ({gflops / peaks[dtype][0]:.0%} of the {name} peak)"
+            )
+        compiled = (
+            (
+                f", {rates['compiled'] / rates['reference']:.2f}x (learned, compiled); compiled / compiled: "
+                f"{rates['compiled'] / rates['reference compiled']:.2f}x"
+            )
+            if args.compile
+            else ""
+        )
+        print(
+            f"  ours / reference: {rates['learned'] / rates['reference']:.2f}x (learned), "
+            f"{rates[args.position] / rates['reference']:.2f}x ({args.position}){compiled}"
+        )
         del ref
 
 

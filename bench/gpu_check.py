@@ -13,6 +13,7 @@ device tests), printing one table per part; nothing here is a timed assertion:
     python bench/gpu_check.py                       # on cuda
     python bench/gpu_check.py --device cpu --smoke  # tiny sizes: that the script runs (CI)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,17 @@ def schemes(device: torch.device, smoke: bool) -> list:
     rows = []
     for kind in available():
         torch.manual_seed(0)
-        config = ModelConfig(vocab_size=97, n_layer=2, n_head=4, d_model=64, block_size=64,
-                             position=SETTINGS.get(kind, {"kind": kind}))
+        config = ModelConfig(
+            vocab_size=97, n_layer=2, n_head=4, d_model=64, block_size=64, position=SETTINGS.get(kind, {"kind": kind})
+        )
         model = GPT(config).to(device).eval()
         ids = torch.randint(0, 97, (1, 24), device=device)
         with torch.no_grad():
             full = model(ids)
             cache = model.new_cache(1, 64)
-            stepped = torch.cat([model(ids[:, :16], cache)] + [model(ids[:, t:t + 1], cache) for t in range(16, 24)], 1)
+            stepped = torch.cat(
+                [model(ids[:, :16], cache)] + [model(ids[:, t : t + 1], cache) for t in range(16, 24)], 1
+            )
             diff = float((full - stepped).abs().max())
         cells = [kind, f"{diff:.1e}"]
         greedy = Sampling(temperature=0)
@@ -65,8 +69,10 @@ def schemes(device: torch.device, smoke: bool) -> list:
             cells.append(f"refused: {str(exc).splitlines()[0][:60]}")
         prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]]  # left-padded together, against each alone without a cache
         together = torch.stack(list(generate_rows(model, prompts, max_new_tokens=12, sampling=greedy))).T.tolist()
-        alone = [[int(t) for t in generate_rows(model, [p], max_new_tokens=12, use_cache=False, sampling=greedy)]
-                 for p in prompts]
+        alone = [
+            [int(t) for t in generate_rows(model, [p], max_new_tokens=12, use_cache=False, sampling=greedy)]
+            for p in prompts
+        ]
         cells.append("same" if together == alone else "DIFFERENT")
         rows.append(cells)
     return rows
@@ -74,14 +80,34 @@ def schemes(device: torch.device, smoke: bool) -> list:
 
 def main_job(device: torch.device, steps: int, smoke: bool) -> list:
     out = tempfile.mkdtemp(prefix="gpu_check_")
-    extra = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.block_size=32", "train.batch_size=2",
-             "train.final_eval_tokens=2000"] if smoke else []
-    config = load_config("rope.yaml", [f"train.max_steps={steps}", f"train.device={device.type}", f"out_dir={out}",
-                                       "train.sample_tokens=0", f"train.eval_interval={steps}",
-                                       f"data.dir={os.path.join(out, 'data')}", *extra])
+    extra = (
+        [
+            "model.n_layer=1",
+            "model.d_model=32",
+            "model.n_head=2",
+            "model.block_size=32",
+            "train.batch_size=2",
+            "train.final_eval_tokens=2000",
+        ]
+        if smoke
+        else []
+    )
+    config = load_config(
+        "rope.yaml",
+        [
+            f"train.max_steps={steps}",
+            f"train.device={device.type}",
+            f"out_dir={out}",
+            "train.sample_tokens=0",
+            f"train.eval_interval={steps}",
+            f"data.dir={os.path.join(out, 'data')}",
+            *extra,
+        ],
+    )
     summary = train(config, quiet=True)
-    return [["rope.yaml", steps, f"{summary['tokens_per_s']:,.0f}", f"{summary['final_val_bpc']:.4f}",
-             summary["dtype"]]]
+    return [
+        ["rope.yaml", steps, f"{summary['tokens_per_s']:,.0f}", f"{summary['final_val_bpc']:.4f}", summary["dtype"]]
+    ]
 
 
 def decode(device: torch.device, smoke: bool) -> list:
@@ -102,8 +128,15 @@ def decode(device: torch.device, smoke: bool) -> list:
 def lora_step(device: torch.device, tokens: int, steps: int, smoke: bool) -> list:
     overrides = [f"model.block_size={tokens}"]
     if smoke:
-        overrides += ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=128",
-                      "model.vocab_size=500", "data.vocab_size=500"]
+        overrides += [
+            "model.n_layer=2",
+            "model.d_model=64",
+            "model.n_head=4",
+            "model.n_kv_head=2",
+            "model.d_ff=128",
+            "model.vocab_size=500",
+            "data.vocab_size=500",
+        ]
     config = load_config(os.path.join(REPO, "bench", "llama32_1b_lora.yaml"), overrides)
     lora, dtype = config.train.lora, torch.bfloat16 if device.type == "cuda" else torch.float32
     predicted = step_memory(config.model, 1, 1, dtype, "adamw", layouts=(("ddp", True),), lora=lora)[0]["total"]
@@ -128,8 +161,16 @@ def lora_step(device: torch.device, tokens: int, steps: int, smoke: bool) -> lis
             torch.cuda.synchronize()
         times.append(time.time() - started)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else float("nan")
-    return [[f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B, {tokens} tokens", steps,
-             f"{min(times):.2f}", f"{peak / 2 ** 30:.2f}", f"{predicted / 2 ** 30:.2f}", f"{peak / predicted:.2f}"]]
+    return [
+        [
+            f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B, {tokens} tokens",
+            steps,
+            f"{min(times):.2f}",
+            f"{peak / 2**30:.2f}",
+            f"{predicted / 2**30:.2f}",
+            f"{peak / predicted:.2f}",
+        ]
+    ]
 
 
 def main(argv=None) -> int:
@@ -147,16 +188,31 @@ def main(argv=None) -> int:
     print(f"# minilm GPU check on {name}, torch {torch.__version__}\n")
     steps, tokens = (4, 64) if args.smoke else (args.steps, args.tokens)
     print("## Schemes: cached against uncached\n")
-    print(markdown_table(["scheme", "max |cached - full| logit", "rolling window + 2 sinks, greedy",
-                          "two left-padded prompts, greedy"], schemes(device, args.smoke)), "\n")
+    print(
+        markdown_table(
+            [
+                "scheme",
+                "max |cached - full| logit",
+                "rolling window + 2 sinks, greedy",
+                "two left-padded prompts, greedy",
+            ],
+            schemes(device, args.smoke),
+        ),
+        "\n",
+    )
     print("## The main job's model\n")
-    print(markdown_table(["config", "steps", "tokens/s", "bits/char", "dtype"], main_job(device, steps, args.smoke)),
-          "\n")
+    print(
+        markdown_table(["config", "steps", "tokens/s", "bits/char", "dtype"], main_job(device, steps, args.smoke)), "\n"
+    )
     print("## Decode\n")
     print(markdown_table(["model", "new tokens", "tokens/s"], decode(device, args.smoke)), "\n")
     print("## A LoRA step of a Llama-3.2-1B shape\n")
-    print(markdown_table(["model", "steps", "best s/step", "peak GiB", "minilm memory GiB", "peak / predicted"],
-                         lora_step(device, tokens, 3, args.smoke)))
+    print(
+        markdown_table(
+            ["model", "steps", "best s/step", "peak GiB", "minilm memory GiB", "peak / predicted"],
+            lora_step(device, tokens, 3, args.smoke),
+        )
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ AdamW with betas (0.9, 0.95) and weight decay on 2-D weights, fused only on CUDA
 nanoGPT's ``configure_optimizers`` does). Nothing from minilm is used, so the ratio compares
 minilm's model and step with what a plain implementation of the same thing achieves.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,9 @@ class ReferenceGPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def reference_optimizer(model: nn.Module, device: torch.device, lr: float = 1e-3,
-                        weight_decay: float = 0.1) -> torch.optim.AdamW:
+def reference_optimizer(
+    model: nn.Module, device: torch.device, lr: float = 1e-3, weight_decay: float = 0.1
+) -> torch.optim.AdamW:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,9 +1,21 @@
 """The ``minilm`` command (installed by ``pip install .``; also ``python -m minilm``): one
 entry for every tool, each a module of ``minilm/cli/`` with its own ``--help``."""
+
 import sys
 
-from minilm.cli import (evaluate, experiment, export, generate, lmeval, longeval, memory, passkey, positions, train,
-                        unshard)
+from minilm.cli import (
+    evaluate,
+    experiment,
+    export,
+    generate,
+    lmeval,
+    longeval,
+    memory,
+    passkey,
+    positions,
+    train,
+    unshard,
+)
 
 USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [options])
 
@@ -21,10 +33,19 @@ USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [
 
 'minilm <command> --help' shows a command's options."""
 
-COMMANDS = {"train": train.main, "generate": generate.main, "evaluate": evaluate.main, "positions": positions.main,
-            "passkey": passkey.main, "longeval": longeval.main, "lmeval": lmeval.main,
-            "experiment": experiment.main, "export": export.main, "unshard": unshard.main,
-            "memory": memory.main}
+COMMANDS = {
+    "train": train.main,
+    "generate": generate.main,
+    "evaluate": evaluate.main,
+    "positions": positions.main,
+    "passkey": passkey.main,
+    "longeval": longeval.main,
+    "lmeval": lmeval.main,
+    "experiment": experiment.main,
+    "export": export.main,
+    "unshard": unshard.main,
+    "memory": memory.main,
+}
 
 
 def main(argv=None) -> int:

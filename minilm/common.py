@@ -5,6 +5,7 @@ YAML loader configs and plans are read with (YAML 1.2 floats, a key given twice 
 This module imports nothing else from minilm, so any module may import it
 (docs/design.md, "Layers").
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +57,7 @@ def shown(value, limit: int = 60) -> str:
     text = repr(value)
     if len(text) <= limit:
         return text
-    return f"{text[:limit // 2]}...{text[-limit // 4:]} ({len(text):,} characters)"
+    return f"{text[: limit // 2]}...{text[-limit // 4 :]} ({len(text):,} characters)"
 
 
 def suggest(name, valid: Iterable) -> str:
@@ -97,8 +98,11 @@ def write_failure(path: Union[str, Path], exc: BaseException) -> Optional[WriteE
     except OSError:
         free = None
     if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or (free is not None and free < LOW_DISK_BYTES):
-        return WriteError(path, f"no space left on the device ({free if free is not None else 0:,} bytes free)",
-                          "free some space or choose another place; what was there before is unchanged")
+        return WriteError(
+            path,
+            f"no space left on the device ({free if free is not None else 0:,} bytes free)",
+            "free some space or choose another place; what was there before is unchanged",
+        )
     if isinstance(exc, OSError):
         return WriteError(path, str(exc.strerror or exc))
     return None
@@ -213,8 +217,9 @@ def publish(tmp: Union[str, Path], path: Union[str, Path]) -> None:
         return
 
 
-def write_csv(rows: Sequence[dict], path: Union[str, Path], fields: Optional[Sequence[str]] = None,
-              keep: bool = False) -> str:
+def write_csv(
+    rows: Sequence[dict], path: Union[str, Path], fields: Optional[Sequence[str]] = None, keep: bool = False
+) -> str:
     """``rows`` as CSV at ``path`` (the columns: ``fields``, else every key in order of first
     appearance), directories created, written whole or not at all (``atomic_write``; ``keep``:
     an earlier file there is set aside, not replaced); returns the path."""
@@ -240,8 +245,9 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
     if directory.exists() and not directory.is_dir():
         raise WriteError(directory, "it exists and is not a directory", "choose a new directory")
     if directory.is_dir() and any(directory.iterdir()) and not overwrite:
-        raise WriteError(directory, "it exists and is not empty", "choose a new directory, or give --overwrite to "
-                                                                  "replace it")
+        raise WriteError(
+            directory, "it exists and is not empty", "choose a new directory, or give --overwrite to replace it"
+        )
     parent = directory.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +260,9 @@ def staged_directory(directory: Union[str, Path], *, overwrite: bool = False):
             if path.is_file() and not path.is_symlink():
                 path.chmod(0o666 & ~_umask())
         old = None
-        if overwrite and directory.exists():  # else the rename below takes an empty one's place, and fails on a full one
+        if (
+            overwrite and directory.exists()
+        ):  # else the rename below takes an empty one's place, and fails on a full one
             old = directory.with_name(f".{directory.name}-old-{secrets.token_hex(4)}.tmp")
             os.rename(directory, old)
         os.rename(staging, directory)
@@ -316,8 +324,9 @@ def cpu_has_fast_bf16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def resolve_dtype(name: str, device: torch.device, *, setting: str = "dtype",
-                  valid: Sequence[str] = DTYPES) -> torch.dtype:
+def resolve_dtype(
+    name: str, device: torch.device, *, setting: str = "dtype", valid: Sequence[str] = DTYPES
+) -> torch.dtype:
     """The compute dtype for ``name`` (one of ``valid``): float32, bfloat16, float16 (training
     only: ``TRAIN_DTYPES``), or auto = bfloat16 on CUDA with bf16 support and on CPUs with native
     bf16 units, else float32 (emulated bf16 is far slower)."""
@@ -398,10 +407,10 @@ def available_memory(device: Union[str, torch.device] = "cpu") -> Optional[int]:
 
 # --------------------------------------------------------------------------- text
 
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str = "") -> str:
     """A markdown table; ``align`` has one letter per column, ``l`` (the default) or ``r``."""
     align = align.ljust(len(header), "l")
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ A run is one YAML file with the sections ``model`` (including ``model.position``
 ``train`` plus the top-level ``out_dir``, ``seed`` and ``data_seed``. Overrides such as
 ``train.max_steps=200`` are applied on top, parsed as YAML. Every mistake is a one-line
 ``ConfigError`` that names the key and the closest valid names."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,6 @@ from minilm.common import MinilmError, shown, suggest
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import canonical, validate
 
-
 EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number
 LOGGERS = ("jsonl", "csv", "tensorboard", "wandb")  # train.loggers (minilm.training.loggers)
 
@@ -33,8 +33,14 @@ AFTER_TRAINING = "after_training"  # may change when a trained model is loaded (
 TRAJECTORY = "trajectory"  # changes what the remaining steps of a resumed run compute
 
 
-def option(default=dataclasses.MISSING, *, factory=dataclasses.MISSING, role: Optional[str] = None,
-           choices: tuple = (), help: str = ""):
+def option(
+    default=dataclasses.MISSING,
+    *,
+    factory=dataclasses.MISSING,
+    role: Optional[str] = None,
+    choices: tuple = (),
+    help: str = "",
+):
     """A config field with what the code and its user need to know of it, kept beside its
     default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` and
     a one-line ``help`` (what ``minilm train --help`` lists: ``minilm.cli.train.config_keys``)."""
@@ -60,9 +66,16 @@ def check_choices(obj, section: str) -> None:
             raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(valid)}")
 
 
-MAX_COUNT = 10 ** 12  # steps, rows, tokens a train setting counts; below, each model size's largest (memory: at build)
-MODEL_SIZES = {"vocab_size": 2 ** 24, "n_layer": 1024, "n_head": 1024, "d_model": 65536, "block_size": 2 ** 24,
-               "d_ff": 2 ** 20, "head_dim": 4096}
+MAX_COUNT = 10**12  # steps, rows, tokens a train setting counts; below, each model size's largest (memory: at build)
+MODEL_SIZES = {
+    "vocab_size": 2**24,
+    "n_layer": 1024,
+    "n_head": 1024,
+    "d_model": 65536,
+    "block_size": 2**24,
+    "d_ff": 2**20,
+    "head_dim": 4096,
+}
 
 
 @dataclass
@@ -73,34 +86,58 @@ class ModelConfig:
     d_model: int = option(256, role=ARCHITECTURE, help="width of the residual stream")
     block_size: int = option(256, role=AFTER_TRAINING, help="the training length in tokens; extension changes it")
     d_ff: Optional[int] = option(None, role=ARCHITECTURE, help="MLP width (null: 4 x d_model)")
-    head_dim: Optional[int] = option(None, role=ARCHITECTURE, help="each attention head's width (null: d_model / n_head; "
-                                                                   "Qwen3 sets it apart, e.g. 16 heads x 128 on 1024)")
+    head_dim: Optional[int] = option(
+        None,
+        role=ARCHITECTURE,
+        help="each attention head's width (null: d_model / n_head; Qwen3 sets it apart, e.g. 16 heads x 128 on 1024)",
+    )
     dropout: float = option(0.0, role=AFTER_TRAINING, help="dropout on embeddings, attention and residuals")
     bias: bool = option(False, role=ARCHITECTURE, help="biases in every linear layer and LayerNorm")
-    position: dict = option(factory=lambda: {"kind": "rope"}, role=AFTER_TRAINING,
-                            help="the position scheme: {kind: ..., options} (minilm positions list)")
+    position: dict = option(
+        factory=lambda: {"kind": "rope"},
+        role=AFTER_TRAINING,
+        help="the position scheme: {kind: ..., options} (minilm positions list)",
+    )
     embedding_scale: Union[float, str] = option(
-        "auto", role=ARCHITECTURE, help="token embedding multiplier before positions are added: auto (sqrt(d_model) "
-                                        "for sinusoidal, else 1), sqrt_d_model, or a number")
+        "auto",
+        role=ARCHITECTURE,
+        help="token embedding multiplier before positions are added: auto (sqrt(d_model) "
+        "for sinusoidal, else 1), sqrt_d_model, or a number",
+    )
     embedding_init_std: float = option(
-        0.02, role=TRAJECTORY, help="std of the token embedding's initial weights (GPT-2: 0.02; fairseq, with "
-                                    "embedding_scale sqrt_d_model: d_model^-0.5)")
+        0.02,
+        role=TRAJECTORY,
+        help="std of the token embedding's initial weights (GPT-2: 0.02; fairseq, with "
+        "embedding_scale sqrt_d_model: d_model^-0.5)",
+    )
     concat_position_dims: int = option(
-        0, role=ARCHITECTURE, help="0: positions added to the token embedding; N: an N-dim position encoding "
-                                   "concatenated after a (d_model - N)-dim token embedding (same width)")
+        0,
+        role=ARCHITECTURE,
+        help="0: positions added to the token embedding; N: an N-dim position encoding "
+        "concatenated after a (d_model - N)-dim token embedding (same width)",
+    )
     # architecture options (the defaults are the original minilm GPT; see minilm.model.gpt)
     parallel_residual: bool = option(False, role=ARCHITECTURE, help="x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)")
     tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
     norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"), help="every norm's kind")
     norm_eps: float = option(1e-5, role=ARCHITECTURE, help="the norms' epsilon")
-    mlp: str = option("gelu", role=ARCHITECTURE, choices=("gelu", "gelu_tanh", "swiglu", "relu2"),
-                      help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama; relu2: relu(x)^2 (Primer)")
-    n_kv_head: Optional[int] = option(None, role=ARCHITECTURE,
-                                      help="key/value heads, grouped-query attention (null: n_head)")
+    mlp: str = option(
+        "gelu",
+        role=ARCHITECTURE,
+        choices=("gelu", "gelu_tanh", "swiglu", "relu2"),
+        help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama; relu2: relu(x)^2 (Primer)",
+    )
+    n_kv_head: Optional[int] = option(
+        None, role=ARCHITECTURE, help="key/value heads, grouped-query attention (null: n_head)"
+    )
     qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
     qk_norm: bool = option(False, role=ARCHITECTURE, help="RMSNorm on each head's q and k before positions (Qwen3)")
-    value_embeddings: bool = option(False, role=ARCHITECTURE, help="token embeddings added to every layer's "
-                                    "values, a table per pair of layers j and n_layer-1-j (modded-nanogpt)")
+    value_embeddings: bool = option(
+        False,
+        role=ARCHITECTURE,
+        help="token embeddings added to every layer's "
+        "values, a table per pair of layers j and n_layer-1-j (modded-nanogpt)",
+    )
     logit_softcap: float = option(0.0, role=ARCHITECTURE, help="0: none; c > 0: logits c * tanh(z / c) (Gemma 2)")
 
     def __post_init__(self):
@@ -109,24 +146,33 @@ class ModelConfig:
         for name, largest in MODEL_SIZES.items():
             value = getattr(self, name)
             if (value is not None or name != "head_dim") and (
-                    not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= largest):
+                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= largest
+            ):
                 raise ConfigError(f"model.{name}={shown(value)} is invalid: expected an integer from 1 to {largest:,}")
         if self.head_dim is None and self.d_model % self.n_head:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: choose "
-                              f"n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]} "
-                              f"or give model.head_dim")
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: choose "
+                f"n_head among {[h for h in range(1, self.d_model + 1) if self.d_model % h == 0][:12]} "
+                f"or give model.head_dim"
+            )
         self.head_dim = self.head_dim or self.d_model // self.n_head
         scale, named = self.embedding_scale, EMBEDDING_SCALE_NAMES
         if scale not in named and (isinstance(scale, str) or not scale > 0 or not math.isfinite(scale)):
-            raise ConfigError(f"model.embedding_scale={shown(scale)} is invalid: expected {' or '.join(named)} or a number > 0")
+            raise ConfigError(
+                f"model.embedding_scale={shown(scale)} is invalid: expected {' or '.join(named)} or a number > 0"
+            )
         check_number("model.embedding_init_std", self.embedding_init_std, lambda v: 0 < v < math.inf, "a number > 0")
         concat = self.concat_position_dims
         if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
-            raise ConfigError(f"model.concat_position_dims={shown(concat)} is invalid: expected 0 (added) or an even "
-                              f"number of dimensions below d_model={self.d_model}")
+            raise ConfigError(
+                f"model.concat_position_dims={shown(concat)} is invalid: expected 0 (added) or an even "
+                f"number of dimensions below d_model={self.d_model}"
+            )
         if concat and self.tie_embeddings:
-            raise ConfigError(f"model.concat_position_dims={concat} gives the token embedding d_model - {concat} "
-                              f"dimensions, which an LM head of d_model cannot share: set model.tie_embeddings false")
+            raise ConfigError(
+                f"model.concat_position_dims={concat} gives the token embedding d_model - {concat} "
+                f"dimensions, which an LM head of d_model cannot share: set model.tie_embeddings false"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={shown(self.dropout)} is invalid: expected 0 <= dropout < 1")
         self._check_architecture()
@@ -143,13 +189,16 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={shown(getattr(self, name))} is invalid: expected true or false")
         check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")
-        check_number("model.logit_softcap", self.logit_softcap, lambda v: 0 <= v < math.inf, "0 (no cap) or a number > 0")
+        check_number(
+            "model.logit_softcap", self.logit_softcap, lambda v: 0 <= v < math.inf, "0 (no cap) or a number > 0"
+        )
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
-            raise ConfigError(f"model.n_kv_head={shown(kv)} is invalid: expected a divisor of model.n_head={self.n_head} "
-                              f"({', '.join(str(h) for h in range(1, self.n_head + 1) if self.n_head % h == 0)}) "
-                              f"or null (= n_head)")
-
+            raise ConfigError(
+                f"model.n_kv_head={shown(kv)} is invalid: expected a divisor of model.n_head={self.n_head} "
+                f"({', '.join(str(h) for h in range(1, self.n_head + 1) if self.n_head % h == 0)}) "
+                f"or null (= n_head)"
+            )
 
 
 @dataclass
@@ -159,24 +208,40 @@ class DataConfig:
     dir: str = option("data", help="where prepared corpora land")
     text_field: str = option("text", help="the field of a .jsonl line that holds its document's text")
     end_of_text: bool = option(False, help="the tokenizer's eos id between documents, instead of two blank lines")
-    holdout_tokens: int = option(0, help="the last N tokens of the train split, never sampled for training: text "
-                                         "to choose settings on without the validation split (evaluate --split holdout)")
-    document_mask: str = option("none", choices=("none", "mask", "restart"),
-                                help="mask: attention stops at each eos (needs end_of_text); restart: positions too")
-    min_document_tokens: int = option(0, help="N > 0: train on documents of at least N tokens, a row filled with as "
-                                              "few documents as it can (needs end_of_text); 0: windows of the stream")
+    holdout_tokens: int = option(
+        0,
+        help="the last N tokens of the train split, never sampled for training: text "
+        "to choose settings on without the validation split (evaluate --split holdout)",
+    )
+    document_mask: str = option(
+        "none",
+        choices=("none", "mask", "restart"),
+        help="mask: attention stops at each eos (needs end_of_text); restart: positions too",
+    )
+    min_document_tokens: int = option(
+        0,
+        help="N > 0: train on documents of at least N tokens, a row filled with as "
+        "few documents as it can (needs end_of_text); 0: windows of the stream",
+    )
 
     def __post_init__(self):
         holdout = self.holdout_tokens
         if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 0:
-            raise ConfigError(f"data.holdout_tokens={shown(holdout)} is invalid: expected 0 (none) or a number of tokens")
+            raise ConfigError(
+                f"data.holdout_tokens={shown(holdout)} is invalid: expected 0 (none) or a number of tokens"
+            )
         check_choices(self, "data")
-        check_number("data.min_document_tokens", self.min_document_tokens,
-                     lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT and (not v or self.end_of_text),
-                     "0 (off) or a number of tokens, with data.end_of_text=true (documents must be marked)")
+        check_number(
+            "data.min_document_tokens",
+            self.min_document_tokens,
+            lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT and (not v or self.end_of_text),
+            "0 (off) or a number of tokens, with data.end_of_text=true (documents must be marked)",
+        )
         if self.document_mask != "none" and not self.end_of_text:
-            raise ConfigError(f"data.document_mask={self.document_mask!r} needs documents marked: set "
-                              f"data.end_of_text=true (or data.document_mask='none')")
+            raise ConfigError(
+                f"data.document_mask={self.document_mask!r} needs documents marked: set "
+                f"data.end_of_text=true (or data.document_mask='none')"
+            )
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "mlp")  # minilm.model.lora.TARGETS
@@ -185,23 +250,44 @@ LORA_ALSO_TRAIN = ("norms", "embeddings", "position", "head")  # minilm.model.lo
 
 @dataclass
 class LoRAConfig:
-    r: int = option(0, role=TRAJECTORY, help="low-rank adapters of this rank on the targets, everything else frozen "
-                                              "but also_train (0: no LoRA, every weight trains); needs train.init_from")
+    r: int = option(
+        0,
+        role=TRAJECTORY,
+        help="low-rank adapters of this rank on the targets, everything else frozen "
+        "but also_train (0: no LoRA, every weight trains); needs train.init_from",
+    )
     alpha: float = option(16.0, role=TRAJECTORY, help="the adapters' output is scaled by alpha / r")
-    targets: list = option(factory=lambda: ["q", "k", "v", "o"], role=TRAJECTORY,
-                           help="the linears that get adapters, any of: q, k, v, o, mlp (every MLP linear)")
-    also_train: list = option(factory=list, role=TRAJECTORY, help="trained fully beside the adapters, any of: norms, "
-                                                                  "embeddings, position, head (LongLoRA: norms, embeddings)")
+    targets: list = option(
+        factory=lambda: ["q", "k", "v", "o"],
+        role=TRAJECTORY,
+        help="the linears that get adapters, any of: q, k, v, o, mlp (every MLP linear)",
+    )
+    also_train: list = option(
+        factory=list,
+        role=TRAJECTORY,
+        help="trained fully beside the adapters, any of: norms, "
+        "embeddings, position, head (LongLoRA: norms, embeddings)",
+    )
 
     def __post_init__(self):
-        check_number("train.lora.r", self.r, lambda v: isinstance(v, int) and 0 <= v <= 65536, "an integer from 0 (off)")
+        check_number(
+            "train.lora.r", self.r, lambda v: isinstance(v, int) and 0 <= v <= 65536, "an integer from 0 (off)"
+        )
         check_number("train.lora.alpha", self.alpha, lambda v: v > 0, "a number > 0")
-        for key, values, valid in (("targets", self.targets, LORA_TARGETS), ("also_train", self.also_train,
-                                                                            LORA_ALSO_TRAIN)):
-            if not isinstance(values, list) or len(set(map(str, values))) != len(values) or \
-                    any(v not in valid for v in values) or (key == "targets" and self.r and not values):
-                raise ConfigError(f"train.lora.{key}={shown(values)} is invalid: expected a list of distinct names "
-                                  f"among {', '.join(valid)}")
+        for key, values, valid in (
+            ("targets", self.targets, LORA_TARGETS),
+            ("also_train", self.also_train, LORA_ALSO_TRAIN),
+        ):
+            if (
+                not isinstance(values, list)
+                or len(set(map(str, values))) != len(values)
+                or any(v not in valid for v in values)
+                or (key == "targets" and self.r and not values)
+            ):
+                raise ConfigError(
+                    f"train.lora.{key}={shown(values)} is invalid: expected a list of distinct names "
+                    f"among {', '.join(valid)}"
+                )
 
 
 @dataclass
@@ -212,84 +298,162 @@ class TrainConfig:
     lr: float = option(1e-3, role=TRAJECTORY, help="peak learning rate, after the warm-up")
     min_lr: float = option(1e-4, role=TRAJECTORY, help="learning rate at the end of the schedule")
     warmup_steps: int = option(100, role=TRAJECTORY, help="linear warm-up steps")
-    schedule: str = option("cosine", role=TRAJECTORY, choices=("cosine", "wsd"),
-                           help="after the warm-up: cosine down to min_lr, or wsd: lr held, then linear down to min_lr")
-    cooldown: float = option(0.4, role=TRAJECTORY, help="with schedule wsd: the last fraction of max_steps, where lr falls")
-    weight_decay: float = option(0.1, role=TRAJECTORY, help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)")
+    schedule: str = option(
+        "cosine",
+        role=TRAJECTORY,
+        choices=("cosine", "wsd"),
+        help="after the warm-up: cosine down to min_lr, or wsd: lr held, then linear down to min_lr",
+    )
+    cooldown: float = option(
+        0.4, role=TRAJECTORY, help="with schedule wsd: the last fraction of max_steps, where lr falls"
+    )
+    weight_decay: float = option(
+        0.1, role=TRAJECTORY, help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)"
+    )
     beta1: float = option(0.9, role=TRAJECTORY, help="AdamW beta1")
     beta2: float = option(0.95, role=TRAJECTORY, help="AdamW beta2")
-    optimizer: str = option("adamw", role=TRAJECTORY, choices=("adamw", "muon"),
-                            help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)")
+    optimizer: str = option(
+        "adamw",
+        role=TRAJECTORY,
+        choices=("adamw", "muon"),
+        help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)",
+    )
     muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
     muon_split_qkv: bool = option(False, role=TRAJECTORY, help="with muon: q, k and v orthogonalised apart")
-    position_lr_scale: float = option(1.0, role=TRAJECTORY, help="the position scheme's parameters (never "
-                                      "weight-decayed) take this times the schedule's rate, e.g. T5's bias table")
+    position_lr_scale: float = option(
+        1.0,
+        role=TRAJECTORY,
+        help="the position scheme's parameters (never "
+        "weight-decayed) take this times the schedule's rate, e.g. T5's bias table",
+    )
     grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
-    retrieval_share: float = option(0.0, role=TRAJECTORY,
-                                    help="share of sequences that are retrieval sequences (minilm.data.retrieval)")
-    retrieval_weight: float = option(0.0, role=TRAJECTORY, help="w > 0: retrieval rows keep their text's loss, each "
-                                     "answer counting w tokens (0: answers only, rows weighted alike); 0 without a share")
+    retrieval_share: float = option(
+        0.0, role=TRAJECTORY, help="share of sequences that are retrieval sequences (minilm.data.retrieval)"
+    )
+    retrieval_weight: float = option(
+        0.0,
+        role=TRAJECTORY,
+        help="w > 0: retrieval rows keep their text's loss, each "
+        "answer counting w tokens (0: answers only, rows weighted alike); 0 without a share",
+    )
     eval_interval: int = option(250, help="steps between held-out evaluations")
     eval_iters: int = option(20, help="held-out batches per evaluation")
     log_interval: int = option(10, help="steps between metrics.jsonl lines")
     checkpoint_interval: int = option(500, help="steps between checkpoints (written atomically)")
-    dtype: str = option("auto", role=TRAJECTORY, choices=("auto", "float32", "bfloat16", "float16"),
-                        help="auto: bf16 autocast where the hardware has fast bf16, else float32")
+    dtype: str = option(
+        "auto",
+        role=TRAJECTORY,
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="auto: bf16 autocast where the hardware has fast bf16, else float32",
+    )
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
     compile: bool = option(False, help="torch.compile the training step")
-    parallel: str = option("ddp", choices=("ddp", "fsdp"),
-                           help="under torchrun: ddp (a whole copy per process) or fsdp (FSDP2: weights, gradients "
-                                "and optimiser state sharded per block)")
-    checkpoint_format: str = option("file", choices=("file", "sharded"),
-                                    help="file: one ckpt.pt; sharded: ckpt.dcp/, each process writes its own shards "
-                                         "(torch.distributed.checkpoint; 'minilm unshard' makes a file of it)")
-    activation_checkpointing: bool = option(False, help="keep only each block's input and recompute the block in the "
-                                                        "backward pass: less activation memory, more time per step")
+    parallel: str = option(
+        "ddp",
+        choices=("ddp", "fsdp"),
+        help="under torchrun: ddp (a whole copy per process) or fsdp (FSDP2: weights, gradients "
+        "and optimiser state sharded per block)",
+    )
+    checkpoint_format: str = option(
+        "file",
+        choices=("file", "sharded"),
+        help="file: one ckpt.pt; sharded: ckpt.dcp/, each process writes its own shards "
+        "(torch.distributed.checkpoint; 'minilm unshard' makes a file of it)",
+    )
+    activation_checkpointing: bool = option(
+        False,
+        help="keep only each block's input and recompute the block in the "
+        "backward pass: less activation memory, more time per step",
+    )
     init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
     sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
     final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")
     snapshot_steps: list = option(factory=list, help="also keep the weights at these steps: snapshots/step-N.pt")
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # minilm.model.lora; a resumed run keeps the checkpoint's
-    loggers: list = option(factory=lambda: ["jsonl"],
-                           help="where metrics go, any of: jsonl (metrics.jsonl), csv (metrics.csv), tensorboard, wandb")
+    loggers: list = option(
+        factory=lambda: ["jsonl"],
+        help="where metrics go, any of: jsonl (metrics.jsonl), csv (metrics.csv), tensorboard, wandb",
+    )
 
     def __post_init__(self):
         check_choices(self, "train")
-        for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "log_interval",
-                     "eval_interval", "checkpoint_interval"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and 1 <= v <= MAX_COUNT,
-                         f"an integer from 1 to {MAX_COUNT:,}")
+        for name in (
+            "batch_size",
+            "grad_accum",
+            "max_steps",
+            "eval_iters",
+            "log_interval",
+            "eval_interval",
+            "checkpoint_interval",
+        ):
+            check_number(
+                f"train.{name}",
+                getattr(self, name),
+                lambda v: isinstance(v, int) and 1 <= v <= MAX_COUNT,
+                f"an integer from 1 to {MAX_COUNT:,}",
+            )
         for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT,
-                         f"an integer from 0 to {MAX_COUNT:,}")
+            check_number(
+                f"train.{name}",
+                getattr(self, name),
+                lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT,
+                f"an integer from 0 to {MAX_COUNT:,}",
+            )
         for name in ("weight_decay", "grad_clip"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "a number >= 0 (0 disables)")
         for name in ("beta1", "beta2"):
             check_number(f"train.{name}", getattr(self, name), lambda v: 0 <= v < 1, f"0 <= {name} < 1")
-        if not isinstance(self.snapshot_steps, list) or \
-                any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps):
-            raise ConfigError(f"train.snapshot_steps={shown(self.snapshot_steps)} is invalid: expected a list of steps "
-                              f"between 1 and train.max_steps={self.max_steps}")
-        if not isinstance(self.loggers, list) or len(set(map(str, self.loggers))) != len(self.loggers) or \
-                any(name not in LOGGERS for name in self.loggers):
-            raise ConfigError(f"train.loggers={shown(self.loggers)} is invalid: expected a list of distinct names among "
-                              f"{', '.join(LOGGERS)}")
+        if not isinstance(self.snapshot_steps, list) or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps
+        ):
+            raise ConfigError(
+                f"train.snapshot_steps={shown(self.snapshot_steps)} is invalid: expected a list of steps "
+                f"between 1 and train.max_steps={self.max_steps}"
+            )
+        if (
+            not isinstance(self.loggers, list)
+            or len(set(map(str, self.loggers))) != len(self.loggers)
+            or any(name not in LOGGERS for name in self.loggers)
+        ):
+            raise ConfigError(
+                f"train.loggers={shown(self.loggers)} is invalid: expected a list of distinct names among "
+                f"{', '.join(LOGGERS)}"
+            )
         if not (0 <= self.retrieval_share < 1 or (self.retrieval_weight and self.retrieval_share == 1)):
-            raise ConfigError(f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
-                              f"(none) to below 1 (to 1 with train.retrieval_weight > 0)")
-        check_number("train.retrieval_weight", self.retrieval_weight, lambda v: 0 <= v <= 1e4 and (not v or self.retrieval_share > 0), "a number from 0 to 1e4, 0 without train.retrieval_share")
+            raise ConfigError(
+                f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
+                f"(none) to below 1 (to 1 with train.retrieval_weight > 0)"
+            )
+        check_number(
+            "train.retrieval_weight",
+            self.retrieval_weight,
+            lambda v: 0 <= v <= 1e4 and (not v or self.retrieval_share > 0),
+            "a number from 0 to 1e4, 0 without train.retrieval_share",
+        )
         for name in ("muon_lr_scale", "position_lr_scale"):
             check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
-        check_number("train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1")
+        check_number(
+            "train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1"
+        )
         if self.parallel == "fsdp" and self.optimizer == "muon":
-            raise ConfigError("train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
-                              "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp")
-        if self.lora.r and (not self.init_from or self.optimizer == "muon" or self.checkpoint_format == "sharded"
-                            or self.parallel == "fsdp"):
-            raise ConfigError(f"train.lora.r={self.lora.r} needs train.init_from (the base the adapters train on), "
-                              f"train.optimizer=adamw, train.checkpoint_format=file and train.parallel=ddp")
+            raise ConfigError(
+                "train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
+                "matrices and FSDP holds a shard of each; use train.optimizer=adamw or train.parallel=ddp"
+            )
+        if self.lora.r and (
+            not self.init_from
+            or self.optimizer == "muon"
+            or self.checkpoint_format == "sharded"
+            or self.parallel == "fsdp"
+        ):
+            raise ConfigError(
+                f"train.lora.r={self.lora.r} needs train.init_from (the base the adapters train on), "
+                f"train.optimizer=adamw, train.checkpoint_format=file and train.parallel=ddp"
+            )
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0")
+            raise ConfigError(
+                f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0"
+            )
 
 
 @dataclass
@@ -304,7 +468,9 @@ class Config:
     def __post_init__(self):
         for key, value in (("seed", self.seed), ("data_seed", self.data_seed)):
             if value is not None or key == "seed":
-                check_number(key, value, lambda v: isinstance(v, int) and 0 <= v < 2 ** 63, "an integer from 0 to 2**63 - 1")
+                check_number(
+                    key, value, lambda v: isinstance(v, int) and 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"
+                )
 
     @property
     def batch_seed(self) -> int:  # the seed of the batches' generator
@@ -322,6 +488,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- building
+
 
 def _type_ok(value: Any, annotation) -> bool:
     """Check a YAML value against a dataclass field annotation (int, float, str, bool, dict, Optional)."""
@@ -391,10 +558,14 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
     ``train.init_from``), else ``data.vocab_size``, the size of the tokenizer to train."""
     vocab = config.data.vocab_size if tokenizer is None else tokenizer.vocab_size
     if "model.vocab_size" in (getattr(config, "given", None) or ()) and config.model.vocab_size != vocab:
-        raise ConfigError(f"model.vocab_size={config.model.vocab_size} is invalid: it follows the tokenizer ({vocab:,} "
-                          f"tokens); leave it out (data.vocab_size sets the size of a tokenizer to train)")
-    resolved = dataclasses.replace(config, data=dataclasses.replace(config.data, vocab_size=vocab),
-                                   model=dataclasses.replace(config.model, vocab_size=vocab))
+        raise ConfigError(
+            f"model.vocab_size={config.model.vocab_size} is invalid: it follows the tokenizer ({vocab:,} "
+            f"tokens); leave it out (data.vocab_size sets the size of a tokenizer to train)"
+        )
+    resolved = dataclasses.replace(
+        config,
+        data=dataclasses.replace(config.data, vocab_size=vocab),
+        model=dataclasses.replace(config.model, vocab_size=vocab),
+    )
     resolved.given, resolved.overridden = getattr(config, "given", None), getattr(config, "overridden", None)
     return resolved
-

@@ -1,6 +1,7 @@
 """Reading a run's settings: a YAML config file (a user's path, ./configs/, or one shipped in
 the package) with ``dotted.key=value`` overrides on top, and what the user gave of them
 (``given_keys``, ``was_given``); the settings themselves and their checks are ``minilm.config``'s."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,9 @@ from minilm.config import Config, ConfigError, build_config
 from minilm.yamlfile import YAMLBoundError, parse_yaml, yaml_problem
 
 
-def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: typing.Sequence[str] = (),
-                    what: str = "") -> dict:
+def apply_overrides(
+    tree: dict, assignments: typing.Sequence[str], *, allowed: typing.Sequence[str] = (), what: str = ""
+) -> dict:
     """Apply ``dotted.key=value`` assignments (values parsed as YAML, else kept as strings) to a nested
     dict in place and return it. With ``allowed`` (key prefixes), any other key is a ConfigError saying
     what may change ``what`` (e.g. "at evaluation time"). A new ``model.position.kind`` starts its options afresh."""
@@ -24,8 +26,10 @@ def apply_overrides(tree: dict, assignments: typing.Sequence[str], *, allowed: t
         if "=" not in assignment:
             raise ConfigError(f"override {assignment!r} has no value: write it as {key}=VALUE")
         if allowed and not key.startswith(tuple(allowed)):
-            raise ConfigError(f"override {assignment!r} is not allowed {what}: only "
-                              f"{', '.join(a + '*' if a.endswith('.') else a for a in allowed)} can change")
+            raise ConfigError(
+                f"override {assignment!r} is not allowed {what}: only "
+                f"{', '.join(a + '*' if a.endswith('.') else a for a in allowed)} can change"
+            )
         if key == "model.position.kind" and isinstance(tree.get("model", {}).get("position"), dict):
             if assignment.split("=", 1)[1].strip() != tree["model"]["position"].get("kind"):
                 tree["model"]["position"] = {}
@@ -58,8 +62,9 @@ def find_config_file(name: str) -> str:
         if os.path.isfile(path):
             return path
     available = sorted(f for f in os.listdir(SHIPPED_CONFIGS) if f.endswith(".yaml"))
-    raise ConfigError(f"config file {name!r} not found in ., ./configs/ or the shipped configs: "
-                      f"{suggest(name, available)}")
+    raise ConfigError(
+        f"config file {name!r} not found in ., ./configs/ or the shipped configs: {suggest(name, available)}"
+    )
 
 
 def load_config(path: Optional[str] = None, overrides: typing.Sequence[str] = ()) -> Config:

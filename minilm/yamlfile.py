@@ -6,6 +6,7 @@ values (a "billion laughs"), an alias inside the structure it names, or nesting 
 ``YAML_MAX_DEPTH`` is a ``YAMLBoundError`` naming the line, never a MemoryError or a
 RecursionError.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,15 +24,15 @@ class YAMLLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
+                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
 
 YAMLLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 class YAMLBoundError(yaml.composer.ComposerError):
@@ -53,8 +54,7 @@ def parse_yaml(text):
         try:
             node = loader.get_single_node()
         except RecursionError:
-            raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels",
-                                              None) from None
+            raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", None) from None
         if node is None:
             return None
         expanded_size(node, {}, ())
@@ -69,8 +69,12 @@ def expanded_size(node, sizes: dict, within: tuple) -> int:
     if id(node) in sizes:
         return sizes[id(node)]
     if any(node is outer for outer in within):
-        raise YAMLBoundError(None, None, "an alias refers to a structure that holds it (a recursive "
-                                          "alias), which has no finite value", node.start_mark)
+        raise YAMLBoundError(
+            None,
+            None,
+            "an alias refers to a structure that holds it (a recursive alias), which has no finite value",
+            node.start_mark,
+        )
     if len(within) >= YAML_MAX_DEPTH:
         raise YAMLBoundError(None, None, f"nested deeper than {YAML_MAX_DEPTH} levels", node.start_mark)
     size = 1
@@ -79,8 +83,12 @@ def expanded_size(node, sizes: dict, within: tuple) -> int:
         for child in children:
             size += expanded_size(child, sizes, within + (node,))
             if size > YAML_MAX_VALUES:
-                raise YAMLBoundError(None, None, f"its aliases expand to more than {YAML_MAX_VALUES:,} "
-                                                  f"values (an alias bomb?)", node.start_mark)
+                raise YAMLBoundError(
+                    None,
+                    None,
+                    f"its aliases expand to more than {YAML_MAX_VALUES:,} values (an alias bomb?)",
+                    node.start_mark,
+                )
     sizes[id(node)] = size
     return size
 

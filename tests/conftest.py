@@ -1,5 +1,6 @@
 """Shared test setup. Tests use tiny models, for which one thread is fastest and avoids
 thread oversubscription when the suite shares the machine (subprocesses inherit it too)."""
+
 import os
 
 import torch
@@ -18,8 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_text(n_lines: int = 2500, seed: int = 0) -> str:
     """Deterministic play-like text (about 100k characters) for tiny training runs."""
-    words = ("the king queen lord lady sword crown night day love death fair foul speak hear what where "
-             "when why how thou thee thy art hath doth shall will would must come go").split()
+    words = (
+        "the king queen lord lady sword crown night day love death fair foul speak hear what where "
+        "when why how thou thee thy art hath doth shall will would must come go"
+    ).split()
     rng = random.Random(seed)
     lines = []
     for i in range(n_lines):
@@ -39,12 +42,30 @@ def tiny_corpus(tmp_path_factory):
 
 def tiny_overrides(corpus_root, out_dir, *extra) -> list:
     """Dotted overrides for a tiny, fast run on the tiny corpus (vocab 300, 2 layers x 32)."""
-    return [f"data.corpus={corpus_root / 'corpus.txt'}", "data.vocab_size=400", f"data.dir={corpus_root / 'data'}",
-            "model.n_layer=2", "model.n_head=2", "model.d_model=32", "model.block_size=32",
-            "train.batch_size=4", "train.max_steps=12", "train.warmup_steps=2", "train.lr=3e-3", "train.min_lr=3e-4",
-            "train.eval_interval=6", "train.eval_iters=2", "train.log_interval=1", "train.checkpoint_interval=6",
-            "train.sample_tokens=8", "train.final_eval_tokens=2000", "train.dtype=float32", "train.device=cpu",
-            f"out_dir={out_dir}", *extra]
+    return [
+        f"data.corpus={corpus_root / 'corpus.txt'}",
+        "data.vocab_size=400",
+        f"data.dir={corpus_root / 'data'}",
+        "model.n_layer=2",
+        "model.n_head=2",
+        "model.d_model=32",
+        "model.block_size=32",
+        "train.batch_size=4",
+        "train.max_steps=12",
+        "train.warmup_steps=2",
+        "train.lr=3e-3",
+        "train.min_lr=3e-4",
+        "train.eval_interval=6",
+        "train.eval_iters=2",
+        "train.log_interval=1",
+        "train.checkpoint_interval=6",
+        "train.sample_tokens=8",
+        "train.final_eval_tokens=2000",
+        "train.dtype=float32",
+        "train.device=cpu",
+        f"out_dir={out_dir}",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -55,6 +76,7 @@ def tiny_config(tiny_corpus, tmp_path):
 
     def make(*extra, out="run"):
         return resolve_config(load_config(None, tiny_overrides(tiny_corpus, tmp_path / out, *extra)))
+
     return make
 
 
@@ -63,6 +85,7 @@ def tiny_config(tiny_corpus, tmp_path):
 def gen_tokenizer(tmp_path_factory):
     """A 400-piece tokenizer trained on a little tiny_text()."""
     from minilm.data.tokenizer import Tokenizer
+
     path = tmp_path_factory.mktemp("gen_tokenizer") / "text.txt"
     path.write_text(tiny_text(400))
     return Tokenizer.train(str(path), 400)
@@ -73,9 +96,13 @@ def _random_gpt(position, *, vocab_size=97, block_size=32, n_layer=2, seed=0):
     sharp final norm make greedy decoding wander over many tokens (an untrained GPT-2 init
     repeats one token, which would make cached-vs-uncached comparisons vacuous)."""
     from minilm import GPT, ModelConfig
+
     torch.manual_seed(seed)
-    model = GPT(ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=4, d_model=32, block_size=block_size,
-                            position=position))
+    model = GPT(
+        ModelConfig(
+            vocab_size=vocab_size, n_layer=n_layer, n_head=4, d_model=32, block_size=block_size, position=position
+        )
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name == "wte.weight":
@@ -90,3 +117,26 @@ def _random_gpt(position, *, vocab_size=97, block_size=32, n_layer=2, seed=0):
 def random_gpt():
     """random_gpt(position, vocab_size=97, block_size=32, n_layer=2, seed=0) -> a tiny random GPT."""
     return _random_gpt
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE tokenizer (GPT-2 style) of about 300 tokens, saved by transformers."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([tiny_text(300)], trainer)
+    directory = tmp_path_factory.mktemp("hf_tokenizer")
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
+    ).save_pretrained(directory)
+    return directory

@@ -1,6 +1,7 @@
 """train.activation_checkpointing: each block recomputed in the backward pass gives the gradients
 of the ordinary pass (dropout included: the masks are drawn again alike), keeps fewer tensors
 for the backward pass, and trains through the loop."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,8 +13,9 @@ from minilm.training.loop import train
 
 def gradients(position, checkpointed, dropout=0.1, seed=0):
     torch.manual_seed(seed)
-    model = GPT(ModelConfig(vocab_size=61, n_layer=3, n_head=4, d_model=32, block_size=32, dropout=dropout,
-                            position=position)).train()
+    model = GPT(
+        ModelConfig(vocab_size=61, n_layer=3, n_head=4, d_model=32, block_size=32, dropout=dropout, position=position)
+    ).train()
     model.checkpoint_blocks = checkpointed
     idx = torch.randint(0, 61, (3, 33), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(seed + 1)  # the dropout masks
@@ -22,8 +24,9 @@ def gradients(position, checkpointed, dropout=0.1, seed=0):
     return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("position", [{"kind": "rope"}, {"kind": "alibi"}, {"kind": "shaw"}, {"kind": "learned"},
-                                      {"kind": "t5"}])
+@pytest.mark.parametrize(
+    "position", [{"kind": "rope"}, {"kind": "alibi"}, {"kind": "shaw"}, {"kind": "learned"}, {"kind": "t5"}]
+)
 def test_checkpointed_blocks_give_the_same_gradients(position):
     loss, plain = gradients(position, False)
     again, checkpointed = gradients(position, True)
@@ -47,8 +50,12 @@ def test_checkpointing_keeps_fewer_activations():
 def test_a_run_with_activation_checkpointing_follows_the_plain_one(tiny_config):
     finals = []
     for checkpointed in (False, True):
-        config = tiny_config("train.max_steps=3", f"train.activation_checkpointing={str(checkpointed).lower()}",
-                             "model.dropout=0.1", out=f"run-{checkpointed}")
+        config = tiny_config(
+            "train.max_steps=3",
+            f"train.activation_checkpointing={str(checkpointed).lower()}",
+            "model.dropout=0.1",
+            out=f"run-{checkpointed}",
+        )
         finals.append(train(config, quiet=True))
     assert finals[0]["final_val_loss"] is not None
     assert finals[1]["final_val_loss"] == pytest.approx(finals[0]["final_val_loss"], rel=1e-5)

@@ -1,5 +1,6 @@
 """The Python API as README.md shows it: its code block runs as written (against a tiny
 checkpoint at out/rope), and the names it and the package faces offer import."""
+
 import os
 import re
 import shutil
@@ -38,19 +39,24 @@ def test_the_readme_python_api_runs_as_written(tmp_path, monkeypatch, capsys):
     assert scope["out"].shape == (1, 1, 4096) and scope["cache"].length == 21
     assert scope["config"].model.position["scaling"]["type"] == "dynamic"
     T, heads = scope["ids"].shape[1], scope["model"].config.n_head
-    assert scope["weights"].shape == (1, heads, T, T) and torch.allclose(scope["weights"].sum(-1), torch.ones(1, heads, T))
+    assert scope["weights"].shape == (1, heads, T, T) and torch.allclose(
+        scope["weights"].sum(-1), torch.ones(1, heads, T)
+    )
     assert torch.all(scope["weights"].triu(1) == 0)  # causal
     assert capsys.readouterr().out.strip()  # num_params and the generated text
 
 
 def test_the_faces_name_what_readme_promises():
-    from minilm import GPT as Face, Config as FaceConfig, load_model as face_load  # the package face
+    from minilm import GPT as Face  # the package face
+    from minilm import Config as FaceConfig
+    from minilm import load_model as face_load
     from minilm.checkpoints import CheckpointError, Loaded  # noqa: F401
     from minilm.evaluation import evaluate_checkpoints  # noqa: F401
     from minilm.generation import Sampling, generate, generate_ids, generate_text  # noqa: F401
     from minilm.hf import HFError, export_model, read_hf  # noqa: F401
-    from minilm.model import GPT as Model, KVCache  # noqa: F401
+    from minilm.model import GPT as Model  # noqa: F401
     from minilm.training import train  # noqa: F401
+
     assert Model is Face is GPT and FaceConfig is Config and face_load is load_model
 
 
@@ -59,6 +65,7 @@ def test_a_scheme_in_one_module_works_everywhere(tmp_path):
     step, decodes from a cache exactly as the full pass computes, saves and loads, and has a
     label and a figure, with no other file changed. (A learned per-head distance slope: a
     bias scheme with one parameter per head.)"""
+
     @register("test_slope")
     class LearnedSlope(PositionScheme):
         description = "a learned distance penalty per head (a test scheme)"
@@ -73,8 +80,9 @@ def test_a_scheme_in_one_module_works_everywhere(tmp_path):
             return -self.slope[:, None, None] * (q_pos[:, None] - k_pos[None, :]).clamp(min=0)[None]
 
     try:
-        config = ModelConfig(vocab_size=97, n_layer=2, n_head=2, d_model=16, block_size=16,
-                             position={"kind": "test_slope", "init": 0.2})
+        config = ModelConfig(
+            vocab_size=97, n_layer=2, n_head=2, d_model=16, block_size=16, position={"kind": "test_slope", "init": 0.2}
+        )
         model = GPT(config)
         idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(0))
         model(idx).logsumexp(-1).mean().backward()
@@ -83,16 +91,23 @@ def test_a_scheme_in_one_module_works_everywhere(tmp_path):
         with torch.no_grad():
             full = model(idx)
             cache = model.new_cache(2, 16)
-            stepped = torch.cat([model(idx[:, :9], cache=cache)] + [model(idx[:, t:t + 1], cache=cache)
-                                                                   for t in range(9, 16)], dim=1)
+            stepped = torch.cat(
+                [model(idx[:, :9], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(9, 16)], dim=1
+            )
         torch.testing.assert_close(stepped, full, rtol=1e-5, atol=1e-5)
         corpus = tmp_path / "text.txt"
         corpus.write_text(tiny_text(300))
         tokenizer = Tokenizer.train(str(corpus), 400)
         config = ModelConfig(**{**config.__dict__, "vocab_size": tokenizer.vocab_size})
         model = GPT(config).eval()
-        save({"model": model.state_dict(), "config": Config(model=config, data=DataConfig(vocab_size=400)).to_dict(),
-              "tokenizer": tokenizer.to_bytes()}, str(tmp_path / "run"))
+        save(
+            {
+                "model": model.state_dict(),
+                "config": Config(model=config, data=DataConfig(vocab_size=400)).to_dict(),
+                "tokenizer": tokenizer.to_bytes(),
+            },
+            str(tmp_path / "run"),
+        )
         loaded = load_model(str(tmp_path / "run")).model
         torch.testing.assert_close(loaded(idx), model(idx))
         assert describe(config.position) == "test_slope init=0.2"

@@ -1,5 +1,6 @@
 """Tests for minilm.checkpoints.format: atomic writes survive a crash mid-save; bad files give clear
 errors; checkpoints written by earlier commits still load and generate the same tokens."""
+
 import json
 import os
 import subprocess
@@ -18,8 +19,12 @@ from tests.conftest import REPO
 
 
 def state(value: float) -> dict:
-    return {"model": {"w": torch.full((4,), value)}, "config": {"seed": 1, "model": {}}, "tokenizer": b"tok",
-            "step": int(value)}
+    return {
+        "model": {"w": torch.full((4,), value)},
+        "config": {"seed": 1, "model": {}},
+        "tokenizer": b"tok",
+        "step": int(value),
+    }
 
 
 def test_save_then_load_roundtrip(tmp_path):
@@ -58,10 +63,17 @@ def test_a_process_killed_during_save_keeps_the_previous_checkpoint(tmp_path):
             f.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # dies before the rename
         checkpoint.torch.save = save_then_die
-        checkpoint.save({{"model": {{"w": torch.zeros(4)}}, "config": {{}}, "tokenizer": b"x", "step": 2}}, {str(tmp_path)!r})
+        checkpoint.save({{"model": {{"w": torch.zeros(4)}}, "config": {{}}, "tokenizer": b"x", "step": 2}},
+        {str(tmp_path)!r})
     """)
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == -9, result.stderr
     assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))  # the half-written temp file
     assert checkpoint.load(str(tmp_path))["step"] == 1
@@ -97,8 +109,10 @@ def test_load_refuses_pickled_code(tmp_path):
             return (os.system, ("true",))
 
     path = tmp_path / "evil.pt"
-    torch.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "model": Evil(), "config": {},
-                "tokenizer": b""}, path)
+    torch.save(
+        {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "model": Evil(), "config": {}, "tokenizer": b""},
+        path,
+    )
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         checkpoint.load(str(path))
 
@@ -116,7 +130,9 @@ def test_a_checkpoint_written_before_the_subpackages_loads_and_generates_the_sam
     model, tokenizer, _, _ = load_model(os.path.join(FIXTURES, f"{kind}.pt"))
     prompt = tokenizer.encode(expected["prompt"])
     greedy = [int(t) for t in generate_ids(model, prompt, max_new_tokens=40, sampling=Sampling(temperature=0))]
-    sampled = [int(t) for t in generate_ids(model, prompt, max_new_tokens=40, seed=7,
-                                             sampling=Sampling(temperature=1.0, top_k=20))]
+    sampled = [
+        int(t)
+        for t in generate_ids(model, prompt, max_new_tokens=40, seed=7, sampling=Sampling(temperature=1.0, top_k=20))
+    ]
     assert greedy == expected["greedy"]
     assert sampled == expected["sampled_seed7_topk20"]

@@ -3,6 +3,7 @@ step compiled by torch.compile (minilm.generation.compiled): the same logits and
 eager cache, past the context too, and a fresh compile whenever the weights change. Under
 torch.compile as training runs it: bf16 attention written out for the compiler and still
 exact causal attention, and forward passes that compile whole (no graph breaks)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,8 +17,9 @@ GREEDY = Sampling(temperature=0)
 
 
 def greedy_tokens(model, prompt, n, **kw):
-    return [t[0] for t in torch.stack(list(generate_ids(model, prompt, max_new_tokens=n, sampling=GREEDY,
-                                                          **kw))).tolist()]
+    return [
+        t[0] for t in torch.stack(list(generate_ids(model, prompt, max_new_tokens=n, sampling=GREEDY, **kw))).tolist()
+    ]
 
 
 def cached_logits(model, seq, capacity, static):
@@ -27,7 +29,7 @@ def cached_logits(model, seq, capacity, static):
     idx = torch.tensor([seq])
     out = [model(idx[:, :4], cache)[0, -1]]
     for t in range(4, len(seq)):
-        out.append(model(idx[:, t:t + 1], cache)[0, -1])
+        out.append(model(idx[:, t : t + 1], cache)[0, -1])
     return torch.stack(out)
 
 
@@ -49,7 +51,9 @@ def test_compiled_decoding_equals_eager_decoding_past_the_context(random_gpt, po
     prompt = [5, 17, 42, 8, 61, 3, 29]
     eager = greedy_tokens(model, prompt, 40)
     stats = Stats()
-    assert greedy_tokens(model, prompt, 40, compile=True, stats=stats) == eager  # 47 tokens through a 16-slot rolling cache
+    assert (
+        greedy_tokens(model, prompt, 40, compile=True, stats=stats) == eager
+    )  # 47 tokens through a 16-slot rolling cache
     assert len(set(eager)) >= 5
     lines = stats.lines()  # the step that compiled is reported apart, not inside the decode rate
     assert lines[2].startswith("compile: the first decode step took") and lines[3].startswith("decode: 38 tokens in")
@@ -109,10 +113,16 @@ def test_compiled_bf16_attention_is_written_out_and_is_causal_attention(random_g
         torch.testing.assert_close(got.grad.float(), want.grad, atol=5e-2, rtol=5e-2)
 
 
-@pytest.mark.parametrize("position", [{"kind": "learned"}, {"kind": "rope"},
-                                      {"kind": "interpolated", "inner": {"kind": "learned"}, "factor": 2.0},
-                                      {"kind": "randomized", "inner": {"kind": "learned"}}],
-                         ids=["learned", "rope", "interpolated", "randomized"])
+@pytest.mark.parametrize(
+    "position",
+    [
+        {"kind": "learned"},
+        {"kind": "rope"},
+        {"kind": "interpolated", "inner": {"kind": "learned"}, "factor": 2.0},
+        {"kind": "randomized", "inner": {"kind": "learned"}},
+    ],
+    ids=["learned", "rope", "interpolated", "randomized"],
+)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_a_forward_pass_compiles_whole(random_gpt, position, training):
     """train.compile compiles the model's forward: the position check and the position hooks
@@ -124,4 +134,3 @@ def test_a_forward_pass_compiles_whole(random_gpt, position, training):
     got = compiled(idx)
     torch.manual_seed(1)
     torch.testing.assert_close(got, model(idx))
-

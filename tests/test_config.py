@@ -1,4 +1,5 @@
 """Tests for minilm.config and the config side of minilm train: lookup, overrides, errors, the shipped configs."""
+
 import dataclasses
 import os
 import subprocess
@@ -18,13 +19,23 @@ CONFIGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "interpolated
 
 def run_cli(*args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_overrides_are_typed_as_yaml():
-    config = load_config("rope.yaml", ["train.max_steps=200", "model.position.kind=alibi", "train.lr=3e-3",
-                                       "train.compile=true", "train.init_from=out/rope", "model.dropout=0"])
+    config = load_config(
+        "rope.yaml",
+        [
+            "train.max_steps=200",
+            "model.position.kind=alibi",
+            "train.lr=3e-3",
+            "train.compile=true",
+            "train.init_from=out/rope",
+            "model.dropout=0",
+        ],
+    )
     assert config.train.max_steps == 200 and config.model.position == {"kind": "alibi"}
     assert config.train.lr == 3e-3 and isinstance(config.train.lr, float)
     assert config.train.compile is True and config.train.init_from == "out/rope"
@@ -33,24 +44,27 @@ def test_overrides_are_typed_as_yaml():
     assert nested.model.position["scaling"] == {"type": "yarn", "factor": 4}
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("train.max_step=5", r"unknown key 'train.max_step': did you mean max_steps"),
-    ("trian.lr=1", r"unknown key 'trian': did you mean train"),
-    ("model.nlayer=2", r"unknown key 'model.nlayer': did you mean n_layer"),
-    ("train.max_steps=abc", r"train.max_steps='abc' has the wrong type: expected int"),
-    ("train.lr=fast", r"train.lr='fast' has the wrong type: expected float"),
-    ("train.dtype=fp16", r"train.dtype='fp16' is invalid: valid: auto, float32, bfloat16"),
-    ("train.batch_size=0", r"train.batch_size=0 is invalid"),
-    ("train.grad_clip=-1", r"train.grad_clip=-1.0 is invalid"),
-    ("train.beta2=1.5", r"train.beta2=1.5 is invalid"),
-    ("train.min_lr=1", r"train.min_lr=1.0 are invalid"),
-    ("train.schedule=linear", r"train.schedule='linear' is invalid: valid: cosine, wsd"),
-    ("train.cooldown=0", r"train.cooldown=0.0 is invalid: expected a fraction of max_steps, 0 < cooldown <= 1"),
-    ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
-    ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
-    ("model.n_head=5", r"model.d_model=192 is not divisible by model.n_head=5"),
-    ("train.max_steps", r"has no value: write it as train.max_steps=VALUE"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.max_step=5", r"unknown key 'train.max_step': did you mean max_steps"),
+        ("trian.lr=1", r"unknown key 'trian': did you mean train"),
+        ("model.nlayer=2", r"unknown key 'model.nlayer': did you mean n_layer"),
+        ("train.max_steps=abc", r"train.max_steps='abc' has the wrong type: expected int"),
+        ("train.lr=fast", r"train.lr='fast' has the wrong type: expected float"),
+        ("train.dtype=fp16", r"train.dtype='fp16' is invalid: valid: auto, float32, bfloat16"),
+        ("train.batch_size=0", r"train.batch_size=0 is invalid"),
+        ("train.grad_clip=-1", r"train.grad_clip=-1.0 is invalid"),
+        ("train.beta2=1.5", r"train.beta2=1.5 is invalid"),
+        ("train.min_lr=1", r"train.min_lr=1.0 are invalid"),
+        ("train.schedule=linear", r"train.schedule='linear' is invalid: valid: cosine, wsd"),
+        ("train.cooldown=0", r"train.cooldown=0.0 is invalid: expected a fraction of max_steps, 0 < cooldown <= 1"),
+        ("model.position.kind=rop", r"unknown position kind 'rop': did you mean rope"),
+        ("model.position.bsae=5", r"unknown option 'bsae' for position kind 'rope': did you mean base"),
+        ("model.n_head=5", r"model.d_model=192 is not divisible by model.n_head=5"),
+        ("train.max_steps", r"has no value: write it as train.max_steps=VALUE"),
+    ],
+)
 def test_errors_are_one_line_and_name_the_key(override, expected):
     with pytest.raises(ConfigError, match=expected) as info:
         load_config("rope.yaml", [override])
@@ -97,8 +111,15 @@ def test_shipped_configs_differ_only_in_position_out_dir_and_export_layout():
     shared = load_config("sinusoidal.yaml").model
     assert (shared.norm, shared.mlp, shared.qk_norm) == ("layernorm", "gelu", True)
     positions = {name: load_config(f"{name}.yaml").model.position["kind"] for name in CONFIGS}
-    assert positions == {"sinusoidal": "sinusoidal", "learned": "learned", "rope": "rope", "alibi": "alibi",
-                         "t5": "t5", "nope": "none", "interpolated": "interpolated"}
+    assert positions == {
+        "sinusoidal": "sinusoidal",
+        "learned": "learned",
+        "rope": "rope",
+        "alibi": "alibi",
+        "t5": "t5",
+        "nope": "none",
+        "interpolated": "interpolated",
+    }
 
 
 def test_vocab_size_follows_the_tokenizer_setting():
@@ -112,8 +133,10 @@ def test_print_config_prints_the_resolved_yaml():
     tree = yaml.safe_load(result.stdout)
     assert tree["train"]["max_steps"] == 7 and tree["model"]["position"] == {"kind": "alibi"}
     assert tree["model"]["vocab_size"] == 2000 and tree["out_dir"] == "out/alibi"
-    assert load_config("alibi.yaml", ["train.max_steps=7", "data.vocab_size=2000", "model.vocab_size=2000"]) \
-        .to_dict() == tree
+    assert (
+        load_config("alibi.yaml", ["train.max_steps=7", "data.vocab_size=2000", "model.vocab_size=2000"]).to_dict()
+        == tree
+    )
 
 
 def test_cli_config_errors_exit_2_with_one_line():
@@ -138,8 +161,13 @@ def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(cap
         train_command.main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
-                         ("train.lora", LoRAConfig), (None, Config)):
+    for section, cls in (
+        ("model", ModelConfig),
+        ("data", DataConfig),
+        ("train", TrainConfig),
+        ("train.lora", LoRAConfig),
+        (None, Config),
+    ):
         for f in dataclasses.fields(cls):
             if f.name in ("model", "data", "train", "lora"):  # sections: their keys are listed
                 continue
@@ -151,4 +179,3 @@ def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(cap
     assert "  model.position = {kind: rope}: the position scheme" in out
     assert "  train.snapshot_steps = []: " in out and "  out_dir = out/run: " in out
     assert "  train.lora.targets = [q, k, v, o]: the linears that get adapters" in out
-

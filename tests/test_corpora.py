@@ -1,6 +1,7 @@
 """Tests for corpus sources and streaming preparation: .jsonl files, directories mixing .txt and
 .jsonl, the validation split by name hash, end-of-text ids between documents, the cheap source
 fingerprint and --reprepare (minilm.data.sources, minilm.data.corpus)."""
+
 import hashlib
 import json
 import os
@@ -12,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from minilm.config import DataConfig
-from minilm.data import corpus as data, sources, tokenizer as tokenizer_module
+from minilm.data import corpus as data
+from minilm.data import sources
+from minilm.data import tokenizer as tokenizer_module
 from minilm.data.corpus import DataError, prepare
 from minilm.data.hf_tokenizer import HFTokenizer, sentencepiece_to_json
 from minilm.data.sources import corpus_documents, join_documents, source_fingerprint
@@ -55,31 +58,37 @@ def mixed(tmp_path):
 
 # =========================================================================== sources
 
+
 def test_a_jsonl_file_is_one_document_per_line(tmp_path):
     path = tmp_path / "docs.jsonl"
-    write_jsonl(path, [{"body": "first\n", "n": 1}, "", {"body": "\n\nsecond\nline"}, {"body": "  "},
-                       {"body": "third \u00e9\u6771"}])
+    write_jsonl(
+        path,
+        [{"body": "first\n", "n": 1}, "", {"body": "\n\nsecond\nline"}, {"body": "  "}, {"body": "third \u00e9\u6771"}],
+    )
     train, val = corpus_documents(str(path), "body")
     docs = dict(train + val)
     assert sorted(docs) == ["docs.jsonl#1", "docs.jsonl#3", "docs.jsonl#5"]  # 1-based line numbers
     assert docs["docs.jsonl#3"] == "\n\nsecond\nline" and docs["docs.jsonl#5"] == "third \u00e9\u6771"
     assert len(val) == 1  # several documents: split by documents, not inside one
     (one := tmp_path / "one.jsonl").write_text(json.dumps({"text": tiny_text(50)}) + "\n")
-    (train_name, train_text), = corpus_documents(str(one))[0]
-    (val_name, val_text), = corpus_documents(str(one))[1]
+    ((train_name, train_text),) = corpus_documents(str(one))[0]
+    ((val_name, val_text),) = corpus_documents(str(one))[1]
     assert (train_name, val_name) == ("one.jsonl#1", "one.jsonl#1#val")
     assert (train_text, val_text) == sources.split_text(tiny_text(50))  # a single document: cut at 90%
 
 
-@pytest.mark.parametrize("line, words", [
-    ("{not json", ["line 2", "not valid JSON", "'text'"]),
-    ('["a", "list"]', ["line 2", "is an array, not an object", "'text'"]),
-    ('{"txt": "x", "id": 1}', ["line 2", "no field 'text'", "did you mean txt"]),
-    ('{"text": 7}', ["line 2", "field 'text'", "is a number, expected a string"]),
-    ('{"text": null}', ["line 2", "field 'text'", "is null, expected a string"]),
-    ('{"text": "\\ud800"}', ["line 2", "unpaired surrogate"]),
-    (b'{"text": "caf\xe9"}', ["line 2", "not valid JSON (not UTF-8)"]),
-])
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("{not json", ["line 2", "not valid JSON", "'text'"]),
+        ('["a", "list"]', ["line 2", "is an array, not an object", "'text'"]),
+        ('{"txt": "x", "id": 1}', ["line 2", "no field 'text'", "did you mean txt"]),
+        ('{"text": 7}', ["line 2", "field 'text'", "is a number, expected a string"]),
+        ('{"text": null}', ["line 2", "field 'text'", "is null, expected a string"]),
+        ('{"text": "\\ud800"}', ["line 2", "unpaired surrogate"]),
+        (b'{"text": "caf\xe9"}', ["line 2", "not valid JSON (not UTF-8)"]),
+    ],
+)
 def test_bad_jsonl_lines_are_one_line_errors_naming_file_line_and_field(tmp_path, line, words):
     path = tmp_path / "bad.jsonl"
     head = json.dumps({"text": "fine"}).encode() + b"\n"
@@ -122,6 +131,7 @@ def test_text_is_read_in_blocks_exactly_as_read_text(tmp_path, monkeypatch):
 
 # =========================================================================== streaming preparation
 
+
 def test_streaming_gives_the_ids_of_encoding_the_joined_text_at_once(mixed, tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "READ_BYTES", 999)  # many blocks per file
     monkeypatch.setattr(tokenizer_module, "ENCODE_CHUNK_CHARS", 50)  # many chunks, pending text carried over
@@ -149,7 +159,7 @@ def test_end_of_text_after_every_document_and_only_there(mixed, tmp_path, monkey
         ids = ids.tolist()
         assert ids[-1] == 2 and ids.count(2) == len(docs)
         ends = [i for i, t in enumerate(ids) if t == 2]
-        pieces = [ids[a + 1:b] for a, b in zip([-1] + ends, ends)]
+        pieces = [ids[a + 1 : b] for a, b in zip([-1] + ends, ends)]
         assert [p.tokenizer.decode(piece) for piece in pieces] == [text.strip("\n") + "\n" for _, text in docs]
         assert pieces == [p.tokenizer.encode(text.strip("\n") + "\n") for _, text in docs]
     val_docs = corpus_documents(str(mixed))[1]
@@ -178,6 +188,7 @@ def test_end_of_text_with_a_given_tokenizer(mixed, tmp_path):
 
 
 # =========================================================================== fingerprint and reprepare
+
 
 def big_file(path, size=1 << 20):
     path.write_bytes(bytes(i % 251 for i in range(size)))
@@ -224,7 +235,7 @@ def test_reprepare_rebuilds_what_the_fingerprint_cannot_see(tmp_path, monkeypatc
     calls = trainings(monkeypatch)
     stat = path.stat()
     at = len(head) + 6 * 30_000  # 'a b c' -> 'x b c' at about 240 KB: the same size
-    path.write_text(text[:at] + "x" + text[at + 1:])
+    path.write_text(text[:at] + "x" + text[at + 1 :])
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the same mtime
     stale = prepare(cfg, quiet=True)
     assert len(calls) == 0 and "x b c" not in stale.tokenizer.decode(stale.train)
@@ -257,8 +268,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
 
 
 def peak_rss_mib(corpus, data_dir, tokenizer_text) -> float:
-    out = subprocess.run([sys.executable, "-c", PREPARE_AND_REPORT_RSS, str(corpus), str(data_dir), str(tokenizer_text)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PREPARE_AND_REPORT_RSS, str(corpus), str(data_dir), str(tokenizer_text)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.split()[-1]) / 1024
 
 

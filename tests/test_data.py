@@ -1,4 +1,5 @@
 """Tests for minilm.data.tokenizer and minilm.data: corpus conversion and split, tokenizer, preparation, batches."""
+
 import hashlib
 import json
 import os
@@ -10,13 +11,18 @@ import pytest
 import torch
 
 from minilm.config import ConfigError, DataConfig
-from minilm.data import corpus as data, shakespeare as plays, sources, tokenizer as tokenizer_module
+from minilm.data import corpus as data
+from minilm.data import shakespeare as plays
+from minilm.data import sources
+from minilm.data import tokenizer as tokenizer_module
 from minilm.data.batches import get_batch
 from minilm.data.corpus import DataError, prepare
 from minilm.data.tokenizer import Tokenizer, TokenizerError
 
-WORDS = ("the king queen lord lady sword crown night day love death fair foul speak hear "
-         "what where when why how thou thee thy art hath doth shall will would must come go").split()
+WORDS = (
+    "the king queen lord lady sword crown night day love death fair foul speak hear "
+    "what where when why how thou thee thy art hath doth shall will would must come go"
+).split()
 
 
 def make_text(n_lines: int, seed: int = 0) -> str:
@@ -59,6 +65,7 @@ def counting_train(monkeypatch):
 
 # =========================================================================== Shakespeare
 
+
 def test_shakespeare_split_is_hamlet_and_tempest_only(shakespeare):
     train, val = shakespeare
     train_names, val_names = [n for n, _ in train], [n for n, _ in val]
@@ -79,8 +86,10 @@ def test_shakespeare_split_is_hamlet_and_tempest_only(shakespeare):
 def test_shakespeare_text_format(shakespeare):
     train, val = shakespeare
     hamlet = dict(val)["hamlet"]
-    assert hamlet.startswith("Hamlet\n\nACT I\n\nSCENE I. Elsinore. A platform before the castle.\n\n"
-                             "[FRANCISCO at his post. Enter to him BERNARDO]\n\nBERNARDO:\nWho's there?\n\n")
+    assert hamlet.startswith(
+        "Hamlet\n\nACT I\n\nSCENE I. Elsinore. A platform before the castle.\n\n"
+        "[FRANCISCO at his post. Enter to him BERNARDO]\n\nBERNARDO:\nWho's there?\n\n"
+    )
     for name, text in train + val:
         assert not re.search(r"[#*_\\`<>|]", text), name  # no markdown left
         assert text.endswith("\n") and "\n\n\n" not in text, name
@@ -94,24 +103,57 @@ def test_shakespeare_text_format(shakespeare):
 
 
 def test_play_to_text_handles_the_markdown_quirks():
-    markdown = "\n".join([
-        "# A Play", "", "## ACT I", "", "### SCENE I. A wood. TITANIA", "", "lying asleep.", "",
-        "_Enter ROMEO, with", "a torch_", "",
-        "**ROMEO**  ", "But soft!  ", "_\\[Aside]_  ", "What light \\--", "",
-        "_Exit JULIET_", "", "Through yonder window.", "",
-        "**JULIET**  ", "Ay me.  ", "BISHOP", "", "**OF WINCHESTER**  ", "Peace.", "",
-        "A PLAY", "", "*Exeunt.*", "",
-    ]) + "\n"
+    markdown = (
+        "\n".join(
+            [
+                "# A Play",
+                "",
+                "## ACT I",
+                "",
+                "### SCENE I. A wood. TITANIA",
+                "",
+                "lying asleep.",
+                "",
+                "_Enter ROMEO, with",
+                "a torch_",
+                "",
+                "**ROMEO**  ",
+                "But soft!  ",
+                "_\\[Aside]_  ",
+                "What light \\--",
+                "",
+                "_Exit JULIET_",
+                "",
+                "Through yonder window.",
+                "",
+                "**JULIET**  ",
+                "Ay me.  ",
+                "BISHOP",
+                "",
+                "**OF WINCHESTER**  ",
+                "Peace.",
+                "",
+                "A PLAY",
+                "",
+                "*Exeunt.*",
+                "",
+            ]
+        )
+        + "\n"
+    )
     assert plays.play_to_text(markdown) == (
         "A Play\n\nACT I\n\nSCENE I. A wood. TITANIA lying asleep.\n\n[Enter ROMEO, with a torch]\n\n"
         "ROMEO:\nBut soft!\n[Aside]\nWhat light --\n\n[Exit JULIET]\n\nROMEO:\nThrough yonder window.\n\n"
-        "JULIET:\nAy me.\n\nBISHOP OF WINCHESTER:\nPeace.\n\n[Exeunt.]\n")
-    assert plays.play_to_text("## ACT I\n\n**A**  \nHi.\n", "measure-for-measure") \
-        .startswith("measure-for-measure\n\nACT I")
+        "JULIET:\nAy me.\n\nBISHOP OF WINCHESTER:\nPeace.\n\n[Exeunt.]\n"
+    )
+    assert plays.play_to_text("## ACT I\n\n**A**  \nHi.\n", "measure-for-measure").startswith(
+        "measure-for-measure\n\nACT I"
+    )
     assert plays.title_from_name("measure-for-measure") == "Measure for Measure"
 
 
 # =========================================================================== tokenizer
+
 
 def test_tokenizer_round_trip_and_serialization(small_tokenizer, tmp_path):
     tok = small_tokenizer
@@ -119,7 +161,11 @@ def test_tokenizer_round_trip_and_serialization(small_tokenizer, tmp_path):
     samples = [
         "ROMEO:\nBut soft, what light through yonder window breaks?\n\n[Exit.]\n",
         "  two leading spaces\n\n\n    indented\n\ttab\ttrailing   \n",
-        " x", "", "\n", "digits 12345 and 007", "unseen: é ñ 中文 😀 Ω\n",
+        " x",
+        "",
+        "\n",
+        "digits 12345 and 007",
+        "unseen: é ñ 中文 😀 Ω\n",
     ]
     for text in samples:
         assert tok.decode(tok.encode(text)) == text
@@ -141,7 +187,7 @@ def test_tokenizer_training_is_deterministic_and_checks_vocab(tmp_path):
     path.write_text(make_text(400, seed=1))
     assert Tokenizer.train(str(path), 340).to_bytes() == Tokenizer.train(str(path), 340).to_bytes()
     with pytest.raises(TokenizerError, match="too large"):
-        Tokenizer.train(str(path), 2 ** 32 + 1)
+        Tokenizer.train(str(path), 2**32 + 1)
     with pytest.raises(TokenizerError, match="too small"):
         Tokenizer.train(str(path), 100)
     with pytest.raises(TokenizerError, match="too high"):
@@ -151,6 +197,7 @@ def test_tokenizer_training_is_deterministic_and_checks_vocab(tmp_path):
 
 
 # =========================================================================== prepare
+
 
 @pytest.fixture
 def corpus_file(tmp_path):
@@ -194,8 +241,9 @@ def test_prepare_writes_and_reuses(corpus_file, tmp_path, monkeypatch):
 
 def test_the_holdout_is_the_end_of_the_train_split_and_never_sampled(corpus_file, tmp_path):
     whole = prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data")), quiet=True)
-    held = prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"),
-                              holdout_tokens=500), quiet=True)
+    held = prepare(
+        DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"), holdout_tokens=500), quiet=True
+    )
     assert held.dir == whole.dir  # the same prepared files: the holdout is a view of them
     assert len(held.holdout) == 500 and len(held.train) == len(whole.train) - 500
     assert np.array_equal(np.concatenate([held.train, held.holdout]), whole.train)
@@ -203,10 +251,17 @@ def test_the_holdout_is_the_end_of_the_train_split_and_never_sampled(corpus_file
     for bad in (-5, 1.5, True):
         with pytest.raises(ConfigError, match=r"data.holdout_tokens=.* is invalid: expected 0 \(none\) or a number"):
             DataConfig(corpus=str(corpus_file), holdout_tokens=bad)
-    with pytest.raises(DataError, match=r"data.holdout_tokens=\d+ is invalid: the train split has \d+ tokens; hold out "
-                                        r"at most half"):
-        prepare(DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"),
-                           holdout_tokens=len(whole.train)), quiet=True)
+    with pytest.raises(
+        DataError,
+        match=r"data.holdout_tokens=\d+ is invalid: the train split has \d+ tokens; hold out "
+        r"at most half",
+    ):
+        prepare(
+            DataConfig(
+                corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"), holdout_tokens=len(whole.train)
+            ),
+            quiet=True,
+        )
 
 
 def test_prepare_with_a_given_tokenizer(corpus_file, small_tokenizer, tmp_path, monkeypatch):
@@ -218,8 +273,9 @@ def test_prepare_with_a_given_tokenizer(corpus_file, small_tokenizer, tmp_path, 
     same = prepare(cfg, quiet=True, tokenizer=own.tokenizer)
     assert same.dir == own.dir and len(calls) == 1
     # another tokenizer (another vocab size too): encoded with it, never trained, in its own directory
-    other = prepare(DataConfig(corpus=str(corpus_file), vocab_size=999, dir=cfg.dir), quiet=True,
-                    tokenizer=small_tokenizer)
+    other = prepare(
+        DataConfig(corpus=str(corpus_file), vocab_size=999, dir=cfg.dir), quiet=True, tokenizer=small_tokenizer
+    )
     assert len(calls) == 1 and other.dir != own.dir and re.search(r"-tok[0-9a-f]{12}$", other.dir.name)
     assert other.tokenizer.to_bytes() == small_tokenizer.to_bytes()
     assert other.val.tolist() == small_tokenizer.encode(other.val_text())
@@ -315,7 +371,7 @@ def test_clear_errors(tmp_path):
     with pytest.raises(DataError, match="UTF-8"):
         sources.corpus_documents(str(tmp_path / "latin1.txt"))
     with pytest.raises(DataError, match="too large"):
-        prepare(DataConfig(vocab_size=2 ** 32 + 1, dir=str(tmp_path / "d")), quiet=True)
+        prepare(DataConfig(vocab_size=2**32 + 1, dir=str(tmp_path / "d")), quiet=True)
     tiny = tmp_path / "tiny.txt"
     tiny.write_text(make_text(30))
     with pytest.raises(DataError, match=r"data.vocab_size=5000 .*too high"):
@@ -324,6 +380,7 @@ def test_clear_errors(tmp_path):
 
 
 # =========================================================================== batches
+
 
 def test_get_batch_shapes_and_determinism():
     tokens = np.arange(1000, dtype=np.uint16)
@@ -351,8 +408,19 @@ def test_prepare_shakespeare_with_real_vocab(tmp_path, monkeypatch, shakespeare)
     assert p.dir.name == "shakespeare-4096" and p.tokenizer.vocab_size == 4096
     assert p.manifest["val"]["documents"] == ["the-tempest", "hamlet"]
     # without data.end_of_text the manifest is what earlier versions wrote, so their directories stay valid
-    assert list(p.manifest) == ["format_version", "corpus", "source_fingerprint", "vocab_size", "tokenizer_settings",
-                                "token_dtype", "train", "val", "files", "created", "seconds"]
+    assert list(p.manifest) == [
+        "format_version",
+        "corpus",
+        "source_fingerprint",
+        "vocab_size",
+        "tokenizer_settings",
+        "token_dtype",
+        "train",
+        "val",
+        "files",
+        "created",
+        "seconds",
+    ]
     assert list(p.manifest["train"]) == list(p.manifest["val"]) == ["documents", "chars", "tokens"]
     assert p.eot_id is None and p.manifest["format_version"] == 1
     earlier = hashlib.sha256(f"converter={plays.CONVERTER_VERSION}\n".encode())  # every byte of every play

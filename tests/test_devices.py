@@ -4,6 +4,7 @@ run with the model and the tokens on the meta device, where a tensor created on 
 mistake (a table, a mask, positions) is an error, as it would be on a GPU. Paths that read
 values on the host (sliding windows, rolling caches, left-padded rows, sampling) cannot run on
 the meta device; bench/gpu_check.sh runs them on a GPU."""
+
 import pytest
 import torch
 
@@ -16,8 +17,15 @@ SETTINGS = {"interpolated": {"kind": "interpolated", "inner": {"kind": "learned"
 
 
 def on_meta(kind: str, **options) -> GPT:
-    config = ModelConfig(vocab_size=64, n_layer=2, n_head=2, d_model=32, block_size=16,
-                         position=SETTINGS.get(kind, {"kind": kind}), **options)
+    config = ModelConfig(
+        vocab_size=64,
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        block_size=16,
+        position=SETTINGS.get(kind, {"kind": kind}),
+        **options,
+    )
     with torch.device("meta"):
         return GPT(config)
 

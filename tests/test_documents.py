@@ -1,6 +1,7 @@
 """data.min_document_tokens (minilm.data.batches.Documents): rows for long-context training, cut
 from documents long enough, each row holding as few documents as it can, and the share of rows
 that crossed a document boundary in the run's summary."""
+
 import json
 
 import numpy as np
@@ -41,7 +42,7 @@ def test_a_row_longer_than_its_document_is_filled_by_the_next_kept_ones():
     tokens, _ = stream([50, 7, 120])
     documents = Documents(tokens, EOT, min_tokens=40)
     x, y = documents.batch(300, 100, torch.Generator().manual_seed(1))
-    starts_short = (x[:, 0] == 1)
+    starts_short = x[:, 0] == 1
     # a row started in the 50-token document continues into the 120-token one, never the 7-token one
     assert bool((x[starts_short] != 2).all()) and bool((x[starts_short][:, 50] == 3).all())
     assert crossing_rows(x, EOT) == int(starts_short.sum()) > 0
@@ -61,31 +62,67 @@ def test_windows_of_the_stream_cross_far_more_often():
 
 def test_the_run_says_how_many_rows_crossed_a_document_boundary(tmp_path, capfd):
     from tests.conftest import tiny_text
+
     text = tiny_text(2000)
     lines = text.split("\n")
     docs, at = [], 0
     for i, size in enumerate([3, 60, 4, 80, 2, 70, 5, 90] * 6):  # short and long documents, alternating
-        docs.append(" ".join(lines[at:at + size]))
+        docs.append(" ".join(lines[at : at + size]))
         at = (at + size) % (len(lines) - 100)
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
     shares = {}
     for n in (0, 600):
-        config = load_config(None, [f"data.corpus={corpus}", "data.vocab_size=400", f"data.dir={tmp_path / 'data'}",
-                                    "data.end_of_text=true", f"data.min_document_tokens={n}", "model.n_layer=1",
-                                    "model.n_head=2", "model.d_model=32", "model.block_size=128",
-                                    "train.batch_size=8", "train.max_steps=4", "train.eval_interval=4",
-                                    "train.eval_iters=1", "train.sample_tokens=0", "train.final_eval_tokens=0",
-                                    "train.device=cpu", "train.dtype=float32", f"out_dir={tmp_path / str(n)}"])
+        config = load_config(
+            None,
+            [
+                f"data.corpus={corpus}",
+                "data.vocab_size=400",
+                f"data.dir={tmp_path / 'data'}",
+                "data.end_of_text=true",
+                f"data.min_document_tokens={n}",
+                "model.n_layer=1",
+                "model.n_head=2",
+                "model.d_model=32",
+                "model.block_size=128",
+                "train.batch_size=8",
+                "train.max_steps=4",
+                "train.eval_interval=4",
+                "train.eval_iters=1",
+                "train.sample_tokens=0",
+                "train.final_eval_tokens=0",
+                "train.device=cpu",
+                "train.dtype=float32",
+                f"out_dir={tmp_path / str(n)}",
+            ],
+        )
         shares[n] = train(config, quiet=False)["rows_crossing_documents"]
         assert f"{100 * shares[n]:.1f}% of the rows crossed a document boundary" in capfd.readouterr().out
     assert shares[600] < 0.25 < shares[0]
-    masked = load_config(None, [f"data.corpus={corpus}", "data.vocab_size=400", f"data.dir={tmp_path / 'data'}",
-                                "data.end_of_text=true", "data.min_document_tokens=300", "data.document_mask=restart",
-                                "model.n_layer=1", "model.n_head=2", "model.d_model=32", "model.block_size=128",
-                                "train.batch_size=8", "train.max_steps=2", "train.eval_interval=2", "train.eval_iters=1",
-                                "train.sample_tokens=0", "train.final_eval_tokens=0", "train.device=cpu",
-                                "train.dtype=float32", f"out_dir={tmp_path / 'masked'}"])
+    masked = load_config(
+        None,
+        [
+            f"data.corpus={corpus}",
+            "data.vocab_size=400",
+            f"data.dir={tmp_path / 'data'}",
+            "data.end_of_text=true",
+            "data.min_document_tokens=300",
+            "data.document_mask=restart",
+            "model.n_layer=1",
+            "model.n_head=2",
+            "model.d_model=32",
+            "model.block_size=128",
+            "train.batch_size=8",
+            "train.max_steps=2",
+            "train.eval_interval=2",
+            "train.eval_iters=1",
+            "train.sample_tokens=0",
+            "train.final_eval_tokens=0",
+            "train.device=cpu",
+            "train.dtype=float32",
+            f"out_dir={tmp_path / 'masked'}",
+        ],
+    )
     assert 0 <= train(masked, quiet=True)["rows_crossing_documents"] < 1  # with the document masks too
     with pytest.raises(ConfigError, match="with data.end_of_text=true"):
         build_config({"data": {"min_document_tokens": 100}})

@@ -2,6 +2,7 @@
 the sinusoidal table (a linear ramp of rates by frequency, inverted scaling, nothing dropped at
 evaluation) and the position encoding concatenated to the token embedding at equal width
 (the layout written out, cached == uncached, training, one-line errors)."""
+
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ def sinusoidal(d_model=8, **options):
 
 
 # --------------------------------------------------------------------------- dimension dropout
+
 
 def test_the_ramp_runs_linearly_by_frequency_pair():
     rates = sinusoidal(dim_dropout=[0.4, 0.1]).drop_rates
@@ -59,8 +61,14 @@ def test_bad_dropout_rates_are_one_line_errors(value):
 
 def test_a_model_with_the_ramp_trains_stochastically_and_evaluates_deterministically():
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16,
-                         position={"kind": "sinusoidal", "dim_dropout": [0.3, 0.1]})
+    config = ModelConfig(
+        vocab_size=50,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        block_size=16,
+        position={"kind": "sinusoidal", "dim_dropout": [0.3, 0.1]},
+    )
     model, idx = GPT(config), torch.randint(0, 50, (2, 16))
     model.train()
     assert not torch.equal(model(idx), model(idx))
@@ -70,10 +78,20 @@ def test_a_model_with_the_ramp_trains_stochastically_and_evaluates_deterministic
 
 # --------------------------------------------------------------------------- concatenation
 
+
 def concat_model(kind="sinusoidal", dims=8, d_model=16, **options):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50, n_layer=2, n_head=2, d_model=d_model, block_size=32,
-                         position={"kind": kind}, concat_position_dims=dims, tie_embeddings=False, **options)
+    config = ModelConfig(
+        vocab_size=50,
+        n_layer=2,
+        n_head=2,
+        d_model=d_model,
+        block_size=32,
+        position={"kind": kind},
+        concat_position_dims=dims,
+        tie_embeddings=False,
+        **options,
+    )
     model = GPT(config).eval()
     with torch.no_grad():
         for param in model.parameters():
@@ -84,8 +102,17 @@ def concat_model(kind="sinusoidal", dims=8, d_model=16, **options):
 def test_concatenation_keeps_the_width_and_splits_the_embedding():
     learned = concat_model("learned")
     assert learned.wte.weight.shape == (50, 8) and learned.positions.table.weight.shape == (32, 8)
-    added = GPT(ModelConfig(vocab_size=50, n_layer=2, n_head=2, d_model=16, block_size=32,
-                            position={"kind": "learned"}, tie_embeddings=False))
+    added = GPT(
+        ModelConfig(
+            vocab_size=50,
+            n_layer=2,
+            n_head=2,
+            d_model=16,
+            block_size=32,
+            position={"kind": "learned"},
+            tie_embeddings=False,
+        )
+    )
     # every transformer weight is the same shape; the two tables are half as wide
     assert added.num_params() - learned.num_params() == 50 * 8 + 32 * 8
 
@@ -109,7 +136,7 @@ def test_concatenated_positions_cached_equal_uncached(kind):
     cache = model.new_cache(2, 16)
     with torch.no_grad():
         full = model(idx)
-        steps = [model(idx[:, :9], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(9, 16)]
+        steps = [model(idx[:, :9], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(9, 16)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -121,13 +148,18 @@ def test_concatenated_model_trains_every_parameter():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"concat_position_dims": 7}, "model.concat_position_dims=7 is invalid: expected 0 (added) or an even number"),
-    ({"concat_position_dims": 32}, "model.concat_position_dims=32 is invalid"),
-    ({"concat_position_dims": 8}, "an LM head of d_model cannot share: set model.tie_embeddings false"),
-    ({"concat_position_dims": 8, "tie_embeddings": False, "position": {"kind": "rope"}},
-     "model.position: rope acts inside attention and adds nothing to the embeddings"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"concat_position_dims": 7}, "model.concat_position_dims=7 is invalid: expected 0 (added) or an even number"),
+        ({"concat_position_dims": 32}, "model.concat_position_dims=32 is invalid"),
+        ({"concat_position_dims": 8}, "an LM head of d_model cannot share: set model.tie_embeddings false"),
+        (
+            {"concat_position_dims": 8, "tie_embeddings": False, "position": {"kind": "rope"}},
+            "model.position: rope acts inside attention and adds nothing to the embeddings",
+        ),
+    ],
+)
 def test_bad_concatenation_settings_are_one_line_errors(model, message):
     with pytest.raises(ConfigError) as info:
         build_config({"model": {"d_model": 32, "n_head": 4, "position": {"kind": "sinusoidal"}, **model}})

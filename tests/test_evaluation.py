@@ -1,4 +1,5 @@
 """Perplexity vs length (minilm.evaluation, evaluate.py) and passkey retrieval (minilm.evaluation.passkey)."""
+
 import csv
 import math
 import os
@@ -20,7 +21,8 @@ from minilm.checkpoints.loading import load_model
 from minilm.cli import passkey as passkey_cli
 from minilm.config import ConfigError, build_config
 from minilm.data.corpus import prepare
-from minilm.evaluation import lengths as evaluation, passkey, scoring
+from minilm.evaluation import lengths as evaluation
+from minilm.evaluation import passkey, scoring
 from minilm.positions import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,8 +33,9 @@ def write_corpus(directory, lines=2500, seed=0):
     rng = random.Random(seed)
     words = WORDS.split()
     os.makedirs(directory, exist_ok=True)
-    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "."
-                     for _ in range(lines))
+    text = "\n".join(
+        " ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + "." for _ in range(lines)
+    )
     with open(os.path.join(directory, "tiny.txt"), "w") as f:
         f.write(text + "\n")
     return str(directory)
@@ -47,17 +50,35 @@ def corpus(tmp_path_factory):
 
 def tiny_checkpoint(corpus, kind, block_size=16, seed=0, **position):
     root, data, prepared = corpus
-    config = build_config({"model": {"vocab_size": 340, "n_layer": 2, "n_head": 2, "d_model": 16,
-                                     "block_size": block_size, "position": {"kind": kind, **position}},
-                           "data": data, "out_dir": str(root / f"{kind}-{seed}")})
+    config = build_config(
+        {
+            "model": {
+                "vocab_size": 340,
+                "n_layer": 2,
+                "n_head": 2,
+                "d_model": 16,
+                "block_size": block_size,
+                "position": {"kind": kind, **position},
+            },
+            "data": data,
+            "out_dir": str(root / f"{kind}-{seed}"),
+        }
+    )
     torch.manual_seed(seed)
     model = GPT(config.model)
     with torch.no_grad():  # make positions matter in an untrained model
         for name, p in model.named_parameters():
             if name.startswith("positions") or name.endswith("qkv.weight"):
                 p.normal_(0, 0.5)
-    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
-                            "tokenizer": prepared.tokenizer.to_bytes(), "step": 0}, config.out_dir)
+    path = checkpoint.save(
+        {
+            "model": model.state_dict(),
+            "config": config.to_dict(),
+            "tokenizer": prepared.tokenizer.to_bytes(),
+            "step": 0,
+        },
+        config.out_dir,
+    )
     return path, model.eval()
 
 
@@ -69,11 +90,12 @@ def direct_nll(model, tokens, length):
         for b in range(0, n, length):
             e = min(b + length, n)
             logits = model(tokens[None, b:e])
-            total += F.cross_entropy(logits[0], tokens[b + 1:e + 1], reduction="sum").item()
+            total += F.cross_entropy(logits[0], tokens[b + 1 : e + 1], reduction="sum").item()
     return total / n
 
 
 # --------------------------------------------------------------------------- segments and scores
+
 
 @pytest.mark.parametrize("n,length,stride", [(64, 16, None), (70, 16, 5), (64, 64, None), (10, 16, 3)])
 def test_windows_score_every_target_once(n, length, stride):
@@ -103,8 +125,10 @@ def test_loss_by_position_is_the_mean_over_segments_at_each_position(corpus):
     curves = []
     scoring.score_many(model, tokens, [(16, "nonoverlapping", None), (16, "sliding", None)], by_position=curves)
     with torch.no_grad():
-        rows = [F.cross_entropy(model(tokens[None, b:b + 16])[0], tokens[b + 1:b + 17], reduction="none")
-                for b in range(0, 64, 16)]
+        rows = [
+            F.cross_entropy(model(tokens[None, b : b + 16])[0], tokens[b + 1 : b + 17], reduction="none")
+            for b in range(0, 64, 16)
+        ]
         last = F.cross_entropy(model(tokens[None, 64:69])[0], tokens[65:70], reduction="none")
     expected = torch.stack(rows).double().sum(dim=0)
     expected[:5] += last.double()
@@ -130,15 +154,17 @@ def test_sliding_scores_the_last_stride_tokens_of_each_window(corpus):
     with torch.no_grad():
         for begin, end, count in scoring.segments(64, 16, "sliding", 5):
             logits = model(tokens[None, begin:end])[0, -count:]
-            total += F.cross_entropy(logits, tokens[end - count + 1:end + 1], reduction="sum").item()
+            total += F.cross_entropy(logits, tokens[end - count + 1 : end + 1], reduction="sum").item()
     assert scoring.score(model, tokens, 16, "sliding", stride=5, batch_tokens=48) == pytest.approx(total / 64)
 
 
-SHARED_REQUESTS = [(t, mode, 4 if mode == "fixed-stride" else None) for mode in scoring.MODES for t in (8, 16, 32)] \
-    + [(16, "sliding", 5)]
-LENGTH_READERS = [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0}},
-                  {"kind": "interpolated", "inner": {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0}},
-                   "factor": 2.0}]
+SHARED_REQUESTS = [(t, mode, 4 if mode == "fixed-stride" else None) for mode in scoring.MODES for t in (8, 16, 32)] + [
+    (16, "sliding", 5)
+]
+LENGTH_READERS = [
+    {"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0}},
+    {"kind": "interpolated", "inner": {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0}}, "factor": 2.0},
+]
 
 
 def windows_one_by_one(model, tokens, length, mode, stride):
@@ -147,14 +173,20 @@ def windows_one_by_one(model, tokens, length, mode, stride):
     with torch.no_grad():
         for begin, end, count in scoring.segments(n, length, mode, stride):
             logits = model(tokens[None, begin:end])[0, -count:]
-            total += F.cross_entropy(logits.double(), tokens[end - count + 1:end + 1], reduction="sum").item()
+            total += F.cross_entropy(logits.double(), tokens[end - count + 1 : end + 1], reduction="sum").item()
     return total / n
 
 
-@pytest.mark.parametrize("position", [{"kind": k} for k in available() if k != "interpolated"] + LENGTH_READERS
-                         + [{"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0}],
-                         ids=lambda p: p["kind"] + ("-" + p.get("scaling", p.get("inner", {})).get("type", "")
-                                                    if "scaling" in p or "inner" in p else ""))
+@pytest.mark.parametrize(
+    "position",
+    [{"kind": k} for k in available() if k != "interpolated"]
+    + LENGTH_READERS
+    + [{"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0}],
+    ids=lambda p: (
+        p["kind"]
+        + ("-" + p.get("scaling", p.get("inner", {})).get("type", "") if "scaling" in p or "inner" in p else "")
+    ),
+)
 def test_score_many_equals_every_window_scored_alone(random_gpt, position):
     """Several lengths and both modes in one pass (segments sharing a start share a run)
     give each request the perplexity of its segments run one by one."""
@@ -220,21 +252,37 @@ def test_chunked_paths_give_the_same_perplexity(corpus, kind, monkeypatch):
 
 
 def test_bits_per_char_formula():
-    r = evaluation.Result(label="m", checkpoint="c", position="rope", train_length=8, length=8, mode="nonoverlapping",
-                          stride=None, tokens=1000, chars=4000, nll=2.0)
+    r = evaluation.Result(
+        label="m",
+        checkpoint="c",
+        position="rope",
+        train_length=8,
+        length=8,
+        mode="nonoverlapping",
+        stride=None,
+        tokens=1000,
+        chars=4000,
+        nll=2.0,
+    )
     assert r.ppl == pytest.approx(math.exp(2.0))
     assert r.bpc == pytest.approx(2.0 * 1000 / 4000 / math.log(2))
 
 
 # --------------------------------------------------------------------------- checkpoints
 
+
 def test_evaluate_checkpoints_same_tokens_and_bounded_learned(corpus):
     rope, _ = tiny_checkpoint(corpus, "rope")
     learned, _ = tiny_checkpoint(corpus, "learned")
     results = evaluation.evaluate_checkpoints([rope, learned], multiples=[1, 2, 4], max_tokens=200, quiet=True)
     assert [(r.label, r.length, r.status) for r in results] == [
-        ("rope-0", 16, "ok"), ("rope-0", 32, "ok"), ("rope-0", 64, "ok"),
-        ("learned-0", 16, "ok"), ("learned-0", 32, "bounded"), ("learned-0", 64, "bounded")]
+        ("rope-0", 16, "ok"),
+        ("rope-0", 32, "ok"),
+        ("rope-0", 64, "ok"),
+        ("learned-0", 16, "ok"),
+        ("learned-0", 32, "bounded"),
+        ("learned-0", 64, "bounded"),
+    ]
     assert {r.tokens for r in results} == {192}  # 200 rounded down to a multiple of the longest length
     table = evaluation.markdown_table(results)
     assert "n/a (bounded)" in table and table.count("\n") == 3
@@ -246,23 +294,30 @@ def test_evaluation_time_scaling_factor_one_changes_nothing(corpus):
     rope, _ = tiny_checkpoint(corpus, "rope")
     kwargs = dict(lengths=[16, 48], max_tokens=96, quiet=True)
     plain = evaluation.evaluate_checkpoints([rope], **kwargs)
-    yarn1 = evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling={type: yarn, factor: 1}"],
-                                            **kwargs)
-    pi4 = evaluation.evaluate_checkpoints([rope], overrides=["model.position.scaling.type=linear",
-                                                            "model.position.scaling.factor=4"], **kwargs)
+    yarn1 = evaluation.evaluate_checkpoints(
+        [rope], overrides=["model.position.scaling={type: yarn, factor: 1}"], **kwargs
+    )
+    pi4 = evaluation.evaluate_checkpoints(
+        [rope], overrides=["model.position.scaling.type=linear", "model.position.scaling.factor=4"], **kwargs
+    )
     assert [r.nll for r in yarn1] == pytest.approx([r.nll for r in plain], rel=1e-6)
     assert pi4[0].nll != pytest.approx(plain[0].nll, rel=1e-4)
     assert pi4[0].position == "rope+linear x4" and "[rope+linear x4]" in pi4[0].label
-    model, *_ = load_model(rope, ["model.position.scaling.type=yarn",
-                                     "model.position.scaling.factor=4", "model.block_size=64"])
+    model, *_ = load_model(
+        rope, ["model.position.scaling.type=yarn", "model.position.scaling.factor=4", "model.block_size=64"]
+    )
     assert model.positions.scaling["original_max_positions"] == 16  # the checkpoint's length, not the new one
 
 
 def test_zero_shot_interpolation_of_a_learned_table(corpus):
     learned, src = tiny_checkpoint(corpus, "learned")
-    results = evaluation.evaluate_checkpoints([learned], lengths=[16, 32, 64], max_tokens=128, quiet=True,
-                                              overrides=["model.position.kind=interpolated",
-                                                         "model.position.factor=4"])
+    results = evaluation.evaluate_checkpoints(
+        [learned],
+        lengths=[16, 32, 64],
+        max_tokens=128,
+        quiet=True,
+        overrides=["model.position.kind=interpolated", "model.position.factor=4"],
+    )
     assert [r.status for r in results] == ["ok", "ok", "bounded"]  # 15 * 4 + 1 = 61 positions
     assert results[0].position == "interpolated(learned max_positions=16) x4"
     model, *_ = load_model(learned, ["model.position.kind=interpolated", "model.block_size=64"])
@@ -277,7 +332,7 @@ def test_bad_requests_are_one_line_errors(corpus):
     with pytest.raises(ConfigError, match="not allowed at evaluation time"):
         evaluation.evaluate_checkpoints([rope], overrides=["model.d_model=32"], quiet=True)
     with pytest.raises(evaluation.EvaluationError, match="fewer than the longest length"):
-        evaluation.evaluate_checkpoints([rope], lengths=[10 ** 6], quiet=True)
+        evaluation.evaluate_checkpoints([rope], lengths=[10**6], quiet=True)
     with pytest.raises(scoring.ScoringError, match="stride=99 is invalid"):
         evaluation.evaluate_checkpoints([rope], lengths=[16], mode="sliding", stride=99, quiet=True)
     with pytest.raises(ConfigError, match="scaling.type"):
@@ -286,8 +341,9 @@ def test_bad_requests_are_one_line_errors(corpus):
 
 def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "evaluate.py"), *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
 
 
 def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
@@ -304,29 +360,57 @@ def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
     assert out.returncode == 0 and out.stdout.startswith("held-out training text perplexity"), out.stderr
     plain, _ = tiny_checkpoint(corpus, "rope", seed=1)  # trained without a holdout
     out = run_cli(plain, "--split", "holdout", "--lengths", "16", "--no-files", "--quiet")
-    assert out.returncode == 2 and "the holdout split is empty: the model was trained with data.holdout_tokens=0" \
-        in out.stderr and "Traceback" not in out.stderr
+    assert (
+        out.returncode == 2
+        and "the holdout split is empty: the model was trained with data.holdout_tokens=0" in out.stderr
+        and "Traceback" not in out.stderr
+    )
 
 
 def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
     rope, _ = tiny_checkpoint(corpus, "rope")
     learned, _ = tiny_checkpoint(corpus, "learned")
-    out = run_cli(rope, learned, "--multiples", "1,2", "--max-tokens", "128", "--csv", str(tmp_path / "a.csv"),
-                  "--plot", str(tmp_path / "a.png"), "--quiet")
+    out = run_cli(
+        rope,
+        learned,
+        "--multiples",
+        "1,2",
+        "--max-tokens",
+        "128",
+        "--csv",
+        str(tmp_path / "a.csv"),
+        "--plot",
+        str(tmp_path / "a.png"),
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     assert "| learned-0 | learned | 16 |" in out.stdout and "n/a (bounded)" in out.stdout
     assert "bits/char @ 32" in out.stdout
     rows = list(csv.DictReader(open(tmp_path / "a.csv")))
     assert len(rows) == 4 and rows[-1]["status"] == "bounded" and rows[-1]["ppl"] == ""
     assert os.path.getsize(tmp_path / "a.png") > 1000
-    out = run_cli(rope, "--mode", "sliding", "--stride", "4", "--lengths", "16", "--max-tokens", "64",
-                  "--position.scaling.type=dynamic", "--no-files", "--quiet")
+    out = run_cli(
+        rope,
+        "--mode",
+        "sliding",
+        "--stride",
+        "4",
+        "--lengths",
+        "16",
+        "--max-tokens",
+        "64",
+        "--position.scaling.type=dynamic",
+        "--no-files",
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     assert "sliding segments (stride 4)" in out.stdout and "rope+dynamic" in out.stdout
     nll = float(re.search(r"\| rope-0 \[rope\+dynamic\] \| rope\+dynamic \| 16 \| ([0-9.]+) \|", out.stdout).group(1))
     assert 1 < nll < 3000
-    for bad, message in [(["--position.scaling.type=bogus"], "scaling.type='bogus'"),
-                         (["--bogus"], "unrecognized argument")]:
+    for bad, message in [
+        (["--position.scaling.type=bogus"], "scaling.type='bogus'"),
+        (["--bogus"], "unrecognized argument"),
+    ]:
         out = run_cli(rope, "--no-files", "--quiet", "--max-tokens", "64", *bad)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = run_cli(str(tmp_path / "missing"))
@@ -334,6 +418,7 @@ def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
 
 
 # --------------------------------------------------------------------------- passkey
+
 
 def test_passkey_prompt_length_depth_and_answer(corpus):
     tokenizer = corpus[2].tokenizer
@@ -343,7 +428,7 @@ def test_passkey_prompt_length_depth_and_answer(corpus):
             prompt = passkey.make_prompt(tokenizer, length, depth, "40213")
             text = tokenizer.decode(prompt.ids)
             assert len(prompt.ids) == length and text.endswith("What is the pass key? The pass key is")
-            assert tokenizer.decode(prompt.ids[prompt.key_start:]).startswith(" The pass key is 40213.")
+            assert tokenizer.decode(prompt.ids[prompt.key_start :]).startswith(" The pass key is 40213.")
             assert abs(prompt.key_start - depth * prompt.filler_tokens) <= sentence  # within one filler sentence
     with pytest.raises(passkey.PasskeyError, match="too short"):
         passkey.make_prompt(tokenizer, 10, 0.5, "40213")
@@ -378,7 +463,7 @@ def test_passkey_greedy_decoding_uses_the_cache_consistently(corpus):
     with torch.no_grad():
         for _ in range(4):
             seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-    assert out == seq[len(ids):]
+    assert out == seq[len(ids) :]
 
 
 def test_passkey_corpus_documents_end_with_the_answer_and_mix_in_text(corpus):
@@ -408,10 +493,19 @@ def test_passkey_command_line(corpus, tmp_path, capsys):
     assert passkey_cli.main(["eval", rope, "--lengths", "100,140", "--depths", "0,1", "--trials", "2"]) == 0
     out = capsys.readouterr().out
     assert "| length | depth 0 | depth 1 | mean |" in out and "| 140 | " in out
-    assert passkey_cli.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"]) == 0
+    assert (
+        passkey_cli.main(["make-corpus", str(tmp_path / "pk"), "--checkpoint", rope, "--n", "3", "--length", "120"])
+        == 0
+    )
     assert len(os.listdir(tmp_path / "pk")) == 1
-    assert passkey_cli.main(["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120",
-                             "--mix", "0.5"]) == 0
-    assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(tmp_path / "mix")
+    assert (
+        passkey_cli.main(
+            ["make-corpus", str(tmp_path / "mix"), "--checkpoint", rope, "--n", "3", "--length", "120", "--mix", "0.5"]
+        )
+        == 0
+    )
+    assert sorted(os.listdir(tmp_path / "mix"))[0] == "passkey-0000.txt" and "text-0000.txt" in os.listdir(
+        tmp_path / "mix"
+    )
     assert passkey_cli.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err

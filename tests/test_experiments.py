@@ -1,8 +1,8 @@
 """The length-generalization study (minilm.study.plan, minilm.study.report, python -m minilm experiment):
 --quick end to end with 2 seeds, the extension curve's snapshots, the plan, the verdicts."""
+
 import csv
 import json
-import math
 import os
 
 import pytest
@@ -13,16 +13,32 @@ from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import claims, extension, plan as experiments, report, sweep
+from minilm.study import claims, extension, report, sweep
+from minilm.study import plan as experiments
 
 
 @pytest.fixture(scope="module")
 def quick_study(tiny_corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "lg"
-    code = experiment_cli.main(["length-generalization", "--quick", "--out", str(out), "--seeds", "3,4",
-                                "--workers", "2", "--quiet", f"data.corpus={tiny_corpus / 'corpus.txt'}",
-                                "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}", "train.max_steps=20",
-                                "sweep.lrs=[1.0e-4, 3.0e-3]", "tuning.seeds=[101]"])  # neither is finetune.lr (5e-4)
+    code = experiment_cli.main(
+        [
+            "length-generalization",
+            "--quick",
+            "--out",
+            str(out),
+            "--seeds",
+            "3,4",
+            "--workers",
+            "2",
+            "--quiet",
+            f"data.corpus={tiny_corpus / 'corpus.txt'}",
+            "data.vocab_size=400",
+            f"data.dir={tiny_corpus / 'data'}",
+            "train.max_steps=20",
+            "sweep.lrs=[1.0e-4, 3.0e-3]",
+            "tuning.seeds=[101]",
+        ]
+    )  # neither is finetune.lr (5e-4)
     assert code == 0
     return out
 
@@ -30,10 +46,21 @@ def quick_study(tiny_corpus, tmp_path_factory):
 def test_quick_study_end_to_end_with_two_seeds(quick_study):
     out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
     text = (out / "report.md").read_text(encoding="utf-8")
-    for heading in ("## Protocol", "## 1. Perplexity: every scheme trained at L", "## 2. Loss by position",
-                    "## 3. Retrieval: every scheme", f"## 4. Extending from {L} to {4 * L}, with the controls",
-                    "`minilm/study/registered/length-generalization.yaml`", "## 6. Expectations from the literature", "## Wall time", "## Configs",
-                    "Git commit at the start: `", "Machine: ", "Seeds: 3, 4", "Gate: the best scheme at L is"):
+    for heading in (
+        "## Protocol",
+        "## 1. Perplexity: every scheme trained at L",
+        "## 2. Loss by position",
+        "## 3. Retrieval: every scheme",
+        f"## 4. Extending from {L} to {4 * L}, with the controls",
+        "`minilm/study/registered/length-generalization.yaml`",
+        "## 6. Expectations from the literature",
+        "## Wall time",
+        "## Configs",
+        "Git commit at the start: `",
+        "Machine: ",
+        "Seeds: 3, 4",
+        "Gate: the best scheme at L is",
+    ):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
     assert f"cosine to {plan['train']['min_lr']:g} after" in text  # the plan's schedule, in words
@@ -65,38 +92,57 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert set(labels) > set(plan["extension"]["methods"]) and "keep" in labels
     assert {(c["label"], int(c["step"])) for c in curve} == {(m, s) for m in labels for s in steps}
     # the oracle on the pretraining's sequences (4x its tokens) and on its tokens, at the first seed (oracle_seeds)
-    assert {(c["label"], c["seed"]) for c in cells if c["section"] == "oracle"} == {("rope", "3"),
-                                                                                   ("rope-equal-tokens", "3")}
+    assert {(c["label"], c["seed"]) for c in cells if c["section"] == "oracle"} == {
+        ("rope", "3"),
+        ("rope-equal-tokens", "3"),
+    }
     heading = next(line for line in text.splitlines() if line.startswith("## 5. "))
     # a checkout where git shows the claims file committed before the run's commit, or anywhere else
-    assert heading.startswith(("## 5. Primary claims (pre-registered in `minilm/study/registered/",
-                               "## 5. The claims of `minilm/study/registered/"))
+    assert heading.startswith(
+        (
+            "## 5. Primary claims (pre-registered in `minilm/study/registered/",
+            "## 5. The claims of `minilm/study/registered/",
+        )
+    )
     exploratory = text.split("## 6. Expectations")[1]
     verdict_rows = [line for line in exploratory.splitlines() if line.startswith("| ") and " (n=2) | " in line]
     assert verdict_rows and all(any(v in row for v in ("| yes |", "| no |", "| unresolved |")) for row in verdict_rows)
-    primary_rows = [line for line in text.split("## 5. ")[1].split("## 6.")[0].splitlines()
-                    if line.startswith("| ") and not line.startswith("| id |")][1:]
-    assert len(primary_rows) >= 5 and all(row.rstrip(" |").endswith(("supported", "not tested"))
-                                          for row in primary_rows)
+    primary_rows = [
+        line
+        for line in text.split("## 5. ")[1].split("## 6.")[0].splitlines()
+        if line.startswith("| ") and not line.startswith("| id |")
+    ][1:]
+    assert len(primary_rows) >= 5 and all(
+        row.rstrip(" |").endswith(("supported", "not tested")) for row in primary_rows
+    )
     plan_block = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
     assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 20
     probes = list(csv.DictReader(open(out / "retrieval.csv")))
     r = plan["retrieval"]
-    assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == \
-        {(m, w) for m in extension.extension_labels(plan) for w in ("before", "after")}
+    assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == {
+        (m, w) for m in extension.extension_labels(plan) for w in ("before", "after")
+    }
     scratch_probes = [p for p in probes if p["section"] == "scratch"]
     assert len(scratch_probes) == len(experiments.KINDS) * 2 * len(r["multiples"]) * len(r["depths"])
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
     assert all(p["trials"] == str(r["trials"]) for p in probes)
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
     assert "id: alibi-flat" in state["claims"]["text"]  # the claims as the run read them when it started
-    curves = [c["by_position"] for c in state["cells"] if c["mode"] == "nonoverlapping" and c["section"] == "scratch"
-              and c["length"] == 8 * L and c["status"] == "ok"]
+    curves = [
+        c["by_position"]
+        for c in state["cells"]
+        if c["mode"] == "nonoverlapping" and c["section"] == "scratch" and c["length"] == 8 * L and c["status"] == "ok"
+    ]
     assert curves and all(len(c) == 8 * L // plan["eval"]["position_bin"] for c in curves)
     assert {c["mode"] for c in cells} == {"nonoverlapping", "sliding", "fixed-stride"}
     if have_matplotlib():
-        for figure in ("perplexity-by-length.png", "loss-by-position.png", "retrieval-by-length-and-depth.png",
-                       "extension-perplexity-by-step.png", "extension-retrieval-by-length-and-depth.png"):
+        for figure in (
+            "perplexity-by-length.png",
+            "loss-by-position.png",
+            "retrieval-by-length-and-depth.png",
+            "extension-perplexity-by-step.png",
+            "extension-retrieval-by-length-and-depth.png",
+        ):
             assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
 
 
@@ -106,17 +152,27 @@ def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
     run = out / "runs" / f"rope-linear-{4 * L}-s3"
     snapshot = run / "snapshots" / f"step-{middle}.pt"
     assert snapshot.is_file()
-    cells = [c for c in csv.DictReader(open(out / "results.csv")) if c["section"] == "extension"
-             and c["label"] == "linear" and c["seed"] == "3" and c["mode"] == "nonoverlapping"
-             and int(c["length"]) == 4 * L]
+    cells = [
+        c
+        for c in csv.DictReader(open(out / "results.csv"))
+        if c["section"] == "extension"
+        and c["label"] == "linear"
+        and c["seed"] == "3"
+        and c["mode"] == "nonoverlapping"
+        and int(c["length"]) == 4 * L
+    ]
     by_step = {int(c["step"]): float(c["nll"]) for c in cells}
     tokens = int(cells[0]["tokens"])
     again = evaluation.evaluate_checkpoints([str(snapshot)], lengths=[4 * L], max_tokens=tokens, quiet=True)[0]
     assert by_step[middle] == pytest.approx(again.nll, rel=1e-5)  # the cell is the snapshot's, evaluated again
     assert len(set(by_step.values())) == len(by_step)  # 0, the middle snapshot and the end all differ
-    source = evaluation.evaluate_checkpoints([str(out / "runs" / "rope-s3")], lengths=[4 * L], max_tokens=tokens,
-                                             overrides=["model.position.scaling={type: linear, factor: 4}"],
-                                             quiet=True)[0]
+    source = evaluation.evaluate_checkpoints(
+        [str(out / "runs" / "rope-s3")],
+        lengths=[4 * L],
+        max_tokens=tokens,
+        overrides=["model.position.scaling={type: linear, factor: 4}"],
+        quiet=True,
+    )[0]
     assert by_step[0] == pytest.approx(source.nll, rel=1e-5)  # step 0: the source with the scaling applied
 
 
@@ -127,7 +183,8 @@ def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seed
     labels = extension.extension_labels(state["plan"])
     # each row at each rate, fine-tuned from the tuning seed's model and scored at 4L on the holdout
     assert {(c["label"], c["seed"], c["length"]) for c in cells} == {
-        (f"{label} {lr}", 101, 4 * L) for label in labels for lr in ("0.0001", "0.003")}
+        (f"{label} {lr}", 101, 4 * L) for label in labels for lr in ("0.0001", "0.003")
+    }
     assert {c["tokens"] for c in cells} == {2047 // (4 * L) * 4 * L}
     val = next(c for c in state["cells"] if c["section"] == "scratch")
     assert val["tokens"] != cells[0]["tokens"]
@@ -162,10 +219,27 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
 
 def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp_path):
     out = tmp_path / "ablation"
-    data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400", f"data.dir={tiny_corpus / 'data'}",
-            "train.max_steps=5"]
-    code = experiment_cli.main(["ablation", "--quick", "--out", str(out), "--seeds", "1,2", "--workers", "1",
-                                "--quiet", "ablation.groups=[base, concat]", *data])
+    data = [
+        f"data.corpus={tiny_corpus / 'corpus.txt'}",
+        "data.vocab_size=400",
+        f"data.dir={tiny_corpus / 'data'}",
+        "train.max_steps=5",
+    ]
+    code = experiment_cli.main(
+        [
+            "ablation",
+            "--quick",
+            "--out",
+            str(out),
+            "--seeds",
+            "1,2",
+            "--workers",
+            "1",
+            "--quiet",
+            "ablation.groups=[base, concat]",
+            *data,
+        ]
+    )
     assert code == 0
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "# Ablations" in text and "## 1.1 Sinusoidal base frequency" in text and "## 1.2 Concatenated" in text
@@ -173,8 +247,14 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     assert "Retrieval" not in text and "dim dropout" not in text  # the groups not chosen are not run
     cells = list(csv.DictReader(open(out / "results.csv")))
     # the references (sinusoidal, learned) are run once and shared by the groups that read them
-    assert {c["label"] for c in cells} == {"sinusoidal", "sinusoidal-base1000", "sinusoidal-base100000",
-                                           "sinusoidal-concat", "learned", "learned-concat"}
+    assert {c["label"] for c in cells} == {
+        "sinusoidal",
+        "sinusoidal-base1000",
+        "sinusoidal-base100000",
+        "sinusoidal-concat",
+        "learned",
+        "learned-concat",
+    }
     assert {c["seed"] for c in cells} == {"1", "2"}
     # a ratio in the table is the per-seed ratio of the two cells, averaged
     L = experiments.QUICK["model"]["block_size"]
@@ -187,17 +267,47 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
         assert os.path.getsize(out / "ablation-perplexity-by-length.png") > 1000
     # run again over it: the earlier run's hand-written discussion is kept aside, not carried into this report
     (out / "discussion.md").write_text("About the first run only.\n", encoding="utf-8")
-    assert experiment_cli.main(["ablation", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1",
-                                "--quiet", "--overwrite", "ablation.groups=[base]", *data]) == 0
+    assert (
+        experiment_cli.main(
+            [
+                "ablation",
+                "--quick",
+                "--out",
+                str(out),
+                "--seeds",
+                "1",
+                "--workers",
+                "1",
+                "--quiet",
+                "--overwrite",
+                "ablation.groups=[base]",
+                *data,
+            ]
+        )
+        == 0
+    )
     assert (out / "discussion.md.1").read_text(encoding="utf-8") == "About the first run only.\n"
     assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
 
 
 def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_path, capsys):
     out = tmp_path / "ablation"
-    args = ["ablation", "--quick", "--out", str(out), "--seeds", "1", "--workers", "1", "--quiet",
-            "ablation.groups=[base]", f"data.corpus={tiny_corpus / 'corpus.txt'}", "data.vocab_size=400",
-            f"data.dir={tiny_corpus / 'data'}", "train.max_steps=5"]
+    args = [
+        "ablation",
+        "--quick",
+        "--out",
+        str(out),
+        "--seeds",
+        "1",
+        "--workers",
+        "1",
+        "--quiet",
+        "ablation.groups=[base]",
+        f"data.corpus={tiny_corpus / 'corpus.txt'}",
+        "data.vocab_size=400",
+        f"data.dir={tiny_corpus / 'data'}",
+        "train.max_steps=5",
+    ]
     assert experiment_cli.main(args) == 0
     first = (out / "results.csv").read_text()
     journal = sorted((out / "journal").glob("*.pkl"))
@@ -209,7 +319,9 @@ def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_pat
     assert "--resume to continue it" in capsys.readouterr().err
     assert experiment_cli.main([*args, "--resume"]) == 0
     assert (out / "results.csv").read_text() == first  # the jobs run again give the same cells
-    assert all(p.stat().st_mtime_ns == t for p, t in kept.items()) and len(list((out / "journal").glob("*.pkl"))) == len(journal)
+    assert all(p.stat().st_mtime_ns == t for p, t in kept.items()) and len(
+        list((out / "journal").glob("*.pkl"))
+    ) == len(journal)
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "the last of 2 invocations" in text and "--resume" not in text.split("\n")[2]  # the command as first given
     assert experiment_cli.main([*args[:-1], "train.max_steps=6", "--resume"]) == 2
@@ -224,10 +336,21 @@ def test_ablation_variants_are_sized_for_the_plan():
     assert full["learned-2x-tokens"]["train"] == {"max_steps": 1000, "warmup_steps": 100}
     assert full["rope-no-task"]["train"] == {"retrieval_share": 0.0, "retrieval_weight": 0.0}  # text alone
     gap = experiments.make_plan("ablation", True, None, ["ablation.groups=[gap]"])["ablation"]["variants"]
-    assert set(gap) == {"sinusoidal", "rope", "learned", "sinusoidal-no-task", "rope-no-task", "learned-no-task",
-                        "sinusoidal-2x-tokens", "learned-2x-tokens", "learned-table-lr10"}
+    assert set(gap) == {
+        "sinusoidal",
+        "rope",
+        "learned",
+        "sinusoidal-no-task",
+        "rope-no-task",
+        "learned-no-task",
+        "sinusoidal-2x-tokens",
+        "learned-2x-tokens",
+        "learned-table-lr10",
+    }
     # with half the rows answers only (no text loss), the same text tokens without the task is half the steps
-    answers_only = experiments.make_plan("ablation", False, None, ["train.retrieval_weight=0", "train.retrieval_share=0.5"])
+    answers_only = experiments.make_plan(
+        "ablation", False, None, ["train.retrieval_weight=0", "train.retrieval_share=0.5"]
+    )
     same_text = answers_only["ablation"]["variants"]["rope-no-task-same-text"]["train"]
     assert same_text == {"retrieval_share": 0.0, "retrieval_weight": 0.0, "max_steps": 250, "warmup_steps": 25}
     with pytest.raises(experiments.ExperimentError, match="ablation.groups=.*valid: base, dim-dropout, concat, gap"):
@@ -235,7 +358,9 @@ def test_ablation_variants_are_sized_for_the_plan():
     # a variant's settings reach its run's config, over the scheme's own settings of the plan
     plan = experiments.make_plan("ablation", False)
     v = plan["ablation"]["variants"]["sinusoidal-concat"]
-    config = experiments.run_config(plan, "/tmp/x", v["position"], 1, settings={"model": v["model"], "train": v["train"]})
+    config = experiments.run_config(
+        plan, "/tmp/x", v["position"], 1, settings={"model": v["model"], "train": v["train"]}
+    )
     assert config.model.concat_position_dims == 64 and config.model.embedding_init_std == 0.02
     # every variant of the full ablation makes a valid run (the graph is built before any job runs)
     study = experiments.Study(plan, "/tmp/ablation-graph")
@@ -270,16 +395,23 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
 
 
 def cells(section, label, length, per_seed, step=None, mode="nonoverlapping"):
-    return [dict(section=section, label=label, length=length, mode=mode, step=step, seed=seed, ppl=ppl,
-                 status="ok") for seed, ppl in enumerate(per_seed, 1)]
+    return [
+        dict(section=section, label=label, length=length, mode=mode, step=step, seed=seed, ppl=ppl, status="ok")
+        for seed, ppl in enumerate(per_seed, 1)
+    ]
 
 
 def test_verdicts_are_paired_ratios_over_seeds():
     plan = experiments.make_plan("length-generalization", True, [1, 2, 3], ["eval.modes=[nonoverlapping]"])
     L = plan["model"]["block_size"]
-    study = (cells("scratch", "rope", L, [40, 50, 45]) + cells("scratch", "rope", 4 * L, [48, 61, 53])
-             + cells("scratch", "sinusoidal", L, [41, 52, 46]) + cells("scratch", "learned", L, [40, 50, 45])
-             + cells("scratch", "alibi", L, [40, 50, 45]) + cells("scratch", "alibi", 4 * L, [41, 60, 44]))
+    study = (
+        cells("scratch", "rope", L, [40, 50, 45])
+        + cells("scratch", "rope", 4 * L, [48, 61, 53])
+        + cells("scratch", "sinusoidal", L, [41, 52, 46])
+        + cells("scratch", "learned", L, [40, 50, 45])
+        + cells("scratch", "alibi", L, [40, 50, 45])
+        + cells("scratch", "alibi", 4 * L, [41, 60, 44])
+    )
     rows = {row[0]: row for row in claims.verdicts(study, plan)}
     assert rows["plain rope at 4L worse than at L"][-1] == "yes"  # +20%, +22%, +18%: every seed
     assert rows["sinusoidal at L within 15% of learned at L"][-1] == "yes"
@@ -288,15 +420,30 @@ def test_verdicts_are_paired_ratios_over_seeds():
 
 
 def probes(label, length, correct, trials=32, depth=0.0, section="scratch", when=None, seeds=(1, 2)):
-    return [dict(section=section, label=label, length=length, depth=depth, correct=c, trials=trials, seed=seed,
-                 **({"when": when} if when else {})) for seed, c in zip(seeds, correct)]
+    return [
+        dict(
+            section=section,
+            label=label,
+            length=length,
+            depth=depth,
+            correct=c,
+            trials=trials,
+            seed=seed,
+            **({"when": when} if when else {}),
+        )
+        for seed, c in zip(seeds, correct)
+    ]
 
 
 def test_retrieval_claims_are_read_only_past_the_gate():
     plan = experiments.make_plan("length-generalization", True, [1, 2])
     L = plan["model"]["block_size"]
-    learned = probes("rope", L, [31, 30]) + probes("rope", 4 * L, [2, 1]) + probes("alibi", L, [30, 31]) \
+    learned = (
+        probes("rope", L, [31, 30])
+        + probes("rope", 4 * L, [2, 1])
+        + probes("alibi", L, [30, 31])
         + probes("alibi", 4 * L, [3, 4])
+    )
     label, best, passed = claims.gate(learned, plan)
     assert passed and best == pytest.approx(61 / 64) and label in ("rope", "alibi")
     rows = {row[0]: row for row in claims.retrieval_verdicts(learned, plan)}
@@ -310,9 +457,15 @@ def test_retrieval_claims_are_read_only_past_the_gate():
 
 
 def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
-    plan = experiments.make_plan("length-generalization", True, [1], [
-        "schemes={t5: {position: {max_distance: 24}, train: {position_lr_scale: 10}}, "
-        "sinusoidal: {model: {embedding_init_std: 0.125}}}"])
+    plan = experiments.make_plan(
+        "length-generalization",
+        True,
+        [1],
+        [
+            "schemes={t5: {position: {max_distance: 24}, train: {position_lr_scale: 10}}, "
+            "sinusoidal: {model: {embedding_init_std: 0.125}}}"
+        ],
+    )
     t5 = experiments.run_config(plan, str(tmp_path / "t5"), {"kind": "t5"}, 1)
     assert t5.model.position == {"kind": "t5", "max_distance": 24} and t5.train.position_lr_scale == 10
     sinusoidal = experiments.run_config(plan, str(tmp_path / "s"), {"kind": "sinusoidal"}, 1)
@@ -321,15 +474,20 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
     assert rope.model.position == {"kind": "rope"} and rope.model.embedding_init_std == 0.02
     assert (rope.seed, rope.data_seed) == (1, experiments.DATA_SEED_OFFSET + 1)  # two streams, both recorded
     with pytest.raises(experiments.ExperimentError, match="max_distance"):
-        experiments.run_config(experiments.make_plan("length-generalization", True, [1], [
-            "schemes={t5: {position: {max_distance: 0}}}"]), str(tmp_path / "bad"), {"kind": "t5"}, 1)
+        experiments.run_config(
+            experiments.make_plan("length-generalization", True, [1], ["schemes={t5: {position: {max_distance: 0}}}"]),
+            str(tmp_path / "bad"),
+            {"kind": "t5"},
+            1,
+        )
 
 
 def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_longest_length(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1])
     L = plan["model"]["block_size"]
-    configs = {kind: experiments.run_config(plan, str(tmp_path / kind), {"kind": kind}, 1)
-               for kind in experiments.KINDS}
+    configs = {
+        kind: experiments.run_config(plan, str(tmp_path / kind), {"kind": kind}, 1) for kind in experiments.KINDS
+    }
     recipes = {(c.model.embedding_init_std, c.model.embedding_scale) for c in configs.values()}
     assert recipes == {(0.02, "auto")}  # GPT-2's table; each scheme's own input multiplier
     assert configs["kerple"].model.position["floor"] == 1e-2  # chijames/KERPLE's clamp
@@ -349,15 +507,30 @@ def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_
 
 def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
     from minilm.study import tuning
+
     plan = experiments.make_plan("length-generalization", True, [1], ["tuning.seeds=[101, 102]"])
     L = plan["model"]["block_size"]
 
     def cell(kind, scale, seed, ppl):
-        return dict(section="tuning", label=tuning.label(kind, scale), seed=seed, step=None, mode="nonoverlapping",
-                    length=L, ppl=ppl)
+        return dict(
+            section="tuning",
+            label=tuning.label(kind, scale),
+            seed=seed,
+            step=None,
+            mode="nonoverlapping",
+            length=L,
+            ppl=ppl,
+        )
+
     # geometric means: x0.5 sqrt(40 * 90) = 60, x1 sqrt(50 * 60) = 54.8, x2 diverged on one seed (out)
-    cells = [cell("t5", 0.5, 101, 40), cell("t5", 0.5, 102, 90), cell("t5", 1.0, 101, 50), cell("t5", 1.0, 102, 60),
-             cell("t5", 2.0, 101, 10), cell("t5", 2.0, 102, float("inf"))]
+    cells = [
+        cell("t5", 0.5, 101, 40),
+        cell("t5", 0.5, 102, 90),
+        cell("t5", 1.0, 101, 50),
+        cell("t5", 1.0, 102, 60),
+        cell("t5", 2.0, 101, 10),
+        cell("t5", 2.0, 102, float("inf")),
+    ]
     assert tuning.choose(plan, cells, "t5") == 1.0
     tie = [cell("rope", 0.5, s, 50) for s in (101, 102)] + [cell("rope", 2.0, s, 50) for s in (101, 102)]
     assert tuning.choose(plan, tie, "rope") == 0.5  # equally far from 1 (x0.5, x2): the first, the smaller
@@ -375,10 +548,12 @@ def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1], ["train.schedule=wsd", "train.cooldown=0.25"])
     run = experiments.run_config(plan, str(tmp_path / "r"), {"kind": "rope"}, 1)
     assert (run.train.schedule, run.train.cooldown) == ("wsd", 0.25)
-    assert report._falling(run.train) == (f"held, then linear to {run.train.min_lr:g} over the last 25% of the "
-                                          f"steps (wsd)")
-    default = experiments.run_config(experiments.make_plan("length-generalization", True, [1], []),
-                                     str(tmp_path / "d"), {"kind": "rope"}, 1)
+    assert report._falling(run.train) == (
+        f"held, then linear to {run.train.min_lr:g} over the last 25% of the steps (wsd)"
+    )
+    default = experiments.run_config(
+        experiments.make_plan("length-generalization", True, [1], []), str(tmp_path / "d"), {"kind": "rope"}, 1
+    )
     assert report._falling(default.train, 1e-5) == "cosine to 1e-05"
 
 
@@ -394,12 +569,22 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     L, f = plan["model"]["block_size"], plan["extension"]["factor"]
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     runs = study.runs
-    assert tokens(runs["rope-512-oracle-s1"]) == f * tokens(runs["rope-s1"]) == f * tokens(runs["rope-equal-tokens-512-oracle-s1"])
+    assert (
+        tokens(runs["rope-512-oracle-s1"])
+        == f * tokens(runs["rope-s1"])
+        == f * tokens(runs["rope-equal-tokens-512-oracle-s1"])
+    )
     assert runs["rope-512-oracle-s1"].config.train.batch_size == runs["rope-s1"].config.train.batch_size
     assert {r.seed for r in runs.values() if r.section == "oracle"} == {1}  # the study's oracle seeds: 3 of 5
-    three = experiments.Study(experiments.make_plan("length-generalization", False, [1, 2, 3], [
-        "controls.oracle_seeds=2", "controls.oracle=[rope, alibi]", "controls.oracle_equal_tokens=false"]),
-        str(tmp_path / "3"))
+    three = experiments.Study(
+        experiments.make_plan(
+            "length-generalization",
+            False,
+            [1, 2, 3],
+            ["controls.oracle_seeds=2", "controls.oracle=[rope, alibi]", "controls.oracle_equal_tokens=false"],
+        ),
+        str(tmp_path / "3"),
+    )
     three.scored_tokens = 8192
     three.build()  # the oracle at its first oracle_seeds (2) seeds only
     assert {r.seed for r in three.runs.values() if r.section == "oracle"} == {1, 2}
@@ -410,21 +595,28 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     sweeps = [k for k in job if k.startswith("eval holdout yarn-lr")]
     assert len(sweeps) == 4 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
     assert job["train rope-yarn-512-s1"].resolve is not None
-    assert set(job["train learned-pi-lr0.0001-t101"].after) == {k for k in job if k.startswith("eval holdout learned-lr")}
+    assert set(job["train learned-pi-lr0.0001-t101"].after) == {
+        k for k in job if k.startswith("eval holdout learned-lr")
+    }
     # a run from scratch waits for its kind's tuning runs, scored on held-out text at the tuning seed
     tuned = [k for k in job if k.startswith("eval holdout rope-lr")]
     assert len(tuned) == 3 and set(tuned) == set(job["train rope-s1"].after) and job["train rope-s1"].resolve
     assert {r.seed for r in runs.values() if r.section in ("tuning", "sweep")} == {101}
-    assert runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
+    assert (
+        runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
+    )
     keep, yarn = runs[f"rope-keep-{L}-s1"], runs["rope-yarn-512-s1"]
     assert keep.config.model.block_size == L and tokens(keep) == tokens(yarn) and keep.source == "rope-s1"
     assert keep.config.train.init_from.endswith("rope-s1") and keep.config.model.position == {"kind": "rope"}
     learned = runs["learned-pi-512-s1"]
     assert learned.source == "learned-s1" and learned.config.model.position["kind"] == "interpolated"
     assert extension.scaling_override("learned-pi", f, 4 * L) == [
-        "model.position={kind: interpolated, inner: {kind: learned}}", "model.block_size=512"]
+        "model.position={kind: interpolated, inner: {kind: learned}}",
+        "model.block_size=512",
+    ]
     assert extension.scaling_override("sinusoidal-pi", f) == [
-        "model.position={kind: interpolated, inner: {kind: sinusoidal}, factor: 4}"]
+        "model.position={kind: interpolated, inner: {kind: sinusoidal}, factor: 4}"
+    ]
     assert extension.scaling_override("keep", f) == extension.scaling_override("none", f) == []
     before = {job.key for job in study.jobs if job.key.startswith("retrieval") and "learned-s1" in job.key}
     assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
@@ -440,20 +632,44 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
 def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1, 2], ["sweep.lrs=[1.0e-4, 2.0e-4, 5.0e-4]"])
     long = 4 * plan["model"]["block_size"]
-    cells = lambda values: [{"section": "sweep", "label": sweep.cell_label("yarn", lr), "seed": seed,  # noqa
-                             "length": long, "mode": "nonoverlapping", "ppl": ppl}
-                            for (lr, seed), ppl in values.items()]
+
+    def cells(values):
+        return [
+            {"section": "sweep", "label": sweep.cell_label("yarn", lr), "seed": seed, "length": long}
+            | {"mode": "nonoverlapping", "ppl": ppl}
+            for (lr, seed), ppl in values.items()
+        ]
+
     # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on tuning seed 101
-    chosen = sweep.choose(plan, cells({(1e-4, 101): 100.0, (1e-4, 102): 100.0, (2e-4, 101): 90.0, (2e-4, 102): 90.0,
-                                       (5e-4, 101): 80.0, (5e-4, 102): 112.8125}), "yarn")
+    chosen = sweep.choose(
+        plan,
+        cells(
+            {
+                (1e-4, 101): 100.0,
+                (1e-4, 102): 100.0,
+                (2e-4, 101): 90.0,
+                (2e-4, 102): 90.0,
+                (5e-4, 101): 80.0,
+                (5e-4, 102): 112.8125,
+            }
+        ),
+        "yarn",
+    )
     assert chosen == 2e-4
-    assert sweep.choose(plan, cells({(1e-4, 101): float("inf"), (1e-4, 102): 1.0, (2e-4, 101): 50.0,
-                                     (2e-4, 102): 50.0}), "yarn") == 2e-4
+    assert (
+        sweep.choose(
+            plan, cells({(1e-4, 101): float("inf"), (1e-4, 102): 1.0, (2e-4, 101): 50.0, (2e-4, 102): 50.0}), "yarn"
+        )
+        == 2e-4
+    )
     with pytest.raises(sweep.SweepError, match=r"no rate of sweep.lrs=\[0.0001, 0.0002, 0.0005\] gave yarn a finite"):
         sweep.choose(plan, cells({(1e-4, 101): float("nan")}), "yarn")
     assert sweep.finetune_at(plan, 2e-4) == {**plan["finetune"], "lr": 2e-4, "min_lr": pytest.approx(2e-5)}
-    short = experiments.Study(experiments.make_plan("length-generalization", True, [1], ["data.holdout_tokens=100"]),
-                              str(tmp_path))
-    with pytest.raises(experiments.ExperimentError, match="data.holdout_tokens=100 is too few for the sweep: it scores "
-                                                          "128-token segments; hold out at least 129"):
+    short = experiments.Study(
+        experiments.make_plan("length-generalization", True, [1], ["data.holdout_tokens=100"]), str(tmp_path)
+    )
+    with pytest.raises(
+        experiments.ExperimentError,
+        match="data.holdout_tokens=100 is too few for the sweep: it scores 128-token segments; hold out at least 129",
+    ):
         short.prepare_data()

@@ -1,5 +1,6 @@
 """Context extension (minilm.checkpoints.extension, through minilm.checkpoints.loading and train.init_from): the
 source's weights move into the extended model."""
+
 import pytest
 import torch
 
@@ -24,22 +25,28 @@ def tokenizer_bytes(gen_tokenizer):
 
 
 def source(tmp_path, kind, block_size=16, **position):
-    config = build_config({"model": {**MODEL, "block_size": block_size, "position": {"kind": kind, **position}},
-                           "out_dir": str(tmp_path / kind)})
+    config = build_config(
+        {
+            "model": {**MODEL, "block_size": block_size, "position": {"kind": kind, **position}},
+            "out_dir": str(tmp_path / kind),
+        }
+    )
     torch.manual_seed(0)
     model = GPT(config.model).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.startswith("positions") or name.endswith("qkv.weight"):
                 p.normal_(0, 0.5)
-    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": TOKENIZER["bytes"]},
-                           config.out_dir)
+    path = checkpoint.save(
+        {"model": model.state_dict(), "config": config.to_dict(), "tokenizer": TOKENIZER["bytes"]}, config.out_dir
+    )
     return path, model
 
 
 def extend(path, block_size, position, **model):
-    config = build_config({"model": {**MODEL, **model, "block_size": block_size, "position": position},
-                           "train": {"init_from": path}})
+    config = build_config(
+        {"model": {**MODEL, **model, "block_size": block_size, "position": position}, "train": {"init_from": path}}
+    )
     config, source, _ = source_model(config)
     return config, source.model
 
@@ -64,8 +71,7 @@ def test_rope_scalings_take_the_original_length_from_the_source(tmp_path, scalin
     config, new = extend(path, 64, {"kind": "rope", "scaling": {"type": scaling, "factor": 4}})
     assert new.positions.scaling == {"type": scaling, "factor": 4.0, "original_max_positions": 16}
     assert same_weights(src, new)
-    kept = extend(path, 64, {"kind": "rope", "scaling": {"type": scaling, "factor": 4,
-                                                        "original_max_positions": 8}})[1]
+    kept = extend(path, 64, {"kind": "rope", "scaling": {"type": scaling, "factor": 4, "original_max_positions": 8}})[1]
     assert kept.positions.scaling["original_max_positions"] == 8  # given values win
 
 
@@ -132,8 +138,9 @@ def test_mismatches_are_clear_errors(tmp_path):
     state = checkpoint.load(learned)
     state["model"]["positions.table.weight"] = torch.zeros(16, 8)  # a wrong width cannot be interpolated
     with pytest.raises(CheckpointError, match="shape mismatch"):
-        load_source_weights(GPT(build_config({"model": {**MODEL, "block_size": 64,
-                                                        "position": {"kind": "learned"}}}).model), state)
+        load_source_weights(
+            GPT(build_config({"model": {**MODEL, "block_size": 64, "position": {"kind": "learned"}}}).model), state
+        )
 
 
 def test_complete_position_leaves_its_input_alone():
@@ -143,15 +150,23 @@ def test_complete_position_leaves_its_input_alone():
     assert out == {"kind": "interpolated", "inner": {"kind": "sinusoidal", "base": 100.0}, "factor": 4.0}
 
 
-@pytest.mark.parametrize("name,source_config", [
-    ("extend_rope_pi", "rope.yaml"), ("extend_rope_ntk", "rope.yaml"), ("extend_rope_yarn", "rope.yaml"),
-    ("extend_learned_interp", "learned.yaml"), ("extend_sinusoidal_interp", "sinusoidal.yaml")])
+@pytest.mark.parametrize(
+    "name,source_config",
+    [
+        ("extend_rope_pi", "rope.yaml"),
+        ("extend_rope_ntk", "rope.yaml"),
+        ("extend_rope_yarn", "rope.yaml"),
+        ("extend_learned_interp", "learned.yaml"),
+        ("extend_sinusoidal_interp", "sinusoidal.yaml"),
+    ],
+)
 def test_shipped_extension_configs_load_their_source(tmp_path, name, source_config):
     src = load_config(source_config, [f"out_dir={tmp_path / 'src'}", "model.vocab_size=4096"])
     torch.manual_seed(0)
     src_model = GPT(src.model)
-    path = checkpoint.save({"model": src_model.state_dict(), "config": src.to_dict(), "tokenizer": TOKENIZER["bytes"]},
-                           src.out_dir)
+    path = checkpoint.save(
+        {"model": src_model.state_dict(), "config": src.to_dict(), "tokenizer": TOKENIZER["bytes"]}, src.out_dir
+    )
     config = load_config(f"{name}.yaml", [f"train.init_from={path}"])
     assert config.model.block_size == 4 * src.model.block_size and config.train.lr < src.train.lr
     assert config.train.max_steps < src.train.max_steps
@@ -170,16 +185,24 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
 def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path):
     """Before 'inner', interpolated called its wrapped scheme 'base': both keep loading."""
 
-    config = build_config({"model": {**MODEL, "block_size": 31,
-                                     "position": {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}},
-                           "out_dir": str(tmp_path / "old")})
+    config = build_config(
+        {
+            "model": {
+                **MODEL,
+                "block_size": 31,
+                "position": {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2},
+            },
+            "out_dir": str(tmp_path / "old"),
+        }
+    )
     assert config.model.position == {"kind": "interpolated", "inner": {"kind": "learned"}, "factor": 2}
     torch.manual_seed(0)
     model = GPT(config.model).eval()
     old_tree = config.to_dict()
     old_tree["model"]["position"] = {"kind": "interpolated", "base": {"kind": "learned"}, "factor": 2}  # the old name
-    path = checkpoint.save({"model": model.state_dict(), "config": old_tree, "tokenizer": TOKENIZER["bytes"]},
-                           config.out_dir)
+    path = checkpoint.save(
+        {"model": model.state_dict(), "config": old_tree, "tokenizer": TOKENIZER["bytes"]}, config.out_dir
+    )
     loaded = load_model(path)
     assert loaded.config.model.position["inner"] == {"kind": "learned"}
     idx = torch.randint(0, 53, (1, 31), generator=torch.Generator().manual_seed(3))
@@ -192,18 +215,24 @@ def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path)
     yaml_file.write_text("model:\n  position:\n    kind: interpolated\n    base: {kind: alibi}\n")
     assert load_config(str(yaml_file)).model.position["inner"] == {"kind": "alibi"}
     with pytest.raises(ConfigError, match="give 'inner' only"):
-        build_config({"model": {"position": {"kind": "interpolated", "base": {"kind": "rope"},
-                                             "inner": {"kind": "rope"}}}})
+        build_config(
+            {"model": {"position": {"kind": "interpolated", "base": {"kind": "rope"}, "inner": {"kind": "rope"}}}}
+        )
 
 
 def test_checkpoints_from_before_embedding_scale_load_unscaled(tmp_path):
-    config = build_config({"model": {**MODEL, "block_size": 16, "position": {"kind": "sinusoidal"},
-                                     "embedding_scale": 1.0}, "out_dir": str(tmp_path / "old")})
+    config = build_config(
+        {
+            "model": {**MODEL, "block_size": 16, "position": {"kind": "sinusoidal"}, "embedding_scale": 1.0},
+            "out_dir": str(tmp_path / "old"),
+        }
+    )
     model = GPT(config.model).eval()
     tree = config.to_dict()
     del tree["model"]["embedding_scale"]  # written before the option existed
-    path = checkpoint.save({"model": model.state_dict(), "config": tree, "tokenizer": TOKENIZER["bytes"]},
-                           config.out_dir)
+    path = checkpoint.save(
+        {"model": model.state_dict(), "config": tree, "tokenizer": TOKENIZER["bytes"]}, config.out_dir
+    )
     loaded = load_model(path)
     assert loaded.model.embedding_scale == 1.0
     idx = torch.randint(0, 53, (1, 16))

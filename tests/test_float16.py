@@ -1,6 +1,7 @@
 """train.dtype: float16 with a gradient scaler (for GPUs without bf16; CPU autocast takes float16
 too, which is what these tests run): a step whose scaled gradients overflow is skipped, counted
 and halves the scale; a run trains, logs its skipped steps and loss scale, and resumes with them."""
+
 import json
 import math
 
@@ -27,8 +28,9 @@ def test_an_overflowing_step_is_skipped_counted_and_halves_the_scale(tiny_config
 
 
 def test_a_float16_run_trains_logs_its_scale_and_resumes_with_it(tiny_config):
-    config = tiny_config("train.dtype=float16", "train.max_steps=6", "train.log_interval=1",
-                         "train.checkpoint_interval=3")
+    config = tiny_config(
+        "train.dtype=float16", "train.max_steps=6", "train.log_interval=1", "train.checkpoint_interval=3"
+    )
     summary = train(config, quiet=True)
     assert math.isfinite(summary["final_val_loss"])
     lines = [json.loads(line) for line in open(f"{config.out_dir}/metrics.jsonl")]

@@ -5,6 +5,7 @@ ordinary file of it, and a failed save leaves the previous checkpoint whole.
 
 Every run here uses a constant learning rate after the warm-up (min_lr = lr), so that a run
 cut at step 5 and resumed to step 10 has the schedule of the uninterrupted 10-step run."""
+
 import errno
 import json
 import os
@@ -21,23 +22,31 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.config import ConfigError, resolve_config
 from minilm.configfile import load_config
-from minilm.training.loop import TrainingError, train
 from minilm.training import saving
+from minilm.training.loop import TrainingError, train
 from minilm.training.parallel import FSDP2_ON_CPU
 from tests.conftest import REPO, tiny_overrides
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
-fsdp_on_cpu = pytest.mark.skipif(not FSDP2_ON_CPU, reason=f"FSDP2 on the CPU needs torch >= 2.9, not {torch.__version__}")
+fsdp_on_cpu = pytest.mark.skipif(
+    not FSDP2_ON_CPU, reason=f"FSDP2 on the CPU needs torch >= 2.9, not {torch.__version__}"
+)
 
-CONSTANT_LR = ("train.lr=3e-3", "train.min_lr=3e-3", "train.checkpoint_interval=5", "train.eval_interval=5",
-               "train.sample_tokens=0")
+CONSTANT_LR = (
+    "train.lr=3e-3",
+    "train.min_lr=3e-3",
+    "train.checkpoint_interval=5",
+    "train.eval_interval=5",
+    "train.sample_tokens=0",
+)
 
 
 def run(args, processes=1):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else []
-    proc = subprocess.run([sys.executable, *launcher, "train.py", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, *launcher, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -69,7 +78,7 @@ def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path
     assert [s for s, _ in ours] == list(range(1, 11))
     for (_, a), (_, b) in zip(ours, theirs):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
-    (_, final), = losses(out, "final")
+    ((_, final),) = losses(out, "final")
     assert final == pytest.approx(losses(reference, "final")[0][1], rel=1e-5)
     a, b = checkpoint.load(str(out)), checkpoint.load(str(reference))  # the file gathered from the shards
     for key in b["model"]:
@@ -96,8 +105,11 @@ def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
 def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_path):
     """Positions drawn at evaluation make a forward pass per row: every rank must still make as
     many passes (and FSDP gathers) as the others, whatever its share of the rows."""
-    drawn = ("model.position={kind: randomized, inner: {kind: rope}, max_positions: 64, eval_positions: sampled}",
-             "train.max_steps=2", "train.final_eval_tokens=255")  # a tail row shorter than the rest
+    drawn = (
+        "model.position={kind: randomized, inner: {kind: rope}, max_positions: 64, eval_positions: sampled}",
+        "train.max_steps=2",
+        "train.final_eval_tokens=255",
+    )  # a tail row shorter than the rest
     run(overrides(tiny_corpus, tmp_path / "two", 2, *drawn, "train.parallel=fsdp"), processes=2)
     assert len(losses(tmp_path / "two", "final")) == 1
 
@@ -107,8 +119,9 @@ def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_pat
 def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
     """bf16 weights gathered for compute with float32 gradient reduction; float16 with the scaler."""
     out = tmp_path / dtype
-    run(overrides(tiny_corpus, out, 2, "train.max_steps=10", "train.parallel=fsdp", f"train.dtype={dtype}"),
-        processes=2)
+    run(
+        overrides(tiny_corpus, out, 2, "train.max_steps=10", "train.parallel=fsdp", f"train.dtype={dtype}"), processes=2
+    )
     for (_, a), (_, b) in zip(losses(out), losses(reference)):
         assert a == pytest.approx(b, rel=2e-3)
 
@@ -136,17 +149,31 @@ def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_pat
 @fsdp_on_cpu
 def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference):
     out = tmp_path / "run"
-    run(overrides(tiny_corpus, out, 2, "train.max_steps=5", "train.parallel=fsdp", "train.checkpoint_format=sharded"),
-        processes=2)
+    run(
+        overrides(tiny_corpus, out, 2, "train.max_steps=5", "train.parallel=fsdp", "train.checkpoint_format=sharded"),
+        processes=2,
+    )
     env = {**os.environ, "PYTHONPATH": REPO}
-    proc = subprocess.run([sys.executable, "-m", "minilm", "unshard", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minilm", "unshard", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "step 5" in proc.stdout and proc.stderr == ""
     model, _, config, _ = load_model(str(out / "ckpt.pt"))
     assert config.model.n_layer == 2 and model.num_params() > 0
-    again = subprocess.run([sys.executable, "-m", "minilm", "unshard", str(out)], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "minilm", "unshard", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr
     config = resolve_config(load_config(None, overrides(tiny_corpus, out, 1, "train.max_steps=10")))
     train(config, resume=True, quiet=True)  # the file, optimiser and all, continues the run
@@ -156,14 +183,18 @@ def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpu
 
 # --------------------------------------------------------------------------- one process
 
+
 def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
     config = tiny_config("train.max_steps=2", "train.checkpoint_format=sharded")
     train(config, quiet=True)
-    with pytest.raises(CheckpointError, match="is a sharded checkpoint: make one file of it with 'python -m minilm "
-                                              "unshard"):
+    with pytest.raises(
+        CheckpointError, match="is a sharded checkpoint: make one file of it with 'python -m minilm unshard"
+    ):
         load_model(config.out_dir)
-    with pytest.raises(CheckpointError, match="train.checkpoint_format='file' but .* holds ckpt.dcp: resume with "
-                                              "train.checkpoint_format=sharded"):
+    with pytest.raises(
+        CheckpointError,
+        match="train.checkpoint_format='file' but .* holds ckpt.dcp: resume with train.checkpoint_format=sharded",
+    ):
         train(tiny_config("train.max_steps=3"), resume=True, quiet=True)
     with pytest.raises(CheckpointError, match="is not a sharded checkpoint"):
         saving.unshard(config.out_dir + "-missing")
@@ -176,10 +207,13 @@ def test_damaged_shards_are_one_line_errors(tiny_config, tmp_path):
     shutil.copytree(os.path.join(config.out_dir, "ckpt.dcp"), damaged / "ckpt.dcp")
     os.truncate(damaged / "ckpt.dcp" / ".metadata", 50)
     env = {**os.environ, "PYTHONPATH": REPO}
-    for argv, said in ((["unshard", str(damaged)], "cannot read the shards of"),
-                       (["unshard", os.path.join(config.out_dir, "nothing")], "is not a sharded checkpoint")):
-        proc = subprocess.run([sys.executable, "-m", "minilm", *argv], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=120)
+    for argv, said in (
+        (["unshard", str(damaged)], "cannot read the shards of"),
+        (["unshard", os.path.join(config.out_dir, "nothing")], "is not a sharded checkpoint"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "minilm", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
 
 
@@ -202,13 +236,18 @@ def test_a_failed_sharded_save_leaves_the_previous_checkpoint_whole(tiny_config,
         return real_save(state, checkpoint_id=checkpoint_id)
 
     monkeypatch.setattr(dcp, "save", save_then_fail)
-    with pytest.raises(TrainingError, match=r"cannot save the checkpoint .*ckpt.dcp. at step 6: no space left on the "
-                                            r"device .*; the previous checkpoint is kept"):
+    with pytest.raises(
+        TrainingError,
+        match=r"cannot save the checkpoint .*ckpt.dcp. at step 6: no space left on the "
+        r"device .*; the previous checkpoint is kept",
+    ):
         train(config, quiet=True)
     monkeypatch.setattr(dcp, "save", real_save)
     link = os.path.join(config.out_dir, "ckpt.dcp")
     version = os.path.join(config.out_dir, os.readlink(link))
-    assert sorted(os.listdir(config.out_dir)) == sorted([".lock", "ckpt.dcp", "metrics.jsonl", os.path.basename(version)])
+    assert sorted(os.listdir(config.out_dir)) == sorted(
+        [".lock", "ckpt.dcp", "metrics.jsonl", os.path.basename(version)]
+    )
     assert saving.read_record(link)["step"] == 3
     assert train(config, resume=True, quiet=True)["steps"] == 6
     assert not os.path.exists(version) and saving.read_record(link)["step"] == 6  # the old version is gone
@@ -233,10 +272,17 @@ train(resolve_config(load_config(None, sys.argv[1:])), quiet=True)
 
 def test_a_save_killed_before_its_link_moves_leaves_the_previous_checkpoint(tiny_corpus, tmp_path):
     out = tmp_path / "run"
-    given = tiny_overrides(tiny_corpus, out, "train.max_steps=6", "train.checkpoint_interval=3",
-                           "train.checkpoint_format=sharded")
-    proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, *given], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}, timeout=300)
+    given = tiny_overrides(
+        tiny_corpus, out, "train.max_steps=6", "train.checkpoint_interval=3", "train.checkpoint_format=sharded"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, *given],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
     assert proc.returncode == 9, proc.stderr
     versions = sorted(p for p in os.listdir(out) if p.startswith(".ckpt.dcp-"))
     assert len(versions) == 2 and saving.read_record(str(out / "ckpt.dcp"))["step"] == 3
@@ -261,8 +307,11 @@ def test_a_file_older_than_the_sharded_checkpoint_beside_it_is_refused(tiny_conf
     saving.unshard(config.out_dir)
     assert load_model(config.out_dir)[3]["step"] == 3  # both at step 3: the file is the same checkpoint
     train(tiny_config("train.max_steps=5", "train.checkpoint_format=sharded"), resume=True, quiet=True)
-    with pytest.raises(CheckpointError, match=r"holds ckpt.pt at step 3 and ckpt.dcp at step 5: bring ckpt.pt up to "
-                                              r"date with 'python -m minilm unshard .* --overwrite'"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds ckpt.pt at step 3 and ckpt.dcp at step 5: bring ckpt.pt up to "
+        r"date with 'python -m minilm unshard .* --overwrite'",
+    ):
         load_model(config.out_dir)
     assert load_model(os.path.join(config.out_dir, "ckpt.pt"))[3]["step"] == 3
     saving.unshard(config.out_dir)

@@ -2,6 +2,7 @@
 with the reason, where mounting is refused). Training's second save, export, prepared data
 and make-corpus each end with one line and exit status 2, keep what was there whole, and
 leave no temporary or partial files."""
+
 import os
 import subprocess
 import sys
@@ -24,13 +25,17 @@ def small_disk(tmp_path):
     def mount(size: str):
         point = tmp_path / f"disk{len(mounted)}"
         point.mkdir()
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], capture_output=True, text=True
+        )
         if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({(result.stderr or result.stdout).strip()[:120]}): "
-                        f"a real full disk needs root")
+            pytest.skip(
+                f"cannot mount a tmpfs here ({(result.stderr or result.stdout).strip()[:120]}): "
+                f"a real full disk needs root"
+            )
         mounted.append(point)
         return point
+
     yield mount
     for point in mounted:
         subprocess.run(["umount", str(point)], capture_output=True)
@@ -49,8 +54,9 @@ def one_line_error(result, *words):
 
 
 def leftovers(directory):
-    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.name.endswith(".tmp")
-                  or p.name.startswith("."))
+    return sorted(
+        str(p.relative_to(directory)) for p in directory.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")
+    )
 
 
 def test_training_keeps_its_previous_checkpoint_when_the_disk_fills(tiny_corpus, small_disk):
@@ -65,8 +71,11 @@ def test_training_keeps_its_previous_checkpoint_when_the_disk_fills(tiny_corpus,
 def test_a_sharded_save_on_a_full_disk_keeps_the_previous_checkpoint(tiny_corpus, small_disk):
     disk = small_disk("1000k")  # the step-6 shards (~650 KB) fit, a second version beside them does not
     out = disk / "run"
-    result = run("train.py", *tiny_overrides(tiny_corpus, out, "train.sample_tokens=0",
-                                             "train.checkpoint_format=sharded"), "--quiet")
+    result = run(
+        "train.py",
+        *tiny_overrides(tiny_corpus, out, "train.sample_tokens=0", "train.checkpoint_format=sharded"),
+        "--quiet",
+    )
     one_line_error(result, str(out / "ckpt.dcp"), "no space left on the device", "--resume")
     assert saving.read_record(str(out / "ckpt.dcp"))["step"] == 6
     version = os.readlink(out / "ckpt.dcp")  # the one version left, whole
@@ -89,7 +98,18 @@ def test_preparing_data_on_a_full_disk_leaves_no_partial_directory(tiny_corpus, 
 
 def test_make_corpus_on_a_full_disk_leaves_nothing(small_disk):
     disk = small_disk("20k")
-    result = run("-m", "minilm", "passkey", "make-corpus", str(disk / "pk"), "--checkpoint", FIXTURE,
-                 "--n", "300", "--length", "120")
+    result = run(
+        "-m",
+        "minilm",
+        "passkey",
+        "make-corpus",
+        str(disk / "pk"),
+        "--checkpoint",
+        FIXTURE,
+        "--n",
+        "300",
+        "--length",
+        "120",
+    )
     one_line_error(result, str(disk / "pk"), "no space left on the device")
     assert os.listdir(disk) == []

@@ -1,5 +1,6 @@
 """minilm generate (generate.py) end to end on tiny checkpoints: streaming, prompt sources, seeds, samples,
 stop strings, runs far past the context, --set position overrides, stats and bad input."""
+
 import io
 import os
 import select
@@ -17,17 +18,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "generate.py")
 
 
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, gen_tokenizer, random_gpt):
     """name -> out_dir of a tiny random-weight checkpoint (block_size 32) with the test tokenizer."""
     root = tmp_path_factory.mktemp("gen_ckpts")
     out = {}
-    for name, position in {"rope": {"kind": "rope"}, "learned": {"kind": "learned"},
-                           "alibi": {"kind": "alibi"}}.items():
+    for name, position in {
+        "rope": {"kind": "rope"},
+        "learned": {"kind": "learned"},
+        "alibi": {"kind": "alibi"},
+    }.items():
         model = random_gpt(position, vocab_size=gen_tokenizer.vocab_size, block_size=32)
-        checkpoint.save({"model": model.state_dict(), "config": Config(model=model.config).to_dict(),
-                         "tokenizer": gen_tokenizer.to_bytes(), "step": 0}, str(root / name))
+        checkpoint.save(
+            {
+                "model": model.state_dict(),
+                "config": Config(model=model.config).to_dict(),
+                "tokenizer": gen_tokenizer.to_bytes(),
+                "step": 0,
+            },
+            str(root / name),
+        )
         out[name] = str(root / name)
     return out
 
@@ -47,9 +57,12 @@ def greedy(ckpt, *extra):
 
 
 def test_streams_text_through_a_pipe_as_it_is_decoded(checkpoints):
-    proc = subprocess.Popen([sys.executable, SCRIPT, *greedy(checkpoints["rope"], "--no-echo",
-                                                               "--max-new-tokens", "400"), "ROMEO:"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, *greedy(checkpoints["rope"], "--no-echo", "--max-new-tokens", "400"), "ROMEO:"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
     chunks = []
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -77,6 +90,7 @@ class Recorder(io.StringIO):
 
 def test_every_piece_is_flushed_as_soon_as_it_is_decoded(checkpoints):
     from minilm.cli.generate import run_cli
+
     args = generate_script.parse_args(list(greedy(checkpoints["rope"], "--max-new-tokens", "60", "ROMEO:")))
     out, err = Recorder(), io.StringIO()
     run_cli(args, stdin=io.StringIO(), stdout=out, stderr=err)
@@ -111,8 +125,20 @@ def test_seed_gives_reproducible_samples(checkpoints, capsys):
 
 
 def test_num_samples_prints_each_sample_after_the_other(checkpoints, capsys):
-    status, out, _ = run(capsys, "--checkpoint", checkpoints["rope"], "--max-new-tokens", "30", "--seed", "0",
-                         "--temperature", "1.0", "--num-samples", "3", "KING:")
+    status, out, _ = run(
+        capsys,
+        "--checkpoint",
+        checkpoints["rope"],
+        "--max-new-tokens",
+        "30",
+        "--seed",
+        "0",
+        "--temperature",
+        "1.0",
+        "--num-samples",
+        "3",
+        "KING:",
+    )
     assert status == 0
     samples = out.split("---------------\n")
     assert len(samples) == 3 and all(s.startswith("KING:") and s.endswith("\n") for s in samples)
@@ -123,13 +149,15 @@ def test_stop_string_ends_the_output_before_it(checkpoints, capsys):
     ckpt = checkpoints["rope"]
     full = run(capsys, *greedy(ckpt, "--max-new-tokens", "80", "--no-echo"), "ROMEO:")[1]
     stop = full[10:12]
-    status, out, _ = run(capsys, *greedy(ckpt, "--max-new-tokens", "80", "--no-echo", "--stop", stop,
-                                         "--stop", "never-there"), "ROMEO:")
+    status, out, _ = run(
+        capsys, *greedy(ckpt, "--max-new-tokens", "80", "--no-echo", "--stop", stop, "--stop", "never-there"), "ROMEO:"
+    )
     assert status == 0 and out == full.split(stop)[0] + "\n"
 
 
 def test_stop_strings_understand_newline_and_tab_escapes():
     from minilm.cli.generate import unescape
+
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb"
     assert unescape(r"c:\\new") == r"c:\new" and unescape(r"\q é") == r"\q é"
 
@@ -177,8 +205,9 @@ def test_stats_go_to_stderr(checkpoints, capsys):
 def test_set_changes_the_position_scaling_at_generation_time(checkpoints, capsys):
     base = greedy(checkpoints["rope"], "--max-new-tokens", "60", "--max-context", "96", "--no-echo", "ROMEO:")
     plain = run(capsys, *base)[1]
-    status, dynamic, err = run(capsys, *base, "--set", "model.position.scaling.type=dynamic",
-                               "--set", "model.position.scaling.factor=4")
+    status, dynamic, err = run(
+        capsys, *base, "--set", "model.position.scaling.type=dynamic", "--set", "model.position.scaling.factor=4"
+    )
     assert status == 0, err
     assert dynamic != plain  # context 96 > trained 32: dynamic NTK changes the rotation
     status, _, err = run(capsys, *base, "--set", "model.n_layer=3")
@@ -188,28 +217,32 @@ def test_set_changes_the_position_scaling_at_generation_time(checkpoints, capsys
 def test_attention_map(checkpoints, capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "attn.png"
-    status, _, err = run(capsys, *greedy(checkpoints["rope"], "--max-new-tokens", "8", "--attention-map", str(path)),
-                         "ROMEO:")
+    status, _, err = run(
+        capsys, *greedy(checkpoints["rope"], "--max-new-tokens", "8", "--attention-map", str(path)), "ROMEO:"
+    )
     assert status == 0, err
     assert path.stat().st_size > 1000 and "attention map" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (("--checkpoint", "/nonexistent/ckpt.pt", "hi"), "does not exist"),
-    (("--temperature", "-1", "hi"), "temperature=-1.0"),
-    (("--top-p", "0", "hi"), "top_p=0.0"),
-    (("--top-p", "1.5", "hi"), "top_p=1.5"),
-    (("--top-k", "0", "hi"), "top_k=0"),
-    (("--max-new-tokens", "-1", "hi"), "--max-new-tokens=-1"),
-    (("--num-samples", "0", "hi"), "--num-samples=0"),
-    (("--max-context", "33", "hi"), "at most 32 positions"),
-    (("--prompt-file", "/nonexistent/prompt.txt"), "cannot read --prompt-file"),
-    (("--set", "model.position.kind=bogus", "hi"), "bogus"),
-    (("--device", "tpu", "hi"), "--device 'tpu'"),
-    (("--max-new-tokens", "ten", "hi"), "invalid int value"),
-    (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),
-    (("--dtype", "float16", "hi"), "--dtype 'float16' is unknown"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("--checkpoint", "/nonexistent/ckpt.pt", "hi"), "does not exist"),
+        (("--temperature", "-1", "hi"), "temperature=-1.0"),
+        (("--top-p", "0", "hi"), "top_p=0.0"),
+        (("--top-p", "1.5", "hi"), "top_p=1.5"),
+        (("--top-k", "0", "hi"), "top_k=0"),
+        (("--max-new-tokens", "-1", "hi"), "--max-new-tokens=-1"),
+        (("--num-samples", "0", "hi"), "--num-samples=0"),
+        (("--max-context", "33", "hi"), "at most 32 positions"),
+        (("--prompt-file", "/nonexistent/prompt.txt"), "cannot read --prompt-file"),
+        (("--set", "model.position.kind=bogus", "hi"), "bogus"),
+        (("--device", "tpu", "hi"), "--device 'tpu'"),
+        (("--max-new-tokens", "ten", "hi"), "invalid int value"),
+        (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),
+        (("--dtype", "float16", "hi"), "--dtype 'float16' is unknown"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
     if "--checkpoint" not in argv:
         argv = ("--checkpoint", checkpoints["learned"], *argv)
@@ -222,7 +255,8 @@ def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
 def test_unreadable_checkpoint_in_a_subprocess_has_no_traceback(tmp_path):
     bad = tmp_path / "ckpt.pt"
     bad.write_bytes(b"not a checkpoint")
-    proc = subprocess.run([sys.executable, SCRIPT, "--checkpoint", str(bad), "hi"], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--checkpoint", str(bad), "hi"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

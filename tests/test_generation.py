@@ -5,8 +5,17 @@ import pytest
 import torch
 
 from minilm.config import ModelConfig
-from minilm.generation.decode import (Decoder, GenerationError, GenerationWarning, Sampling, Stats, context_size,
-                                      generate_ids, repetition_penalty, sample)
+from minilm.generation.decode import (
+    Decoder,
+    GenerationError,
+    GenerationWarning,
+    Sampling,
+    Stats,
+    context_size,
+    generate_ids,
+    repetition_penalty,
+    sample,
+)
 from minilm.generation.lean import lean_body
 from minilm.generation.text import TextStream, generate, generate_text
 from minilm.model.gpt import GPT
@@ -21,16 +30,27 @@ def schemes():
     out = []
     for kind in available():
         if kind == "interpolated":
-            out += [{"kind": kind, "base": {"kind": "rope"}, "factor": 2.0},
-                    {"kind": kind, "base": {"kind": "learned"}, "factor": 2.0}]
+            out += [
+                {"kind": kind, "base": {"kind": "rope"}, "factor": 2.0},
+                {"kind": kind, "base": {"kind": "learned"}, "factor": 2.0},
+            ]
         else:
             out.append({"kind": kind})
-    out += [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}},
-            {"kind": "rope", "scaling": {"type": "yarn", "factor": 2.0, "original_max_positions": 16}},
-            {"kind": "rope", "scaling": {"type": "llama3", "factor": 2.0, "original_max_positions": 16}},
-            {"kind": "shaw", "values": True, "max_distance": 6},
-            {"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 16,
-                                         "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}]
+    out += [
+        {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}},
+        {"kind": "rope", "scaling": {"type": "yarn", "factor": 2.0, "original_max_positions": 16}},
+        {"kind": "rope", "scaling": {"type": "llama3", "factor": 2.0, "original_max_positions": 16}},
+        {"kind": "shaw", "values": True, "max_distance": 6},
+        {
+            "kind": "rope",
+            "scaling": {
+                "type": "longrope",
+                "original_max_positions": 16,
+                "short_factor": [1.0, 1.5, 2.0, 3.0],
+                "long_factor": [2.0, 4.0, 8.0, 16.0],
+            },
+        },
+    ]
     return out
 
 
@@ -41,11 +61,13 @@ def scheme_id(position):
 
 
 def greedy_tokens(model, prompt, n, **kw):
-    return [t[0] for t in torch.stack(list(generate_ids(model, prompt, max_new_tokens=n, sampling=GREEDY,
-                                                          **kw))).tolist()]
+    return [
+        t[0] for t in torch.stack(list(generate_ids(model, prompt, max_new_tokens=n, sampling=GREEDY, **kw))).tolist()
+    ]
 
 
 # --------------------------------------------------------------------------- cached == uncached
+
 
 @pytest.mark.parametrize("position", schemes(), ids=scheme_id)
 def test_cached_greedy_equals_no_cache_far_past_the_context(random_gpt, position):
@@ -98,6 +120,7 @@ def test_left_padded_prompts_past_the_window_decode_as_each_alone(random_gpt, ki
     """Two prompts of different lengths, both longer than the rolling window, in one batch (left-padded,
     prefilled in chunks): each row's greedy text is what it gets alone and what recomputation gives."""
     from minilm.generation.decode import generate_rows
+
     model = random_gpt({"kind": kind}, block_size=16)
     prompts = [torch.randint(0, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (53, 37)]
 
@@ -112,6 +135,7 @@ def test_left_padded_prompts_past_the_window_decode_as_each_alone(random_gpt, ki
 
 def test_a_prompt_of_many_windows_shows_its_prefill_progress(random_gpt, capsys):
     from minilm.generation.decode import PROGRESS_CHUNKS, generate_rows
+
     model = random_gpt({"kind": "rope"}, block_size=16)
     for windows, shown in ((PROGRESS_CHUNKS + 1, True), (3, False)):
         prompt = torch.randint(0, 97, (16 * windows,), generator=torch.Generator().manual_seed(2)).tolist()
@@ -120,8 +144,9 @@ def test_a_prompt_of_many_windows_shows_its_prefill_progress(random_gpt, capsys)
 
 
 def test_dynamic_ntk_uses_the_same_context_length_with_and_without_cache(random_gpt):
-    model = random_gpt({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0,
-                                                     "original_max_positions": 16}}, block_size=32)
+    model = random_gpt(
+        {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}}, block_size=32
+    )
     seq = torch.randint(0, 97, (20,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.inference_mode():
         decoder = Decoder(model, 1, max_context=32, use_cache=False)
@@ -161,8 +186,18 @@ def test_num_samples_are_decoded_as_one_batch(random_gpt):
     tokens = torch.stack(steps)
     assert (tokens == tokens[:, :1]).all()  # greedy: identical samples
     assert tokens[:, 0].tolist() == greedy_tokens(model, [1, 2, 3], 40)
-    sampled = torch.stack(list(generate_ids(model, [1, 2, 3], max_new_tokens=40, num_samples=3, seed=0,
-                                            sampling=Sampling(temperature=1.0, top_k=None))))
+    sampled = torch.stack(
+        list(
+            generate_ids(
+                model,
+                [1, 2, 3],
+                max_new_tokens=40,
+                num_samples=3,
+                seed=0,
+                sampling=Sampling(temperature=1.0, top_k=None),
+            )
+        )
+    )
     assert len({tuple(sampled[:, i].tolist()) for i in range(3)}) == 3
 
 
@@ -192,16 +227,19 @@ def test_stats_count_tokens_and_time(random_gpt):
     assert lines[3].startswith("peak memory: ")
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(max_new_tokens=-1), "max_new_tokens=-1"),
-    (dict(num_samples=0), "num_samples=0"),
-    (dict(sampling=Sampling(temperature=-0.5)), "temperature=-0.5"),
-    (dict(sampling=Sampling(top_p=0.0)), r"top_p=0.0 .*\(0, 1\]"),
-    (dict(sampling=Sampling(top_p=1.5)), "top_p=1.5"),
-    (dict(sampling=Sampling(top_k=0)), "top_k=0"),
-    (dict(sampling=Sampling(repetition_penalty=0)), "repetition_penalty=0"),
-    (dict(max_context=64), "at most 32 positions"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens=-1"),
+        (dict(num_samples=0), "num_samples=0"),
+        (dict(sampling=Sampling(temperature=-0.5)), "temperature=-0.5"),
+        (dict(sampling=Sampling(top_p=0.0)), r"top_p=0.0 .*\(0, 1\]"),
+        (dict(sampling=Sampling(top_p=1.5)), "top_p=1.5"),
+        (dict(sampling=Sampling(top_k=0)), "top_k=0"),
+        (dict(sampling=Sampling(repetition_penalty=0)), "repetition_penalty=0"),
+        (dict(max_context=64), "at most 32 positions"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(random_gpt, bad, match):
     model = random_gpt({"kind": "learned"})
     with pytest.raises(GenerationError, match=match) as info:
@@ -219,6 +257,7 @@ def test_zero_new_tokens_yields_nothing(random_gpt):
 
 
 # --------------------------------------------------------------------------- sampling
+
 
 def test_greedy_is_argmax_and_top_k_1_is_greedy():
     logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
@@ -254,8 +293,9 @@ def test_min_p_matches_transformers_and_keeps_what_reaches_p_times_the_top():
     scores = torch.randn(64, 500, generator=torch.Generator().manual_seed(2)) * 3
     for min_p in (0.01, 0.1, 0.5):
         kept = warpers.MinPLogitsWarper(min_p=min_p)(None, scores.clone()).isfinite()
-        draws = torch.stack([sample(scores, Sampling(temperature=1.0, top_k=None, min_p=min_p), g)
-                             for _ in range(200)], dim=1)  # (64, 200) ids drawn per row
+        draws = torch.stack(
+            [sample(scores, Sampling(temperature=1.0, top_k=None, min_p=min_p), g) for _ in range(200)], dim=1
+        )  # (64, 200) ids drawn per row
         assert kept.gather(1, draws).all()  # never a token transformers drops
         assert (kept.sum(dim=1) > 1).any()  # and the filter leaves a choice: the draws above mean something
     with pytest.raises(GenerationError, match="min_p=-0.1"):
@@ -282,13 +322,22 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
 def test_repetition_penalty_in_the_loop_avoids_repeats(random_gpt):
     model = random_gpt({"kind": "rope"})
     plain = greedy_tokens(model, [1, 2, 3], 60)
-    penalised = [t[0] for t in torch.stack(list(generate_ids(
-        model, [1, 2, 3], max_new_tokens=60, sampling=Sampling(temperature=0, repetition_penalty=1e6)))).tolist()]
+    penalised = [
+        t[0]
+        for t in torch.stack(
+            list(
+                generate_ids(
+                    model, [1, 2, 3], max_new_tokens=60, sampling=Sampling(temperature=0, repetition_penalty=1e6)
+                )
+            )
+        ).tolist()
+    ]
     assert len(set(penalised)) == 60 and len(set(plain)) < 60  # each token at most once (vocab 97)
     assert not set(penalised) & {1, 2, 3}  # the prompt's tokens count as present
 
 
 # --------------------------------------------------------------------------- text
+
 
 def test_text_stream_joins_to_the_decoded_continuation(gen_tokenizer):
     tok = gen_tokenizer
@@ -299,7 +348,7 @@ def test_text_stream_joins_to_the_decoded_continuation(gen_tokenizer):
         stream = TextStream(tok, prompt)
         pieces = [stream.push(t, final=i == len(ids) - 1) for i, t in enumerate(ids)]
         full = tok.decode(prompt + ids)
-        assert "".join(pieces) == full[len(tok.decode(prompt)):] == stream.text
+        assert "".join(pieces) == full[len(tok.decode(prompt)) :] == stream.text
 
 
 def test_text_stream_never_splits_a_multibyte_character(gen_tokenizer):
@@ -387,8 +436,9 @@ def test_generate_stops_early_when_every_sample_stopped(random_gpt, gen_tokenize
 def test_empty_prompt_starts_from_bos(random_gpt, gen_tokenizer):
     tok = gen_tokenizer
     model = random_gpt({"kind": "rope"}, vocab_size=tok.vocab_size)
-    assert generate_text(model, tok, "", max_new_tokens=10, sampling=GREEDY) == \
-        generate_text(model, tok, [tok.bos_id], max_new_tokens=10, sampling=GREEDY)
+    assert generate_text(model, tok, "", max_new_tokens=10, sampling=GREEDY) == generate_text(
+        model, tok, [tok.bos_id], max_new_tokens=10, sampling=GREEDY
+    )
 
 
 def test_empty_prompt_without_bos_is_an_error():
@@ -397,15 +447,20 @@ def test_empty_prompt_without_bos_is_an_error():
 
         def encode(self, text):
             return []
+
     with pytest.raises(GenerationError, match="prompt is empty"):
         list(generate(None, NoBos(), "", max_new_tokens=3))
 
 
-ROLLING = [p for p in schemes() if p["kind"] != "learned" and p.get("inner", p.get("base", {})).get("kind") != "learned"]
+ROLLING = [
+    p for p in schemes() if p["kind"] != "learned" and p.get("inner", p.get("base", {})).get("kind") != "learned"
+]
 
 
 def embeds(position) -> bool:
-    return position["kind"] == "sinusoidal" or position.get("inner", position.get("base", {})).get("kind") == "sinusoidal"
+    return (
+        position["kind"] == "sinusoidal" or position.get("inner", position.get("base", {})).get("kind") == "sinusoidal"
+    )
 
 
 @pytest.mark.parametrize("position", ROLLING, ids=scheme_id)
@@ -419,8 +474,9 @@ def test_attention_sinks_cached_equals_no_cache_far_past_the_context(random_gpt,
 
 
 # every scheme's numbering, cached and not, is pinned at every query below; decoding here
-SINKS_DECODED = [{"kind": k} for k in ("rope", "alibi", "fire", "xpos")] + \
-    [{"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}}]
+SINKS_DECODED = [{"kind": k} for k in ("rope", "alibi", "fire", "xpos")] + [
+    {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 16}}
+]
 
 
 @pytest.mark.parametrize("position", SINKS_DECODED, ids=scheme_id)
@@ -432,9 +488,17 @@ def test_sinks_at_cache_positions_cached_equals_no_cache_far_past_the_context(ra
     assert cached == uncached and len(set(cached)) >= 5
 
 
-NUMBERED = [{"kind": "rope"}, {"kind": "xpos"}, {"kind": "fire"}, {"kind": "alibi"}, {"kind": "kerple"},
-            {"kind": "shaw"}, {"kind": "t5"}, {"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0},
-            {"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0, "original_max_positions": 4}}]
+NUMBERED = [
+    {"kind": "rope"},
+    {"kind": "xpos"},
+    {"kind": "fire"},
+    {"kind": "alibi"},
+    {"kind": "kerple"},
+    {"kind": "shaw"},
+    {"kind": "t5"},
+    {"kind": "interpolated", "inner": {"kind": "rope"}, "factor": 2.0},
+    {"kind": "rope", "scaling": {"type": "dynamic", "factor": 4.0, "original_max_positions": 4}},
+]
 
 
 @pytest.mark.parametrize("n_kv_head", [None, 1])
@@ -446,8 +510,11 @@ def test_sinks_at_cache_positions_are_where_the_paper_puts_them(position, n_kv_h
     followed by the window (sinks at 0..S-1, the window at S..W-1). With absolute positions
     it does not."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=1, n_head=4, d_model=32, block_size=16, vocab_size=50, position=position,
-                            n_kv_head=n_kv_head)).eval()
+    model = GPT(
+        ModelConfig(
+            n_layer=1, n_head=4, d_model=32, block_size=16, vocab_size=50, position=position, n_kv_head=n_kv_head
+        )
+    ).eval()
     with torch.no_grad():  # learned position parameters away from their start, so that every one matters
         for p in model.positions.parameters():
             p.add_(torch.randn_like(p) * 0.5)
@@ -456,10 +523,17 @@ def test_sinks_at_cache_positions_are_where_the_paper_puts_them(position, n_kv_h
     with torch.no_grad():
         streamed = model(idx, window=window, sinks=sinks, sink_positions="cache", context_len=window)
         cache = model.new_cache(2, window, rolling=True, sinks=sinks, sink_positions="cache")
-        cached = torch.cat([model(idx[:, :5], cache, context_len=window)] +
-                           [model(idx[:, t:t + 1], cache, context_len=window) for t in range(5, n)], dim=1)
+        cached = torch.cat(
+            [model(idx[:, :5], cache, context_len=window)]
+            + [model(idx[:, t : t + 1], cache, context_len=window) for t in range(5, n)],
+            dim=1,
+        )
         for p in range(n):
-            seen = idx[:, :p + 1] if p < window else torch.cat([idx[:, :sinks], idx[:, p - window + sinks + 1:p + 1]], 1)
+            seen = (
+                idx[:, : p + 1]
+                if p < window
+                else torch.cat([idx[:, :sinks], idx[:, p - window + sinks + 1 : p + 1]], 1)
+            )
             fresh = model(seen, context_len=window)[:, -1]
             torch.testing.assert_close(streamed[:, p], fresh, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(cached[:, p], fresh, rtol=1e-5, atol=1e-5)
@@ -471,8 +545,9 @@ def test_sinks_at_cache_positions_are_where_the_paper_puts_them(position, n_kv_h
 def test_sink_positions_change_rope_generation_far_past_the_context(random_gpt):
     model = random_gpt({"kind": "rope"}, block_size=32)
     prompt = [5, 17, 42, 8, 61, 3, 29]
-    assert greedy_tokens(model, prompt, 200, sinks=4) != greedy_tokens(model, prompt, 200, sinks=4,
-                                                                       sink_positions="absolute")
+    assert greedy_tokens(model, prompt, 200, sinks=4) != greedy_tokens(
+        model, prompt, 200, sinks=4, sink_positions="absolute"
+    )
 
 
 def test_sinks_keep_the_first_tokens_in_view(random_gpt):
@@ -494,7 +569,9 @@ def test_bad_sinks(random_gpt):
         list(generate_ids(random_gpt({"kind": "learned"}), [1, 2], max_new_tokens=2, sinks=2))
     with pytest.raises(GenerationError, match="sink_positions='middle' is invalid: expected one of cache, absolute"):
         list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=2, sink_positions="middle"))
-    with pytest.raises(GenerationError, match="sinusoidal positions are added to the embeddings: use sink_positions=ab"):
+    with pytest.raises(
+        GenerationError, match="sinusoidal positions are added to the embeddings: use sink_positions=ab"
+    ):
         list(generate_ids(random_gpt({"kind": "sinusoidal"}), [1, 2], max_new_tokens=2, sinks=2))
     with pytest.raises(GenerationError, match="compiled step keeps absolute positions"):
         list(generate_ids(random_gpt({"kind": "rope"}), [1, 2], max_new_tokens=2, sinks=2, compile=True))
@@ -509,11 +586,15 @@ ARCHITECTURES = [  # (name, ModelConfig options): every option the lean step rea
     ("rmsnorm-swiglu-parallel", {"norm": "rmsnorm", "mlp": "swiglu", "parallel_residual": True}),
     ("values-relu2-softcap-bias", {"value_embeddings": True, "mlp": "relu2", "logit_softcap": 15.0, "bias": True}),
 ]
-LEAN_POSITIONS = [{"kind": kind} for kind in ("rope", "xpos", "alibi", "t5", "shaw", "fire", "kerple", "sinusoidal",
-                                              "none")]
+LEAN_POSITIONS = [
+    {"kind": kind} for kind in ("rope", "xpos", "alibi", "t5", "shaw", "fire", "kerple", "sinusoidal", "none")
+]
 LEAN_POSITIONS.append({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2.0, "original_max_positions": 8}})
-CACHES = {"cache": {}, "rolling": {"rolling": True}, "rolling-sinks": {"rolling": True, "sinks": 2,
-                                                                        "sink_positions": "absolute"}}
+CACHES = {
+    "cache": {},
+    "rolling": {"rolling": True},
+    "rolling-sinks": {"rolling": True, "sinks": 2, "sink_positions": "absolute"},
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -524,21 +605,24 @@ def test_the_lean_decode_step_equals_the_model_bit_for_bit(position, arch, cache
     """``lean_body``'s decode steps give exactly ``GPT.body``'s logits, past a rolling cache's wrap too,
     and the steps do not go through ``GPT.body``."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position=position,
-                            **arch[1])).to(dtype).eval()
+    model = (
+        GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position=position, **arch[1]))
+        .to(dtype)
+        .eval()
+    )
     ids = torch.randint(0, 61, (2, 30))
     settings = CACHES[cache_kind]
     capacity = 12 if settings else 30
     with torch.no_grad():
         cache = model.new_cache(2, capacity, **settings)
         model(ids[:, :6], cache)
-        expected = [model(ids[:, t:t + 1], cache) for t in range(6, 30)]
+        expected = [model(ids[:, t : t + 1], cache) for t in range(6, 30)]
         lean, calls = lean_body(model), []
         general = model.body
         model.body = lambda *args: calls.append(args[0].shape) or general(*args)
         cache = model.new_cache(2, capacity, **settings)
         model(ids[:, :6], cache, body=lean)  # a prefill of 6 tokens: the general path
-        got = [model(ids[:, t:t + 1], cache, body=lean) for t in range(6, 30)]
+        got = [model(ids[:, t : t + 1], cache, body=lean) for t in range(6, 30)]
     assert calls == [(2, 6)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got))
 
@@ -553,8 +637,9 @@ def test_generation_decodes_with_the_lean_step():
     assert calls == [(1, 3)]
 
 
-@pytest.mark.parametrize("position", schemes() + [{"kind": "interpolated", "base": {"kind": "fire"}, "factor": 2.0}],
-                         ids=scheme_id)
+@pytest.mark.parametrize(
+    "position", schemes() + [{"kind": "interpolated", "base": {"kind": "fire"}, "factor": 2.0}], ids=scheme_id
+)
 def test_every_scheme_runs_in_bf16_close_to_float32_and_decodes(position):
     """A model cast to bf16 (``generate --dtype bfloat16``) runs under every scheme, its full-sequence
     logits within bf16's rounding of the float32 model's (a scheme with its own layers takes bf16 inputs:

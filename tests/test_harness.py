@@ -1,8 +1,8 @@
 """The lm-evaluation-harness adapter (minilm.evaluation.harness): per-request log-likelihoods equal
 to lm_eval's own Hugging Face model on an exported model; a local JSON task end to end on
 schemes that cannot be exported. Nothing is downloaded."""
+
 import json
-import os
 
 import pytest
 import torch
@@ -22,23 +22,45 @@ from minilm.evaluation.harness import MinilmLM, evaluate  # noqa: E402
 from minilm.hf.export import export_model  # noqa: E402
 from minilm.model.gpt import GPT  # noqa: E402
 
-CONTEXTS = [("ROMEO: What light", " through yonder window"), ("The king is ", "dead."), ("", "Hello there"),
-            ("To be, or not to be: that is the", " question")]
+CONTEXTS = [
+    ("ROMEO: What light", " through yonder window"),
+    ("The king is ", "dead."),
+    ("", "Hello there"),
+    ("To be, or not to be: that is the", " question"),
+]
 
 
 def save_random(tiny_corpus, root, kind, **position):
     data = {"corpus": str(tiny_corpus / "corpus.txt"), "vocab_size": 400, "dir": str(tiny_corpus / "data")}
-    config = build_config({"model": {"vocab_size": 400, "n_layer": 2, "n_head": 2, "d_model": 32, "block_size": 32,
-                                     "position": {"kind": kind, **position}},
-                           "data": data, "out_dir": str(root / kind)})
+    config = build_config(
+        {
+            "model": {
+                "vocab_size": 400,
+                "n_layer": 2,
+                "n_head": 2,
+                "d_model": 32,
+                "block_size": 32,
+                "position": {"kind": kind, **position},
+            },
+            "data": data,
+            "out_dir": str(root / kind),
+        }
+    )
     prepared = prepare(config.data, quiet=True)
     torch.manual_seed(0)
     model = GPT(config.model)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
-    return checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
-                            "tokenizer": prepared.tokenizer.to_bytes(), "step": 0}, config.out_dir)
+    return checkpoint.save(
+        {
+            "model": model.state_dict(),
+            "config": config.to_dict(),
+            "tokenizer": prepared.tokenizer.to_bytes(),
+            "step": 0,
+        },
+        config.out_dir,
+    )
 
 
 def requests(kind, items):
@@ -47,11 +69,14 @@ def requests(kind, items):
 
 def test_log_likelihoods_equal_lm_evals_own_hf_model_on_an_exported_model(tiny_corpus, tmp_path):
     from lm_eval.models.huggingface import HFLM
+
     path = save_random(tiny_corpus, tmp_path, "rope")
     loaded = load_model(path)
     export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "hf"))
-    ours, theirs = MinilmLM(path, batch_size=3), HFLM(pretrained=str(tmp_path / "hf"), batch_size=1,
-                                                      device="cpu", dtype="float32", max_length=32)
+    ours, theirs = (
+        MinilmLM(path, batch_size=3),
+        HFLM(pretrained=str(tmp_path / "hf"), batch_size=1, device="cpu", dtype="float32", max_length=32),
+    )
     long_text = " ".join(["Now is the winter of our discontent"] * 12)  # several windows of 32 tokens
     for kind, items in (("loglikelihood", CONTEXTS), ("loglikelihood_rolling", [(long_text,), ("Short.",)])):
         a = getattr(ours, kind)(requests(kind, items))
@@ -66,23 +91,30 @@ def test_log_likelihoods_equal_lm_evals_own_hf_model_on_an_exported_model(tiny_c
 @pytest.fixture
 def local_task(tmp_path):
     """A multiple-choice task and a generation task that read local JSON lines."""
-    docs = [{"context": "ROMEO: What light", "choices": [" through", " king", " dead"], "label": 0, "answer": "x"},
-            {"context": "The king is", "choices": [" dead", " here"], "label": 1, "answer": "x"}]
+    docs = [
+        {"context": "ROMEO: What light", "choices": [" through", " king", " dead"], "label": 0, "answer": "x"},
+        {"context": "The king is", "choices": [" dead", " here"], "label": 1, "answer": "x"},
+    ]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
-              f"test_split: test\ndoc_to_text: \"{{{{context}}}}\"\n")
-    (tmp_path / "choice.yaml").write_text("task: minilm_choice\n" + common + "output_type: multiple_choice\n"
-                                          "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{label}}\"\n"
-                                          "metric_list:\n  - metric: acc\n")
-    (tmp_path / "gen.yaml").write_text("task: minilm_gen\n" + common + "output_type: generate_until\n"
-                                       "doc_to_target: \"{{answer}}\"\ngeneration_kwargs:\n  until: [\"\\n\"]\n"
-                                       "  max_gen_toks: 5\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n")
+    common = (
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'docs.jsonl'}\n"
+        f'test_split: test\ndoc_to_text: "{{{{context}}}}"\n'
+    )
+    (tmp_path / "choice.yaml").write_text(
+        "task: minilm_choice\n" + common + "output_type: multiple_choice\n"
+        'doc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+    (tmp_path / "gen.yaml").write_text(
+        "task: minilm_gen\n" + common + "output_type: generate_until\n"
+        'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: ["\\n"]\n'
+        "  max_gen_toks: 5\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n"
+    )
     return tmp_path
 
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "t5"])
-def test_a_local_task_runs_on_schemes_that_cannot_be_exported(kind, tiny_corpus, local_task, tmp_path,
-                                                               monkeypatch):
+def test_a_local_task_runs_on_schemes_that_cannot_be_exported(kind, tiny_corpus, local_task, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     path = save_random(tiny_corpus, tmp_path, kind)
     results = evaluate(path, ["minilm_choice", "minilm_gen"], include_path=str(local_task))["results"]
@@ -93,8 +125,23 @@ def test_a_local_task_runs_on_schemes_that_cannot_be_exported(kind, tiny_corpus,
 def test_the_lmeval_command_prints_the_table(tiny_corpus, local_task, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     path = save_random(tiny_corpus, tmp_path, "rope")
-    assert main(["lmeval", path, "--tasks", "minilm_choice", "--include-path", str(local_task), "--limit", "2",
-                 "--set", "model.position.scaling={type: linear, factor: 2}"]) == 0
+    assert (
+        main(
+            [
+                "lmeval",
+                path,
+                "--tasks",
+                "minilm_choice",
+                "--include-path",
+                str(local_task),
+                "--limit",
+                "2",
+                "--set",
+                "model.position.scaling={type: linear, factor: 2}",
+            ]
+        )
+        == 0
+    )
     assert "minilm_choice" in capsys.readouterr().out
     assert main(["lmeval", path, "--tasks", "no_such_task", "--include-path", str(local_task)]) == 2
     assert "no_such_task" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 and minilm models exported (GPT-NeoX, Llama, GPT-2, MPT), with random weights built in
 temporary directories. Logits must agree with transformers to 1e-4 in float32, cached and
 uncached; greedy generation and tokenization must agree. Nothing is downloaded."""
+
 import dataclasses
 import json
 import os
@@ -30,22 +31,6 @@ TOLERANCE = 1e-4
 LENGTH = 40
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer_dir(tmp_path_factory):
-    """A byte-level BPE tokenizer (GPT-2 style) of about 300 tokens, saved by transformers."""
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([tiny_text(300)], trainer)
-    directory = tmp_path_factory.mktemp("hf_tokenizer")
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                         eos_token="<|endoftext|>").save_pretrained(directory)
-    return directory
-
-
 def scramble(model, seed=0):
     """Large random weights (norm gains near 1), so that every weight matters in the logits."""
     generator = torch.Generator().manual_seed(seed)
@@ -64,32 +49,95 @@ def vocab(tokenizer_dir) -> int:
 
 
 HF_CASES = {
-    "gpt2": lambda v: transformers.GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4,
-                                              activation_function="gelu_new", bos_token_id=0, eos_token_id=0),
+    "gpt2": lambda v: transformers.GPT2Config(
+        vocab_size=v,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        activation_function="gelu_new",
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
     "neox-parallel-untied-partial-padded": lambda v: transformers.GPTNeoXConfig(
-        vocab_size=v + 12, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64, use_parallel_residual=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        vocab_size=v + 12,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
     "neox-sequential-tied-linear": lambda v: transformers.GPTNeoXConfig(
-        vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64, use_parallel_residual=False, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "partial_rotary_factor": 0.25, "factor": 2.0}),
+        vocab_size=v,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        use_parallel_residual=False,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "partial_rotary_factor": 0.25, "factor": 2.0},
+    ),
     "llama-gqa-untied-yarn": lambda v: transformers.LlamaConfig(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                         "original_max_position_embeddings": 32}),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
     "llama-tied-llama3": lambda v: transformers.LlamaConfig(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "qwen2-qkv-bias-gqa": lambda v: transformers.Qwen2Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False, use_sliding_window=False),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    ),
     "mistral": lambda v: transformers.MistralConfig(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, sliding_window=None, tie_word_embeddings=False),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -113,7 +161,7 @@ def cached_logits(model, ids, prefill):
     """minilm logits with a KV cache: ``prefill`` tokens at once, then one token at a time."""
     cache = model.new_cache(ids.shape[0], ids.shape[1])
     parts = [model(ids[:, :prefill], cache)]
-    parts += [model(ids[:, t:t + 1], cache) for t in range(prefill, ids.shape[1])]
+    parts += [model(ids[:, t : t + 1], cache) for t in range(prefill, ids.shape[1])]
     return torch.cat(parts, dim=1)
 
 
@@ -168,16 +216,19 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
         load_model("hf:someone/absent")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model_type": "bloom"}, "supported: gpt2, gpt_neox, llama"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "beta_fast": 16}}, "beta_fast"),
-    ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "supported: default, linear"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
-    ({"hidden_act": "relu"}, "supported: silu"),
-    ({"sliding_window": 16, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "sliding_window=16"),
-    ({"architectures": ["GPT2LMHeadModel"]}, "contradict model_type='llama'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "bloom"}, "supported: gpt2, gpt_neox, llama"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "beta_fast": 16}}, "beta_fast"),
+        ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "supported: default, linear"),
+        ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
+        ({"hidden_act": "relu"}, "supported: silu"),
+        ({"sliding_window": 16, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "sliding_window=16"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "contradict model_type='llama'"),
+    ],
+)
 def test_unsupported_architectures_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
     _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)
     config = json.loads((directory / "config.json").read_text())
@@ -192,13 +243,29 @@ def test_unsupported_architectures_are_one_line_errors(change, message, hf_token
 
 EXPORT_CASES = {  # minilm model settings -> the family transformers loads
     "rope-neox": (dict(position={"kind": "rope", "rotary_fraction": 0.5}, bias=True), "gpt_neox"),
-    "rope-neox-parallel-untied-ntk": (dict(position={"kind": "rope", "scaling": {"type": "ntk", "factor": 4}},
-                                           parallel_residual=True, tie_embeddings=False, mlp="gelu_tanh"), "gpt_neox"),
-    "rope-llama-gqa-yarn": (dict(position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2,
-                                                                        "original_max_positions": 16}},
-                                 norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False), "llama"),
-    "rope-qwen2": (dict(position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu", qkv_bias=True,
-                        n_kv_head=1), "qwen2"),
+    "rope-neox-parallel-untied-ntk": (
+        dict(
+            position={"kind": "rope", "scaling": {"type": "ntk", "factor": 4}},
+            parallel_residual=True,
+            tie_embeddings=False,
+            mlp="gelu_tanh",
+        ),
+        "gpt_neox",
+    ),
+    "rope-llama-gqa-yarn": (
+        dict(
+            position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2, "original_max_positions": 16}},
+            norm="rmsnorm",
+            mlp="swiglu",
+            n_kv_head=2,
+            tie_embeddings=False,
+        ),
+        "llama",
+    ),
+    "rope-qwen2": (
+        dict(position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu", qkv_bias=True, n_kv_head=1),
+        "qwen2",
+    ),
     "learned-gpt2": (dict(position={"kind": "learned"}, bias=True), "gpt2"),
     "alibi-mpt": (dict(position={"kind": "alibi"}), "mpt"),
 }
@@ -211,8 +278,9 @@ def export(checkpoint: str, directory: str) -> dict:
 
 
 def minilm_checkpoint(settings: dict, tokenizer, path, seed=0):
-    model_config = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, d_model=32, block_size=32,
-                               **settings)
+    model_config = ModelConfig(
+        vocab_size=tokenizer.vocab_size, n_layer=2, n_head=4, d_model=32, block_size=32, **settings
+    )
     torch.manual_seed(seed)
     model = scramble(GPT(model_config), seed)
     config = Config(model=model_config, data=DataConfig(vocab_size=tokenizer.vocab_size))
@@ -233,8 +301,9 @@ def test_exported_model_matches_in_transformers(case, gen_tokenizer, tmp_path):
         prompt = ids[0, :8].tolist()
         ours = [int(t) for t in generate_ids(model, prompt, max_new_tokens=16, sampling=Sampling(temperature=0))]
         reference.generation_config.eos_token_id = None  # minilm's generate_ids runs on past an end token too
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
-                                    pad_token_id=0)[0, 8:].tolist()
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)[
+            0, 8:
+        ].tolist()
     assert ours == theirs and len(set(ours)) > 1
 
 
@@ -247,17 +316,20 @@ def test_exported_tokenizer_tokenizes_like_minilm(gen_tokenizer, tmp_path):
     assert theirs.decode(gen_tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(position={"kind": "sinusoidal"}), "no transformers equivalent"),
-    (dict(position={"kind": "t5"}), "no transformers equivalent"),
-    (dict(position={"kind": "alibi"}, bias=True), "MPT"),
-    (dict(position={"kind": "rope"}, norm="rmsnorm"), "GPT-NeoX"),
-    (dict(position={"kind": "learned"}, tie_embeddings=False), "tied head"),
-    (dict(position={"kind": "rope"}, qk_norm=True), "model.qk_norm=True has no GPT-NeoX equivalent"),
-    (dict(position={"kind": "rope"}, mlp="relu2"), "GPT-NeoX"),
-    (dict(position={"kind": "rope"}, logit_softcap=30.0), "model.logit_softcap=30.0 has no GPT-NeoX equivalent"),
-    (dict(position={"kind": "alibi"}, value_embeddings=True), "model.value_embeddings=True has no MPT equivalent"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(position={"kind": "sinusoidal"}), "no transformers equivalent"),
+        (dict(position={"kind": "t5"}), "no transformers equivalent"),
+        (dict(position={"kind": "alibi"}, bias=True), "MPT"),
+        (dict(position={"kind": "rope"}, norm="rmsnorm"), "GPT-NeoX"),
+        (dict(position={"kind": "learned"}, tie_embeddings=False), "tied head"),
+        (dict(position={"kind": "rope"}, qk_norm=True), "model.qk_norm=True has no GPT-NeoX equivalent"),
+        (dict(position={"kind": "rope"}, mlp="relu2"), "GPT-NeoX"),
+        (dict(position={"kind": "rope"}, logit_softcap=30.0), "model.logit_softcap=30.0 has no GPT-NeoX equivalent"),
+        (dict(position={"kind": "alibi"}, value_embeddings=True), "model.value_embeddings=True has no MPT equivalent"),
+    ],
+)
 def test_export_refuses_what_transformers_cannot_hold(settings, message, gen_tokenizer, tmp_path):
     minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
     with pytest.raises(HFError, match=message) as info:
@@ -290,9 +362,16 @@ def test_export_never_writes_into_a_used_directory(gen_tokenizer, tmp_path):
 
 # --------------------------------------------------------------------------- the command lines
 
+
 def cli(*args, cwd):
-    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": REPO})
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -300,21 +379,65 @@ def cli(*args, cwd):
 def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corpus, tmp_path):
     _, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
     data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", f"data.dir={tmp_path / 'data'}"]
-    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), "The king",
-              "--max-new-tokens", "8", "--temperature", "0", cwd=tmp_path)
+    out = cli(
+        os.path.join(REPO, "generate.py"),
+        "--checkpoint",
+        str(directory),
+        "The king",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0",
+        cwd=tmp_path,
+    )
     assert out.startswith("The king")
-    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--lengths", "32,128", "--max-tokens", "1024",
-              "--position.scaling.type=yarn", "--position.scaling.factor=4", "--no-files", "--quiet",
-              *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    out = cli(
+        os.path.join(REPO, "evaluate.py"),
+        str(directory),
+        "--lengths",
+        "32,128",
+        "--max-tokens",
+        "1024",
+        "--position.scaling.type=yarn",
+        "--position.scaling.factor=4",
+        "--no-files",
+        "--quiet",
+        *[x for d in data for x in ("--set", d)],
+        cwd=tmp_path,
+    )
     assert "128" in out
-    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--stream", "--stream-tokens", "160", "--max-context",
-              "32", "--no-files", "--quiet", *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    out = cli(
+        os.path.join(REPO, "evaluate.py"),
+        str(directory),
+        "--stream",
+        "--stream-tokens",
+        "160",
+        "--max-context",
+        "32",
+        "--no-files",
+        "--quiet",
+        *[x for d in data for x in ("--set", d)],
+        cwd=tmp_path,
+    )
     assert "| window 32, 4 sinks at cache positions |" in out and "| 128-159 |" in out
-    cli(os.path.join(REPO, "train.py"), f"train.init_from={directory}", "model.block_size=128",
-        "model.position={kind: rope, scaling: {type: yarn, factor: 2}}", *data, "train.max_steps=3", "train.batch_size=2",
-        "train.warmup_steps=1", "train.eval_interval=3", "train.eval_iters=1", "train.sample_tokens=0",
-        "train.final_eval_tokens=0", "train.dtype=float32", "train.device=cpu", f"out_dir={tmp_path / 'tuned'}",
-        cwd=tmp_path)
+    cli(
+        os.path.join(REPO, "train.py"),
+        f"train.init_from={directory}",
+        "model.block_size=128",
+        "model.position={kind: rope, scaling: {type: yarn, factor: 2}}",
+        *data,
+        "train.max_steps=3",
+        "train.batch_size=2",
+        "train.warmup_steps=1",
+        "train.eval_interval=3",
+        "train.eval_iters=1",
+        "train.sample_tokens=0",
+        "train.final_eval_tokens=0",
+        "train.dtype=float32",
+        "train.device=cpu",
+        f"out_dir={tmp_path / 'tuned'}",
+        cwd=tmp_path,
+    )
     cli("-m", "minilm", "export", str(tmp_path / "tuned"), str(tmp_path / "tuned-hf"), cwd=tmp_path)
     tuned = load_model(str(tmp_path / "tuned")).model
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tuned-hf", dtype=torch.float32)
@@ -326,14 +449,45 @@ def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corp
 
 def test_passkey_and_position_plots_take_an_imported_directory(hf_tokenizer_dir, tmp_path, capsys):
     from minilm.__main__ import main
+
     _, directory = hf_model_dir("neox-parallel-untied-partial-padded", hf_tokenizer_dir, tmp_path)
     assert main(["passkey", "eval", str(directory), "--lengths", "128", "--depths", "0.5", "--trials", "1"]) == 0
     assert "128" in capsys.readouterr().out
-    assert main(["passkey", "make-corpus", str(tmp_path / "keys"), "--checkpoint", str(directory), "--n", "3",
-                 "--length", "120"]) == 0
+    assert (
+        main(
+            [
+                "passkey",
+                "make-corpus",
+                str(tmp_path / "keys"),
+                "--checkpoint",
+                str(directory),
+                "--n",
+                "3",
+                "--length",
+                "120",
+            ]
+        )
+        == 0
+    )
     assert len(os.listdir(tmp_path / "keys")) >= 1
-    assert main(["passkey", "make-corpus", str(tmp_path / "mixed"), "--checkpoint", str(directory), "--n", "3",
-                 "--length", "120", "--mix", "0.3"]) == 2
+    assert (
+        main(
+            [
+                "passkey",
+                "make-corpus",
+                str(tmp_path / "mixed"),
+                "--checkpoint",
+                str(directory),
+                "--n",
+                "3",
+                "--length",
+                "120",
+                "--mix",
+                "0.3",
+            ]
+        )
+        == 2
+    )
     assert "training text" in capsys.readouterr().err
     pytest.importorskip("matplotlib")
     assert main(["positions", "plot", "--checkpoint", str(directory), "--out", str(tmp_path / "rope.png")]) == 0
@@ -344,16 +498,44 @@ def test_passkey_and_position_plots_take_an_imported_directory(hf_tokenizer_dir,
 
 BIG_CASES = {  # Llama-3-shaped (128,256 tokens, tied and untied) and Qwen2-shaped (151,936)
     "llama3-untied": lambda v: transformers.LlamaConfig(
-        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
     "llama3-tied": lambda v: transformers.LlamaConfig(
-        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True),
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    ),
     "qwen2": lambda v: transformers.Qwen2Config(
-        vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=False, use_sliding_window=False),
+        vocab_size=v,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+    ),
 }
 BIG_VOCAB = {"llama3-untied": 128_256, "llama3-tied": 128_256, "qwen2": 151_936}
 
@@ -394,16 +576,48 @@ def test_a_llama3_sized_model_through_the_command_lines(tiny_corpus, tmp_path):
     _, directory, _ = big_model_dir("llama3-untied", tmp_path, text)
     data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", f"data.dir={tmp_path / 'data'}"]
     prompt = " ".join(text.split()[:3])
-    out = cli(os.path.join(REPO, "generate.py"), "--checkpoint", str(directory), prompt,
-              "--max-new-tokens", "4", "--temperature", "0", cwd=tmp_path)
+    out = cli(
+        os.path.join(REPO, "generate.py"),
+        "--checkpoint",
+        str(directory),
+        prompt,
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0",
+        cwd=tmp_path,
+    )
     assert out.startswith(prompt)
-    out = cli(os.path.join(REPO, "evaluate.py"), str(directory), "--lengths", "32,64", "--max-tokens", "256",
-              "--no-files", "--quiet", *[x for d in data for x in ("--set", d)], cwd=tmp_path)
+    out = cli(
+        os.path.join(REPO, "evaluate.py"),
+        str(directory),
+        "--lengths",
+        "32,64",
+        "--max-tokens",
+        "256",
+        "--no-files",
+        "--quiet",
+        *[x for d in data for x in ("--set", d)],
+        cwd=tmp_path,
+    )
     assert "64" in out
-    cli(os.path.join(REPO, "train.py"), f"train.init_from={directory}", "model.block_size=64", *data,
-        "train.max_steps=2", "train.batch_size=2", "train.warmup_steps=1", "train.eval_interval=2",
-        "train.eval_iters=1", "train.sample_tokens=0", "train.final_eval_tokens=0", "train.dtype=float32",
-        "train.device=cpu", f"out_dir={tmp_path / 'tuned'}", cwd=tmp_path)
+    cli(
+        os.path.join(REPO, "train.py"),
+        f"train.init_from={directory}",
+        "model.block_size=64",
+        *data,
+        "train.max_steps=2",
+        "train.batch_size=2",
+        "train.warmup_steps=1",
+        "train.eval_interval=2",
+        "train.eval_iters=1",
+        "train.sample_tokens=0",
+        "train.final_eval_tokens=0",
+        "train.dtype=float32",
+        "train.device=cpu",
+        f"out_dir={tmp_path / 'tuned'}",
+        cwd=tmp_path,
+    )
     cli("-m", "minilm", "export", str(tmp_path / "tuned"), str(tmp_path / "tuned-hf"), cwd=tmp_path)
     tuned = load_model(str(tmp_path / "tuned")).model
     reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "tuned-hf", dtype=torch.float32)
@@ -420,8 +634,9 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
     reference, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
     prompt = tokens(n=6)[:1]
     with torch.no_grad():
-        free = reference.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0)[0, 6:].tolist()
+        free = reference.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, 6:
+        ].tolist()
     eos = [free[7], free[4]]  # both in reach; free[4] comes first (unless it repeats earlier)
     reference.generation_config.eos_token_id = eos
     reference.generation_config.save_pretrained(directory)
@@ -429,28 +644,62 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
         expected = reference.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, 6:].tolist()
     assert expected[-1] in eos and len(expected) < 12
     from minilm.generation.text import generate
+
     loaded = load_model(str(directory))
     assert set(eos) <= set(loaded.tokenizer.stop_ids)
-    got = [p.token for p in generate(loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12,
-                                     sampling=Sampling(temperature=0))]
+    got = [
+        p.token
+        for p in generate(
+            loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12, sampling=Sampling(temperature=0)
+        )
+    ]
     assert got == expected
-    ignored = [p.token for p in generate(loaded.model, loaded.tokenizer, prompt[0].tolist(), max_new_tokens=12,
-                                         sampling=Sampling(temperature=0), stop_ids=())]
+    ignored = [
+        p.token
+        for p in generate(
+            loaded.model,
+            loaded.tokenizer,
+            prompt[0].tolist(),
+            max_new_tokens=12,
+            sampling=Sampling(temperature=0),
+            stop_ids=(),
+        )
+    ]
     assert ignored == free
     export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "again"))  # both ids go out and back
     assert json.loads((tmp_path / "again" / "generation_config.json").read_text())["eos_token_id"] == eos
     assert load_model(str(tmp_path / "again")).tokenizer.stop_ids == tuple(eos)
     # the command line: an end-of-text id that "The king" reaches greedily ends the sample, --ignore-eos goes on
-    text_free = [p.token for p in generate(loaded.model, loaded.tokenizer, "The king", max_new_tokens=12,
-                                           sampling=Sampling(temperature=0), stop_ids=())]
+    text_free = [
+        p.token
+        for p in generate(
+            loaded.model, loaded.tokenizer, "The king", max_new_tokens=12, sampling=Sampling(temperature=0), stop_ids=()
+        )
+    ]
     reference.generation_config.eos_token_id = text_free[3]
     reference.generation_config.save_pretrained(directory)
     counts = []
     for flags in ([], ["--ignore-eos"]):
-        result = subprocess.run([sys.executable, os.path.join(REPO, "generate.py"), "--checkpoint", str(directory),
-                                 "The king", "--max-new-tokens", "12", "--temperature", "0", "--stats", *flags],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "PYTHONPATH": REPO})
+        result = subprocess.run(
+            [
+                sys.executable,
+                os.path.join(REPO, "generate.py"),
+                "--checkpoint",
+                str(directory),
+                "The king",
+                "--max-new-tokens",
+                "12",
+                "--temperature",
+                "0",
+                "--stats",
+                *flags,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": REPO},
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         counts.append(int(result.stderr.split("new: ")[1].split(" tokens")[0]))
     assert counts == [text_free.index(text_free[3]) + 1, 12]
@@ -458,11 +707,34 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
 
 def test_longeval_takes_an_imported_directory(hf_tokenizer_dir, tiny_corpus, tmp_path, capsys):
     from minilm.__main__ import main
+
     _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)
     figure = tmp_path / "suite.png"
-    assert main(["longeval", str(directory), "--lengths", "64,128", "--depths", "0,1", "--trials", "2",
-                 "--tasks", "single,multiquery,vartrack", "--items", "2", "--text", str(tiny_corpus / "corpus.txt"),
-                 "--set", "model.position.scaling={type: yarn, factor: 4}", "--figure", str(figure)]) == 0
+    assert (
+        main(
+            [
+                "longeval",
+                str(directory),
+                "--lengths",
+                "64,128",
+                "--depths",
+                "0,1",
+                "--trials",
+                "2",
+                "--tasks",
+                "single,multiquery,vartrack",
+                "--items",
+                "2",
+                "--text",
+                str(tiny_corpus / "corpus.txt"),
+                "--set",
+                "model.position.scaling={type: yarn, factor: 4}",
+                "--figure",
+                str(figure),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "single (2 probes per cell" in out and "vartrack (2 probes per cell" in out
     if pytest.importorskip("matplotlib"):
@@ -475,9 +747,12 @@ def greedy_both(loaded, directory, new_tokens=20, text="The king hath"):
     reference = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     prompt = loaded.tokenizer.encode(text)
     with torch.no_grad():
-        ours = [int(t) for t in generate_ids(loaded.model, prompt, max_new_tokens=new_tokens,
-                                             sampling=Sampling(temperature=0))]
+        ours = [
+            int(t)
+            for t in generate_ids(loaded.model, prompt, max_new_tokens=new_tokens, sampling=Sampling(temperature=0))
+        ]
         reference.generation_config.eos_token_id = None
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
-                                    pad_token_id=0)[0, len(prompt):].tolist()
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)[
+            0, len(prompt) :
+        ].tolist()
     return ours, theirs

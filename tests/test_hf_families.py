@@ -4,6 +4,7 @@ its factors) and MPT (ALiBi), random weights in temporary directories. Logits mu
 transformers' to 1e-4 in float32 with and without the KV cache, and greedy text 20 tokens
 past the original context must be transformers'. Every shipped config trains and exports, or
 is refused in one line."""
+
 import os
 import subprocess
 import sys
@@ -11,9 +12,8 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, tiny_overrides
 from tests import test_hf
-from tests.test_hf import hf_tokenizer_dir  # noqa: F401 - the fixture, shared
+from tests.conftest import REPO, tiny_overrides
 from tests.test_hf import TOLERANCE, cached_logits, greedy_both, hf_model_dir, import_matches, minilm_checkpoint, tokens
 
 transformers = pytest.importorskip("transformers")
@@ -24,43 +24,107 @@ from minilm.hf.export import export_model  # noqa: E402
 from minilm.hf.family import HFError  # noqa: E402
 
 ORIGINAL = 16  # the original context of the LongRoPE cases; sequences of 40 pass it
-LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.3, 1.6],
-            "long_factor": [1.5, 2.5, 4.0, 7.0], "original_max_position_embeddings": ORIGINAL}
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0, 1.1, 1.3, 1.6],
+    "long_factor": [1.5, 2.5, 4.0, 7.0],
+    "original_max_position_embeddings": ORIGINAL,
+}
 
 FAMILY_CASES = {
     "qwen3-gqa-tied-head-dim": lambda v: transformers.Qwen3Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ),
     "qwen3-untied-yarn": lambda v: transformers.Qwen3Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                         "original_max_position_embeddings": 32}),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
     "qwen3-longrope": lambda v: transformers.Qwen3Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
-        rope_parameters=dict(LONGROPE)),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        rope_parameters=dict(LONGROPE),
+    ),
     "phi3-gqa-untied": lambda v: transformers.Phi3Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
-        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=64,
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
     "phi3-longrope-tied": lambda v: transformers.Phi3Config(
-        vocab_size=v, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
-        tie_word_embeddings=True, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-        rope_parameters=dict(LONGROPE)),
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        original_max_position_embeddings=ORIGINAL,
+        tie_word_embeddings=True,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        rope_parameters=dict(LONGROPE),
+    ),
     "phi3-longrope-partial": lambda v: transformers.Phi3Config(
-        vocab_size=v, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=ORIGINAL,
-        partial_rotary_factor=0.5, tie_word_embeddings=False, pad_token_id=None, bos_token_id=None,
-        eos_token_id=None, rope_parameters={**LONGROPE, "attention_factor": 1.3, "partial_rotary_factor": 0.5}),
+        vocab_size=v,
+        hidden_size=64,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        original_max_position_embeddings=ORIGINAL,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        rope_parameters={**LONGROPE, "attention_factor": 1.3, "partial_rotary_factor": 0.5},
+    ),
     "mpt-tied": lambda v: transformers.MptConfig(
-        vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4,
-        tie_word_embeddings=True),
+        vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4, tie_word_embeddings=True
+    ),
     "mpt-untied-8-heads": lambda v: transformers.MptConfig(
-        vocab_size=v, d_model=32, n_heads=8, n_layers=2, max_seq_len=64, expansion_ratio=4,
-        tie_word_embeddings=False),
+        vocab_size=v, d_model=32, n_heads=8, n_layers=2, max_seq_len=64, expansion_ratio=4, tie_word_embeddings=False
+    ),
 }
 LONGROPE_CASES = sorted(c for c in FAMILY_CASES if "longrope" in c)
 
@@ -76,7 +140,7 @@ def reference_cached_logits(reference, ids, prefill):
     out = reference(ids[:, :prefill], use_cache=True)
     parts, past = [out.logits], out.past_key_values
     for t in range(prefill, ids.shape[1]):
-        out = reference(ids[:, t:t + 1], past_key_values=past, use_cache=True)
+        out = reference(ids[:, t : t + 1], past_key_values=past, use_cache=True)
         parts.append(out.logits)
         past = out.past_key_values
     return torch.cat(parts, dim=1)
@@ -100,10 +164,12 @@ def test_greedy_text_past_the_original_context_is_transformers(case, hf_tokenize
     model = load_model(str(directory)).model
     prompt = tokens(n=10)[:1]
     with torch.no_grad():
-        theirs = reference.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None,
-                                    pad_token_id=0)[0, 10:].tolist()
-        ours = [int(t) for t in generate_ids(model, prompt[0].tolist(), max_new_tokens=20,
-                                             sampling=Sampling(temperature=0))]
+        theirs = reference.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)[
+            0, 10:
+        ].tolist()
+        ours = [
+            int(t) for t in generate_ids(model, prompt[0].tolist(), max_new_tokens=20, sampling=Sampling(temperature=0))
+        ]
     assert ours == theirs and len(set(ours)) > 2
 
 
@@ -148,15 +214,45 @@ def test_phi3_generation_refills_its_cache_past_the_original_context(case, hf_to
 
 
 EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: the first that takes it) -> model_type
-    "rope-qwen3-gqa-head-dim": (dict(position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu",
-                                     qk_norm=True, n_kv_head=2, head_dim=16), None, "qwen3"),
-    "rope-qwen3-untied-yarn": (dict(position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2,
-                                                                           "original_max_positions": 16}},
-                                    norm="rmsnorm", mlp="swiglu", qk_norm=True, tie_embeddings=False), None, "qwen3"),
-    "rope-phi3-longrope-partial": (dict(position={"kind": "rope", "rotary_fraction": 0.5, "scaling": {
-        "type": "longrope", "original_max_positions": 8, "short_factor": [1.0, 1.5],
-        "long_factor": [2.0, 5.0], "switch": "refill"}}, norm="rmsnorm", mlp="swiglu", n_kv_head=2,
-        tie_embeddings=False), "phi3", "phi3"),
+    "rope-qwen3-gqa-head-dim": (
+        dict(
+            position={"kind": "rope", "base": 1e6}, norm="rmsnorm", mlp="swiglu", qk_norm=True, n_kv_head=2, head_dim=16
+        ),
+        None,
+        "qwen3",
+    ),
+    "rope-qwen3-untied-yarn": (
+        dict(
+            position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2, "original_max_positions": 16}},
+            norm="rmsnorm",
+            mlp="swiglu",
+            qk_norm=True,
+            tie_embeddings=False,
+        ),
+        None,
+        "qwen3",
+    ),
+    "rope-phi3-longrope-partial": (
+        dict(
+            position={
+                "kind": "rope",
+                "rotary_fraction": 0.5,
+                "scaling": {
+                    "type": "longrope",
+                    "original_max_positions": 8,
+                    "short_factor": [1.0, 1.5],
+                    "long_factor": [2.0, 5.0],
+                    "switch": "refill",
+                },
+            },
+            norm="rmsnorm",
+            mlp="swiglu",
+            n_kv_head=2,
+            tie_embeddings=False,
+        ),
+        "phi3",
+        "phi3",
+    ),
     "rope-phi3-tied": (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu"), "phi3", "phi3"),
     "alibi-mpt-untied": (dict(position={"kind": "alibi"}, tie_embeddings=False), None, "mpt"),
 }
@@ -179,19 +275,29 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
         prompt = ids[0, :6].tolist()
         ours = [int(t) for t in generate_ids(model, prompt, max_new_tokens=20, sampling=Sampling(temperature=0))]
         reference.generation_config.eos_token_id = None
-        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                    pad_token_id=0)[0, 6:].tolist()
+        theirs = reference.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, pad_token_id=0)[
+            0, 6:
+        ].tolist()
     assert ours == theirs and len(set(ours)) > 2
 
 
-@pytest.mark.parametrize("settings, family, message", [
-    (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True, qkv_bias=True), None,
-     "cannot export as Qwen3"),
-    (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True), "phi3",
-     "cannot be written as Phi-3: it exports as llama"),
-    (dict(position={"kind": "rope"}), "gpt5", "family 'gpt5' is unknown: valid: llama, gpt_neox, gpt2, mpt, phi3"),
-    (dict(position={"kind": "rope"}, head_dim=16), None, "model.head_dim=16 has no GPT-NeoX equivalent"),
-])
+@pytest.mark.parametrize(
+    "settings, family, message",
+    [
+        (
+            dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True, qkv_bias=True),
+            None,
+            "cannot export as Qwen3",
+        ),
+        (
+            dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True),
+            "phi3",
+            "cannot be written as Phi-3: it exports as llama",
+        ),
+        (dict(position={"kind": "rope"}), "gpt5", "family 'gpt5' is unknown: valid: llama, gpt_neox, gpt2, mpt, phi3"),
+        (dict(position={"kind": "rope"}, head_dim=16), None, "model.head_dim=16 has no GPT-NeoX equivalent"),
+    ],
+)
 def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, message, gen_tokenizer, tmp_path):
     minilm_checkpoint(settings, gen_tokenizer, tmp_path / "ckpt.pt")
     loaded = load_model(str(tmp_path / "ckpt.pt"))
@@ -200,13 +306,17 @@ def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, messag
     assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
-    ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
-    ({"sliding_window": 8, "model_type": "phi3"}, "sliding_window=8 is not supported"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
+        ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+        ({"sliding_window": 8, "model_type": "phi3"}, "sliding_window=8 is not supported"),
+    ],
+)
 def test_unsupported_family_settings_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
     import json
+
     case = "phi3-gqa-untied" if change.get("model_type") == "phi3" else "mpt-tied"
     _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
     config = json.loads((directory / "config.json").read_text())
@@ -230,13 +340,32 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
     steps, then ``minilm export``: the exportable kinds load in transformers with no custom code
     and generate minilm's greedy text; the others get one line naming the kinds that export."""
     env = {**os.environ, "PYTHONPATH": REPO}
-    tiny = tiny_overrides(tiny_corpus, tmp_path / "run", "train.max_steps=3", "train.eval_interval=3",
-                          "train.sample_tokens=0", "train.final_eval_tokens=0", "model.n_head=4")
-    train = subprocess.run([sys.executable, "-m", "minilm", "train", "--config", name, *tiny], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300, env=env)
+    tiny = tiny_overrides(
+        tiny_corpus,
+        tmp_path / "run",
+        "train.max_steps=3",
+        "train.eval_interval=3",
+        "train.sample_tokens=0",
+        "train.final_eval_tokens=0",
+        "model.n_head=4",
+    )
+    train = subprocess.run(
+        [sys.executable, "-m", "minilm", "train", "--config", name, *tiny],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert train.returncode == 0, train.stderr[-2000:]
-    result = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     if name not in EXPORTS:
         assert result.returncode == 2 and not (tmp_path / "hf").exists()
         lines = result.stderr.strip().splitlines()

@@ -2,6 +2,7 @@
 sentencepiece tokenizer exported as a Hugging Face one that gives the very same ids (checked on
 the whole Shakespeare validation split, on whitespace, digits, byte-fallback and random text,
 and through transformers.AutoTokenizer)."""
+
 import io
 import json
 import random
@@ -14,29 +15,61 @@ import sentencepiece as spm
 
 from minilm.config import DataConfig
 from minilm.data import corpus as data
-from minilm.data.corpus import DataError, prepare
-from minilm.data.sources import join_documents
+from minilm.data.corpus import prepare
 from minilm.data.shakespeare import shakespeare_documents
+from minilm.data.sources import join_documents
 from minilm.data.tokenizer import Tokenizer, TokenizerError, newline_chunks
 from tests.conftest import REPO, tiny_text
 
 tokenizers = pytest.importorskip("tokenizers")
 
 from minilm.data import hf_tokenizer  # noqa: E402
-from minilm.data.hf_tokenizer import (HFTokenizer, load_tokenizer, save_pretrained_tokenizer,  # noqa: E402
-                                      tokenizer_from_bytes)
+from minilm.data.hf_tokenizer import HFTokenizer, load_tokenizer, save_pretrained_tokenizer, tokenizer_from_bytes  # noqa: E402
 
 NASTY = [
-    "", " ", "   ", " leading", "trailing ", "  both  ", "many     spaces   inside", "\t", "tab\tand \t mixed\t",
-    "\n", "\n\n\n", "  \n  ", " \n\n \t\n", "line one\nline two\n", "12345 3.14", "0", "year 1606, act 3",
-    "café naïve Ñoño façade", "東京 日本語のテキスト", "emoji 🙂👍🏽 and 🇫🇷", "mixed 東京 café 42\n\t🙂",
-    "<s> </s> <unk> <0x41> are text", "\x00\x01 control \x7f", "a\r\nb", "no\u00a0break\u2003space",
+    "",
+    " ",
+    "   ",
+    " leading",
+    "trailing ",
+    "  both  ",
+    "many     spaces   inside",
+    "\t",
+    "tab\tand \t mixed\t",
+    "\n",
+    "\n\n\n",
+    "  \n  ",
+    " \n\n \t\n",
+    "line one\nline two\n",
+    "12345 3.14",
+    "0",
+    "year 1606, act 3",
+    "café naïve Ñoño façade",
+    "東京 日本語のテキスト",
+    "emoji 🙂👍🏽 and 🇫🇷",
+    "mixed 東京 café 42\n\t🙂",
+    "<s> </s> <unk> <0x41> are text",
+    "\x00\x01 control \x7f",
+    "a\r\nb",
+    "no\u00a0break\u2003space",
     "HAMLET:\nTo be, or not to be, that is the question:\n",
 ]
 # a vocabulary that learns whitespace runs, tabs, accents and a little CJK, beside the byte fallback
-SMALL_TEXT = (tiny_text(300) + "\n".join(
-    ["\tindented\twith\ttabs", "    four spaces", "        eight spaces", "café naïve crème brûlée",
-     "東京 京都 東京都", "1 22 333 4444 3.14 2.71"] * 30) + "\n")
+SMALL_TEXT = (
+    tiny_text(300)
+    + "\n".join(
+        [
+            "\tindented\twith\ttabs",
+            "    four spaces",
+            "        eight spaces",
+            "café naïve crème brûlée",
+            "東京 京都 東京都",
+            "1 22 333 4444 3.14 2.71",
+        ]
+        * 30
+    )
+    + "\n"
+)
 
 
 def _one_line(exc_info) -> str:
@@ -79,8 +112,11 @@ def byte_level_json(vocab_size: int = 300) -> str:
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([tiny_text(300)], trainer)
     return tok.to_str()
 
@@ -92,8 +128,8 @@ def byte_level():
 
 # =========================================================================== exact export
 
-def test_export_matches_sentencepiece_on_the_shakespeare_validation_split(shakespeare_sp, exported,
-                                                                         shakespeare_text):
+
+def test_export_matches_sentencepiece_on_the_shakespeare_validation_split(shakespeare_sp, exported, shakespeare_text):
     _, hf = exported
     val = shakespeare_text[1]
     ids = shakespeare_sp.encode(val)
@@ -101,8 +137,9 @@ def test_export_matches_sentencepiece_on_the_shakespeare_validation_split(shakes
     assert hf.encode(val) == ids
     assert hf.decode(ids) == val
     assert (hf.vocab_size, hf.bos_id, hf.eos_id) == (1024, shakespeare_sp.bos_id, shakespeare_sp.eos_id)
-    assert [hf.id_to_piece(i) for i in range(hf.vocab_size)] == \
-        [shakespeare_sp.id_to_piece(i) for i in range(shakespeare_sp.vocab_size)]
+    assert [hf.id_to_piece(i) for i in range(hf.vocab_size)] == [
+        shakespeare_sp.id_to_piece(i) for i in range(shakespeare_sp.vocab_size)
+    ]
 
 
 @pytest.mark.parametrize("which", ["shakespeare", "small"])
@@ -136,8 +173,12 @@ def test_autotokenizer_loads_the_export_with_the_same_ids(exported, shakespeare_
         assert theirs(text, add_special_tokens=False)["input_ids"] == ids, text
         assert theirs.decode(ids) == shakespeare_sp.decode(ids) == text
     assert (theirs.bos_token_id, theirs.eos_token_id) == (shakespeare_sp.bos_id, shakespeare_sp.eos_id)
-    assert theirs.decode([shakespeare_sp.bos_id, *shakespeare_sp.encode("Hi"), shakespeare_sp.eos_id],
-                         skip_special_tokens=True) == "Hi"
+    assert (
+        theirs.decode(
+            [shakespeare_sp.bos_id, *shakespeare_sp.encode("Hi"), shakespeare_sp.eos_id], skip_special_tokens=True
+        )
+        == "Hi"
+    )
 
 
 def test_a_foreign_sentencepiece_model_is_refused(tmp_path):
@@ -145,14 +186,14 @@ def test_a_foreign_sentencepiece_model_is_refused(tmp_path):
     path = tmp_path / "text.txt"
     path.write_text(tiny_text(200))
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=300, model_type="bpe",
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(input=str(path), model_writer=model, vocab_size=300, model_type="bpe", minloglevel=2)
     with pytest.raises(TokenizerError) as exc:
         HFTokenizer.from_sentencepiece(Tokenizer.from_bytes(model.getvalue()))
     assert "dummy prefix" in _one_line(exc)
 
 
 # =========================================================================== HFTokenizer
+
 
 def test_bytes_round_trip_and_dispatch(byte_level, small_sp):
     raw = byte_level.to_bytes()
@@ -168,8 +209,13 @@ def test_bytes_round_trip_and_dispatch(byte_level, small_sp):
     assert byte_level.decode([0] + byte_level.encode("ok") + [0]) == "ok"
     sp = tokenizer_from_bytes(small_sp.to_bytes())
     assert isinstance(sp, Tokenizer) and sp.to_bytes() == small_sp.to_bytes()
-    for bad in (b"", b"not a tokenizer", b'{"format": "other"}', b'{"format": "minilm-hf-tokenizer", "version": 9}',
-                b"{broken json"):
+    for bad in (
+        b"",
+        b"not a tokenizer",
+        b'{"format": "other"}',
+        b'{"format": "minilm-hf-tokenizer", "version": 9}',
+        b"{broken json",
+    ):
         with pytest.raises(TokenizerError) as exc:
             tokenizer_from_bytes(bad)
         _one_line(exc)
@@ -196,14 +242,20 @@ def test_out_of_range_ids_are_one_line_errors_like_sentencepiece(byte_level, sma
         byte_level.encode(b"bytes")
 
 
-@pytest.mark.parametrize("settings, config, expected", [
-    ({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}, {}, (0, 0)),
-    ({"bos_token": {"content": "<|endoftext|>", "special": True}, "eos_token": {"content": "<|endoftext|>"}},
-     {"bos_token_id": 7}, (0, 0)),
-    (None, {"bos_token_id": 5, "eos_token_id": [6, 9]}, (5, 6)),
-    ({"bos_token": None, "eos_token": "<|not in the vocabulary|>"}, {"bos_token_id": 3, "eos_token_id": 4}, (3, 4)),
-    (None, None, (None, None)),
-])
+@pytest.mark.parametrize(
+    "settings, config, expected",
+    [
+        ({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}, {}, (0, 0)),
+        (
+            {"bos_token": {"content": "<|endoftext|>", "special": True}, "eos_token": {"content": "<|endoftext|>"}},
+            {"bos_token_id": 7},
+            (0, 0),
+        ),
+        (None, {"bos_token_id": 5, "eos_token_id": [6, 9]}, (5, 6)),
+        ({"bos_token": None, "eos_token": "<|not in the vocabulary|>"}, {"bos_token_id": 3, "eos_token_id": 4}, (3, 4)),
+        (None, None, (None, None)),
+    ],
+)
 def test_bos_and_eos_come_from_the_model_directory(settings, config, expected, tmp_path):
     (tmp_path / "tokenizer.json").write_text(byte_level_json(), encoding="utf-8")
     for name, value in (("tokenizer_config.json", settings), ("config.json", config)):
@@ -235,16 +287,18 @@ def test_saving_an_hf_tokenizer_writes_its_own_json(byte_level, tmp_path):
     assert theirs(text, add_special_tokens=False)["input_ids"] == byte_level.encode(text)
 
 
-def test_without_the_extra_minilm_imports_and_hf_tokenizers_say_how_to_install(byte_level, small_sp,
-                                                                             monkeypatch):
-    code = ("import sys; sys.modules['tokenizers'] = None; sys.modules['transformers'] = None\n"
-            "import minilm, minilm.data, minilm.checkpoints.loading\n"
-            "from minilm.data.hf_tokenizer import HFTokenizer, tokenizer_from_bytes\n"
-            "from minilm.data.tokenizer import TokenizerError\n"
-            "try:\n    tokenizer_from_bytes(sys.stdin.buffer.read())\nexcept TokenizerError as exc:\n"
-            "    print('error:', exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], input=byte_level.to_bytes(), cwd=REPO,
-                         capture_output=True, timeout=120)
+def test_without_the_extra_minilm_imports_and_hf_tokenizers_say_how_to_install(byte_level, small_sp, monkeypatch):
+    code = (
+        "import sys; sys.modules['tokenizers'] = None; sys.modules['transformers'] = None\n"
+        "import minilm, minilm.data, minilm.checkpoints.loading\n"
+        "from minilm.data.hf_tokenizer import HFTokenizer, tokenizer_from_bytes\n"
+        "from minilm.data.tokenizer import TokenizerError\n"
+        "try:\n    tokenizer_from_bytes(sys.stdin.buffer.read())\nexcept TokenizerError as exc:\n"
+        "    print('error:', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=byte_level.to_bytes(), cwd=REPO, capture_output=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == 'error: Hugging Face tokenizers need the hf extra: pip install -e ".[hf]"'
     monkeypatch.setattr(hf_tokenizer, "tokenizers", None)
@@ -254,6 +308,7 @@ def test_without_the_extra_minilm_imports_and_hf_tokenizers_say_how_to_install(b
 
 
 # =========================================================================== prepared data
+
 
 @pytest.fixture
 def corpus_file(tmp_path):
@@ -283,8 +338,9 @@ def test_chunked_encoding_equals_one_encode_or_is_not_chunked(byte_level, small_
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(prepend_scheme="always")
     tok.decoder = tokenizers.decoders.Metaspace(prepend_scheme="always")
-    tok.train_from_iterator([tiny_text(300)], tokenizers.trainers.BpeTrainer(
-        vocab_size=200, special_tokens=["<unk>"], show_progress=False))
+    tok.train_from_iterator(
+        [tiny_text(300)], tokenizers.trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"], show_progress=False)
+    )
     prefixed = HFTokenizer(tok.to_str())
     text = tiny_text(200, seed=5) + "  two  spaces\n\n\tand 12 digits.\n"
     for tokenizer in (byte_level, small_sp, HFTokenizer.from_sentencepiece(small_sp), prefixed):

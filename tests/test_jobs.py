@@ -1,5 +1,6 @@
 """minilm.study.jobs: a graph of jobs in worker processes: order, values, times and errors; the journal
 that lets an interrupted study resume (minilm.study.journal)."""
+
 import math
 import operator
 import time
@@ -13,9 +14,11 @@ from minilm.study.provenance import busy_seconds
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_jobs_run_after_what_they_need_and_return_their_values(workers):
-    jobs = [Job("sleep", time.sleep, (0.3,), phase="a"),
-            Job("add", operator.add, (2, 3), phase="a"),
-            Job("after sleep", operator.mul, (4, 5), after=("sleep",), phase="b")]
+    jobs = [
+        Job("sleep", time.sleep, (0.3,), phase="a"),
+        Job("add", operator.add, (2, 3), phase="a"),
+        Job("after sleep", operator.mul, (4, 5), after=("sleep",), phase="b"),
+    ]
     done = run_jobs(jobs, workers=workers, quiet=True)
     assert {k: d.value for k, d in done.items()} == {"sleep": None, "add": 5, "after sleep": 20}
     assert done["after sleep"].started >= done["sleep"].ended
@@ -24,8 +27,11 @@ def test_jobs_run_after_what_they_need_and_return_their_values(workers):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_failing_job_stops_the_run_with_its_error(workers):
-    jobs = [Job("ok", operator.add, (1, 1)), Job("bad", math.sqrt, (-1.0,)),
-            Job("never", operator.add, (1, 2), after=("bad",))]
+    jobs = [
+        Job("ok", operator.add, (1, 1)),
+        Job("bad", math.sqrt, (-1.0,)),
+        Job("never", operator.add, (1, 2), after=("bad",)),
+    ]
     with pytest.raises(ValueError, match="math domain error"):
         run_jobs(jobs, workers=workers, quiet=True)
 
@@ -43,13 +49,21 @@ def test_the_graph_is_checked_before_anything_runs():
 def test_a_journal_gives_back_finished_jobs_and_reruns_changed_ones(workers, tmp_path):
     journal = Journal(str(tmp_path / "journal"))
     journal.start("abc", {"seeds": [1]}, resume=False)
-    first = run_jobs([Job("a", operator.add, (1, 0)), Job("b", operator.mul, (3, 4))], workers=workers, quiet=True,
-                     journal=journal)
+    first = run_jobs(
+        [Job("a", operator.add, (1, 0)), Job("b", operator.mul, (3, 4))], workers=workers, quiet=True, journal=journal
+    )
     # read back, not run: run, "a" would divide by zero; "b" changed its arguments, so it runs again; "c"
     # needs "a" and takes its arguments from a's value (as the study's tuned runs do)
-    again = run_jobs([Job("a", operator.truediv, (1, 0)), Job("b", operator.mul, (3, 5)),
-                      Job("c", operator.add, after=("a",), resolve=lambda done: (done["a"].value, 10))],
-                     workers=workers, quiet=True, journal=journal)
+    again = run_jobs(
+        [
+            Job("a", operator.truediv, (1, 0)),
+            Job("b", operator.mul, (3, 5)),
+            Job("c", operator.add, after=("a",), resolve=lambda done: (done["a"].value, 10)),
+        ],
+        workers=workers,
+        quiet=True,
+        journal=journal,
+    )
     assert {k: d.value for k, d in again.items()} == {"a": 1, "b": 15, "c": 11}
     assert again["a"].started == first["a"].started  # its times are the first run's
 

@@ -1,6 +1,7 @@
 """train.loggers (minilm.training.loggers): every logger writes the same scalars and they read
 back (metrics.jsonl, metrics.csv, tensorboard's own reader, a wandb offline run), a resumed run
 cuts them back to its checkpoint, and a missing package or a bad name is one line."""
+
 import csv
 import importlib.util
 import json
@@ -27,8 +28,13 @@ def csv_scalars(out_dir):
 
 
 def test_jsonl_and_csv_hold_the_same_scalars_and_a_resume_cuts_both_back(tiny_config):
-    config = tiny_config("train.loggers=[jsonl, csv]", "train.max_steps=6", "train.checkpoint_interval=3",
-                         "train.eval_interval=3", "train.sample_tokens=0")
+    config = tiny_config(
+        "train.loggers=[jsonl, csv]",
+        "train.max_steps=6",
+        "train.checkpoint_interval=3",
+        "train.eval_interval=3",
+        "train.sample_tokens=0",
+    )
     train(config, quiet=True)
     first = jsonl_scalars(config.out_dir)
     assert first == pytest.approx(csv_scalars(config.out_dir))
@@ -47,6 +53,7 @@ def test_jsonl_and_csv_hold_the_same_scalars_and_a_resume_cuts_both_back(tiny_co
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="the tensorboard extra is not installed")
 def test_tensorboard_event_files_read_back_with_tensorboards_reader(tiny_config):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     config = tiny_config("train.loggers=[jsonl, tensorboard]", "train.max_steps=4", "train.sample_tokens=0")
     train(config, quiet=True)
     events = EventAccumulator(os.path.join(config.out_dir, "tensorboard"))
@@ -55,8 +62,9 @@ def test_tensorboard_event_files_read_back_with_tensorboards_reader(tiny_config)
     for tag in ("train/loss", "train/lr", "train/grad_norm", "train/memory_mib", "final/val_bpc"):
         event, name = tag.split("/")
         read = {e.step: e.value for e in events.Scalars(tag)}
-        assert read == pytest.approx({s: v for (ev, s, n), v in expected.items() if ev == event and n == name},
-                                     rel=1e-6)
+        assert read == pytest.approx(
+            {s: v for (ev, s, n), v in expected.items() if ev == event and n == name}, rel=1e-6
+        )
     assert "config/text_summary" in events.Tags()["tensors"]
 
 
@@ -77,13 +85,18 @@ def test_a_missing_package_or_a_bad_name_is_one_line(tiny_config, monkeypatch, t
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     config = tiny_config("train.loggers=[jsonl, wandb]", out="missing")
-    with pytest.raises(loggers.LoggerError, match=r"train.loggers has wandb, which needs the wandb package: "
-                                                  r"pip install 'minilm\[wandb\]'"):
+    with pytest.raises(
+        loggers.LoggerError,
+        match=r"train.loggers has wandb, which needs the wandb package: "
+        r"pip install 'minilm\[wandb\]'",
+    ):
         train(config, quiet=True)
     assert not os.path.exists(config.out_dir)  # said before anything was done
     for bad in ("[jsonl, jsonl]", "[mlflow]"):
-        with pytest.raises(ConfigError, match="train.loggers=.* is invalid: expected a list of distinct names among "
-                                              "jsonl, csv, tensorboard, wandb"):
+        with pytest.raises(
+            ConfigError,
+            match="train.loggers=.* is invalid: expected a list of distinct names among jsonl, csv, tensorboard, wandb",
+        ):
             tiny_config(f"train.loggers={bad}")
     with pytest.raises(ConfigError, match="train.loggers='jsonl' has the wrong type: expected list"):
         tiny_config("train.loggers=jsonl")

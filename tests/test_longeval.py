@@ -1,5 +1,6 @@
 """``python -m minilm longeval``: the long-context suite end to end on a minilm checkpoint (the
 tables, the CSV and the heatmaps); an imported model's run is in tests/test_hf.py."""
+
 import csv
 
 import pytest
@@ -16,19 +17,56 @@ from minilm.model.gpt import GPT
 @pytest.fixture(scope="module")
 def random_checkpoint(tiny_corpus):
     data = {"corpus": str(tiny_corpus / "corpus.txt"), "vocab_size": 400, "dir": str(tiny_corpus / "data")}
-    config = build_config({"model": {"vocab_size": 400, "n_layer": 1, "n_head": 2, "d_model": 16, "block_size": 64,
-                                     "position": {"kind": "alibi"}},
-                           "data": data, "out_dir": str(tiny_corpus / "longeval-run")})
+    config = build_config(
+        {
+            "model": {
+                "vocab_size": 400,
+                "n_layer": 1,
+                "n_head": 2,
+                "d_model": 16,
+                "block_size": 64,
+                "position": {"kind": "alibi"},
+            },
+            "data": data,
+            "out_dir": str(tiny_corpus / "longeval-run"),
+        }
+    )
     prepared = prepare(config.data, quiet=True)
     torch.manual_seed(0)
-    return checkpoint.save({"model": GPT(config.model).state_dict(), "config": config.to_dict(),
-                            "tokenizer": prepared.tokenizer.to_bytes(), "step": 0}, config.out_dir)
+    return checkpoint.save(
+        {
+            "model": GPT(config.model).state_dict(),
+            "config": config.to_dict(),
+            "tokenizer": prepared.tokenizer.to_bytes(),
+            "step": 0,
+        },
+        config.out_dir,
+    )
 
 
 def test_longeval_prints_a_table_per_task_and_writes_cells_and_heatmaps(random_checkpoint, tmp_path, capsys):
     figure, cells = tmp_path / "suite.png", tmp_path / "suite.csv"
-    assert main(["longeval", random_checkpoint, "--lengths", "64,128", "--depths", "0,1", "--trials", "2",
-                 "--items", "3", "--csv", str(cells), "--figure", str(figure)]) == 0
+    assert (
+        main(
+            [
+                "longeval",
+                random_checkpoint,
+                "--lengths",
+                "64,128",
+                "--depths",
+                "0,1",
+                "--trials",
+                "2",
+                "--items",
+                "3",
+                "--csv",
+                str(cells),
+                "--figure",
+                str(figure),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for name in SUITE:
         assert f"\n{name} (2 probes per cell" in out
@@ -41,9 +79,25 @@ def test_longeval_prints_a_table_per_task_and_writes_cells_and_heatmaps(random_c
 
 def test_longeval_on_a_text_file_of_ones_own(random_checkpoint, tmp_path, capsys):
     from tests.conftest import tiny_text
+
     text = tmp_path / "mine.txt"
     text.write_text(tiny_text(800, seed=7))
-    assert main(["longeval", random_checkpoint, "--tasks", "vartrack", "--lengths", "64", "--trials", "2",
-                 "--text", str(text)]) == 0
+    assert (
+        main(
+            [
+                "longeval",
+                random_checkpoint,
+                "--tasks",
+                "vartrack",
+                "--lengths",
+                "64",
+                "--trials",
+                "2",
+                "--text",
+                str(text),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "vartrack (2 probes per cell" in out and "| all |" in out

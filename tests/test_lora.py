@@ -2,6 +2,7 @@
 base, the trainable count against the formula, frozen weights that do not move, a checkpoint
 of what trains and the base's hash, merged logits equal to the adapted model's, resume, and
 the merged model exported to transformers."""
+
 import os
 import shutil
 import subprocess
@@ -11,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from minilm.checkpoints.format import CheckpointError, load as load_checkpoint
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.format import load as load_checkpoint
 from minilm.checkpoints.loading import load_model
 from minilm.config import Config, ConfigError, DataConfig, ModelConfig, build_config
 from minilm.configfile import load_config
@@ -25,12 +27,32 @@ from tests.conftest import tiny_overrides
 from tests.test_hf import greedy_both, scramble
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LLAMA = dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False, d_model=128,
-             n_head=4, n_layer=2, d_ff=512, block_size=32)
+LLAMA = dict(
+    position={"kind": "rope"},
+    norm="rmsnorm",
+    mlp="swiglu",
+    n_kv_head=2,
+    tie_embeddings=False,
+    d_model=128,
+    n_head=4,
+    n_layer=2,
+    d_ff=512,
+    block_size=32,
+)
 
 
-NEOX = dict(position={"kind": "rope", "rotary_fraction": 0.5}, norm="layernorm", mlp="gelu", bias=True,
-            tie_embeddings=False, d_model=128, n_head=4, n_layer=2, d_ff=512, block_size=32)
+NEOX = dict(
+    position={"kind": "rope", "rotary_fraction": 0.5},
+    norm="layernorm",
+    mlp="gelu",
+    bias=True,
+    tie_embeddings=False,
+    d_model=128,
+    n_head=4,
+    n_layer=2,
+    d_ff=512,
+    block_size=32,
+)
 
 
 def llama_base(tokenizer, directory, seed=0, scrambled=True, shape=None):
@@ -48,12 +70,24 @@ def llama_base(tokenizer, directory, seed=0, scrambled=True, shape=None):
 
 def lora_overrides(corpus, base, out, *extra):
     """A LoRA extension of ``base`` to 2x its length with YaRN: adapters of rank 2 on q, k, v, o, norms trained."""
-    tiny = [o for o in tiny_overrides(corpus, out, "train.sample_tokens=0", "train.final_eval_tokens=0",
-                                      "train.batch_size=2") if not o.startswith("model.")]  # the base's shape
-    return [*tiny, f"train.init_from={base}", "train.lora.r=2", "train.lora.alpha=4", "train.lora.targets=[q, k, v, o]",
-            "train.lora.also_train=[norms]", "model.block_size=64",
-            "model.position={kind: rope, scaling: {type: yarn, factor: 2}}", "train.lr=1e-2", "train.min_lr=1e-3",
-            *extra]
+    tiny = [
+        o
+        for o in tiny_overrides(corpus, out, "train.sample_tokens=0", "train.final_eval_tokens=0", "train.batch_size=2")
+        if not o.startswith("model.")
+    ]  # the base's shape
+    return [
+        *tiny,
+        f"train.init_from={base}",
+        "train.lora.r=2",
+        "train.lora.alpha=4",
+        "train.lora.targets=[q, k, v, o]",
+        "train.lora.also_train=[norms]",
+        "model.block_size=64",
+        "model.position={kind: rope, scaling: {type: yarn, factor: 2}}",
+        "train.lr=1e-2",
+        "train.min_lr=1e-3",
+        *extra,
+    ]
 
 
 def test_adapters_start_at_the_base_and_merge_into_the_same_function():
@@ -110,8 +144,14 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     llama_base(gen_tokenizer, tmp_path / "base")
     env = {**os.environ, "PYTHONPATH": REPO}
     args = lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=20")
-    done = subprocess.run([sys.executable, "-m", "minilm", "train", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "minilm", "train", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     state = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
     shape = GPT(ModelConfig(vocab_size=gen_tokenizer.vocab_size, **LLAMA))
@@ -122,8 +162,14 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     assert state["lora_base"]["path"] == str(tmp_path / "base") and len(state["lora_base"]["sha256"]) == 64
     weights = os.path.getsize(tmp_path / "base" / "model.safetensors")
     assert os.path.getsize(tmp_path / "run" / "ckpt.pt") < weights / 10
-    exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    exported = subprocess.run(
+        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
     (tmp_path / "plain.txt").write_text("x")  # every exported file has an ordinary file's permissions
     modes = {path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
@@ -135,14 +181,17 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
 def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny_corpus, gen_tokenizer, tmp_path):
     llama_base(gen_tokenizer, tmp_path / "base")
     constant = ["train.min_lr=1e-2", "train.warmup_steps=0", "train.checkpoint_interval=3", "train.eval_interval=3"]
-    whole = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "whole", "train.max_steps=6",
-                                             *constant))
+    whole = load_config(
+        None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "whole", "train.max_steps=6", *constant)
+    )
     train(whole, quiet=True)
-    half = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=3",
-                                            *constant))
+    half = load_config(
+        None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=3", *constant)
+    )
     train(half, quiet=True)
-    again = load_config(None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=6",
-                                             *constant))
+    again = load_config(
+        None, lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=6", *constant)
+    )
     train(again, resume=True, quiet=True)
     a, b = (load_checkpoint(str(tmp_path / run / "ckpt.pt"))["model"] for run in ("whole", "half"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -154,15 +203,20 @@ def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny
         train(again, resume=True, quiet=True)
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"lora": {"r": 4}}, "needs train.init_from"),
-    ({"lora": {"r": 4}, "init_from": "x", "optimizer": "muon"}, "train.optimizer=adamw"),
-    ({"lora": {"r": 4, "targets": ["qkv"]}, "init_from": "x"}, "train.lora.targets=['qkv'] is invalid"),
-    ({"lora": {"r": 4, "targets": []}, "init_from": "x"}, "train.lora.targets=[] is invalid"),
-    ({"lora": {"r": -1}}, "train.lora.r=-1 is invalid"),
-    ({"lora": {"also_train": ["bias"]}}, "also_train=['bias'] is invalid: expected a list of distinct names among "
-                                         "norms, embeddings, position, head"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"lora": {"r": 4}}, "needs train.init_from"),
+        ({"lora": {"r": 4}, "init_from": "x", "optimizer": "muon"}, "train.optimizer=adamw"),
+        ({"lora": {"r": 4, "targets": ["qkv"]}, "init_from": "x"}, "train.lora.targets=['qkv'] is invalid"),
+        ({"lora": {"r": 4, "targets": []}, "init_from": "x"}, "train.lora.targets=[] is invalid"),
+        ({"lora": {"r": -1}}, "train.lora.r=-1 is invalid"),
+        (
+            {"lora": {"also_train": ["bias"]}},
+            "also_train=['bias'] is invalid: expected a list of distinct names among norms, embeddings, position, head",
+        ),
+    ],
+)
 def test_bad_lora_settings_are_one_line_errors(setting, message):
     with pytest.raises(ConfigError) as error:
         build_config({"train": setting})
@@ -177,14 +231,35 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, 
     peft = pytest.importorskip("peft")
     llama_base(gen_tokenizer, tmp_path / "base", shape=shape)
     env = {**os.environ, "PYTHONPATH": REPO}
-    args = [o for o in lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=8",
-                                      "train.lora.targets=[q, k, v, o, mlp]",
-                                      "train.lora.also_train=[norms, embeddings]") if not o.startswith("model.")]
-    done = subprocess.run([sys.executable, "-m", "minilm", "train", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env)
+    args = [
+        o
+        for o in lora_overrides(
+            tiny_corpus,
+            tmp_path / "base",
+            tmp_path / "run",
+            "train.max_steps=8",
+            "train.lora.targets=[q, k, v, o, mlp]",
+            "train.lora.also_train=[norms, embeddings]",
+        )
+        if not o.startswith("model.")
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "minilm", "train", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    exported = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "peft"),
-                               "--adapter"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    exported = subprocess.run(
+        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "peft"), "--adapter"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "peft")) == ["adapter_config.json", "adapter_model.safetensors"]
     base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
@@ -195,8 +270,14 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, 
         plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)(ids).logits
         delta = (theirs(ids).logits - ours(ids)).abs().max()
     assert delta < 1e-4 and (plain - ours(ids)).abs().max() > 100 * delta  # the adapters matter, and match
-    refused = subprocess.run([sys.executable, "-m", "minilm", "export", str(tmp_path / "base"), str(tmp_path / "x"),
-                              "--adapter"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    refused = subprocess.run(
+        [sys.executable, "-m", "minilm", "export", str(tmp_path / "base"), str(tmp_path / "x"), "--adapter"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert refused.returncode == 2 and "is not a LoRA run's checkpoint" in refused.stderr
 
 
@@ -209,19 +290,36 @@ def test_the_readme_walk_extends_a_tiny_imported_model_with_the_shipped_recipe(t
     text = str(tiny_corpus / "corpus.txt")
 
     def minilm(*args):
-        done = subprocess.run([sys.executable, "-m", "minilm", *args], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300, env=env)
+        done = subprocess.run(
+            [sys.executable, "-m", "minilm", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout
+
     base = str(tmp_path / "base")
-    memory = minilm("memory", "extend_yarn_lora.yaml", "--ranks", "1", f"train.init_from={base}", "model.block_size=128")
+    memory = minilm(
+        "memory", "extend_yarn_lora.yaml", "--ranks", "1", f"train.init_from={base}", "model.block_size=128"
+    )
     assert f"(the architecture of train.init_from={base})" in memory and "2 layers x d_model 128" in memory
     probe = ["--lengths", "32,128", "--tasks", "single", "--trials", "2", "--text", text]
     minilm("longeval", base, *probe, "--set", "model.position.scaling={type: yarn, factor: 4}")
-    minilm("train", "--config", "extend_yarn_lora.yaml", f"train.init_from={base}", f"data.corpus={text}",
-           f"data.dir={tmp_path / 'data'}", "model.block_size=128", "data.min_document_tokens=64",
-           "train.max_steps=4", "train.grad_accum=1", "train.eval_interval=4", "train.eval_iters=1",
-           "train.final_eval_tokens=2000", "train.device=cpu", f"out_dir={tmp_path / 'run'}")
+    minilm(
+        "train",
+        "--config",
+        "extend_yarn_lora.yaml",
+        f"train.init_from={base}",
+        f"data.corpus={text}",
+        f"data.dir={tmp_path / 'data'}",
+        "model.block_size=128",
+        "data.min_document_tokens=64",
+        "train.max_steps=4",
+        "train.grad_accum=1",
+        "train.eval_interval=4",
+        "train.eval_iters=1",
+        "train.final_eval_tokens=2000",
+        "train.device=cpu",
+        f"out_dir={tmp_path / 'run'}",
+    )
     minilm("longeval", str(tmp_path / "run"), *probe)
     minilm("export", str(tmp_path / "run"), str(tmp_path / "merged"))
     note = minilm("export", str(tmp_path / "run"), str(tmp_path / "adapter"), "--adapter")
@@ -246,5 +344,6 @@ def test_adapters_train_alike_with_activation_checkpointing():
         model.train()(ids, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, ids, None)).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
         assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
-    assert grads[0].keys() == grads[1].keys() and all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6)
-                                                      for k in grads[0])
+    assert grads[0].keys() == grads[1].keys() and all(
+        torch.allclose(grads[0][k], grads[1][k], atol=1e-6) for k in grads[0]
+    )

@@ -1,4 +1,5 @@
 """The fused LM-head cross-entropy against the unfused one: value and both gradients."""
+
 import pytest
 import torch
 import torch.nn.functional as F

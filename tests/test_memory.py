@@ -1,6 +1,7 @@
 """minilm.training.memory and ``minilm memory``: the meta-device count of activations equals
 what a real CPU training pass keeps, and the weights, gradients and optimiser state follow
 their formulas under DDP and FSDP."""
+
 import os
 import subprocess
 import sys
@@ -19,14 +20,18 @@ SHAPES = {
     "alibi": dict(position={"kind": "alibi"}),
     "t5": dict(position={"kind": "t5"}),
     "xpos": dict(position={"kind": "xpos"}),
-    "llama-like": dict(position={"kind": "rope", "base": 500000.0}, mlp="swiglu", norm="rmsnorm", n_kv_head=1,
-                       tie_embeddings=False),
+    "llama-like": dict(
+        position={"kind": "rope", "base": 500000.0}, mlp="swiglu", norm="rmsnorm", n_kv_head=1, tie_embeddings=False
+    ),
     "sinusoidal, parallel": dict(position={"kind": "sinusoidal"}, parallel_residual=True, bias=True),
 }
 
 
-@pytest.mark.parametrize("dtype, gathered", [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)],
-                         ids=["float32", "bf16-weights (fsdp)", "bf16-autocast (ddp)"])
+@pytest.mark.parametrize(
+    "dtype, gathered",
+    [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)],
+    ids=["float32", "bf16-weights (fsdp)", "bf16-autocast (ddp)"],
+)
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_meta_count_equals_a_real_cpu_pass(shape, checkpointing, dtype, gathered):
@@ -69,25 +74,42 @@ def test_weights_gradients_and_optimizer_follow_their_formulas():
     assert ddp["activations"] > fsdp["activations"] > rows["fsdp", True]["activations"]  # autocast's weight copies
     float32 = step_memory(config, 2, 4, torch.float32, "adamw")
     assert float32[0]["activations"] == float32[2]["activations"]  # no copies without autocast
-    assert all(r["total"] == sum(r[k] for k in ("weights", "gradients", "optimizer", "gathered", "activations"))
-               for r in rows.values())
+    assert all(
+        r["total"] == sum(r[k] for k in ("weights", "gradients", "optimizer", "gathered", "activations"))
+        for r in rows.values()
+    )
     muon = step_memory(config, 2, 4, torch.bfloat16, "muon")[0]
     assert muon["optimizer"] == 4 * matrices + 8 * (total - matrices)
 
 
 def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     env = {**os.environ, "PYTHONPATH": REPO}
-    proc = subprocess.run([sys.executable, "-m", "minilm", "memory", "bench/llama3_8b_shape.yaml", "--ranks", "8"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minilm", "memory", "bench/llama3_8b_shape.yaml", "--ranks", "8"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "32 layers x d_model 4096, vocabulary 128,256, 1 x 8192 tokens per process, 8 processes" in proc.stdout
-    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ddp") or
-            line.startswith("| fsdp")]
+    rows = [
+        line.split("|")[1:-1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ddp") or line.startswith("| fsdp")
+    ]
     weights = {(r[0].strip(), r[1].strip()): float(r[2]) for r in rows}
-    assert weights["ddp", "no"] == pytest.approx(8.03e9 * 4 / 2 ** 30, rel=0.01)  # 8.03B float32 weights
+    assert weights["ddp", "no"] == pytest.approx(8.03e9 * 4 / 2**30, rel=0.01)  # 8.03B float32 weights
     assert weights["fsdp", "yes"] == pytest.approx(weights["ddp", "no"] / 8, abs=0.06)  # one decimal
-    bad = subprocess.run([sys.executable, "-m", "minilm", "memory", "--ranks", "0"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "minilm", "memory", "--ranks", "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr == "error: --ranks 0 is invalid: expected a number of processes >= 1\n"
 
 

@@ -1,4 +1,5 @@
 """The GPT and its KV cache: cached == uncached logits, causality, position limits."""
+
 import pytest
 import torch
 
@@ -6,28 +7,46 @@ from minilm import GPT, ModelConfig
 from minilm.positions import available
 
 BASE_KINDS = [k for k in available() if k != "interpolated"]
-ALL_POSITIONS = [{"kind": k} for k in BASE_KINDS] + \
-    [{"kind": "interpolated", "base": {"kind": k}, "factor": 2} for k in BASE_KINDS] + \
-    [{"kind": "randomized", "inner": {"kind": k}} for k in BASE_KINDS if k != "randomized"] + \
-    [{"kind": "rope", "scaling": {"type": t, "factor": 2, "original_max_positions": 24}}
-     for t in ("linear", "ntk", "dynamic", "yarn", "llama3")] + \
-    [{"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 24,
-                                  "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0]}}] + \
-    [{"kind": "rope", "rotary_fraction": 0.5}, {"kind": "shaw", "values": True, "max_distance": 5},
-     {"kind": "kerple", "variant": "power"}]
+ALL_POSITIONS = (
+    [{"kind": k} for k in BASE_KINDS]
+    + [{"kind": "interpolated", "base": {"kind": k}, "factor": 2} for k in BASE_KINDS]
+    + [{"kind": "randomized", "inner": {"kind": k}} for k in BASE_KINDS if k != "randomized"]
+    + [
+        {"kind": "rope", "scaling": {"type": t, "factor": 2, "original_max_positions": 24}}
+        for t in ("linear", "ntk", "dynamic", "yarn", "llama3")
+    ]
+    + [
+        {
+            "kind": "rope",
+            "scaling": {
+                "type": "longrope",
+                "original_max_positions": 24,
+                "short_factor": [1.0, 1.5, 2.0, 3.0],
+                "long_factor": [2.0, 4.0, 8.0, 16.0],
+            },
+        }
+    ]
+    + [
+        {"kind": "rope", "rotary_fraction": 0.5},
+        {"kind": "shaw", "values": True, "max_distance": 5},
+        {"kind": "kerple", "variant": "power"},
+    ]
+)
 IDS = [str(p).replace(" ", "") for p in ALL_POSITIONS]
 T = 40
 
 
 def tiny(position, block_size=48, n_layer=2, n_head=3, d_model=24, seed=0):
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=61, n_layer=n_layer, n_head=n_head, d_model=d_model, block_size=block_size,
-                         position=position)
+    config = ModelConfig(
+        vocab_size=61, n_layer=n_layer, n_head=n_head, d_model=d_model, block_size=block_size, position=position
+    )
     model = GPT(config).eval()
     if any("relative_bias" in n for n, _ in model.named_parameters()):  # T5 starts at zero: make it matter
         with torch.no_grad():
-            model.positions.relative_bias.weight.normal_() if hasattr(model.positions, "relative_bias") \
-                else model.positions.inner.relative_bias.weight.normal_()
+            model.positions.relative_bias.weight.normal_() if hasattr(
+                model.positions, "relative_bias"
+            ) else model.positions.inner.relative_bias.weight.normal_()
     return model
 
 
@@ -35,7 +54,7 @@ def decode_in_pieces(model, idx, pieces):
     cache = model.new_cache(idx.shape[0], idx.shape[1])
     outs, start = [], 0
     for size in pieces:
-        outs.append(model(idx[:, start:start + size], cache=cache))
+        outs.append(model(idx[:, start : start + size], cache=cache))
         start += size
     assert cache.length == idx.shape[1]
     return torch.cat(outs, dim=1)
@@ -61,11 +80,11 @@ def test_causality(position):
     idx = torch.randint(0, 61, (2, T), generator=torch.Generator().manual_seed(2))
     t = 17
     changed = idx.clone()
-    changed[:, t + 1:] = torch.randint(0, 61, (2, T - t - 1), generator=torch.Generator().manual_seed(3))
+    changed[:, t + 1 :] = torch.randint(0, 61, (2, T - t - 1), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         a, b = model(idx), model(changed)
     assert torch.equal(a[:, : t + 1], b[:, : t + 1])
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "t5", "none", "sinusoidal"])
@@ -76,7 +95,9 @@ def test_rolling_cache_equals_sliding_window(kind):
     with torch.no_grad():
         reference = model(idx, window=window, context_len=window)
         cache = model.new_cache(2, window, rolling=True)
-        outs = [model(idx[:, :window], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(window, 50)]
+        outs = [model(idx[:, :window], cache=cache)] + [
+            model(idx[:, t : t + 1], cache=cache) for t in range(window, 50)
+        ]
     assert (torch.cat(outs, dim=1) - reference).abs().max().item() <= 1e-5
     assert cache.length == 50
 
@@ -92,7 +113,7 @@ def test_a_rolling_cache_takes_chunks_across_its_wrap(kind):
         reference = model(idx, window=window, context_len=window)
         cache = model.new_cache(2, window, rolling=True)
         for size in (5, 9, 12, 3, 12, 9):  # 50 tokens
-            outs.append(model(idx[:, t:t + size], cache=cache))
+            outs.append(model(idx[:, t : t + size], cache=cache))
             t += size
         assert (torch.cat(outs, dim=1) - reference).abs().max().item() <= 1e-5 and cache.length == 50
         with pytest.raises(ValueError, match="chunks of at most its capacity"):
@@ -100,11 +121,11 @@ def test_a_rolling_cache_takes_chunks_across_its_wrap(kind):
         sinks = model.new_cache(2, window, rolling=True, sinks=2, sink_positions="absolute")
         model(idx[:, :window], cache=sinks)
         with pytest.raises(ValueError, match="with sinks or static one token at a time"):
-            model(idx[:, window:window + 2], cache=sinks)
+            model(idx[:, window : window + 2], cache=sinks)
         static = model.new_cache(2, window, rolling=True, static=True)  # a compiled decoder's cache
         model(idx[:, :window], cache=static)
         with pytest.raises(ValueError, match="with sinks or static one token at a time"):
-            model(idx[:, window:window + 2], cache=static)
+            model(idx[:, window : window + 2], cache=static)
 
 
 @pytest.mark.parametrize("kind", ["rope", "alibi", "sinusoidal", "none", "t5"])
@@ -153,6 +174,7 @@ def test_residual_projections_use_scaled_init():
 
 def test_bad_model_shape_is_a_clear_error():
     from minilm.config import ConfigError
+
     with pytest.raises(ConfigError, match="not divisible by model.n_head=5"):
         ModelConfig(d_model=64, n_head=5)
 
@@ -180,14 +202,22 @@ def test_a_bf16_model_on_the_cpu_caches_in_float32_and_matches_its_full_forward(
 
 def test_embedding_scale_multiplies_the_tokens_before_the_positions():
     from minilm.config import ConfigError
+
     idx = torch.randint(0, 61, (1, 8))
-    cases = [({"kind": "sinusoidal"}, "auto", 24 ** 0.5), ({"kind": "rope"}, "auto", 1.0),
-             ({"kind": "interpolated", "inner": {"kind": "sinusoidal"}}, "auto", 24 ** 0.5),
-             ({"kind": "learned"}, "sqrt_d_model", 24 ** 0.5), ({"kind": "sinusoidal"}, 2.5, 2.5)]
+    cases = [
+        ({"kind": "sinusoidal"}, "auto", 24**0.5),
+        ({"kind": "rope"}, "auto", 1.0),
+        ({"kind": "interpolated", "inner": {"kind": "sinusoidal"}}, "auto", 24**0.5),
+        ({"kind": "learned"}, "sqrt_d_model", 24**0.5),
+        ({"kind": "sinusoidal"}, 2.5, 2.5),
+    ]
     for position, scale, expected in cases:
         torch.manual_seed(0)
-        model = GPT(ModelConfig(vocab_size=61, n_layer=1, n_head=3, d_model=24, block_size=16, position=position,
-                                embedding_scale=scale)).eval()
+        model = GPT(
+            ModelConfig(
+                vocab_size=61, n_layer=1, n_head=3, d_model=24, block_size=16, position=position, embedding_scale=scale
+            )
+        ).eval()
         assert model.embedding_scale == pytest.approx(expected)
         captured = {}
         model.blocks[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))  # what the blocks read

@@ -2,6 +2,7 @@
 q/k/v-only bias, parallel residual, untied LM head): each against a forward pass written out
 here from the weights, GQA against MHA with duplicated k/v heads, cached == uncached, the
 default model unchanged, training, old checkpoints and one-line errors."""
+
 import math
 
 import pytest
@@ -13,10 +14,10 @@ from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.config import ConfigError, build_config
+from minilm.evaluation.scoring import token_losses
 from minilm.figures.attention import attention_weights
 from minilm.generation import decode as generation
 from minilm.positions import available
-from minilm.evaluation.scoring import token_losses
 from minilm.training.loop import train
 from minilm.training.mixture import mixed_loss
 from minilm.training.source import source_model
@@ -43,8 +44,15 @@ def make(position="rope", *, n_head=4, d_model=32, n_layer=2, vocab_size=61, blo
     """A tiny model with every parameter random (norm weights around 1, biases nonzero), so that
     no weight or bias of an option can go unused unnoticed."""
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=n_head, d_model=d_model,
-                         block_size=block_size, position={"kind": position}, **options)
+    config = ModelConfig(
+        vocab_size=vocab_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        block_size=block_size,
+        position={"kind": position},
+        **options,
+    )
     model = GPT(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -59,6 +67,7 @@ def tokens(batch=2, length=20, vocab_size=61, seed=1):
 
 
 # --------------------------------------------------------------------------- written-out reference
+
 
 def norm_ref(x, sd, prefix, c):
     """LayerNorm (x - mean) / sqrt(var + eps) * w + b, or RMSNorm x / sqrt(mean(x^2) + eps) * w."""
@@ -77,12 +86,12 @@ def linear_ref(x, sd, prefix):
 def mlp_ref(h, sd, prefix, c):
     a = linear_ref(h, sd, prefix + ".fc")
     if c.mlp == "swiglu":  # Shazeer 2020: silu(gate) * up, gate the first d_ff outputs of fc
-        gate, up = a[..., :c.d_ff], a[..., c.d_ff:]
+        gate, up = a[..., : c.d_ff], a[..., c.d_ff :]
         a = gate * torch.sigmoid(gate) * up
     elif c.mlp == "relu2":  # So et al. 2021 (Primer): squared ReLU
         a = torch.where(a > 0, a * a, torch.zeros_like(a))
     elif c.mlp == "gelu_tanh":
-        a = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)))
+        a = 0.5 * a * (1 + torch.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)))
     else:
         a = 0.5 * a * (1 + torch.erf(a / math.sqrt(2)))
     return linear_ref(a, sd, prefix + ".proj")
@@ -94,18 +103,20 @@ def attention_ref(h, sd, prefix, c, added_values=0.0):
     H, D, T = c.n_head, c.head_dim, h.shape[1]
     kv = c.n_kv_head or H
     qkv = linear_ref(h, sd, prefix + ".qkv")
-    q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + kv) * D], qkv[..., (H + kv) * D:] + added_values
+    q, k, v = qkv[..., : H * D], qkv[..., H * D : (H + kv) * D], qkv[..., (H + kv) * D :] + added_values
     assert v.shape[-1] == kv * D
     if c.qk_norm:  # every head's q and k RMS-normalised over its D dims, one weight vector for all heads
+
         def rms(x, name):
             return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.norm_eps) * sd[f"{prefix}.{name}.weight"]
-        q = torch.cat([rms(q[..., i * D:(i + 1) * D], "q_norm") for i in range(H)], dim=-1)
-        k = torch.cat([rms(k[..., j * D:(j + 1) * D], "k_norm") for j in range(kv)], dim=-1)
+
+        q = torch.cat([rms(q[..., i * D : (i + 1) * D], "q_norm") for i in range(H)], dim=-1)
+        k = torch.cat([rms(k[..., j * D : (j + 1) * D], "k_norm") for j in range(kv)], dim=-1)
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     heads = []
     for i in range(H):
         j = i // (H // kv)
-        qi, kj, vj = q[..., i * D:(i + 1) * D], k[..., j * D:(j + 1) * D], v[..., j * D:(j + 1) * D]
+        qi, kj, vj = q[..., i * D : (i + 1) * D], k[..., j * D : (j + 1) * D], v[..., j * D : (j + 1) * D]
         scores = (qi @ kj.transpose(-1, -2) / math.sqrt(D)).masked_fill(future, float("-inf"))
         heads.append(torch.softmax(scores, dim=-1) @ vj)
     return linear_ref(torch.cat(heads, dim=-1), sd, prefix + ".proj")
@@ -171,6 +182,7 @@ def test_parameter_names_and_layouts():
 
 # --------------------------------------------------------------------------- grouped-query attention
 
+
 def as_multi_head(gqa):
     """An MHA model with the GQA model's weights, each k/v head duplicated for its query group."""
     c = gqa.config
@@ -180,8 +192,10 @@ def as_multi_head(gqa):
     for name, value in gqa.state_dict().items():
         if ".attn.qkv." in name:
             q, k, v = value.split((H * D, kv * D, kv * D))
-            dup = [t.reshape(kv, D, *t.shape[1:]).repeat_interleave(H // kv, dim=0).reshape(H * D, *t.shape[1:])
-                   for t in (k, v)]
+            dup = [
+                t.reshape(kv, D, *t.shape[1:]).repeat_interleave(H // kv, dim=0).reshape(H * D, *t.shape[1:])
+                for t in (k, v)
+            ]
             weights[name] = torch.cat([q, *dup])
     mha.load_state_dict(weights)
     return mha
@@ -196,14 +210,30 @@ def test_gqa_equals_mha_with_duplicated_kv_heads(kind, n_kv_head):
     with torch.no_grad():
         torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-5, atol=1e-5)
         placement = "absolute" if gqa.positions.embeds else "cache"  # embedded positions cannot be renumbered
-        torch.testing.assert_close(gqa(idx, window=7, sinks=2, sink_positions=placement),
-                                   mha(idx, window=7, sinks=2, sink_positions=placement), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            gqa(idx, window=7, sinks=2, sink_positions=placement),
+            mha(idx, window=7, sinks=2, sink_positions=placement),
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 # --------------------------------------------------------------------------- KV cache
 
-CACHED = {name: OPTIONS[name] for name in ("default", "llama", "mqa-rms-eps", "neox", "qwen2", "parallel-swiglu-gqa",
-                                            "speedrun", "qknorm-gqa-rms", "value-embeddings-gqa-odd")}
+CACHED = {
+    name: OPTIONS[name]
+    for name in (
+        "default",
+        "llama",
+        "mqa-rms-eps",
+        "neox",
+        "qwen2",
+        "parallel-swiglu-gqa",
+        "speedrun",
+        "qknorm-gqa-rms",
+        "value-embeddings-gqa-odd",
+    )
+}
 
 
 @pytest.mark.parametrize("position", ["rope", "alibi", "xpos", "shaw"])
@@ -216,7 +246,7 @@ def test_cached_equals_uncached(position, options):
     assert all(t.shape == (2, kv, 16, 8) for t in cache.keys + cache.values)
     with torch.no_grad():
         full = model(idx)
-        steps = [model(idx[:, :10], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(10, 16)]
+        steps = [model(idx[:, :10], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(10, 16)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -228,7 +258,7 @@ def test_rolling_cache_with_gqa_equals_the_sliding_window(position, sink_positio
     cache = model.new_cache(2, 8, rolling=True, sinks=2, sink_positions=sink_positions)
     with torch.no_grad():
         full = model(idx, window=8, sinks=2, sink_positions=sink_positions)
-        steps = [model(idx[:, :6], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(6, 24)]
+        steps = [model(idx[:, :6], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(6, 24)]
     assert cache.keys[0].shape[1] == 2
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
@@ -255,34 +285,69 @@ def test_attention_maps_recompute_gqa_attention():
 
 # --------------------------------------------------------------------------- the default is unchanged
 
+
 def test_default_config_has_the_original_parameters():
     model = GPT(ModelConfig(vocab_size=61, n_layer=1, n_head=4, d_model=32, block_size=16, bias=True))
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert shapes == {
-        "wte.weight": (61, 32), "lm_head.weight": (61, 32), "ln_f.weight": (32,), "ln_f.bias": (32,),
-        "blocks.0.ln_1.weight": (32,), "blocks.0.ln_1.bias": (32,),
-        "blocks.0.attn.qkv.weight": (96, 32), "blocks.0.attn.qkv.bias": (96,),
-        "blocks.0.attn.proj.weight": (32, 32), "blocks.0.attn.proj.bias": (32,),
-        "blocks.0.ln_2.weight": (32,), "blocks.0.ln_2.bias": (32,),
-        "blocks.0.mlp.fc.weight": (128, 32), "blocks.0.mlp.fc.bias": (128,),
-        "blocks.0.mlp.proj.weight": (32, 128), "blocks.0.mlp.proj.bias": (32,)}
+        "wte.weight": (61, 32),
+        "lm_head.weight": (61, 32),
+        "ln_f.weight": (32,),
+        "ln_f.bias": (32,),
+        "blocks.0.ln_1.weight": (32,),
+        "blocks.0.ln_1.bias": (32,),
+        "blocks.0.attn.qkv.weight": (96, 32),
+        "blocks.0.attn.qkv.bias": (96,),
+        "blocks.0.attn.proj.weight": (32, 32),
+        "blocks.0.attn.proj.bias": (32,),
+        "blocks.0.ln_2.weight": (32,),
+        "blocks.0.ln_2.bias": (32,),
+        "blocks.0.mlp.fc.weight": (128, 32),
+        "blocks.0.mlp.fc.bias": (128,),
+        "blocks.0.mlp.proj.weight": (32, 128),
+        "blocks.0.mlp.proj.bias": (32,),
+    }
     assert model.lm_head.weight is model.wte.weight
-    assert all(getattr(model.config, k) == v for k, v in dict(
-        parallel_residual=False, tie_embeddings=True, norm="layernorm", norm_eps=1e-5, mlp="gelu", n_kv_head=None,
-        qkv_bias=False).items())
+    assert all(
+        getattr(model.config, k) == v
+        for k, v in dict(
+            parallel_residual=False,
+            tie_embeddings=True,
+            norm="layernorm",
+            norm_eps=1e-5,
+            mlp="gelu",
+            n_kv_head=None,
+            qkv_bias=False,
+        ).items()
+    )
 
 
 def test_a_checkpoint_without_the_new_keys_loads_unchanged(tmp_path, gen_tokenizer):
-    config = build_config({"model": {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16, "block_size": 16},
-                           "out_dir": str(tmp_path)})
+    config = build_config(
+        {
+            "model": {"vocab_size": 53, "n_layer": 2, "n_head": 2, "d_model": 16, "block_size": 16},
+            "out_dir": str(tmp_path),
+        }
+    )
     torch.manual_seed(0)
     model = GPT(config.model).eval()
     tree = config.to_dict()
-    for key in ("parallel_residual", "tie_embeddings", "norm", "norm_eps", "mlp", "n_kv_head", "qkv_bias", "qk_norm",
-                "value_embeddings", "logit_softcap"):
+    for key in (
+        "parallel_residual",
+        "tie_embeddings",
+        "norm",
+        "norm_eps",
+        "mlp",
+        "n_kv_head",
+        "qkv_bias",
+        "qk_norm",
+        "value_embeddings",
+        "logit_softcap",
+    ):
         del tree["model"][key]
-    path = checkpoint.save({"model": model.state_dict(), "config": tree, "tokenizer": gen_tokenizer.to_bytes()},
-                           str(tmp_path))
+    path = checkpoint.save(
+        {"model": model.state_dict(), "config": tree, "tokenizer": gen_tokenizer.to_bytes()}, str(tmp_path)
+    )
     loaded = load_model(path)
     assert loaded.config.model == config.model
     idx = tokens(vocab_size=53)
@@ -305,7 +370,7 @@ def test_qk_norm_normalises_keys_before_the_rotation_and_caches_them_so():
         normed = k / torch.sqrt((k * k).mean(-1, keepdim=True) + model.config.norm_eps) * w
         expected = model.positions.rotate(normed, normed, pos, 8)[1]
         other_order = model.positions.rotate(k, k, pos, 8)[1]
-        other_order = other_order / torch.sqrt((other_order ** 2).mean(-1, keepdim=True) + model.config.norm_eps) * w
+        other_order = other_order / torch.sqrt((other_order**2).mean(-1, keepdim=True) + model.config.norm_eps) * w
     torch.testing.assert_close(cache.keys[0][:, :, :5], expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(expected, other_order, atol=1e-3)
 
@@ -329,8 +394,12 @@ def test_a_capped_model_trains_and_scores_on_the_logits_it_generates_from():
 
 # --------------------------------------------------------------------------- training and extension
 
-@pytest.mark.parametrize("options", [dict(LLAMA, dropout=0.1), dict(NEOX, dropout=0.1), dict(OPTIONS["speedrun"], dropout=0.1)],
-                         ids=["llama", "neox", "speedrun"])
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(LLAMA, dropout=0.1), dict(NEOX, dropout=0.1), dict(OPTIONS["speedrun"], dropout=0.1)],
+    ids=["llama", "neox", "speedrun"],
+)
 def test_a_few_training_steps_lower_the_loss_and_reach_every_parameter(options):
     model = make("rope", **options).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -350,8 +419,14 @@ def test_a_few_training_steps_lower_the_loss_and_reach_every_parameter(options):
 def test_the_speedrun_options_train_through_the_fused_loss_and_load_back(tiny_config):
     """qk_norm, relu2, value embeddings and the logit soft-cap through train.py (Muon, the fused
     loss with the cap), and a checkpoint that loads back with them."""
-    overrides = ["model.qk_norm=true", "model.mlp=relu2", "model.value_embeddings=true", "model.logit_softcap=5",
-                 "train.optimizer=muon", "train.max_steps=6"]
+    overrides = [
+        "model.qk_norm=true",
+        "model.mlp=relu2",
+        "model.value_embeddings=true",
+        "model.logit_softcap=5",
+        "train.optimizer=muon",
+        "train.max_steps=6",
+    ]
     summary = train(tiny_config(*overrides), quiet=True)
     assert math.isfinite(summary["final_val_loss"])
     model, _, config, _ = load_model(summary["checkpoint"])
@@ -361,8 +436,16 @@ def test_the_speedrun_options_train_through_the_fused_loss_and_load_back(tiny_co
 
 
 def test_training_run_with_llama_options_saves_and_loads_them(tiny_config):
-    overrides = ["model.norm=rmsnorm", "model.mlp=swiglu", "model.tie_embeddings=false", "model.n_kv_head=1",
-                 "model.qkv_bias=true", "model.norm_eps=1e-6", "train.max_steps=3", "train.sample_tokens=0"]
+    overrides = [
+        "model.norm=rmsnorm",
+        "model.mlp=swiglu",
+        "model.tie_embeddings=false",
+        "model.n_kv_head=1",
+        "model.qkv_bias=true",
+        "model.norm_eps=1e-6",
+        "train.max_steps=3",
+        "train.sample_tokens=0",
+    ]
     config = tiny_config(*overrides)
     train(config, quiet=True)
     loaded = load_model(config.out_dir)
@@ -375,8 +458,9 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
     model_tree = {"vocab_size": 53, "n_layer": 1, "n_head": 4, "d_model": 16, "block_size": 16, **LLAMA}
     config = build_config({"model": model_tree, "out_dir": str(tmp_path)})
     model = make(vocab_size=53, n_layer=1, n_head=4, d_model=16, block_size=16, **LLAMA)
-    path = checkpoint.save({"model": model.state_dict(), "config": config.to_dict(),
-                            "tokenizer": gen_tokenizer.to_bytes()}, str(tmp_path))
+    path = checkpoint.save(
+        {"model": model.state_dict(), "config": config.to_dict(), "tokenizer": gen_tokenizer.to_bytes()}, str(tmp_path)
+    )
     plain = {"vocab_size": 53, "n_layer": 1, "n_head": 4, "d_model": 16, "block_size": 32}
     extended, source, _ = source_model(build_config({"model": plain, "train": {"init_from": path}}))
     assert (extended.model.norm, extended.model.mlp, extended.model.n_kv_head) == ("rmsnorm", "swiglu", 2)
@@ -390,17 +474,21 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
 
 # --------------------------------------------------------------------------- errors
 
-@pytest.mark.parametrize("options, message", [
-    (dict(norm="batchnorm"), "model.norm='batchnorm' is invalid: valid: layernorm, rmsnorm"),
-    (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu, relu2"),
-    (dict(logit_softcap=-1.0), "model.logit_softcap=-1.0 is invalid: expected 0 (no cap) or a number > 0"),
-    (dict(logit_softcap=float("inf")), "model.logit_softcap=inf is invalid"),
-    (dict(qk_norm="yes"), "model.qk_norm='yes' is invalid: expected true or false"),
-    (dict(n_kv_head=3), "model.n_kv_head=3 is invalid: expected a divisor of model.n_head=4 (1, 2, 4)"),
-    (dict(n_kv_head=0), "model.n_kv_head=0 is invalid: expected a divisor of model.n_head=4"),
-    (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number with 0 < norm_eps < 1"),
-    (dict(parallel_residual="yes"), "model.parallel_residual='yes' is invalid: expected true or false"),
-])
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(norm="batchnorm"), "model.norm='batchnorm' is invalid: valid: layernorm, rmsnorm"),
+        (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu, relu2"),
+        (dict(logit_softcap=-1.0), "model.logit_softcap=-1.0 is invalid: expected 0 (no cap) or a number > 0"),
+        (dict(logit_softcap=float("inf")), "model.logit_softcap=inf is invalid"),
+        (dict(qk_norm="yes"), "model.qk_norm='yes' is invalid: expected true or false"),
+        (dict(n_kv_head=3), "model.n_kv_head=3 is invalid: expected a divisor of model.n_head=4 (1, 2, 4)"),
+        (dict(n_kv_head=0), "model.n_kv_head=0 is invalid: expected a divisor of model.n_head=4"),
+        (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number with 0 < norm_eps < 1"),
+        (dict(parallel_residual="yes"), "model.parallel_residual='yes' is invalid: expected true or false"),
+    ],
+)
 def test_bad_values_are_one_line_errors(options, message):
     with pytest.raises(ConfigError) as info:
         ModelConfig(n_head=4, d_model=32, **options)

@@ -1,5 +1,6 @@
 """The optimisers: Muon's orthogonalisation and update against hand computations, which
 parameters go where, the schedule's shape, and a bad optimizer name."""
+
 import math
 
 import pytest
@@ -32,8 +33,9 @@ def test_the_gram_form_is_the_same_iteration(shape, monkeypatch):
     gradient-like matrices (low rank plus noise) too."""
     gen = torch.Generator().manual_seed(1)
     noise = torch.randn(*shape, generator=gen, dtype=torch.float64)
-    low_rank = torch.randn(*shape[:-1], 3, generator=gen, dtype=torch.float64) @ \
-        torch.randn(*shape[:-2], 3, shape[-1], generator=gen, dtype=torch.float64)
+    low_rank = torch.randn(*shape[:-1], 3, generator=gen, dtype=torch.float64) @ torch.randn(
+        *shape[:-2], 3, shape[-1], generator=gen, dtype=torch.float64
+    )
     calls = []
     monkeypatch.setattr(optim, "gram_iteration", lambda x, steps: calls.append(x.dtype) or gram_iteration(x, steps))
     for g in (noise, low_rank + 0.01 * noise):
@@ -41,8 +43,9 @@ def test_the_gram_form_is_the_same_iteration(shape, monkeypatch):
         x = (wide / (wide.norm(dim=(-2, -1), keepdim=True) + 1e-7)).reshape(-1, *wide.shape[-2:])  # as orthogonalize
         for steps in range(7):
             plain = orthogonalize(g, steps)  # float64: the plain iteration
-            assert (gram_iteration(x, steps).reshape(wide.shape) - (plain.mT if wide is not g else plain)).abs().max() \
-                < 1e-12
+            assert (
+                gram_iteration(x, steps).reshape(wide.shape) - (plain.mT if wide is not g else plain)
+            ).abs().max() < 1e-12
         assert calls == []
         assert (orthogonalize(g.float()).double() - orthogonalize(g)).abs().max() < 2e-5
         assert calls.pop() == torch.float32
@@ -82,15 +85,17 @@ def test_muon_orthogonalises_a_fused_qkv_projection_as_three_matrices():
     moved = []
     for split in (True, False):
         start = qkv.detach().clone()
-        muon = make_optimizer(model, TrainConfig(optimizer="muon", muon_split_qkv=split, weight_decay=0.0),
-                              torch.device("cpu")).parts[0]
+        muon = make_optimizer(
+            model, TrainConfig(optimizer="muon", muon_split_qkv=split, weight_decay=0.0), torch.device("cpu")
+        ).parts[0]
         muon.param_groups[0]["lr"] = 0.01
         qkv.grad = grad.clone()
         muon.step()
         moved.append(qkv.detach() - start)
     g = grad * 1.95  # the first Nesterov update: g + 0.95 g
-    expected = torch.cat([-0.01 * 0.2 * math.sqrt(max(rows.shape)) * orthogonalize(rows)
-                          for rows in (g[:16], g[16:24], g[24:])])
+    expected = torch.cat(
+        [-0.01 * 0.2 * math.sqrt(max(rows.shape)) * orthogonalize(rows) for rows in (g[:16], g[16:24], g[24:])]
+    )
     torch.testing.assert_close(moved[0], expected, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(moved[1], -0.01 * 0.2 * math.sqrt(32) * orthogonalize(g), atol=1e-6, rtol=1e-4)
 
@@ -106,14 +111,19 @@ def test_muon_lr_scale_multiplies_the_schedules_rate_for_muon_only():
 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
-    model = GPT(ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, block_size=8, bias=True,
-                            position={"kind": "learned"}))
+    model = GPT(
+        ModelConfig(
+            vocab_size=300, n_layer=2, n_head=2, d_model=16, block_size=8, bias=True, position={"kind": "learned"}
+        )
+    )
     opt = make_optimizer(model, TrainConfig(optimizer="muon"), torch.device("cpu"))
     muon, adamw = opt.parts
     assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
-    assert in_muon == {f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}
+    assert in_muon == {
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    }
     in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
     assert {"wte.weight", "positions.table.weight", "ln_f.weight", "blocks.0.attn.qkv.bias"} <= in_adamw
     assert not in_muon & in_adamw
@@ -148,12 +158,22 @@ def test_position_lr_scale_gives_the_position_parameters_their_own_rate_without_
 
 def test_embedding_init_std_sets_the_token_embedding_only():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8,
-                            tie_embeddings=False, embedding_init_std=64 ** -0.5))
+    model = GPT(
+        ModelConfig(
+            vocab_size=4000,
+            n_layer=1,
+            n_head=2,
+            d_model=64,
+            block_size=8,
+            tie_embeddings=False,
+            embedding_init_std=64**-0.5,
+        )
+    )
     assert model.wte.weight.std().item() == pytest.approx(0.125, rel=0.02)
     assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.02)
-    assert GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8)).wte.weight.std().item() \
-        == pytest.approx(0.02, rel=0.02)
+    assert GPT(
+        ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8)
+    ).wte.weight.std().item() == pytest.approx(0.02, rel=0.02)
     tied = GPT(ModelConfig(vocab_size=4000, n_layer=1, n_head=2, d_model=64, block_size=8, embedding_init_std=0.125))
     assert tied.lm_head.weight is tied.wte.weight and tied.wte.weight.std().item() == pytest.approx(0.125, rel=0.02)
     with pytest.raises(ConfigError, match="model.embedding_init_std=-1 is invalid: expected a number > 0"):

@@ -1,4 +1,5 @@
 """Figures of the position schemes (python -m minilm positions) and attention maps (minilm.figures.attention)."""
+
 import os
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from minilm.checkpoints.loading import load_model  # noqa: E402
 from minilm.cli import positions as cli  # noqa: E402
 from minilm.config import Config  # noqa: E402
 from minilm.data.tokenizer import Tokenizer  # noqa: E402
-from minilm.figures import attention as attention_maps, positions as plots  # noqa: E402
+from minilm.figures import attention as attention_maps  # noqa: E402
+from minilm.figures import positions as plots
 from minilm.figures.canvas import PlotError  # noqa: E402
 from minilm.positions import available, build, scheme_class  # noqa: E402
 from minilm.positions.alibi import alibi_slopes  # noqa: E402
@@ -31,6 +33,7 @@ def assert_png(path, min_kb=10):
     assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
     assert len(data) > min_kb * 1024, f"{path} is only {len(data)} bytes"
     from matplotlib.image import imread
+
     pixels = imread(path)[..., :3]
     drawn = (pixels < 0.9).any(axis=-1).mean()  # share of pixels that are not (near) white
     assert drawn > 0.03, f"{path} is almost blank ({drawn:.1%} drawn)"
@@ -49,6 +52,7 @@ def position(kind, **options):
 
 
 # --------------------------------------------------------------------------- every scheme
+
 
 @pytest.mark.parametrize("kind", available())
 def test_every_registered_kind_plots_a_png(kind, tmp_path):
@@ -75,8 +79,9 @@ def test_alibi_figure_draws_each_heads_slope():
     assert len(lines) == 12
     for h, (line, slope) in enumerate(zip(lines, alibi_slopes(12))):
         distance, bias = line.get_xdata(), line.get_ydata()
-        assert torch.allclose(torch.as_tensor(bias), torch.as_tensor(-slope * distance, dtype=torch.float32),
-                              atol=1e-5), f"head {h}"
+        assert torch.allclose(
+            torch.as_tensor(bias), torch.as_tensor(-slope * distance, dtype=torch.float32), atol=1e-5
+        ), f"head {h}"
     # the bias-only attention of each head sums to one over the keys
     for line in fig.axes[1].lines:
         assert abs(line.get_ydata().sum() - 1) < 1e-4
@@ -87,8 +92,11 @@ def test_interpolated_alibi_divides_distances():
     fig = plots.scheme_figure(build(settings, **SHAPE), settings)
     line = fig.axes[0].lines[0]
     slope = alibi_slopes(SHAPE["n_head"])[0]
-    assert torch.allclose(torch.as_tensor(line.get_ydata()),
-                          torch.as_tensor(-slope / 4 * line.get_xdata(), dtype=torch.float32), atol=1e-5)
+    assert torch.allclose(
+        torch.as_tensor(line.get_ydata()),
+        torch.as_tensor(-slope / 4 * line.get_xdata(), dtype=torch.float32),
+        atol=1e-5,
+    )
     assert "divided by 4" in suptitle(fig)
 
 
@@ -146,7 +154,8 @@ def test_untrained_parameters_are_labelled():
     sinusoidal = build(position("sinusoidal"), **SHAPE)
     assert "no trained parameters" in suptitle(plots.scheme_figure(sinusoidal, position("sinusoidal")))
     assert "no trained parameters (settings from out/x)" in suptitle(
-        plots.scheme_figure(sinusoidal, position("sinusoidal"), source="out/x"))
+        plots.scheme_figure(sinusoidal, position("sinusoidal"), source="out/x")
+    )
     t5 = build(position("t5"), **SHAPE)  # its table starts random (transformers' T5 initialisation)
     assert "UNTRAINED: initial values at init" in suptitle(plots.scheme_figure(t5, position("t5")))
     fire = build(position("fire"), **SHAPE)
@@ -164,6 +173,7 @@ def test_none_explains_itself():
 
 # --------------------------------------------------------------------------- the command line
 
+
 def test_list_covers_every_registered_kind(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
@@ -174,19 +184,22 @@ def test_list_covers_every_registered_kind(capsys):
             assert f"{option}=" in out
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["plot", "rope", "--bse", "500"], "unknown option 'bse' for position kind 'rope': did you mean base?"),
-    (["plot", "alibi", "--slope", "1"], "unknown option 'slope' for position kind 'alibi': it takes no options"),
-    (["plot", "rope", "--base", "-1"], "rope: base=-1 is invalid: expected a number > 1"),
-    (["plot", "rope", "--scaling.typ", "yarn"], "unknown scaling option 'typ'"),
-    (["plot", "rope", "--scaling.type", "yarm"], "did you mean yarn"),
-    (["plot", "ropee"], "unknown position kind 'ropee': did you mean rope?"),
-    (["plot", "alibi", "--n-head", "three"], "--n-head='three' is invalid"),
-    (["plot", "rope", "--d-model", "30", "--n-head", "4"], "not divisible"),
-    (["plot", "sinusoidal", "--base.kind", "x"], "'base' is a value, not a section"),
-    (["plot"], "give a position kind"),
-    (["draw", "rope"], "unknown command 'draw'"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["plot", "rope", "--bse", "500"], "unknown option 'bse' for position kind 'rope': did you mean base?"),
+        (["plot", "alibi", "--slope", "1"], "unknown option 'slope' for position kind 'alibi': it takes no options"),
+        (["plot", "rope", "--base", "-1"], "rope: base=-1 is invalid: expected a number > 1"),
+        (["plot", "rope", "--scaling.typ", "yarn"], "unknown scaling option 'typ'"),
+        (["plot", "rope", "--scaling.type", "yarm"], "did you mean yarn"),
+        (["plot", "ropee"], "unknown position kind 'ropee': did you mean rope?"),
+        (["plot", "alibi", "--n-head", "three"], "--n-head='three' is invalid"),
+        (["plot", "rope", "--d-model", "30", "--n-head", "4"], "not divisible"),
+        (["plot", "sinusoidal", "--base.kind", "x"], "'base' is a value, not a section"),
+        (["plot"], "give a position kind"),
+        (["draw", "rope"], "unknown command 'draw'"),
+    ],
+)
 def test_bad_arguments_give_one_line_errors(argv, expected, tmp_path, capsys):
     out = str(tmp_path / "x.png")
     assert cli.main(argv + ["--out", out] if argv[0] == "plot" else argv) == 2
@@ -214,22 +227,45 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
 def test_cli_subprocess_writes_the_png(tmp_path):
     out = tmp_path / "figs" / "alibi_pi.png"
     result = subprocess.run(
-        [sys.executable, "-m", "minilm", "positions", "plot", "interpolated", "--inner.kind", "alibi", "--factor=3",
-         "--d-model", "64", "--n-head", "2", "--block-size", "64", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "minilm",
+            "positions",
+            "plot",
+            "interpolated",
+            "--inner.kind",
+            "alibi",
+            "--factor=3",
+            "--d-model",
+            "64",
+            "--n-head",
+            "2",
+            "--block-size",
+            "64",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"wrote {out}: interpolated {{inner: {{kind: alibi}}, factor: 3}}\n"
     assert_png(out)
 
 
 def test_the_old_invocation_names_the_new_one():
-    result = subprocess.run([sys.executable, "-m", "minilm.positions", "list"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "minilm.positions", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: this command moved: use python -m minilm positions ...\n"
 
 
 # --------------------------------------------------------------------------- checkpoints and attention
+
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
@@ -240,8 +276,9 @@ def tokenizer(tmp_path_factory):
 
 def tiny_model(kind_settings, vocab_size, block_size=32, n_layer=2):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=vocab_size, n_layer=n_layer, n_head=4, d_model=32, block_size=block_size,
-                         position=kind_settings)
+    config = ModelConfig(
+        vocab_size=vocab_size, n_layer=n_layer, n_head=4, d_model=32, block_size=block_size, position=kind_settings
+    )
     model = GPT(config)
     for name, param in model.positions.named_parameters():  # give zero-initialised biases some structure
         if name.endswith("relative_bias.weight"):
@@ -252,8 +289,10 @@ def tiny_model(kind_settings, vocab_size, block_size=32, n_layer=2):
 def test_checkpoint_figure_shows_the_trained_biases(tokenizer, tmp_path, capsys):
     model = tiny_model(position("t5", num_buckets=8, max_distance=16), tokenizer.vocab_size)
     config = Config(model=model.config)
-    checkpoint.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": tokenizer.to_bytes()},
-                    str(tmp_path / "run"))
+    checkpoint.save(
+        {"model": model.state_dict(), "config": config.to_dict(), "tokenizer": tokenizer.to_bytes()},
+        str(tmp_path / "run"),
+    )
     out = tmp_path / "t5.png"
     assert cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert f"(from {tmp_path / 'run'})" in capsys.readouterr().out

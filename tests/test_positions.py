@@ -1,11 +1,13 @@
 """Position formulas against known values and independent reference computations."""
+
 import math
 
 import pytest
 import torch
 
 from minilm.checkpoints.format import upgraded_weights
-from minilm.positions import available, build, fire as fire_module
+from minilm.positions import available, build
+from minilm.positions import fire as fire_module
 from minilm.positions.alibi import alibi_slopes
 from minilm.positions.rope import dynamic_ntk_base, ntk_base, rope_inv_freq, yarn_bounds, yarn_inv_freq, yarn_mscale
 from minilm.positions.sinusoidal import sinusoidal_table
@@ -17,11 +19,26 @@ def make(position, d_model=64, n_head=1, block_size=2048):
 
 
 def test_registry_lists_every_kind():
-    assert available() == sorted(["alibi", "fire", "interpolated", "kerple", "learned", "none", "randomized", "rope",
-                                  "shaw", "sinusoidal", "t5", "xpos"])
+    assert available() == sorted(
+        [
+            "alibi",
+            "fire",
+            "interpolated",
+            "kerple",
+            "learned",
+            "none",
+            "randomized",
+            "rope",
+            "shaw",
+            "sinusoidal",
+            "t5",
+            "xpos",
+        ]
+    )
 
 
 # ----------------------------------------------------------------------------- sinusoidal
+
 
 def test_sinusoidal_known_values():
     row = sinusoidal_table(torch.tensor([1.0]), 4)[0]
@@ -38,12 +55,15 @@ def test_sinusoidal_embed_adds_table():
 
 # ----------------------------------------------------------------------------- alibi
 
+
 def reference_slopes(n):
     """Independent computation: the geometric sequence starting at 2^(-8/n), as in the paper's
     code; non-powers of two interleave the extra heads from the 2n sequence."""
+
     def geometric(n):
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
+        return [start * start**i for i in range(n)]
+
     if math.log2(n).is_integer():
         return geometric(n)
     closest = 2 ** math.floor(math.log2(n))
@@ -56,7 +76,7 @@ def test_alibi_slopes_match_reference(n_head):
 
 
 def test_alibi_slopes_twelve_heads():
-    expected = [2 ** -e for e in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
+    expected = [2**-e for e in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
     assert alibi_slopes(12) == pytest.approx(expected)
     assert len(alibi_slopes(6)) == 6 and len(alibi_slopes(24)) == 24
 
@@ -70,6 +90,7 @@ def test_alibi_bias_uses_absolute_positions():
 
 
 # ----------------------------------------------------------------------------- rope
+
 
 def test_rope_inv_freq():
     inv = rope_inv_freq(64, 10000.0)
@@ -96,8 +117,9 @@ def test_yarn_worked_example():
 
 
 def test_yarn_uses_original_length_and_scales_cos_sin():
-    scheme = make({"kind": "rope", "scaling": {"type": "yarn", "factor": 4, "original_max_positions": 2048}},
-                  block_size=8192)
+    scheme = make(
+        {"kind": "rope", "scaling": {"type": "yarn", "factor": 4, "original_max_positions": 2048}}, block_size=8192
+    )
     assert torch.allclose(scheme.inv_freq(), yarn_inv_freq(64, 1e4, 4.0, 2048))
     cos, sin = scheme.cos_sin(torch.tensor([0.0]), 8192, torch.float32)
     assert cos[0, 0].item() == pytest.approx(1.1386, abs=1e-4)
@@ -109,8 +131,9 @@ def test_linear_scaling_divides_frequencies():
 
 
 def test_dynamic_ntk_only_past_original_length():
-    scheme = make({"kind": "rope", "scaling": {"type": "dynamic", "factor": 2, "original_max_positions": 128}},
-                  block_size=512)
+    scheme = make(
+        {"kind": "rope", "scaling": {"type": "dynamic", "factor": 2, "original_max_positions": 128}}, block_size=512
+    )
     assert torch.allclose(scheme.inv_freq(100), rope_inv_freq(64, 1e4))
     expected_base = 1e4 * ((2 * 512 / 128) - 1) ** (64 / 62)
     assert dynamic_ntk_base(1e4, 2.0, 64, 512, 128) == pytest.approx(expected_base)
@@ -128,10 +151,12 @@ def test_rope_score_depends_only_on_distance(scaling):
     torch.manual_seed(0)
     scheme = make({"kind": "rope", "scaling": scaling}, d_model=32, n_head=1, block_size=64)
     q, k = torch.randn(1, 1, 1, 32), torch.randn(1, 1, 1, 32)
+
     def score(m, n):
         qm, _ = scheme.rotate(q, q, torch.tensor([float(m)]), 64)
         kn, _ = scheme.rotate(k, k, torch.tensor([float(n)]), 64)
         return (qm * kn).sum().item()
+
     for delta in (0, 1, 5, 17, 40):
         reference = score(delta, 0)
         for n in (3, 11, 100, 513):
@@ -166,7 +191,7 @@ def test_rope_rotation_is_bit_for_bit_the_rotate_half_formula(fraction):
     cos, sin = scheme.cos_sin(pos, 64, torch.float32)
     rot = cos.shape[-1]
     head, tail = q[..., :rot], q[..., rot:]
-    turned = torch.cat((-head[..., rot // 2:], head[..., :rot // 2]), dim=-1)
+    turned = torch.cat((-head[..., rot // 2 :], head[..., : rot // 2]), dim=-1)
     expected = torch.cat((head * cos + turned * sin, tail), dim=-1)
     assert torch.equal(scheme.rotate(q, q, pos, 64)[0], expected)
 
@@ -178,8 +203,10 @@ def test_rope_tables_follow_positions_changed_in_place():
     scheme = make({"kind": "rope"}, d_model=16, n_head=1)
     q = torch.randn(1, 1, 3, 16)
     with torch.inference_mode():
+
         def fresh(shift):
             return scheme.rotate(q, q, torch.arange(3.0) + shift, 64)[0]
+
         pos = torch.arange(3.0)
         scheme.rotate(q, q, pos, 64)
         pos.add_(10)
@@ -193,6 +220,7 @@ def test_rope_tables_follow_positions_changed_in_place():
 
 
 # ----------------------------------------------------------------------------- t5 / learned / interpolated
+
 
 def test_t5_buckets_exact_then_logarithmic():
     d = torch.tensor([0.0, 1, 15, 16, 32, 64, 127, 128, 1000])
@@ -229,20 +257,24 @@ def test_interpolated_rope_equals_linear_scaling():
 
 # ----------------------------------------------------------------------------- errors
 
-@pytest.mark.parametrize("position, message", [
-    ({"kind": "ropee"}, "did you mean rope"),
-    ({"kind": "rope", "bsae": 10}, "did you mean base"),
-    ({"kind": "rope", "rotary_fraction": 1.5}, "rotary_fraction=1.5"),
-    ({"kind": "rope", "rotary_fraction": 0}, "rotary_fraction=0"),
-    ({"kind": "rope", "scaling": {"type": "yarn"}}, "needs scaling.factor"),
-    ({"kind": "rope", "scaling": {"type": "lineer", "factor": 2}}, "did you mean linear"),
-    ({"kind": "rope", "scaling": {"type": "linear", "factor": 0}}, "scaling.factor=0"),
-    ({"kind": "rope", "scaling": {"type": "linear", "factor": -2}}, "scaling.factor=-2"),
-    ({"kind": "interpolated", "factor": 0}, "factor=0"),
-    ({"kind": "interpolated", "base": {"kind": "nope"}}, "unknown position kind 'nope'"),
-    ({"kind": "t5", "num_buckets": 1}, "num_buckets=1"),
-    ({"kind": "learned", "max_positions": 0}, "max_positions=0"),
-])
+
+@pytest.mark.parametrize(
+    "position, message",
+    [
+        ({"kind": "ropee"}, "did you mean rope"),
+        ({"kind": "rope", "bsae": 10}, "did you mean base"),
+        ({"kind": "rope", "rotary_fraction": 1.5}, "rotary_fraction=1.5"),
+        ({"kind": "rope", "rotary_fraction": 0}, "rotary_fraction=0"),
+        ({"kind": "rope", "scaling": {"type": "yarn"}}, "needs scaling.factor"),
+        ({"kind": "rope", "scaling": {"type": "lineer", "factor": 2}}, "did you mean linear"),
+        ({"kind": "rope", "scaling": {"type": "linear", "factor": 0}}, "scaling.factor=0"),
+        ({"kind": "rope", "scaling": {"type": "linear", "factor": -2}}, "scaling.factor=-2"),
+        ({"kind": "interpolated", "factor": 0}, "factor=0"),
+        ({"kind": "interpolated", "base": {"kind": "nope"}}, "unknown position kind 'nope'"),
+        ({"kind": "t5", "num_buckets": 1}, "num_buckets=1"),
+        ({"kind": "learned", "max_positions": 0}, "max_positions=0"),
+    ],
+)
 def test_bad_options_are_one_line_errors(position, message):
     with pytest.raises(ValueError) as info:
         make(position)
@@ -257,6 +289,7 @@ def test_odd_dimensions_rejected():
 
 
 # --------------------------------------------------------------------------- llama3 and longrope
+
 
 def llama3_reference(dim, base, factor, original, low, high):
     """The Llama 3.1 rule written out pair by pair, in plain Python."""
@@ -274,13 +307,25 @@ def llama3_reference(dim, base, factor, original, low, high):
     return out
 
 
-@pytest.mark.parametrize("dim, base, factor, original, low, high", [
-    (64, 10000.0, 8.0, 8192, 1.0, 4.0), (64, 500000.0, 8.0, 8192, 1.0, 4.0), (16, 10000.0, 4.0, 128, 2.0, 8.0)])
+@pytest.mark.parametrize(
+    "dim, base, factor, original, low, high",
+    [(64, 10000.0, 8.0, 8192, 1.0, 4.0), (64, 500000.0, 8.0, 8192, 1.0, 4.0), (16, 10000.0, 4.0, 128, 2.0, 8.0)],
+)
 def test_llama3_frequencies_pair_by_pair(dim, base, factor, original, low, high):
-    scheme = make({"kind": "rope", "base": base, "scaling": {"type": "llama3", "factor": factor,
-                                                             "original_max_positions": original,
-                                                             "low_freq_factor": low, "high_freq_factor": high}},
-                  d_model=dim)
+    scheme = make(
+        {
+            "kind": "rope",
+            "base": base,
+            "scaling": {
+                "type": "llama3",
+                "factor": factor,
+                "original_max_positions": original,
+                "low_freq_factor": low,
+                "high_freq_factor": high,
+            },
+        },
+        d_model=dim,
+    )
     expected = torch.tensor(llama3_reference(dim, base, factor, original, low, high), dtype=torch.float64)
     assert torch.allclose(scheme.inv_freq(), expected, rtol=1e-12)
     assert scheme.attention_scale() == 1.0
@@ -290,43 +335,108 @@ def test_llama3_frequencies_pair_by_pair(dim, base, factor, original, low, high)
 
 def test_longrope_switches_factors_at_the_original_length():
     short, long = [1.0, 1.5, 2.0, 3.0], [2.0, 4.0, 8.0, 16.0]
-    scheme = make({"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 64,
-                                               "short_factor": short, "long_factor": long}}, d_model=8, block_size=256)
+    scheme = make(
+        {
+            "kind": "rope",
+            "scaling": {"type": "longrope", "original_max_positions": 64, "short_factor": short, "long_factor": long},
+        },
+        d_model=8,
+        block_size=256,
+    )
     plain = rope_inv_freq(8, 10000.0)
     assert torch.allclose(scheme.inv_freq(64), plain / torch.tensor(short, dtype=torch.float64))
     assert torch.allclose(scheme.inv_freq(65), plain / torch.tensor(long, dtype=torch.float64))
     assert scheme.scaling["factor"] == 4.0  # block_size / original by default
     assert scheme.attention_scale() == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
-    given = make({"kind": "rope", "scaling": {"type": "longrope", "original_max_positions": 64, "factor": 2,
-                                              "attention_factor": 1.25, "short_factor": short, "long_factor": long}},
-                 d_model=8)
+    given = make(
+        {
+            "kind": "rope",
+            "scaling": {
+                "type": "longrope",
+                "original_max_positions": 64,
+                "factor": 2,
+                "attention_factor": 1.25,
+                "short_factor": short,
+                "long_factor": long,
+            },
+        },
+        d_model=8,
+    )
     assert given.attention_scale() == 1.25
     cos, _ = scheme.cos_sin(torch.zeros(1), 256, torch.float32)  # cos(0) carries the attention factor
     assert torch.allclose(cos, torch.full_like(cos, scheme.attention_scale()))
 
 
-@pytest.mark.parametrize("scaling, message", [
-    ({"type": "llama3"}, "needs scaling.factor"),
-    ({"type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, "high_freq_factor=1"),
-    ({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0] * 4}, "short_factor: a list of 4"),
-    ({"type": "yarn", "factor": 2, "short_factor": [1.0] * 4}, "not an option of scaling.type=yarn"),
-])
+@pytest.mark.parametrize(
+    "scaling, message",
+    [
+        ({"type": "llama3"}, "needs scaling.factor"),
+        ({"type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, "high_freq_factor=1"),
+        ({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0] * 4}, "short_factor: a list of 4"),
+        ({"type": "yarn", "factor": 2, "short_factor": [1.0] * 4}, "not an option of scaling.type=yarn"),
+    ],
+)
 def test_llama3_and_longrope_bad_settings(scaling, message):
     with pytest.raises(ValueError, match=message):
         make({"kind": "rope", "scaling": scaling}, d_model=8)
 
 
 HF_CASES = [  # (head_dim, theta, rope parameters)
-    (64, 10000.0, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                   "original_max_position_embeddings": 8192}),
-    (128, 500000.0, {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192}),
-    (16, 10000.0, {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
-                   "original_max_position_embeddings": 128}),
-    (8, 10000.0, {"rope_type": "longrope", "factor": 4.0, "short_factor": [1.0, 1.2, 1.9, 2.5],
-                  "long_factor": [1.5, 3.0, 6.0, 12.0], "original_max_position_embeddings": 64}),
-    (16, 50000.0, {"rope_type": "longrope", "factor": 16.0, "short_factor": [1.0] * 8,
-                   "long_factor": [1.0 + i for i in range(8)], "original_max_position_embeddings": 256}),
+    (
+        64,
+        10000.0,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    (
+        128,
+        500000.0,
+        {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    (
+        16,
+        10000.0,
+        {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 128,
+        },
+    ),
+    (
+        8,
+        10000.0,
+        {
+            "rope_type": "longrope",
+            "factor": 4.0,
+            "short_factor": [1.0, 1.2, 1.9, 2.5],
+            "long_factor": [1.5, 3.0, 6.0, 12.0],
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    (
+        16,
+        50000.0,
+        {
+            "rope_type": "longrope",
+            "factor": 16.0,
+            "short_factor": [1.0] * 8,
+            "long_factor": [1.0 + i for i in range(8)],
+            "original_max_position_embeddings": 256,
+        },
+    ),
 ]
 
 
@@ -335,22 +445,37 @@ HF_CASES = [  # (head_dim, theta, rope parameters)
 def test_llama3_and_longrope_match_transformers(head_dim, theta, params, length):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     original = params["original_max_position_embeddings"]
     seq_len = original if length == "short" else 2 * original
-    hf_config = transformers.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2,
-                                         max_position_embeddings=int(original * params["factor"]),
-                                         rope_parameters={**params, "rope_theta": theta})
+    hf_config = transformers.LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        max_position_embeddings=int(original * params["factor"]),
+        rope_parameters={**params, "rope_theta": theta},
+    )
     hf_inv, hf_attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf_config, "cpu", seq_len=seq_len)
-    scaling = {"type": params["rope_type"], "factor": params["factor"], "original_max_positions": original,
-               **{k: v for k, v in params.items() if k in ("low_freq_factor", "high_freq_factor", "short_factor",
-                                                          "long_factor")}}
-    ours = make({"kind": "rope", "base": theta, "scaling": scaling}, d_model=head_dim,
-                block_size=int(original * params["factor"]))
+    scaling = {
+        "type": params["rope_type"],
+        "factor": params["factor"],
+        "original_max_positions": original,
+        **{
+            k: v
+            for k, v in params.items()
+            if k in ("low_freq_factor", "high_freq_factor", "short_factor", "long_factor")
+        },
+    }
+    ours = make(
+        {"kind": "rope", "base": theta, "scaling": scaling},
+        d_model=head_dim,
+        block_size=int(original * params["factor"]),
+    )
     torch.testing.assert_close(ours.inv_freq(seq_len).float(), hf_inv, rtol=1e-6, atol=0)
     assert ours.attention_scale() == pytest.approx(hf_attention, rel=1e-12)
 
 
 # --------------------------------------------------------------------------- kerple
+
 
 def test_t5_and_fire_start_as_their_references_and_fire_learns_its_threshold_in_relative_steps():
     """T5's table starts N(0, d_model^-1/2) as transformers' T5 (not zero); FIRE's threshold
@@ -359,7 +484,7 @@ def test_t5_and_fire_start_as_their_references_and_fire_learns_its_threshold_in_
     about the rate in positions."""
     torch.manual_seed(0)
     t5 = make({"kind": "t5"}, d_model=64, n_head=128)
-    assert float(t5.relative_bias.weight.std()) == pytest.approx(64 ** -0.5, rel=0.05)
+    assert float(t5.relative_bias.weight.std()) == pytest.approx(64**-0.5, rel=0.05)
     for L in (128, 4096):
         fire = make({"kind": "fire"}, d_model=8, n_head=2, block_size=L)
         assert float(fire.log_threshold.exp()) == pytest.approx(L)
@@ -406,7 +531,7 @@ def test_kerple_log_and_power_kernels():
     assert torch.allclose(power.bias(q, k), alibi.bias(q, k))  # power with exponent 1 and ALiBi's slopes is ALiBi
     with torch.no_grad():
         power.r2.fill_(1.5)
-    assert float(power.bias(q, k)[0, 0, 1]) == pytest.approx(-float(power.r1[0]) * 4 ** 1.5, rel=1e-6)
+    assert float(power.bias(q, k)[0, 0, 1]) == pytest.approx(-float(power.r1[0]) * 4**1.5, rel=1e-6)
     power.bias(q, k).sum().backward()  # distance 0 included: gradients stay finite
     assert torch.isfinite(power.r2.grad).all() and torch.isfinite(power.r1.grad).all()
     with pytest.raises(ValueError, match="variant='cubic'"):
@@ -414,6 +539,7 @@ def test_kerple_log_and_power_kernels():
 
 
 # --------------------------------------------------------------------------- fire
+
 
 def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
     fire = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
@@ -431,7 +557,7 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
     old = {f"positions.{k}": v for k, v in fire.state_dict().items() if k != "log_threshold"}
     old["positions.threshold"] = torch.tensor(10.0)  # a checkpoint from before the log, as every load reads it
     older = make({"kind": "fire"}, d_model=8, n_head=2, block_size=16)
-    older.load_state_dict({k[len("positions."):]: v for k, v in upgraded_weights(old).items()})
+    older.load_state_dict({k[len("positions.") :]: v for k, v in upgraded_weights(old).items()})
     assert torch.allclose(older.bias(q, k), bias, atol=1e-6)
 
     whole = fire.bias(torch.arange(40.0), torch.arange(40.0))
@@ -444,6 +570,7 @@ def test_fire_bias_is_the_mlp_of_the_normalised_log_distance():
 
 
 # --------------------------------------------------------------------------- xpos
+
 
 def test_xpos_scales_q_and_k_by_zeta_to_the_distance():
     xpos = make({"kind": "xpos", "scale_base": 8.0}, d_model=8)
@@ -468,9 +595,11 @@ def test_xpos_scales_q_and_k_by_zeta_to_the_distance():
 
 # --------------------------------------------------------------------------- randomized
 
+
 def test_randomized_positions_are_random_in_training_and_plain_in_evaluation():
-    scheme = make({"kind": "randomized", "inner": {"kind": "sinusoidal"}, "max_positions": 100}, d_model=8,
-                  block_size=10)
+    scheme = make(
+        {"kind": "randomized", "inner": {"kind": "sinusoidal"}, "max_positions": 100}, d_model=8, block_size=10
+    )
     plain = make({"kind": "sinusoidal"}, d_model=8)
     pos, x = torch.arange(10, dtype=torch.float32), torch.zeros(1, 10, 8)
     torch.manual_seed(0)
@@ -493,9 +622,16 @@ def test_randomized_positions_are_random_in_training_and_plain_in_evaluation():
 
 def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
     from minilm import GPT, ModelConfig
+
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16,
-                         position={"kind": "randomized", "inner": {"kind": "learned"}})
+    config = ModelConfig(
+        vocab_size=50,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        block_size=16,
+        position={"kind": "randomized", "inner": {"kind": "learned"}},
+    )
     model = GPT(config)
     assert model.positions.inner.table.num_embeddings == 128  # 8 x block_size rows
     idx = torch.randint(0, 50, (1, 16))
@@ -509,15 +645,21 @@ def test_randomized_model_trains_on_other_positions_and_evaluates_on_its_own():
         assert torch.equal(hidden, plain)
 
 
-
 def test_randomized_sampled_at_evaluation_draws_as_in_training_and_refuses_a_cache():
     """eval_positions: sampled (the official code's behaviour): a model in eval mode draws a sorted
     sample from [0, max_positions) at every forward pass; the draw follows torch's generator; not
     prefix-invariant; a KV cache and a sequence longer than max_positions are refused in one line."""
     from minilm import GPT, ModelConfig
     from minilm.positions import PositionError
-    config = ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16,
-                         position={"kind": "randomized", "inner": {"kind": "rope"}, "eval_positions": "sampled"})
+
+    config = ModelConfig(
+        vocab_size=50,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        block_size=16,
+        position={"kind": "randomized", "inner": {"kind": "rope"}, "eval_positions": "sampled"},
+    )
     torch.manual_seed(0)
     model = GPT(config).eval()
     assert model.positions.draws_at_evaluation and not model.positions.prefix_invariant
@@ -550,8 +692,10 @@ def test_randomized_sampled_at_evaluation_draws_as_in_training_and_refuses_a_cac
 
 # --------------------------------------------------------------------------- shaw
 
+
 def test_shaw_keys_and_values_against_attention_written_out():
     from minilm.model.attention import attend
+
     torch.manual_seed(0)
     shaw = make({"kind": "shaw", "max_distance": 3, "values": True}, d_model=8, n_head=2)
     with torch.no_grad():
@@ -565,8 +709,9 @@ def test_shaw_keys_and_values_against_attention_written_out():
     for h in range(2):
         for i in range(T):
             r = [min(i - j, 3) for j in range(i + 1)]
-            logits = torch.stack([(q[0, h, i] @ (k[0, h, j] + shaw.keys.weight[r[j]])) / math.sqrt(d)
-                                  for j in range(i + 1)])
+            logits = torch.stack(
+                [(q[0, h, i] @ (k[0, h, j] + shaw.keys.weight[r[j]])) / math.sqrt(d) for j in range(i + 1)]
+            )
             w = torch.softmax(logits, dim=0)
             expected[0, h, i] = sum(w[j] * (v[0, h, j] + shaw.values.weight[r[j]]) for j in range(i + 1))
     assert torch.allclose(out, expected, atol=1e-5)

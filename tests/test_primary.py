@@ -1,12 +1,14 @@
 """minilm.study.primary: the pre-registered claims file, each claim's test, Holm's correction
 over the whole family, and whether the file was committed before the run."""
+
 import math
 import subprocess
 
 import pytest
 import yaml
 
-from minilm.study import extension, plan as experiments, primary, stats
+from minilm.study import extension, primary, stats
+from minilm.study import plan as experiments
 from tests.test_experiments import cells, probes
 
 
@@ -16,27 +18,59 @@ def write(tmp_path, claims, **top):
     return str(path)
 
 
-FLAT = {"id": "flat", "claim": "alibi flat", "source": "paper", "test": "equivalence", "margin": 0.1,
-        "a": {"section": "scratch", "label": "alibi", "length": 4}, "b": {"section": "scratch", "label": "alibi",
-                                                                          "length": 1}}
-WORSE = {"id": "worse", "claim": "rope worse at 4L", "source": "paper", "test": "superiority", "expect": ">",
-         "a": {"section": "scratch", "label": "rope", "length": 4}, "b": {"section": "scratch", "label": "rope",
-                                                                         "length": 1}}
-LOST = {"id": "lost", "claim": "rope loses the needle", "source": "paper", "test": "proportion", "expect": "<",
-        "threshold": 0.5, "a": {"section": "scratch", "label": "rope", "length": 4}}
-GAIN = {"id": "gain", "claim": "PI beats none", "source": "paper", "test": "difference", "expect": ">",
-        "a": {"section": "extension", "label": "linear", "length": 4, "when": "after"},
-        "b": {"section": "extension", "label": "none", "length": 4, "when": "after"}}
+FLAT = {
+    "id": "flat",
+    "claim": "alibi flat",
+    "source": "paper",
+    "test": "equivalence",
+    "margin": 0.1,
+    "a": {"section": "scratch", "label": "alibi", "length": 4},
+    "b": {"section": "scratch", "label": "alibi", "length": 1},
+}
+WORSE = {
+    "id": "worse",
+    "claim": "rope worse at 4L",
+    "source": "paper",
+    "test": "superiority",
+    "expect": ">",
+    "a": {"section": "scratch", "label": "rope", "length": 4},
+    "b": {"section": "scratch", "label": "rope", "length": 1},
+}
+LOST = {
+    "id": "lost",
+    "claim": "rope loses the needle",
+    "source": "paper",
+    "test": "proportion",
+    "expect": "<",
+    "threshold": 0.5,
+    "a": {"section": "scratch", "label": "rope", "length": 4},
+}
+GAIN = {
+    "id": "gain",
+    "claim": "PI beats none",
+    "source": "paper",
+    "test": "difference",
+    "expect": ">",
+    "a": {"section": "extension", "label": "linear", "length": 4, "when": "after"},
+    "b": {"section": "extension", "label": "none", "length": 4, "when": "after"},
+}
 
 
 def test_each_claim_is_its_own_test_and_holm_runs_over_the_family(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1, 2, 3])
     L = plan["model"]["block_size"]
-    study = (cells("scratch", "alibi", L, [40, 50, 45]) + cells("scratch", "alibi", 4 * L, [40.4, 50.2, 44.9])
-             + cells("scratch", "rope", L, [40, 50, 45]) + cells("scratch", "rope", 4 * L, [48, 61, 53]))
-    rows = (probes("rope", L, [32, 31, 32], seeds=(1, 2, 3)) + probes("rope", 4 * L, [9, 12, 10], seeds=(1, 2, 3))
-            + probes("linear", 4 * L, [30, 31, 29], section="extension", when="after", seeds=(1, 2, 3))
-            + probes("none", 4 * L, [20, 24, 22], section="extension", when="after", seeds=(1, 2, 3)))
+    study = (
+        cells("scratch", "alibi", L, [40, 50, 45])
+        + cells("scratch", "alibi", 4 * L, [40.4, 50.2, 44.9])
+        + cells("scratch", "rope", L, [40, 50, 45])
+        + cells("scratch", "rope", 4 * L, [48, 61, 53])
+    )
+    rows = (
+        probes("rope", L, [32, 31, 32], seeds=(1, 2, 3))
+        + probes("rope", 4 * L, [9, 12, 10], seeds=(1, 2, 3))
+        + probes("linear", 4 * L, [30, 31, 29], section="extension", when="after", seeds=(1, 2, 3))
+        + probes("none", 4 * L, [20, 24, 22], section="extension", when="after", seeds=(1, 2, 3))
+    )
     alpha, tested = primary.outcomes(study, rows, plan, write(tmp_path, [FLAT, WORSE, LOST, GAIN]))
     by_id = {o.claim.id: o for o in tested}
     flat = [math.log(a / b) for a, b in zip([40.4, 50.2, 44.9], [40, 50, 45])]
@@ -64,14 +98,15 @@ def test_retrieval_claims_take_the_seed_as_the_unit(tmp_path):
     L = plan["model"]["block_size"]
     found = {}
     for scale in (1, 100):
-        rows = (probes("rope", L, [32 * scale] * 3, trials=32 * scale, seeds=(1, 2, 3))
-                + probes("rope", 4 * L, [14 * scale, 17 * scale, 13 * scale], trials=32 * scale, seeds=(1, 2, 3)))
+        rows = probes("rope", L, [32 * scale] * 3, trials=32 * scale, seeds=(1, 2, 3)) + probes(
+            "rope", 4 * L, [14 * scale, 17 * scale, 13 * scale], trials=32 * scale, seeds=(1, 2, 3)
+        )
         (lost,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
         found[scale] = lost
     assert found[1].p == pytest.approx(found[100].p, rel=1e-12)
     assert found[1].p == pytest.approx(stats.t_test([14 / 32, 17 / 32, 13 / 32], 0.5, "<"))
     assert "n=3 seeds" in found[1].estimate and found[1].verdict == "not supported"
-    pooled = sum(math.comb(9600, k) for k in range(4401)) / 2 ** 9600  # exact binomial of the 100x probes, pooled
+    pooled = sum(math.comb(9600, k) for k in range(4401)) / 2**9600  # exact binomial of the 100x probes, pooled
     assert pooled < 1e-10  # what treating them as 9,600 independent trials would have claimed
 
 
@@ -82,16 +117,36 @@ def test_a_log_probability_claim_ranks_models_at_the_accuracy_ceiling(tmp_path):
     L = plan["model"]["block_size"]
 
     def rows(label, by_depth):  # {depth: [(correct, logprob) per seed]}
-        return [dict(section="extension", label=label, length=4 * L, depth=d, correct=c, trials=n, seed=seed,
-                     when="after", logprob=lp) for (d, n), values in by_depth.items()
-                for seed, (c, lp) in zip((1, 2, 3), values)]
-    study = (probes("rope", L, [32, 32, 32], seeds=(1, 2, 3))  # the gate passes
-             + rows("linear", {(0.0, 32): [(32, -0.10), (32, -0.20), (32, -0.30)],
-                             (1.0, 96): [(96, -0.30), (96, -0.40), (96, -0.50)]})
-             + rows("none", {(0.0, 32): [(32, -0.50), (32, -0.40), (32, -0.90)],
-                             (1.0, 96): [(96, -0.70), (96, -0.80), (96, -0.70)]}))
-    by_accuracy, by_logprob = primary.outcomes([], study, plan, write(tmp_path, [
-        GAIN, {**GAIN, "id": "gain-logprob", "metric": "logprob"}]))[1]
+        return [
+            dict(
+                section="extension",
+                label=label,
+                length=4 * L,
+                depth=d,
+                correct=c,
+                trials=n,
+                seed=seed,
+                when="after",
+                logprob=lp,
+            )
+            for (d, n), values in by_depth.items()
+            for seed, (c, lp) in zip((1, 2, 3), values)
+        ]
+
+    study = (
+        probes("rope", L, [32, 32, 32], seeds=(1, 2, 3))  # the gate passes
+        + rows(
+            "linear",
+            {(0.0, 32): [(32, -0.10), (32, -0.20), (32, -0.30)], (1.0, 96): [(96, -0.30), (96, -0.40), (96, -0.50)]},
+        )
+        + rows(
+            "none",
+            {(0.0, 32): [(32, -0.50), (32, -0.40), (32, -0.90)], (1.0, 96): [(96, -0.70), (96, -0.80), (96, -0.70)]},
+        )
+    )
+    by_accuracy, by_logprob = primary.outcomes(
+        [], study, plan, write(tmp_path, [GAIN, {**GAIN, "id": "gain-logprob", "metric": "logprob"}])
+    )[1]
     assert by_accuracy.verdict == "not supported"  # 100% against 100%: no evidence either way
     # per seed, weighted by probes: linear -0.25, -0.35, -0.45; none -0.65, -0.70, -0.75: differences .40, .35, .30
     assert by_logprob.p == pytest.approx(stats.t_test([0.40, 0.35, 0.30], 0.0, ">"))
@@ -113,14 +168,17 @@ def test_an_untested_claim_stays_in_the_family_with_p_one(tmp_path):
     assert lost.adjusted == 1.0 and lost.verdict == "not supported"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"test": "better"}, "test='better' is invalid; valid: superiority, equivalence, proportion, difference"),
-    ({"margin": None}, "needs margin > 0"),
-    ({"b": None}, "needs the cell b"),
-    ({"b": {"section": "scratch", "label": "alibi"}}, "expected section, label and length"),
-    ({"a": {"section": "scratch", "label": "alibi", "length": 4, "seed": 1}}, "expected section, label and length"),
-    ({"colour": "red"}, "unknown keys ['colour']"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"test": "better"}, "test='better' is invalid; valid: superiority, equivalence, proportion, difference"),
+        ({"margin": None}, "needs margin > 0"),
+        ({"b": None}, "needs the cell b"),
+        ({"b": {"section": "scratch", "label": "alibi"}}, "expected section, label and length"),
+        ({"a": {"section": "scratch", "label": "alibi", "length": 4, "seed": 1}}, "expected section, label and length"),
+        ({"colour": "red"}, "unknown keys ['colour']"),
+    ],
+)
 def test_a_malformed_claim_is_a_one_line_error_naming_it(tmp_path, change, message):
     path = write(tmp_path, [{**FLAT, **change}])
     with pytest.raises(primary.ClaimsError, match="claim 'flat'") as error:
@@ -187,8 +245,10 @@ def test_registration_reads_whether_the_claims_were_committed_before_the_run(tmp
     git(repo, "commit", "-qm", "the run's code")
     run = git(repo, "rev-parse", "HEAD")
     assert primary.registration(str(claims), run) == (written, True)
-    assert primary.registration(str(claims), run + " (dirty: 1 uncommitted or untracked files, e.g. x)") == \
-        (written, True)
+    assert primary.registration(str(claims), run + " (dirty: 1 uncommitted or untracked files, e.g. x)") == (
+        written,
+        True,
+    )
     claims.write_text("changed after the run\n")
     assert primary.registration(str(claims), run) == (written, False)  # the file differs from any commit
     git(repo, "commit", "-qam", "claims changed after the run")

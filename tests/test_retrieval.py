@@ -1,5 +1,6 @@
 """The retrieval task (minilm.data.retrieval), its training mixture (minilm.training.mixture), its
 evaluation (minilm.evaluation.retrieval) and the binomial intervals the study reads it with."""
+
 import math
 
 import numpy as np
@@ -52,7 +53,9 @@ def test_training_answers_are_where_the_targets_say(pairs):
             earlier = [j for j in range(i - 1) if row_x[j] == task.marker and j + 2 < i - 1 and row_x[j + 1] == key]
             assert earlier and row_x[earlier[0] + 2] == target
         asked = sum(t != IGNORE for t in row_y)
-        assert asked % task.queries == 0 and 1 <= asked // task.queries <= task.pairs  # every pair asked `queries` times
+        assert (
+            asked % task.queries == 0 and 1 <= asked // task.queries <= task.pairs
+        )  # every pair asked `queries` times
     assert answered == 16 * task.queries if pairs == 1 else answered > 16 * task.queries
     with pytest.raises(RetrievalError, match="too short"):
         training_rows(haystacks[:, :4], task, g)
@@ -68,7 +71,7 @@ def test_a_probe_puts_its_needle_at_the_depth_and_asks_at_the_end(depth, pairs):
     at = round(depth * (T - SLOT - 2))
     for prompt, answer in zip(prompts.tolist(), answers.tolist()):
         assert prompt[-2] == task.marker and prompt[-1] in task.keys
-        assert prompt[at:at + SLOT] == [task.marker, prompt[-1], answer]
+        assert prompt[at : at + SLOT] == [task.marker, prompt[-1], answer]
         pairs = [j for j in range(T - 2) if prompt[j] == task.marker]
         assert len(pairs) == task.pairs_for(T) and len({prompt[j + 1] for j in pairs}) == len(pairs)
     with pytest.raises(RetrievalError, match="depth=1.5"):
@@ -99,8 +102,12 @@ def test_a_model_that_looks_up_the_key_scores_everything_and_chance_is_chance():
             return out
 
     rows = accuracy(Oracle(False), task, tokens, [64, 128], [0.0, 1.0], trials=20, seed=1)
-    assert [(r["length"], r["depth"], r["correct"], r["trials"]) for r in rows] == \
-        [(64, 0.0, 20, 20), (64, 1.0, 20, 20), (128, 0.0, 20, 20), (128, 1.0, 20, 20)]
+    assert [(r["length"], r["depth"], r["correct"], r["trials"]) for r in rows] == [
+        (64, 0.0, 20, 20),
+        (64, 1.0, 20, 20),
+        (128, 0.0, 20, 20),
+        (128, 1.0, 20, 20),
+    ]
     # the answer's logit 1, every other 0: log-probability log(e / (e + VOCAB - 1)) on every probe
     assert all(r["logprob"] == pytest.approx(1 - math.log(math.e + VOCAB - 1), rel=1e-5) for r in rows)
     guessed = accuracy(Oracle(True), task, tokens, [128], [0.5], trials=640, seed=2)[0]
@@ -109,8 +116,9 @@ def test_a_model_that_looks_up_the_key_scores_everything_and_chance_is_chance():
 
 def test_a_bounded_model_is_not_probed_past_its_table():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=16, block_size=64,
-                            position={"kind": "learned"}))
+    model = GPT(
+        ModelConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=16, block_size=64, position={"kind": "learned"})
+    )
     task = Task.from_tokens(corpus(), VOCAB)
     rows = accuracy(model, task, corpus(20000, seed=5), [64, 128], [0.5], trials=3, seed=1)
     assert rows[0]["correct"] is not None and rows[1]["correct"] is None
@@ -120,8 +128,10 @@ def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
     share = 0.25
     masks = torch.stack([retrieval_rows(step, 16, share) for step in range(10)])
     assert masks.sum().item() == 40 and masks.sum(dim=1).tolist() == [4] * 10
-    assert retrieval_rows(0, 1, share).tolist() == [False] and \
-        sum(retrieval_rows(s, 1, share).item() for s in range(8)) == 2  # batch 1: every 4th step
+    assert (
+        retrieval_rows(0, 1, share).tolist() == [False]
+        and sum(retrieval_rows(s, 1, share).item() for s in range(8)) == 2
+    )  # batch 1: every 4th step
     tokens = corpus(20000, seed=6)
     task = Task.from_tokens(tokens, VOCAB)
     x0, y0 = get_batch(tokens, 16, 64, torch.Generator().manual_seed(7))
@@ -131,7 +141,8 @@ def test_the_mixture_is_a_fixed_share_and_weighs_every_row_alike():
     assert torch.equal(x[~mask], x0[~mask]) and (y[mask] != IGNORE).sum() > 0
     hidden, weight = torch.randn(16, 64, 8), torch.randn(VOCAB, 8)
     manual = 0.75 * lm_loss(hidden[~mask], weight, y[~mask]) + 0.25 * torch.nn.functional.cross_entropy(
-        (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1), ignore_index=IGNORE)
+        (hidden[mask] @ weight.t()).reshape(-1, VOCAB), y[mask].reshape(-1), ignore_index=IGNORE
+    )
     assert mixed_loss(hidden, weight, 0.0, y, mask).item() == pytest.approx(manual.item(), rel=1e-5)
 
 
@@ -144,14 +155,17 @@ def test_a_needle_in_every_row_keeps_the_text_and_weighs_each_answer_w_tokens():
     x0, y0 = get_batch(tokens, 8, 64, torch.Generator().manual_seed(7))
     x, y, answers = draw(tokens, 8, 64, torch.Generator().manual_seed(7), 0, 1.0, task, keep_text=True)
     assert answers.shape == y.shape and answers.sum(dim=1).tolist() == [task.queries] * 8  # one needle, asked 3x
-    assert all(int(v) in task.values for v in y[answers]) and not torch.isin(y[~answers], torch.tensor(task.values)).any()
+    assert (
+        all(int(v) in task.values for v in y[answers]) and not torch.isin(y[~answers], torch.tensor(task.values)).any()
+    )
     kept = (y != IGNORE) & ~answers
     assert torch.equal(y[kept], y0[kept]) and kept.float().mean() > 0.8  # the text's own next tokens, most of them
     written = torch.cat([x, y0[:, -1:]], 1) != torch.cat([x0, y0[:, -1:]], 1)  # where the task wrote the input
     assert not (kept & written[:, 1:]).any()  # no target is a token the task wrote, unless it is an answer
     hidden, weight, w = torch.randn(8, 64, 8), torch.randn(VOCAB, 8), 8.0
-    per_token = torch.nn.functional.cross_entropy((hidden @ weight.t()).reshape(-1, VOCAB), y.reshape(-1),
-                                                  ignore_index=IGNORE, reduction="none").view(8, 64)
+    per_token = torch.nn.functional.cross_entropy(
+        (hidden @ weight.t()).reshape(-1, VOCAB), y.reshape(-1), ignore_index=IGNORE, reduction="none"
+    ).view(8, 64)
     manual = (per_token[kept].sum() + w * per_token[answers].sum()) / (kept.sum() + w * answers.sum())
     assert mixed_loss(hidden, weight, 0.0, y, answers, w).item() == pytest.approx(manual.item(), rel=1e-5)
 
@@ -159,8 +173,13 @@ def test_a_needle_in_every_row_keeps_the_text_and_weighs_each_answer_w_tokens():
 def test_wilson_intervals_match_published_values():
     assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
     # Newcombe (1998), table I: 0/10 -> 0 to 0.2775; 1/29 -> 0.0061 to 0.1718; 81/263 -> 0.2553 to 0.3662
-    for k, n, low, high in [(0, 10, 0.0, 0.2775), (1, 29, 0.0061, 0.1718), (81, 263, 0.2553, 0.3662),
-                            (15, 148, 0.0624, 0.1605), (10, 10, 0.7225, 1.0)]:
+    for k, n, low, high in [
+        (0, 10, 0.0, 0.2775),
+        (1, 29, 0.0061, 0.1718),
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (10, 10, 0.7225, 1.0),
+    ]:
         p = wilson(k, n)
         assert (p.low, p.high) == pytest.approx((low, high), abs=1e-4)
     assert wilson(47, 50).format() == "94% [84, 98]"
@@ -170,6 +189,7 @@ def test_wilson_intervals_match_published_values():
 
 def test_a_share_outside_zero_to_one_is_a_one_line_error():
     from minilm.config import ConfigError, build_config
+
     for share in (1.0, -0.1):
         with pytest.raises(ConfigError, match=f"train.retrieval_share={share} is invalid"):
             build_config({"train": {"retrieval_share": share}})
@@ -181,6 +201,7 @@ def test_a_share_outside_zero_to_one_is_a_one_line_error():
 
 
 # --------------------------------------------------------------------------- the long-context suite
+
 
 def _pairs_before(prompt, end, marker):
     """(position, key, next token) of every MARK k x written before ``end``."""
@@ -197,8 +218,8 @@ def test_the_copy_probe_repeats_the_text_found_at_its_depth(depth):
     haystacks = torch.from_numpy(corpus(6 * T, seed=8).astype(np.int64)).view(6, T)
     prompts, positions, targets = suite_probe(haystacks, task, "copy", depth, torch.Generator().manual_seed(9), items)
     first = round(depth * (T - 2 * span))
-    assert torch.equal(prompts[:, :T - span], haystacks[:, :T - span])
-    assert torch.equal(prompts[:, T - span:], haystacks[:, first:first + span])
+    assert torch.equal(prompts[:, : T - span], haystacks[:, : T - span])
+    assert torch.equal(prompts[:, T - span :], haystacks[:, first : first + span])
     assert positions.shape == targets.shape == (6, items) and (positions[:, -1] == T - 2).all()
     for prompt, where, want in zip(prompts.tolist(), positions.tolist(), targets.tolist()):
         assert [prompt[p + 1] for p in where] == want == [prompt[p - (T - span) + first + 1] for p in where]
@@ -227,7 +248,7 @@ def test_every_suite_answer_follows_from_what_the_prompt_says(name, depth):
                 assert sorted(prompt[p] for p in where) == sorted(lookup)  # every key asked once
         elif name == "multivalue":
             assert len({k for _, k, _ in written}) == 1 and [v for _, _, v in sorted(written)] == want
-            assert prompt[where[0]] == written[0][1] and prompt[where[0] + 1:T] == want[:-1]
+            assert prompt[where[0]] == written[0][1] and prompt[where[0] + 1 : T] == want[:-1]
         else:  # vartrack: follow x_n -> x_n-1 -> ... -> the value
             assign = {k: x for _, k, x in written}
             x = prompt[T - 1]
@@ -237,8 +258,11 @@ def test_every_suite_answer_follows_from_what_the_prompt_says(name, depth):
             assert [p for p, _, _ in sorted(written)] == [p for p, _, _ in written]  # the chain in order
         if name != "multivalue":  # the first needle stands at the depth the task states
             at = [p for p, _, _ in written]
-            room = first_ask - SLOT * (items + 1 if name == "vartrack" else 1) if name not in ("single", "multikey") \
+            room = (
+                first_ask - SLOT * (items + 1 if name == "vartrack" else 1)
+                if name not in ("single", "multikey")
                 else T - SLOT - 2
+            )
             assert round(depth * room) in at
 
 
@@ -264,7 +288,7 @@ def test_suite_accuracy_scores_a_probe_right_only_when_every_answer_is():
         for length in lengths:
             for depth in depths:
                 starts = torch.randint(len(tokens) - length, (trials,), generator=generator)
-                hay = torch.from_numpy(np.stack([tokens[s:s + length].astype(np.int64) for s in starts.tolist()]))
+                hay = torch.from_numpy(np.stack([tokens[s : s + length].astype(np.int64) for s in starts.tolist()]))
                 for prompt, where, want in zip(*suite_probe(hay, task, name, depth, generator, items)):
                     known[tuple(prompt.tolist())] = (where.tolist(), want.tolist())
         return known

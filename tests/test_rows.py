@@ -1,6 +1,7 @@
 """Rows of their own (minilm.model.attention.attend_rows): documents packed into one row, where
 a token's logits do not see the document before it, and prompts of different lengths decoded
 together, where every row gets what it gets alone (greedy, every position scheme)."""
+
 import json
 
 import pytest
@@ -38,13 +39,19 @@ def test_a_document_does_not_see_the_one_before_it(random_gpt, position):
     with torch.no_grad():
         masked = model(packed(before, last), end_of_text=EOT, context_len=32)[0, -9:]
         # the same length before it: only attention could carry the earlier document's content
-        assert torch.allclose(masked, model(packed(other, last), end_of_text=EOT, context_len=32)[0, -9:], rtol=1e-4, atol=1e-4)
+        assert torch.allclose(
+            masked, model(packed(other, last), end_of_text=EOT, context_len=32)[0, -9:], rtol=1e-4, atol=1e-4
+        )
         unmasked = model(packed(before, last), context_len=32)[0, -9:]
         assert not torch.allclose(masked, unmasked, atol=1e-3)  # without the mask it does see it
         restarted = model(packed(before, last), end_of_text=EOT, restart_positions=True, context_len=32)[0, -9:]
         # positions restarted: any length before it, and the document as if it stood alone
-        assert torch.allclose(restarted, model(packed(shorter, last), end_of_text=EOT,
-                                               restart_positions=True, context_len=32)[0, -9:], rtol=1e-4, atol=1e-4)
+        assert torch.allclose(
+            restarted,
+            model(packed(shorter, last), end_of_text=EOT, restart_positions=True, context_len=32)[0, -9:],
+            rtol=1e-4,
+            atol=1e-4,
+        )
         assert torch.allclose(restarted, model(last[None], context_len=32)[0], rtol=1e-4, atol=1e-4)
 
 
@@ -86,11 +93,14 @@ def test_rows_of_one_length_are_the_samples_of_generate_ids(random_gpt):
     assert rows == ids.tolist()
 
 
-@pytest.mark.parametrize("options, match", [
-    ({"use_cache": False}, "--no-cache"),
-    ({"sinks": 2}, "--sink-tokens"),
-    ({"compile": True}, "--compile"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"use_cache": False}, "--no-cache"),
+        ({"sinks": 2}, "--sink-tokens"),
+        ({"compile": True}, "--compile"),
+    ],
+)
 def test_different_lengths_refuse_what_needs_one_length(random_gpt, options, match):
     model = random_gpt({"kind": "rope"})
     with pytest.raises(GenerationError, match=match):
@@ -109,6 +119,7 @@ def test_an_empty_prompt_among_many_is_named(random_gpt):
 
 
 # --------------------------------------------------------------------------- generate --prompts-file
+
 
 def run_generate(argv, capsys):
     status, out, err = run(capsys, *argv)
@@ -146,8 +157,19 @@ def test_a_prompt_line_keeps_characters_that_python_would_split_at(checkpoints, 
     text.write_text("\r\n".join(prompts) + "\r\n")
     outs = []
     for source in (path, text):
-        status, out, err = run_generate(["--checkpoint", checkpoints["rope"], "--prompts-file", str(source),
-                                         "--max-new-tokens", "2", "--temperature", "0"], capsys)
+        status, out, err = run_generate(
+            [
+                "--checkpoint",
+                checkpoints["rope"],
+                "--prompts-file",
+                str(source),
+                "--max-new-tokens",
+                "2",
+                "--temperature",
+                "0",
+            ],
+            capsys,
+        )
         assert status == 0, err
         samples = out.split(f"{generate_command.SEPARATOR}\n")
         assert [s.startswith(p) for s, p in zip(samples, prompts)] == [True, True] and len(samples) == 2
@@ -155,11 +177,14 @@ def test_a_prompt_line_keeps_characters_that_python_would_split_at(checkpoints, 
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("content, name, match", [
-    ("\n\n", "p.txt", "holds no prompt"),
-    ('{"text": "x"}\n', "p.jsonl", "line 1: expected a JSON string"),
-    ('"a"\nnot json\n', "p.jsonl", "line 2"),
-])
+@pytest.mark.parametrize(
+    "content, name, match",
+    [
+        ("\n\n", "p.txt", "holds no prompt"),
+        ('{"text": "x"}\n', "p.jsonl", "line 1: expected a JSON string"),
+        ('"a"\nnot json\n', "p.jsonl", "line 2"),
+    ],
+)
 def test_bad_prompts_files_are_one_line_errors(checkpoints, tmp_path, capsys, content, name, match):  # noqa: F811
     path = tmp_path / name
     path.write_text(content)
@@ -185,15 +210,17 @@ def test_a_sink_placement_that_contradicts_the_cache_is_refused(random_gpt):
 
 # --------------------------------------------------------------------------- training with documents
 
+
 @pytest.fixture(scope="module")
 def short_documents(tmp_path_factory):
     """A .jsonl corpus of 400 short documents: a training row of 32 tokens spans several."""
     from tests.conftest import tiny_text
+
     root = tmp_path_factory.mktemp("documents")
     lines = [line for line in tiny_text(1200).splitlines() if line.strip()]
     with open(root / "docs.jsonl", "w") as f:
         for i in range(0, len(lines), 3):
-            f.write(json.dumps({"text": "\n".join(lines[i:i + 3])}) + "\n")
+            f.write(json.dumps({"text": "\n".join(lines[i : i + 3])}) + "\n")
     return root
 
 
@@ -201,12 +228,29 @@ def document_run(root, tmp_path, mode):
     from minilm.config import resolve_config
     from minilm.configfile import load_config
     from minilm.training.loop import train
-    overrides = [f"data.corpus={root / 'docs.jsonl'}", "data.vocab_size=400", f"data.dir={root / 'data'}",
-                 "data.end_of_text=true", f"data.document_mask={mode}", "model.position.kind=learned",
-                 "model.n_layer=1", "model.n_head=2",
-                 "model.d_model=32", "model.block_size=32", "train.batch_size=4", "train.max_steps=3",
-                 "train.warmup_steps=1", "train.eval_iters=1", "train.log_interval=1", "train.sample_tokens=0",
-                 "train.final_eval_tokens=500", "train.dtype=float32", "train.device=cpu", f"out_dir={tmp_path / mode}"]
+
+    overrides = [
+        f"data.corpus={root / 'docs.jsonl'}",
+        "data.vocab_size=400",
+        f"data.dir={root / 'data'}",
+        "data.end_of_text=true",
+        f"data.document_mask={mode}",
+        "model.position.kind=learned",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.d_model=32",
+        "model.block_size=32",
+        "train.batch_size=4",
+        "train.max_steps=3",
+        "train.warmup_steps=1",
+        "train.eval_iters=1",
+        "train.log_interval=1",
+        "train.sample_tokens=0",
+        "train.final_eval_tokens=500",
+        "train.dtype=float32",
+        "train.device=cpu",
+        f"out_dir={tmp_path / mode}",
+    ]
     summary = train(resolve_config(load_config(None, overrides)), quiet=True)
     with open(tmp_path / mode / "metrics.jsonl") as f:
         losses = [r["loss"] for r in map(json.loads, f) if r.get("event") == "train"]
@@ -225,6 +269,7 @@ def test_training_masks_documents_as_configured(short_documents, tmp_path):
 def test_a_document_mask_without_end_of_text_is_a_config_error():
     from minilm.config import ConfigError
     from minilm.configfile import load_config
+
     with pytest.raises(ConfigError, match="data.document_mask='mask' needs documents marked"):
         load_config(None, ["data.document_mask=mask"])
 
@@ -233,6 +278,7 @@ def test_held_out_and_length_evaluation_mask_documents_as_training_does(random_g
     from minilm.config import DataConfig
     from minilm.evaluation.scoring import document_forward, heldout_loss, score_many
     from minilm.training.distributed import Dist
+
     model = random_gpt({"kind": "learned"}, block_size=32).eval()
     x = torch.randint(3, 97, (3, 33), generator=torch.Generator().manual_seed(4))
     x[:, 10] = EOT
@@ -244,8 +290,14 @@ def test_held_out_and_length_evaluation_mask_documents_as_training_does(random_g
     assert masked != pytest.approx(heldout_loss(model, batches, torch.device("cpu"), None, one), rel=1e-6)
     stream = x.flatten()[:97]
     scored = score_many(model, stream, [(32, "nonoverlapping", None)], forward=forward)[0]
-    by_hand = torch.cat([torch.nn.functional.cross_entropy(
-        model(stream[None, s:s + 32], **forward)[0], stream[s + 1:s + 33], reduction="none") for s in (0, 32, 64)])
+    by_hand = torch.cat(
+        [
+            torch.nn.functional.cross_entropy(
+                model(stream[None, s : s + 32], **forward)[0], stream[s + 1 : s + 33], reduction="none"
+            )
+            for s in (0, 32, 64)
+        ]
+    )
     assert scored == pytest.approx(by_hand.mean().item(), rel=1e-5)
 
 
@@ -263,5 +315,5 @@ def test_a_batch_masks_each_row_at_its_own_documents(random_gpt, kind):
     x[0, 5], x[1, 12], x[1, 18] = EOT, EOT, EOT  # row 2: one document
     with torch.no_grad():
         together = model(x, end_of_text=EOT)
-        alone = torch.cat([model(x[b:b + 1], end_of_text=EOT) for b in range(3)])
+        alone = torch.cat([model(x[b : b + 1], end_of_text=EOT) for b in range(3)])
     torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-4)

@@ -1,5 +1,6 @@
 """Nothing a run made is lost: one live run per out_dir, a full disk during a save, SIGKILL at
 any moment, and a second run that must not replace the first one's files."""
+
 import json
 import os
 import signal
@@ -11,17 +12,24 @@ import time
 import pytest
 
 from minilm.checkpoints import format as checkpoint
+from minilm.common import keep_aside
 from minilm.training.loop import train
 from minilm.training.outdir import OutDirError, OutDirLock
-from minilm.common import keep_aside
 from tests.conftest import REPO, tiny_overrides
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
 
 
 def start(args, **kwargs):
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def wait_for(path, timeout=120):
@@ -38,13 +46,20 @@ def records(out_dir):
 
 def test_a_second_run_on_a_busy_out_dir_refuses_and_the_first_finishes_intact(tiny_corpus, tmp_path):
     out = tmp_path / "busy"
-    args = tiny_overrides(tiny_corpus, out, "train.max_steps=100000", "train.eval_interval=50",
-                          "train.checkpoint_interval=50", "train.sample_tokens=0") + ["--quiet"]
+    args = tiny_overrides(
+        tiny_corpus,
+        out,
+        "train.max_steps=100000",
+        "train.eval_interval=50",
+        "train.checkpoint_interval=50",
+        "train.sample_tokens=0",
+    ) + ["--quiet"]
     first = start(args)
     wait_for(out / "metrics.jsonl")
     for extra in ([], ["--overwrite"], ["--resume"]):  # however it asks, the out_dir is taken
-        second = subprocess.run([sys.executable, "train.py", *args, *extra], cwd=REPO, env=ENV, capture_output=True,
-                                text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, "train.py", *args, *extra], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
+        )
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
         assert "in use by another run" in second.stderr and f"process {first.pid}" in second.stderr
     first.send_signal(signal.SIGTERM)  # the first run ends as it would on Ctrl-C: saved, resumable
@@ -55,8 +70,14 @@ def test_a_second_run_on_a_busy_out_dir_refuses_and_the_first_finishes_intact(ti
     saved = checkpoint.load(str(out))["step"]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == saved  # one writer: no gaps, no repeats
     # the lock died with its process: the same out_dir can now be resumed, to the end
-    again = subprocess.run([sys.executable, "train.py", *args[:-1], f"train.max_steps={saved + 2}", "--resume",
-                            "--quiet"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [sys.executable, "train.py", *args[:-1], f"train.max_steps={saved + 2}", "--resume", "--quiet"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     log = records(out)
     assert [r["step"] for r in log if r["event"] == "train"] == list(range(1, saved + 3))
@@ -79,8 +100,14 @@ def test_a_failing_run_leaves_the_previous_files_alone(tiny_corpus, tmp_path):
     assert subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=ENV, timeout=300).returncode == 0
     before, weights = records(out), (out / "ckpt.pt").read_bytes()
     for bad in ("model.position={kind: learned, max_positions: 16}", "data.corpus=/nonexistent/texts"):
-        result = subprocess.run([sys.executable, "train.py", *args, bad, "--overwrite"], cwd=REPO, env=ENV,
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "train.py", *args, bad, "--overwrite"],
+            cwd=REPO,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert records(out) == before and (out / "ckpt.pt").read_bytes() == weights
 
@@ -101,8 +128,9 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_corpus, tm
         sys.argv = ["train.py", *{args!r}]
         runpy.run_path("train.py", run_name="__main__")
     """)
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=ENV, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no space left on the device" in result.stderr and "the previous checkpoint is kept" in result.stderr
@@ -113,8 +141,14 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_corpus, tm
 @pytest.mark.parametrize("seconds", [0.3, 0.8, 1.5, 2.5])
 def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tiny_corpus, tmp_path, seconds):
     out = tmp_path / "killed"
-    args = tiny_overrides(tiny_corpus, out, "train.max_steps=100000", "train.checkpoint_interval=1",
-                          "train.eval_interval=100000", "train.sample_tokens=0") + ["--quiet"]
+    args = tiny_overrides(
+        tiny_corpus,
+        out,
+        "train.max_steps=100000",
+        "train.checkpoint_interval=1",
+        "train.eval_interval=100000",
+        "train.sample_tokens=0",
+    ) + ["--quiet"]
     proc = start(args)
     wait_for(out / "metrics.jsonl")  # the run is past its setup: it now saves at every step
     time.sleep(seconds)
@@ -122,8 +156,14 @@ def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tiny_corpus, tmp_pat
     proc.communicate(timeout=60)
     state = checkpoint.load(str(out))  # never a half-written file
     assert state["step"] >= 1
-    resumed = subprocess.run([sys.executable, "train.py", *args[:-1], f"train.max_steps={state['step'] + 1}",
-                              "--resume", "--quiet"], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "train.py", *args[:-1], f"train.max_steps={state['step'] + 1}", "--resume", "--quiet"],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert not [name for name in os.listdir(out) if name.endswith(".tmp")]  # stale temporaries are removed
 
@@ -143,12 +183,27 @@ def test_the_lock_is_exclusive_and_rotate_never_overwrites(tmp_path):
 
 def test_resuming_with_other_train_settings_says_so(tiny_corpus, tmp_path):
     out = tmp_path / "sched"
-    first = subprocess.run([sys.executable, "train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=4",
-                                                                         "train.sample_tokens=0")],
-                           cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, "train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=4", "train.sample_tokens=0")],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr
-    longer = subprocess.run([sys.executable, "train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=6",
-                                                                          "train.sample_tokens=0"), "--resume"],
-                            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    longer = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *tiny_overrides(tiny_corpus, out, "train.max_steps=6", "train.sample_tokens=0"),
+            "--resume",
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert longer.returncode == 0, longer.stderr
     assert "train.max_steps=6 (was 4)" in longer.stderr and "differs from the uninterrupted one" in longer.stderr

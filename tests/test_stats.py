@@ -1,4 +1,5 @@
 """minilm.study.stats: t quantiles, confidence intervals and paired verdicts against hand computations."""
+
 import math
 
 import pytest
@@ -6,8 +7,16 @@ import pytest
 from minilm.study import stats
 
 
-@pytest.mark.parametrize("df, expected", [(1, 12.706204736174703), (2, 4.302652729749464), (4, 2.776445105197799),
-                                          (9, 2.262157162798205), (30, 2.042272456301238)])
+@pytest.mark.parametrize(
+    "df, expected",
+    [
+        (1, 12.706204736174703),
+        (2, 4.302652729749464),
+        (4, 2.776445105197799),
+        (9, 2.262157162798205),
+        (30, 2.042272456301238),
+    ],
+)
 def test_t_quantile_matches_published_tables(df, expected):
     # two-sided 95% critical values of Student's t (any statistics table; df=1 is tan(0.475 pi))
     assert stats.t_quantile(0.975, df) == pytest.approx(expected, rel=1e-9)
@@ -19,7 +28,7 @@ def test_t_distribution_closed_forms():
     assert stats.t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-10)
     assert stats.t_cdf(0.0, 5) == pytest.approx(0.5)
     assert stats.t_quantile(0.025, 3) == pytest.approx(-stats.t_quantile(0.975, 3))
-    assert stats.t_quantile(0.975, 10 ** 6) == pytest.approx(1.959964, abs=1e-5)  # the normal limit
+    assert stats.t_quantile(0.975, 10**6) == pytest.approx(1.959964, abs=1e-5)  # the normal limit
 
 
 def test_interval_against_a_hand_computation():

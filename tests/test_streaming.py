@@ -1,6 +1,7 @@
 """Streaming evaluation as StreamingLLM does it (minilm.evaluation.streaming, evaluate.py --stream):
 each set-up's one-pass losses equal a rolling cache fed one token at a time, the bands, the n/a
 cells and the command line."""
+
 import csv
 import os
 
@@ -19,8 +20,8 @@ def decoded_losses(model, tokens, window, sinks, sink_positions):
     losses = []
     with torch.no_grad():
         for t in range(len(tokens) - 1):
-            logits = model(tokens[None, t:t + 1], cache, context_len=window)[0, -1]
-            losses.append(F.cross_entropy(logits[None], tokens[t + 1:t + 2]).item())
+            logits = model(tokens[None, t : t + 1], cache, context_len=window)[0, -1]
+            losses.append(F.cross_entropy(logits[None], tokens[t + 1 : t + 2]).item())
     return losses
 
 
@@ -33,8 +34,7 @@ def test_one_pass_equals_a_rolling_cache_token_by_token(corpus, kind, setup):  #
     one_pass = streaming.stream_losses(model, tokens, setup, window=12, sinks=3)
     stepped = decoded_losses(model, tokens, 12, sinks, "cache" if setup == "sinks-cache" else "absolute")
     assert one_pass.shape == (69,)
-    torch.testing.assert_close(torch.tensor(one_pass), torch.tensor(stepped, dtype=torch.float64),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.tensor(one_pass), torch.tensor(stepped, dtype=torch.float64), rtol=1e-4, atol=1e-4)
 
 
 def test_the_set_ups_differ_only_past_the_window(corpus):  # noqa: F811
@@ -67,8 +67,19 @@ def test_bounded_and_embedded_positions_are_reported_as_not_run(corpus):  # noqa
 
 def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F811
     rope, _ = tiny_checkpoint(corpus, "rope")
-    out = run_cli(rope, "--stream", "--stream-tokens", "96", "--sink-tokens", "2", "--csv", str(tmp_path / "s.csv"),
-                  "--plot", str(tmp_path / "s.png"), "--quiet")
+    out = run_cli(
+        rope,
+        "--stream",
+        "--stream-tokens",
+        "96",
+        "--sink-tokens",
+        "2",
+        "--csv",
+        str(tmp_path / "s.csv"),
+        "--plot",
+        str(tmp_path / "s.png"),
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     assert "96 tokens of the validation split" in out.stdout
     assert "| window 16, 2 sinks at cache positions |" in out.stdout
@@ -76,13 +87,15 @@ def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F81
     assert len(rows) == 4 * 4 and {r["setup"] for r in rows} == set(streaming.SETUPS)
     assert all(float(r["loss"]) > 0 for r in rows)
     assert os.path.getsize(tmp_path / "s.png") > 1000
-    for bad, message in [(["--sink-tokens", "16"], "--sink-tokens=16 leaves no room in a window of 16"),
-                         (["--max-context", "0"], "--max-context=0 is invalid: expected an integer >= 1"),
-                         (["--stream-tokens", "999999"], "fewer than the 1,000,000 a stream of 999,999 needs"),
-                         (["--lengths", "16"], "leave out --lengths"),
-                         (["--multiples", "1,2"], "leave out --lengths, --multiples"),
-                         (["--max-tokens", "100"], "--max-tokens and --batch-tokens"),
-                         (["--batch-tokens", "100"], "--max-tokens and --batch-tokens")]:
+    for bad, message in [
+        (["--sink-tokens", "16"], "--sink-tokens=16 leaves no room in a window of 16"),
+        (["--max-context", "0"], "--max-context=0 is invalid: expected an integer >= 1"),
+        (["--stream-tokens", "999999"], "fewer than the 1,000,000 a stream of 999,999 needs"),
+        (["--lengths", "16"], "leave out --lengths"),
+        (["--multiples", "1,2"], "leave out --lengths, --multiples"),
+        (["--max-tokens", "100"], "--max-tokens and --batch-tokens"),
+        (["--batch-tokens", "100"], "--max-tokens and --batch-tokens"),
+    ]:
         try:  # in-process: the same main as the script (a process start costs seconds)
             status = evaluate_command.main([rope, "--stream", "--no-files", "--quiet", *bad])
         except SystemExit as exc:

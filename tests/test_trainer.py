@@ -1,5 +1,6 @@
 """Tests for minilm.training.loop and train.py: schedule, optimiser groups, a tiny run end to end,
 exact resume, NaN stop, signals, init_from and 2-process DDP (gloo)."""
+
 import json
 import math
 import os
@@ -33,11 +34,13 @@ def read_metrics(out_dir, event="train"):
 
 def cli(args, **kwargs):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kwargs
+    )
 
 
 # --------------------------------------------------------------------------- pieces
+
 
 def test_lr_schedule_warmup_then_cosine_to_min_lr():
     t = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
@@ -68,8 +71,11 @@ def test_lr_schedule_wsd_holds_lr_then_falls_linearly_over_the_cooldown():
 def test_weight_decay_only_on_matrices_not_positions():
     from minilm import ModelConfig
 
-    model = GPT(ModelConfig(vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8, bias=True,
-                            position={"kind": "learned"}))
+    model = GPT(
+        ModelConfig(
+            vocab_size=300, n_layer=1, n_head=2, d_model=16, block_size=8, bias=True, position={"kind": "learned"}
+        )
+    )
     opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
     decayed = {id(p) for p in opt.param_groups[0]["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
@@ -89,6 +95,7 @@ def test_dtype_auto_follows_the_hardware():
 
 
 # --------------------------------------------------------------------------- runs
+
 
 def test_tiny_run_writes_checkpoint_metrics_and_summary(tiny_config):
     config = tiny_config()
@@ -124,7 +131,9 @@ def test_snapshots_keep_the_weights_of_chosen_steps(tiny_config):
     early = load_model(os.path.join(snapshots, "step-5.pt")).model.state_dict()
     assert not all(torch.equal(final[k], v) for k, v in early.items())
     for bad in ("[0]", "[13]", "[true]"):
-        with pytest.raises(ConfigError, match=r"train.snapshot_steps=.* is invalid: expected a list of steps between 1"):
+        with pytest.raises(
+            ConfigError, match=r"train.snapshot_steps=.* is invalid: expected a list of steps between 1"
+        ):
             tiny_config(f"train.snapshot_steps={bad}")
     with pytest.raises(ConfigError, match="train.snapshot_steps=5 has the wrong type: expected list"):
         tiny_config("train.snapshot_steps=5")
@@ -173,8 +182,9 @@ def test_seed_fixes_the_initialisation_and_data_seed_the_batches(tiny_config):
 
 
 def test_a_needle_in_every_row_logs_the_text_and_the_task_loss_apart(tiny_config):
-    config = tiny_config("train.max_steps=3", "train.retrieval_share=1.0", "train.retrieval_weight=8",
-                         "model.block_size=64")
+    config = tiny_config(
+        "train.max_steps=3", "train.retrieval_share=1.0", "train.retrieval_weight=8", "model.block_size=64"
+    )
     train(config, quiet=True)
     rows = read_metrics(config.out_dir)
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -257,9 +267,16 @@ def test_init_from_loads_weights_and_extends_context(tiny_config):
     source = train(tiny_config(out="source"), quiet=True)
     src = checkpoint.load(source["checkpoint"])
     # a near-zero learning rate: the new run's weights must still be the source's
-    config = tiny_config(f"train.init_from={os.path.dirname(source['checkpoint'])}", "train.max_steps=1",
-                         "train.lr=1e-12", "train.min_lr=0", "train.warmup_steps=0", "model.block_size=64",
-                         "model.position={kind: rope, scaling: {type: linear, factor: 2}}", out="extended")
+    config = tiny_config(
+        f"train.init_from={os.path.dirname(source['checkpoint'])}",
+        "train.max_steps=1",
+        "train.lr=1e-12",
+        "train.min_lr=0",
+        "train.warmup_steps=0",
+        "model.block_size=64",
+        "model.position={kind: rope, scaling: {type: linear, factor: 2}}",
+        out="extended",
+    )
     summary = train(config, quiet=True)
     state = checkpoint.load(summary["checkpoint"])
     assert state["step"] == 1
@@ -277,8 +294,16 @@ def test_init_from_fine_tunes_on_another_corpus_with_the_source_tokenizer(tiny_c
     src = checkpoint.load(source["checkpoint"])
     other = tmp_path / "other.txt"  # a fine-tuning corpus the source never saw, in other words
     other.write_text("".join(f"The pass key is {10000 + 7 * i}. Remember it.\n" for i in range(400)))
-    summary = train(tiny_config(f"train.init_from={source['checkpoint']}", f"data.corpus={other}",
-                                "data.vocab_size=999", "train.max_steps=2", out="tuned"), quiet=True)
+    summary = train(
+        tiny_config(
+            f"train.init_from={source['checkpoint']}",
+            f"data.corpus={other}",
+            "data.vocab_size=999",
+            "train.max_steps=2",
+            out="tuned",
+        ),
+        quiet=True,
+    )
     state = checkpoint.load(summary["checkpoint"])
     assert state["tokenizer"] == src["tokenizer"]
     assert state["config"]["data"]["vocab_size"] == state["config"]["model"]["vocab_size"] == 400
@@ -287,6 +312,7 @@ def test_init_from_fine_tunes_on_another_corpus_with_the_source_tokenizer(tiny_c
 
 
 # --------------------------------------------------------------------------- command line
+
 
 def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     out = tmp_path / "cli"
@@ -300,9 +326,18 @@ def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     # SIGTERM in the middle of a long run: a checkpoint is saved, exit status 143, no traceback
     out2 = tmp_path / "term"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    proc = subprocess.Popen([sys.executable, "train.py", *tiny_overrides(tiny_corpus, out2, "train.max_steps=100000",
-                                                                          "train.checkpoint_interval=100000")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            *tiny_overrides(tiny_corpus, out2, "train.max_steps=100000", "train.checkpoint_interval=100000"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not (out2 / "metrics.jsonl").exists():
         time.sleep(0.1)
@@ -320,12 +355,27 @@ def test_ddp_two_processes_match_one_process_with_grad_accum(tiny_corpus, tmp_pa
     """Two gloo processes (torchrun, grad_accum=2: one micro-step under no_sync) and one process
     (grad_accum=4) see the same global batches (one global draw per step, each rank / micro-step
     takes its rows), so their losses and weights agree up to float summation order."""
-    single = cli(["train.py", *tiny_overrides(tiny_corpus, tmp_path / "single", "train.grad_accum=4",
-                                              "train.max_steps=6", "train.sample_tokens=0")])
+    single = cli(
+        [
+            "train.py",
+            *tiny_overrides(
+                tiny_corpus, tmp_path / "single", "train.grad_accum=4", "train.max_steps=6", "train.sample_tokens=0"
+            ),
+        ]
+    )
     assert single.returncode == 0, single.stderr
-    ddp = cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-               *tiny_overrides(tiny_corpus, tmp_path / "ddp", "train.grad_accum=2", "train.max_steps=6",
-                                "train.sample_tokens=0")])
+    ddp = cli(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "train.py",
+            *tiny_overrides(
+                tiny_corpus, tmp_path / "ddp", "train.grad_accum=2", "train.max_steps=6", "train.sample_tokens=0"
+            ),
+        ]
+    )
     assert ddp.returncode == 0, ddp.stderr
     assert "2 processes" in ddp.stderr
     a, b = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "ddp")

@@ -2,6 +2,7 @@
 arguments: an output name that holds a file is set aside as ``.1``, never replaced; two
 commands racing for one name both keep their work (or the second is refused); a resumed run
 says whose settings it takes; paths and overrides go anywhere among the options."""
+
 import os
 import subprocess
 import sys
@@ -19,8 +20,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
 
 
 def run(*argv, cwd):
-    return subprocess.run([sys.executable, "-m", "minilm", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "minilm", *argv], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +30,12 @@ def checkpoints(tiny_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("user_files")
     out = []
     for name in ("a", "b"):
-        config = load_config(None, tiny_overrides(tiny_corpus, root / name, "train.max_steps=4", "train.sample_tokens=0",
-                                                  "train.final_eval_tokens=0"))
+        config = load_config(
+            None,
+            tiny_overrides(
+                tiny_corpus, root / name, "train.max_steps=4", "train.sample_tokens=0", "train.final_eval_tokens=0"
+            ),
+        )
         out.append(os.path.dirname(train(resolve_config(config), quiet=True)["checkpoint"]))
     return out
 
@@ -59,8 +65,9 @@ def test_evaluate_sets_the_users_file_aside_and_reads_paths_anywhere(checkpoints
     first, second = checkpoints
     mine = tmp_path / "keep.txt"
     mine.write_bytes(b"the user's own notes\n")
-    result = run("evaluate", first, "--lengths", "32", second, "--csv", str(mine), "--max-tokens", "600",
-                 "--quiet", cwd=tmp_path)  # a checkpoint after an option, as train takes overrides
+    result = run(
+        "evaluate", first, "--lengths", "32", second, "--csv", str(mine), "--max-tokens", "600", "--quiet", cwd=tmp_path
+    )  # a checkpoint after an option, as train takes overrides
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "keep.txt.1").read_bytes() == b"the user's own notes\n"
     assert "kept the earlier keep.txt" in result.stderr
@@ -71,8 +78,12 @@ def test_evaluate_sets_the_users_file_aside_and_reads_paths_anywhere(checkpoints
 def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
     first, _ = checkpoints
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda _: run("evaluate", first, "--lengths", "32", "--max-tokens", "600", "--quiet",
-                                              cwd=tmp_path), range(2)))
+        results = list(
+            pool.map(
+                lambda _: run("evaluate", first, "--lengths", "32", "--max-tokens", "600", "--quiet", cwd=tmp_path),
+                range(2),
+            )
+        )
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
     tables = sorted(name for name in os.listdir(first) if name.startswith("eval-nonoverlapping.csv"))
     assert len(tables) >= 2, tables
@@ -104,16 +115,41 @@ def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_co
     base = tiny_overrides(tiny_corpus, tmp_path / "run", "train.sample_tokens=0", "train.final_eval_tokens=0")
     config_file = tmp_path / "long.yaml"
     config_file.write_text("train:\n  max_steps: 12\n")
-    first = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), *base, "train.max_steps=4"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    first = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py"), *base, "train.max_steps=4"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert first.returncode == 0, first.stderr
     overrides = [o for o in base if not o.startswith("train.max_steps=")]
-    again = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides,
-                            "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    again = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides, "--resume"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert again.returncode == 0, again.stderr
     assert "the checkpoint's train.max_steps=4" in again.stderr and "done: 4 steps" in again.stdout
-    longer = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides,
-                             "train.max_steps=8", "--resume"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300, env=ENV)
+    longer = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "train.py"),
+            "--config",
+            str(config_file),
+            *overrides,
+            "train.max_steps=8",
+            "--resume",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert longer.returncode == 0, longer.stderr
     assert "done: 8 steps" in longer.stdout and "train.max_steps=8 (was 4)" in longer.stderr

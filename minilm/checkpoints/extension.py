@@ -22,6 +22,7 @@ Weights move into the new scheme wherever the shapes allow:
 Anything else that does not fit (another architecture, another kind) is a clear error,
 never a partial load.
 """
+
 from __future__ import annotations
 
 import copy
@@ -74,16 +75,20 @@ def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
 
 def _stretch_rows(table: torch.Tensor, rows: int) -> torch.Tensor:
     """Linearly interpolate a (n, d) table to (rows, d), keeping the first and last rows."""
-    return F.interpolate(table.t()[None].float(), size=rows, mode="linear", align_corners=True)[0].t() \
-        .to(table.dtype).contiguous()
+    return (
+        F.interpolate(table.t()[None].float(), size=rows, mode="linear", align_corners=True)[0]
+        .t()
+        .to(table.dtype)
+        .contiguous()
+    )
 
 
 def _unwrapped_key(key: str) -> str:
     """A position weight's name with every wrapper level taken off: positions.inner.table.weight
     -> positions.table.weight."""
-    rest = key[len("positions."):]
+    rest = key[len("positions.") :]
     while rest.startswith("inner."):
-        rest = rest[len("inner."):]
+        rest = rest[len("inner.") :]
     return "positions." + rest
 
 
@@ -96,8 +101,12 @@ def load_source_weights(model: torch.nn.Module, source: dict) -> None:
         if key.startswith("positions.") and key not in target and _unwrapped_key(key) in wrapped:
             weights[wrapped[_unwrapped_key(key)]] = weights.pop(key)
     for key, value in list(weights.items()):
-        if key in target and key.endswith("table.weight") and value.shape[0] != target[key].shape[0] \
-                and value.shape[1:] == target[key].shape[1:]:
+        if (
+            key in target
+            and key.endswith("table.weight")
+            and value.shape[0] != target[key].shape[0]
+            and value.shape[1:] == target[key].shape[1:]
+        ):
             weights[key] = _stretch_rows(value, target[key].shape[0])
     missing = sorted(set(target) - set(weights))
     unexpected = sorted(set(weights) - set(target))
@@ -112,6 +121,8 @@ def load_source_weights(model: torch.nn.Module, source: dict) -> None:
             shapes = [(k, tuple(weights[k].shape), tuple(target[k].shape)) for k in wrong[:2]]
             problems.append(f"shape mismatch {shapes}")
         kind = source["config"]["model"]["position"].get("kind")
-        raise CheckpointError(f"weights of {source.get('path')!r} (position kind {kind!r}) do not fit the new model: "
-                              + "; ".join(problems))
+        raise CheckpointError(
+            f"weights of {source.get('path')!r} (position kind {kind!r}) do not fit the new model: "
+            + "; ".join(problems)
+        )
     model.load_state_dict(weights, strict=True)

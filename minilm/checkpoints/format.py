@@ -14,6 +14,7 @@ section present, a config holding its model section, and floating-point, finite 
 This module knows the file format only; turning a checkpoint back into a model is
 ``minilm.checkpoints.loading.load_model``.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -48,18 +49,23 @@ def resolve(path: str) -> str:
     """A checkpoint file, or an out_dir holding ``ckpt.pt``."""
     if os.path.isdir(path):
         candidate, sharded = os.path.join(path, FILENAME), os.path.join(path, SHARDED)
-        if os.path.basename(os.path.normpath(path)) == SHARDED or (not os.path.isfile(candidate)
-                                                                   and os.path.isdir(sharded)):
+        if os.path.basename(os.path.normpath(path)) == SHARDED or (
+            not os.path.isfile(candidate) and os.path.isdir(sharded)
+        ):
             found = path if os.path.basename(os.path.normpath(path)) == SHARDED else sharded
-            raise CheckpointError(f"{found!r} is a sharded checkpoint: make one file of it with "
-                                  f"'python -m minilm unshard {found}' and give that file")
+            raise CheckpointError(
+                f"{found!r} is a sharded checkpoint: make one file of it with "
+                f"'python -m minilm unshard {found}' and give that file"
+            )
         if os.path.isfile(candidate) and os.path.isdir(sharded):
             check_not_stale(path, candidate, sharded)
         if not os.path.isfile(candidate):
             raise CheckpointError(f"no checkpoint in directory {path!r}: expected {candidate}")
         return candidate
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist: give a checkpoint file or an out_dir with {FILENAME}")
+        raise CheckpointError(
+            f"checkpoint {path!r} does not exist: give a checkpoint file or an out_dir with {FILENAME}"
+        )
     return path
 
 
@@ -75,9 +81,11 @@ def check_not_stale(out_dir: str, file: str, sharded: str) -> None:
     when the sharded one is further on (the run went on after the unshard)."""
     at, further = _step(file, mmap=True), _step(os.path.join(sharded, "run.pt"))
     if at is not None and further is not None and further > at:
-        raise CheckpointError(f"{out_dir!r} holds {FILENAME} at step {at} and {SHARDED} at step {further}: bring "
-                              f"{FILENAME} up to date with 'python -m minilm unshard {out_dir} --overwrite', or give "
-                              f"{file} to use step {at}")
+        raise CheckpointError(
+            f"{out_dir!r} holds {FILENAME} at step {at} and {SHARDED} at step {further}: bring "
+            f"{FILENAME} up to date with 'python -m minilm unshard {out_dir} --overwrite', or give "
+            f"{file} to use step {at}"
+        )
 
 
 def save(state: dict, path: str) -> str:
@@ -99,18 +107,26 @@ def load(path: str, map_location: Optional[str] = "cpu") -> dict:
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         if found is None:  # not a pickle at all: random bytes, another format
-            raise CheckpointError(f"cannot read checkpoint {path!r}: it is not a file that torch.save wrote "
-                                  f"(truncated, or another format); give a minilm checkpoint or out_dir") from None
-        raise CheckpointError(f"cannot read checkpoint {path!r}: it holds Python objects other than tensors and "
-                              f"plain data ({found.group(1)}), which minilm never loads (weights_only=True)") from None
+            raise CheckpointError(
+                f"cannot read checkpoint {path!r}: it is not a file that torch.save wrote "
+                f"(truncated, or another format); give a minilm checkpoint or out_dir"
+            ) from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path!r}: it holds Python objects other than tensors and "
+            f"plain data ({found.group(1)}), which minilm never loads (weights_only=True)"
+        ) from None
     except OSError as exc:
         if exc.errno in (errno.EINVAL, None):  # the zip reader's word for a cut-off file
-            raise CheckpointError(f"cannot read checkpoint {path!r}: it is truncated or damaged "
-                                  f"({exc.strerror or exc}); give a complete checkpoint") from None
+            raise CheckpointError(
+                f"cannot read checkpoint {path!r}: it is truncated or damaged "
+                f"({exc.strerror or exc}); give a complete checkpoint"
+            ) from None
         raise CheckpointError(f"cannot read checkpoint {path!r}: {exc.strerror or exc}") from None
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways (KeyError, struct.error, ...)
-        raise CheckpointError(f"cannot read checkpoint {path!r} (truncated or not a minilm checkpoint): "
-                              f"{first_sentence(str(exc), type(exc).__name__)}") from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path!r} (truncated or not a minilm checkpoint): "
+            f"{first_sentence(str(exc), type(exc).__name__)}"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path!r} is not a minilm checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
@@ -130,10 +146,14 @@ def check_integrity(path: str) -> None:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path!r}: it is damaged ({exc}); give an intact checkpoint") from None
+        raise CheckpointError(
+            f"cannot read checkpoint {path!r}: it is damaged ({exc}); give an intact checkpoint"
+        ) from None
     if bad is not None:
-        raise CheckpointError(f"checkpoint {path!r} is damaged: its part {bad.split('/')[-1]!r} fails its checksum (the "
-                              f"file changed after it was written); give an intact checkpoint")
+        raise CheckpointError(
+            f"checkpoint {path!r} is damaged: its part {bad.split('/')[-1]!r} fails its checksum (the "
+            f"file changed after it was written); give an intact checkpoint"
+        )
 
 
 def check_contents(state: dict, path: str) -> None:
@@ -143,17 +163,23 @@ def check_contents(state: dict, path: str) -> None:
         if key not in state:
             raise CheckpointError(f"{path!r} is incomplete: it lacks '{key}'")
     if not isinstance(state["config"], dict) or not isinstance(state["config"].get("model"), dict):
-        raise CheckpointError(f"{path!r} is incomplete: its config holds no model section (got "
-                              f"{type(state['config']).__name__}); give a checkpoint that minilm wrote")
+        raise CheckpointError(
+            f"{path!r} is incomplete: its config holds no model section (got "
+            f"{type(state['config']).__name__}); give a checkpoint that minilm wrote"
+        )
     if not isinstance(state["model"], dict) or not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
         raise CheckpointError(f"{path!r} is damaged: its model section is not a mapping of tensors")
     for name, tensor in state["model"].items():
         if not tensor.is_floating_point():
-            raise CheckpointError(f"{path!r} holds weight {name!r} as {str(tensor.dtype).replace('torch.', '')}: "
-                                  f"expected floating point (float32, bfloat16, float16)")
+            raise CheckpointError(
+                f"{path!r} holds weight {name!r} as {str(tensor.dtype).replace('torch.', '')}: "
+                f"expected floating point (float32, bfloat16, float16)"
+            )
         if not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"{path!r} holds weight {name!r} with NaN or infinite values: the run that wrote "
-                                  f"it diverged or the file was altered; use an earlier checkpoint")
+            raise CheckpointError(
+                f"{path!r} holds weight {name!r} with NaN or infinite values: the run that wrote "
+                f"it diverged or the file was altered; use an earlier checkpoint"
+            )
 
 
 def upgraded_weights(weights: dict) -> dict:
@@ -161,7 +187,7 @@ def upgraded_weights(weights: dict) -> dict:
     ``threshold`` (a count of positions) is learned as its log, ``log_threshold``."""
     out = dict(weights)
     for key in [k for k in out if k.startswith("positions.") and k.endswith(".threshold")]:
-        out[key[:-len("threshold")] + "log_threshold"] = out.pop(key).abs().log()
+        out[key[: -len("threshold")] + "log_threshold"] = out.pop(key).abs().log()
     return out
 
 

@@ -14,6 +14,7 @@ How the weights move is ``minilm.checkpoints.extension``. Checkpoints written be
 option ``base`` was renamed ``inner`` load through ``positions.canonical``. A mismatch is
 an error, never a partial load.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,34 +48,43 @@ def read_checkpoint(path: str) -> dict:
     return read_hf(path) if is_hf_source(path) else load(path)
 
 
-def load_model(path: str, overrides: Sequence[str] = (), *, device="cpu",
-               dtype: Optional[torch.dtype] = None) -> Loaded:
+def load_model(
+    path: str, overrides: Sequence[str] = (), *, device="cpu", dtype: Optional[torch.dtype] = None
+) -> Loaded:
     """(model, tokenizer, config, state) of the checkpoint at ``path`` (a file, an out_dir, a
-    Hugging Face model directory or ``hf:NAME``: ``minilm.hf.reading``), with ``overrides`` applied; the model is in eval mode on ``device`` (in ``dtype`` when
+    Hugging Face model directory or ``hf:NAME``: ``minilm.hf.reading``), with ``overrides`` applied; the model is
+    in eval mode on ``device`` (in ``dtype`` when
     given). A LoRA run's checkpoint (``lora_base``) loads its base, checked by hash, and merges its
     adapters (``minilm.model.lora``). Raises CheckpointError or ConfigError with one-line messages."""
     return model_of(read_checkpoint(path), overrides, device=device, dtype=dtype)
 
 
-def model_of(state: dict, overrides: Sequence[str] = (), *, device="cpu", dtype: Optional[torch.dtype] = None) -> Loaded:
+def model_of(
+    state: dict, overrides: Sequence[str] = (), *, device="cpu", dtype: Optional[torch.dtype] = None
+) -> Loaded:
     """``load_model`` of a checkpoint already read (``read_checkpoint``)."""
     state["config"]["model"]["position"] = canonical(state["config"]["model"]["position"])
     state["config"] = with_defaults(state["config"])  # options newer than the checkpoint, as the code then was
     trained = state["config"]["model"]
-    tree = apply_overrides(copy.deepcopy(state["config"]), overrides, allowed=CHANGEABLE,
-                           what="at evaluation time, in generation or for fine-tuning (after training)")
+    tree = apply_overrides(
+        copy.deepcopy(state["config"]),
+        overrides,
+        allowed=CHANGEABLE,
+        what="at evaluation time, in generation or for fine-tuning (after training)",
+    )
     model_tree = tree["model"]
-    model_tree["position"] = complete_position(canonical(model_tree["position"]), trained,
-                                               model_tree["block_size"])
+    model_tree["position"] = complete_position(canonical(model_tree["position"]), trained, model_tree["block_size"])
     try:
         config = build_config(tree)
     except ConfigError as exc:
         raise ConfigError(f"{state['path']}: {exc}") from None
     was, asked = unwrap_setting(trained["position"])["kind"], unwrap_setting(config.model.position)["kind"]
     if was != asked:
-        raise CheckpointError(f"{state['path']} was trained with {was!r} positions, not {asked!r}: a loaded model "
-                              f"can scale its positions or interpolate them (interpolated around {was}), not "
-                              f"change their kind")
+        raise CheckpointError(
+            f"{state['path']} was trained with {was!r} positions, not {asked!r}: a loaded model "
+            f"can scale its positions or interpolate them (interpolated around {was}), not "
+            f"change their kind"
+        )
     model = GPT(config.model)
     if "lora_base" in state:
         base = lora_base(state)
@@ -93,12 +103,16 @@ def lora_base(state: dict) -> Loaded:
     try:
         base = read_checkpoint(recorded["path"])
     except CheckpointError as exc:
-        raise CheckpointError(f"{state['path']}: the LoRA base {recorded['path']!r} cannot be read ({exc}); the "
-                              f"adapters need the base they were trained on") from None
+        raise CheckpointError(
+            f"{state['path']}: the LoRA base {recorded['path']!r} cannot be read ({exc}); the "
+            f"adapters need the base they were trained on"
+        ) from None
     if weights_hash(base["model"]) != recorded["sha256"]:
-        raise CheckpointError(f"{state['path']}: the LoRA base {recorded['path']!r} has changed since the adapters "
-                              f"were trained on it (its weights' sha256 is not {recorded['sha256'][:12]}...): restore "
-                              f"that base, or train the adapters again")
+        raise CheckpointError(
+            f"{state['path']}: the LoRA base {recorded['path']!r} has changed since the adapters "
+            f"were trained on it (its weights' sha256 is not {recorded['sha256'][:12]}...): restore "
+            f"that base, or train the adapters again"
+        )
     return model_of(base)
 
 
@@ -109,8 +123,10 @@ def merge_trained_adapters(model: GPT, lora, state: dict) -> None:
     trained = {name for name, param in model.named_parameters() if param.requires_grad}
     missing, unexpected = sorted(trained - set(state["model"])), sorted(set(state["model"]) - trained)
     if missing or unexpected:
-        raise CheckpointError(f"{state['path']}: its LoRA weights do not fit train.lora={lora}: missing {missing[:3]}, "
-                              f"unexpected {unexpected[:3]}")
+        raise CheckpointError(
+            f"{state['path']}: its LoRA weights do not fit train.lora={lora}: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}"
+        )
     model.load_state_dict(state["model"], strict=False)
     merge_adapters(model)
     model.requires_grad_(True)

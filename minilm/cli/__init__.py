@@ -7,6 +7,7 @@ a clone call the same ``main`` functions. The library below never prints for a c
 Every command ends the same way, through ``run_command``: a ``MinilmError`` is one line
 ``error: <message>`` on stderr with exit status 2, never a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ from minilm.common import MinilmError
 def one_line(message: str, limit: int = 2000) -> str:
     """An error message as one line of at most ``limit`` characters, whatever value it quotes."""
     line = " ".join(message.split("\n"))
-    return line if len(line) <= limit else f"{line[:limit - 40]}... ({len(line):,} characters)"
+    return line if len(line) <= limit else f"{line[: limit - 40]}... ({len(line):,} characters)"
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,19 +12,20 @@ of perplexity against length; with --stream the loss by band of positions of one
 under four kinds of attention (minilm.evaluation.streaming), as a table, a CSV and a PNG of
 loss against position. The work is done by minilm.evaluation.
 """
+
 import argparse
 import os
 import sys
 
 from minilm.cli import Parser, run_command
-from minilm.evaluation import lengths as evaluation, streaming
 from minilm.common import keep_aside, write_csv
+from minilm.evaluation import lengths as evaluation
+from minilm.evaluation import streaming
 from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
 from minilm.hf.reading import is_hf_source
 from minilm.training.outdir import check_writable
 
-
-MAX_NUMBER = 2 ** 40  # a length or multiple past any text a machine holds
+MAX_NUMBER = 2**40  # a length or multiple past any text a machine holds
 
 
 def parse_numbers(text: str, kind, what: str):
@@ -35,41 +36,69 @@ def parse_numbers(text: str, kind, what: str):
     except ValueError:
         values = []
     if not values or any(not 0 < v <= MAX_NUMBER for v in values):  # nan and inf fail the comparison
-        raise argparse.ArgumentTypeError(f"{what}={text!r} is invalid: expected comma-separated numbers > 0 and "
-                                         f"<= {MAX_NUMBER:,}, none empty")
+        raise argparse.ArgumentTypeError(
+            f"{what}={text!r} is invalid: expected comma-separated numbers > 0 and <= {MAX_NUMBER:,}, none empty"
+        )
     return values
 
 
 def main(argv=None) -> int:
     parser = Parser(
-        prog="minilm evaluate", description="Perplexity and bits/char on the validation split at several lengths.",
-        epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.")
-    parser.add_argument("checkpoints", nargs="+",
-                        help="checkpoint files, out_dirs holding ckpt.pt, or Hugging Face model directories / hf:NAME")
-    parser.add_argument("--lengths", type=lambda s: parse_numbers(s, int, "--lengths"),
-                        help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)")
-    parser.add_argument("--multiples", type=lambda s: parse_numbers(s, float, "--multiples"),
-                        help="multiples of each model's block_size (default 1,2,4,8,16)")
+        prog="minilm evaluate",
+        description="Perplexity and bits/char on the validation split at several lengths.",
+        epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.",
+    )
+    parser.add_argument(
+        "checkpoints",
+        nargs="+",
+        help="checkpoint files, out_dirs holding ckpt.pt, or Hugging Face model directories / hf:NAME",
+    )
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: parse_numbers(s, int, "--lengths"),
+        help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)",
+    )
+    parser.add_argument(
+        "--multiples",
+        type=lambda s: parse_numbers(s, float, "--multiples"),
+        help="multiples of each model's block_size (default 1,2,4,8,16)",
+    )
     parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
     parser.add_argument("--stride", type=int, help="sliding mode: tokens each segment advances (default: length/2)")
-    parser.add_argument("--split", choices=evaluation.SPLITS, default="val",
-                        help="what is scored: the validation split, or the text held out of the train split "
-                             "(data.holdout_tokens) to choose settings on")
-    parser.add_argument("--max-tokens", type=int,
-                        help="scored validation tokens (default 65536; 0 = the whole split)")
+    parser.add_argument(
+        "--split",
+        choices=evaluation.SPLITS,
+        default="val",
+        help="what is scored: the validation split, or the text held out of the train split "
+        "(data.holdout_tokens) to choose settings on",
+    )
+    parser.add_argument("--max-tokens", type=int, help="scored validation tokens (default 65536; 0 = the whole split)")
     parser.add_argument("--batch-tokens", type=int, help="tokens per forward pass (default 8192)")
-    parser.add_argument("--stream", action="store_true",
-                        help="score one long text token by token with full attention, a rolling window, and the "
-                             "window with sinks at absolute and at cache positions (StreamingLLM)")
-    parser.add_argument("--stream-tokens", type=int,
-                        help="--stream: tokens of the validation split scored (default 16 x block_size)")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="score one long text token by token with full attention, a rolling window, and the "
+        "window with sinks at absolute and at cache positions (StreamingLLM)",
+    )
+    parser.add_argument(
+        "--stream-tokens", type=int, help="--stream: tokens of the validation split scored (default 16 x block_size)"
+    )
     parser.add_argument("--max-context", type=int, help="--stream: the window in tokens (default block_size)")
-    parser.add_argument("--sink-tokens", type=int, default=streaming.DEFAULT_SINKS,
-                        help=f"--stream: the first tokens kept in view (default {streaming.DEFAULT_SINKS})")
+    parser.add_argument(
+        "--sink-tokens",
+        type=int,
+        default=streaming.DEFAULT_SINKS,
+        help=f"--stream: the first tokens kept in view (default {streaming.DEFAULT_SINKS})",
+    )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override model.position.*, model.block_size or data.* of every checkpoint")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override model.position.*, model.block_size or data.* of every checkpoint",
+    )
     parser.add_argument("--csv", help="CSV output (default: eval-<mode>.csv next to the first checkpoint)")
     parser.add_argument("--plot", help="PNG output (default: eval-<mode>.png next to the first checkpoint)")
     parser.add_argument("--no-files", action="store_true", help="print the tables only")
@@ -82,10 +111,18 @@ def main(argv=None) -> int:
         else:
             parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
 
-    if args.stream and (args.lengths or args.multiples or args.stride or args.mode != "nonoverlapping"
-                        or args.max_tokens is not None or args.batch_tokens is not None):
-        parser.error("--stream scores one text with its own protocol: leave out --lengths, --multiples, --mode, "
-                     "--stride, --max-tokens and --batch-tokens (its length is --stream-tokens)")
+    if args.stream and (
+        args.lengths
+        or args.multiples
+        or args.stride
+        or args.mode != "nonoverlapping"
+        or args.max_tokens is not None
+        or args.batch_tokens is not None
+    ):
+        parser.error(
+            "--stream scores one text with its own protocol: leave out --lengths, --multiples, --mode, "
+            "--stride, --max-tokens and --batch-tokens (its length is --stream-tokens)"
+        )
     args.multiples = args.multiples or [1, 2, 4, 8, 16]
     args.max_tokens = 65536 if args.max_tokens is None else args.max_tokens
     args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens
@@ -100,13 +137,25 @@ def report(args, overrides) -> int:
     """Score, print the tables, write the CSV and the plot."""
     check_outputs(args)
     results = evaluation.evaluate_checkpoints(
-        args.checkpoints, lengths=args.lengths, multiples=args.multiples, mode=args.mode, stride=args.stride,
-        max_tokens=args.max_tokens or None, overrides=overrides, batch_tokens=args.batch_tokens,
-        dtype=args.dtype, device=args.device, quiet=args.quiet, split=args.split)
+        args.checkpoints,
+        lengths=args.lengths,
+        multiples=args.multiples,
+        mode=args.mode,
+        stride=args.stride,
+        max_tokens=args.max_tokens or None,
+        overrides=overrides,
+        batch_tokens=args.batch_tokens,
+        dtype=args.dtype,
+        device=args.device,
+        quiet=args.quiet,
+        split=args.split,
+    )
     first = results[0]
-    print(f"{'validation' if args.split == 'val' else 'held-out training text'} perplexity, {args.mode} segments"
-          + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
-          + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n")
+    print(
+        f"{'validation' if args.split == 'val' else 'held-out training text'} perplexity, {args.mode} segments"
+        + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
+        + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n"
+    )
     print(evaluation.markdown_table(results, "ppl") + "\n")
     print(evaluation.markdown_table(results, "bpc"))
     if not args.no_files:
@@ -114,8 +163,11 @@ def report(args, overrides) -> int:
         csv_path = output(args.csv) if args.csv else default_output(first.checkpoint, f"{name}.csv")
         print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
-            png = evaluation.plot(results, output(args.plot) if args.plot else default_output(first.checkpoint, f"{name}.png"),
-                                  split=args.split)
+            png = evaluation.plot(
+                results,
+                output(args.plot) if args.plot else default_output(first.checkpoint, f"{name}.png"),
+                split=args.split,
+            )
             print(f"wrote {png}", file=sys.stderr)
     return 0
 
@@ -136,18 +188,28 @@ def stream_report(args, overrides) -> int:
     check_outputs(args)
     streams = []
     for path in args.checkpoints:
-        these = streaming.stream_checkpoint(path, overrides, tokens=args.stream_tokens, window=args.max_context,
-                                            sinks=args.sink_tokens, dtype=args.dtype, device=args.device,
-                                            quiet=args.quiet)
-        print(f"{path}: streaming loss (nats per token) by band of positions, {these[0].tokens:,} tokens of the "
-              f"validation split\n\n{streaming.band_table(these)}\n")
+        these = streaming.stream_checkpoint(
+            path,
+            overrides,
+            tokens=args.stream_tokens,
+            window=args.max_context,
+            sinks=args.sink_tokens,
+            dtype=args.dtype,
+            device=args.device,
+            quiet=args.quiet,
+        )
+        print(
+            f"{path}: streaming loss (nats per token) by band of positions, {these[0].tokens:,} tokens of the "
+            f"validation split\n\n{streaming.band_table(these)}\n"
+        )
         streams += these
     if not args.no_files:
         csv_path = output(args.csv) if args.csv else default_output(args.checkpoints[0], "stream.csv")
         print(f"wrote {write_csv(streaming.band_rows(streams), csv_path, keep=True)}", file=sys.stderr)
         if have_matplotlib():
-            png = streaming.plot_streams(streams, output(args.plot) if args.plot else
-                                         default_output(args.checkpoints[0], "stream.png"))
+            png = streaming.plot_streams(
+                streams, output(args.plot) if args.plot else default_output(args.checkpoints[0], "stream.png")
+            )
             print(f"wrote {png}", file=sys.stderr)
     return 0
 
@@ -159,7 +221,9 @@ def default_output(checkpoint: str, name: str) -> str:
     if is_hf_source(checkpoint):
         base = os.getcwd()
     else:
-        base = os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
+        base = (
+            os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
+        )
     return output(os.path.join(base, name))
 
 
@@ -171,4 +235,3 @@ def output(path: str) -> str:
     if kept:
         print(f"kept the earlier {os.path.basename(path)} as {kept}", file=sys.stderr)
     return path
-

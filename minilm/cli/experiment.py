@@ -1,6 +1,7 @@
 """``python -m minilm experiment {length-generalization,ablation} [--quick] [--out DIR]
 [--seeds 1,2,3] [--workers N] [key=value ...]``: run a whole study (``minilm.study.plan``) in
 parallel worker processes and write its report (``minilm.study.report``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,33 +12,52 @@ import time
 
 from minilm.cli import Parser, run_command
 from minilm.common import keep_aside
-from minilm.study import plan as experiments, primary, provenance, report
+from minilm.study import plan as experiments
+from minilm.study import primary, provenance, report
 from minilm.study.journal import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_args(argv):
-    parser = Parser(prog="minilm experiment", description=experiments.__doc__.split("\n\n")[0],
-                    formatter_class=argparse.RawDescriptionHelpFormatter,
-                    epilog="overrides: section.key=value on the plan (sections: " + ", ".join(experiments.FULL)
-                           + "), e.g. data.corpus=texts/ train.max_steps=500")
+    parser = Parser(
+        prog="minilm experiment",
+        description=experiments.__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="overrides: section.key=value on the plan (sections: "
+        + ", ".join(experiments.FULL)
+        + "), e.g. data.corpus=texts/ train.max_steps=500",
+    )
     parser.add_argument("experiment", choices=experiments.EXPERIMENTS)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny models and budgets: a smoke test of every part (10-35 s on 2 CPU cores)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny models and budgets: a smoke test of every part (10-35 s on 2 CPU cores)",
+    )
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
-    parser.add_argument("--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 3 seeds; "
-                                                         "--quick: 2)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="parallel runs, one torch thread each (default: the number of CPUs, %(default)s)")
+    parser.add_argument(
+        "--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 3 seeds; --quick: 2)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="parallel runs, one torch thread each (default: the number of CPUs, %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--report-only", action="store_true",
-                        help="write report.md again from --out's study.json (e.g. after adding discussion.md)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write report.md again from --out's study.json (e.g. after adding discussion.md)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier experiment in --out")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted experiment in --out: the jobs it finished are read back, not run "
-                             "again (same arguments and the same commit)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted experiment in --out: the jobs it finished are read back, not run "
+        "again (same arguments and the same commit)",
+    )
     return parser.parse_intermixed_args(argv)
 
 
@@ -55,8 +75,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
-    return run_command(lambda: run(args, argv, out),
-                       on_interrupt=f"interrupted; the finished jobs are kept in {out}: continue with --resume")
+    return run_command(
+        lambda: run(args, argv, out),
+        on_interrupt=f"interrupted; the finished jobs are kept in {out}: continue with --resume",
+    )
 
 
 def say(message: str) -> None:
@@ -76,12 +98,15 @@ def run(args, argv, out: str) -> int:
     plan = experiments.make_plan(args.experiment, args.quick, args.seeds, args.overrides)
     earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
     if args.resume and args.overwrite:
-        raise experiments.ExperimentError("--resume continues the experiment in --out and --overwrite starts it over: "
-                                          "give one of them")
+        raise experiments.ExperimentError(
+            "--resume continues the experiment in --out and --overwrite starts it over: give one of them"
+        )
     if earlier and not (args.overwrite or args.resume):  # found before any job runs, in the experiment's own words
-        raise experiments.ExperimentError(f"--out {out!r} holds an earlier experiment ({', '.join(earlier)}): give "
-                                          f"--resume to continue it, --overwrite to run it again over its runs, "
-                                          f"--report-only to rewrite its report, or another --out")
+        raise experiments.ExperimentError(
+            f"--out {out!r} holds an earlier experiment ({', '.join(earlier)}): give "
+            f"--resume to continue it, --overwrite to run it again over its runs, "
+            f"--report-only to rewrite its report, or another --out"
+        )
     journal = Journal(os.path.join(out, "journal"))
     invocation = journal.start(commit, plan, resume=args.resume)
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
@@ -89,14 +114,17 @@ def run(args, argv, out: str) -> int:
     study.build()
     kept = keep_aside(os.path.join(out, "discussion.md")) if earlier and not args.resume else None
     if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost
-        say(f"the earlier run's discussion.md is kept as {os.path.basename(kept)}; this report has none until "
-            f"you write one (then --report-only)")
+        say(
+            f"the earlier run's discussion.md is kept as {os.path.basename(kept)}; this report has none until "
+            f"you write one (then --report-only)"
+        )
     if not args.quiet:
         say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
     study.run()
     study.invocations = invocation
     command = "python -m minilm experiment " + " ".join(a for a in argv if a != "--resume")
-    path = report.write_report(study, command, time.time() - started, started_at,
-                               (load_start, provenance.load_average()), commit)
+    path = report.write_report(
+        study, command, time.time() - started, started_at, (load_start, provenance.load_average()), commit
+    )
     print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
     return 0

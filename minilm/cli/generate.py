@@ -10,6 +10,7 @@ Load a checkpoint, read the prompt (argument, ``--prompt-file`` or stdin) or the
 (``--prompts-file``, one batch of different lengths), stream the samples
 to stdout one after another, and write warnings, ``--stats`` and the attention map note to
 stderr."""
+
 from __future__ import annotations
 
 import json
@@ -89,8 +90,9 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
             with open(prompt_file, encoding="utf-8") as f:
                 return f.read()
         except (OSError, UnicodeDecodeError) as exc:
-            raise GenerationError(f"cannot read --prompt-file {prompt_file!r}: "
-                                  f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise GenerationError(
+                f"cannot read --prompt-file {prompt_file!r}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
     if prompt == "-" or (prompt is None and stdin is not None and not stdin.isatty()):
         source = getattr(stdin, "buffer", None)
         data = source.read() if source is not None else stdin.read()
@@ -98,8 +100,10 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
     prompt = prompt or ""
     bad = [i for i, c in enumerate(prompt) if "\udc80" <= c <= "\udcff"]  # undecodable argv bytes
     if bad:
-        raise GenerationError(f"the prompt argument is not valid UTF-8 (byte {ord(prompt[bad[0]]) - 0xdc00:#04x} at "
-                              f"character {bad[0]}): pass UTF-8 text, or use --prompt-file")
+        raise GenerationError(
+            f"the prompt argument is not valid UTF-8 (byte {ord(prompt[bad[0]]) - 0xDC00:#04x} at "
+            f"character {bad[0]}): pass UTF-8 text, or use --prompt-file"
+        )
     return prompt
 
 
@@ -124,8 +128,9 @@ def read_prompts(path: str) -> List[str]:
                 item = None
             item = item.get("prompt") if isinstance(item, dict) else item
             if not isinstance(item, str):
-                raise GenerationError(f"--prompts-file {path!r} line {number}: expected a JSON string or an object "
-                                      f"with a \"prompt\" string")
+                raise GenerationError(
+                    f'--prompts-file {path!r} line {number}: expected a JSON string or an object with a "prompt" string'
+                )
             prompts.append(item)
     if not prompts:
         raise GenerationError(f"--prompts-file {path!r} holds no prompt")
@@ -137,8 +142,9 @@ def utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise GenerationError(f"{what} is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start}): "
-                              f"convert it to UTF-8") from None
+        raise GenerationError(
+            f"{what} is not valid UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start}): convert it to UTF-8"
+        ) from None
 
 
 def unescape(text: str) -> str:
@@ -167,8 +173,11 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         torch.set_num_threads(args.threads)
     if args.prompts_file is not None and (args.prompt is not None or args.prompt_file is not None):
         raise GenerationError("give prompts either with --prompts-file or as one prompt (argument, --prompt-file)")
-    prompts = read_prompts(args.prompts_file) if args.prompts_file is not None else \
-        [read_prompt(args.prompt, args.prompt_file, stdin)]
+    prompts = (
+        read_prompts(args.prompts_file)
+        if args.prompts_file is not None
+        else [read_prompt(args.prompt, args.prompt_file, stdin)]
+    )
     dtype = resolve_dtype(args.dtype, device, setting="--dtype")
     model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device, dtype=dtype)
     rows = [encode_prompt(tokenizer, prompt) for prompt in prompts]
@@ -179,11 +188,23 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     first_sample: List[int] = []  # its token ids, for the attention map
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GenerationWarning)
-        pieces = generate(model, tokenizer, prompts=rows, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                          num_samples=args.num_samples, seed=args.seed, stop=[unescape(s) for s in args.stop],
-                          max_context=args.max_context, use_cache=not args.no_cache, sinks=args.sink_tokens,
-                          sink_positions=args.sink_positions,
-                          stats=stats, compile=args.compile, stop_ids=() if args.ignore_eos else None)
+        pieces = generate(
+            model,
+            tokenizer,
+            prompts=rows,
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling,
+            num_samples=args.num_samples,
+            seed=args.seed,
+            stop=[unescape(s) for s in args.stop],
+            max_context=args.max_context,
+            use_cache=not args.no_cache,
+            sinks=args.sink_tokens,
+            sink_positions=args.sink_positions,
+            stats=stats,
+            compile=args.compile,
+            stop_ids=() if args.ignore_eos else None,
+        )
         first = True
         for piece in pieces:
             if first:  # the settings were good: the prefill ran; with --compile the next step compiles
@@ -200,8 +221,9 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     if args.stats:
         mode = "no cache" if args.no_cache else "compiled step, static KV cache" if args.compile else "KV cache"
         kind = model.positions.kind
-        stderr.write(f"model: {kind} positions, context {context}, {mode}, "
-                     f"{device}, {str(dtype).replace('torch.', '')}\n")
+        stderr.write(
+            f"model: {kind} positions, context {context}, {mode}, {device}, {str(dtype).replace('torch.', '')}\n"
+        )
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
@@ -216,65 +238,123 @@ def _show_warnings(caught: list, stderr) -> None:
 
 
 def parse_args(argv=None):
-    p = Parser(prog="minilm generate",
-               description="Generate text from a minilm checkpoint: prefill the prompt once, then decode "
-                           "one token at a time from the KV cache, streaming the text to stdout.")
-    p.add_argument("prompt", nargs="?", default=None,
-                   help="the prompt; '-' or no prompt with stdin not a terminal reads stdin; "
-                        "empty starts from the BOS token")
-    p.add_argument("--checkpoint", required=True,
-                   help="checkpoint file, an out_dir holding ckpt.pt, or a Hugging Face model directory / hf:NAME")
+    p = Parser(
+        prog="minilm generate",
+        description="Generate text from a minilm checkpoint: prefill the prompt once, then decode "
+        "one token at a time from the KV cache, streaming the text to stdout.",
+    )
+    p.add_argument(
+        "prompt",
+        nargs="?",
+        default=None,
+        help="the prompt; '-' or no prompt with stdin not a terminal reads stdin; empty starts from the BOS token",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint file, an out_dir holding ckpt.pt, or a Hugging Face model directory / hf:NAME",
+    )
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    p.add_argument("--prompts-file", metavar="FILE",
-                   help="many prompts, decoded together as one batch (each as it would be alone, greedy): one per "
-                        "line, or in a .jsonl file a JSON string or {\"prompt\": ...} per line; the samples are "
-                        "printed in order, --num-samples of each")
+    p.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help="many prompts, decoded together as one batch (each as it would be alone, greedy): one per "
+        'line, or in a .jsonl file a JSON string or {"prompt": ...} per line; the samples are '
+        "printed in order, --num-samples of each",
+    )
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="drop tokens less likely than this fraction of the most likely one, in [0, 1] (default 0 = off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="CTRL penalty for tokens already present, > 0 (default 1 = off)")
+    p.add_argument(
+        "--min-p",
+        type=float,
+        default=0.0,
+        help="drop tokens less likely than this fraction of the most likely one, in [0, 1] (default 0 = off)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="CTRL penalty for tokens already present, > 0 (default 1 = off)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations decoded together as one batch")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end a sample before this text (repeatable); the stop text is not printed; "
-                        "\\n and \\t mean newline and tab")
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="go on past the end-of-text token (by default a sample ends there; for an imported model "
-                        "the eos_token_id of its generation_config.json, else of config.json: one id or a list)")
-    p.add_argument("--max-context", type=int, default=None,
-                   help="tokens the model sees at once (default: the model's block_size)")
-    p.add_argument("--sink-tokens", type=int, default=0,
-                   help="past the context, keep the first N tokens in view beside the last (attention sinks, "
-                        "StreamingLLM); for schemes that roll, not learned (default 0)")
-    p.add_argument("--sink-positions", choices=SINK_POSITIONS, default=SINK_POSITIONS[0],
-                   help="where attention places the sinks: cache (their positions within the cache, as the paper "
-                        "does: the sinks stay max_context - 1 - s back) or absolute (their own positions, ever "
-                        "further back) (default %(default)s)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="recompute the whole sequence at every step (same result, for comparison)")
-    p.add_argument("--compile", action="store_true",
-                   help="decode with a static cache and a step compiled by torch.compile: faster per token "
-                        "after seconds to a minute of compiling (CPU: needs a C++ compiler)")
-    p.add_argument("--dtype", default="float32",
-                   help="float32 (default), bfloat16 (the weights kept in bf16: faster on CPUs with native bf16 "
-                        "units, emulated and slow elsewhere) or auto (bfloat16 where the hardware has fast bf16)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample before this text (repeatable); the stop text is not printed; "
+        "\\n and \\t mean newline and tab",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="go on past the end-of-text token (by default a sample ends there; for an imported model "
+        "the eos_token_id of its generation_config.json, else of config.json: one id or a list)",
+    )
+    p.add_argument(
+        "--max-context", type=int, default=None, help="tokens the model sees at once (default: the model's block_size)"
+    )
+    p.add_argument(
+        "--sink-tokens",
+        type=int,
+        default=0,
+        help="past the context, keep the first N tokens in view beside the last (attention sinks, "
+        "StreamingLLM); for schemes that roll, not learned (default 0)",
+    )
+    p.add_argument(
+        "--sink-positions",
+        choices=SINK_POSITIONS,
+        default=SINK_POSITIONS[0],
+        help="where attention places the sinks: cache (their positions within the cache, as the paper "
+        "does: the sinks stay max_context - 1 - s back) or absolute (their own positions, ever "
+        "further back) (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole sequence at every step (same result, for comparison)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with a static cache and a step compiled by torch.compile: faster per token "
+        "after seconds to a minute of compiling (CPU: needs a C++ compiler)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default), bfloat16 (the weights kept in bf16: faster on CPUs with native bf16 "
+        "units, emulated and slow elsewhere) or auto (bfloat16 where the hardware has fast bf16)",
+    )
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change the position settings at generation time, e.g. "
-                        "model.position.scaling.type=dynamic, model.position.scaling.factor=4, "
-                        "model.block_size=1024 (repeatable; values parsed as YAML)")
-    p.add_argument("--stats", action="store_true",
-                   help="print token counts, prefill and decode tokens/s and peak memory to stderr")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the position settings at generation time, e.g. "
+        "model.position.scaling.type=dynamic, model.position.scaling.factor=4, "
+        "model.block_size=1024 (repeatable; values parsed as YAML)",
+    )
+    p.add_argument(
+        "--stats", action="store_true", help="print token counts, prefill and decode tokens/s and peak memory to stderr"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's choice); 1 is often fastest for batch-1 "
-                        "decoding of small models, and on a busy machine")
-    p.add_argument("--attention-map", metavar="FILE.png",
-                   help="after generating, draw the last layer's attention over the first sample")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice); 1 is often fastest for batch-1 "
+        "decoding of small models, and on a busy machine",
+    )
+    p.add_argument(
+        "--attention-map",
+        metavar="FILE.png",
+        help="after generating, draw the last layer's attention over the first sample",
+    )
     return p.parse_args(argv)
 
 

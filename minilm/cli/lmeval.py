@@ -1,5 +1,6 @@
 """``python -m minilm lmeval CHECKPOINT --tasks T[,T...]``: lm-evaluation-harness tasks on any
 checkpoint (``minilm.evaluation.harness``), with ``--set`` overrides; prints lm_eval's table."""
+
 from __future__ import annotations
 
 from minilm.cli import Parser, run_command
@@ -16,8 +17,13 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-length", type=int, default=None, help="tokens the model reads (default: block_size)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="evaluation-time override, e.g. model.position.scaling.type=yarn")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluation-time override, e.g. model.position.scaling.type=yarn",
+    )
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
 
@@ -25,9 +31,18 @@ def main(argv=None) -> int:
 def run(args) -> int:
     harness.require()
     from lm_eval.utils import make_table  # the optional extra, there once require() has passed
+
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    results = harness.evaluate(args.checkpoint, [t for t in args.tasks.split(",") if t], overrides=args.set,
-                               limit=limit, batch_size=args.batch_size, max_length=args.max_length,
-                               num_fewshot=args.num_fewshot, include_path=args.include_path, device=args.device)
+    results = harness.evaluate(
+        args.checkpoint,
+        [t for t in args.tasks.split(",") if t],
+        overrides=args.set,
+        limit=limit,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        num_fewshot=args.num_fewshot,
+        include_path=args.include_path,
+        device=args.device,
+    )
     print(make_table(results))
     return 0

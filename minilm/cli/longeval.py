@@ -5,6 +5,7 @@ checkpoint's validation split, or any text file (``--text``). Exact-match accura
 with its Wilson interval, a markdown table per task, a summary with depths pooled, and a
 length x depth heatmap (``--figure``, with matplotlib). Marker, keys and values are token ids
 the text never uses, so any checkpoint qualifies whose vocabulary leaves 65 of them."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ def _numbers(text: str, kind, option: str) -> list:
     except ValueError:
         values = []
     if not values:
-        raise RetrievalError(f"{option} {text!r} is invalid: expected comma-separated numbers, e.g. "
-                             f"{'0,0.5,1' if kind is float else '256,512'}")
+        raise RetrievalError(
+            f"{option} {text!r} is invalid: expected comma-separated numbers, e.g. "
+            f"{'0,0.5,1' if kind is float else '256,512'}"
+        )
     return values
 
 
@@ -44,12 +47,20 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="probes per cell (default 20)")
     parser.add_argument("--items", type=int, default=4, help="keys, queries, values or hops of the tasks (default 4)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--text", default=None, help="a .txt file or directory to cut the haystacks from "
-                                                     "(default: the checkpoint's validation split)")
+    parser.add_argument(
+        "--text",
+        default=None,
+        help="a .txt file or directory to cut the haystacks from (default: the checkpoint's validation split)",
+    )
     parser.add_argument("--figure", default=None, help="write the heatmaps to this .png")
     parser.add_argument("--csv", default=None, help="write every cell to this CSV")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="evaluation-time override, e.g. model.position.scaling.type=yarn")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluation-time override, e.g. model.position.scaling.type=yarn",
+    )
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
 
@@ -65,38 +76,53 @@ def run(args) -> int:
     if args.figure:
         check_figure_path(args.figure)
     model, tokenizer, config, _ = load_model(args.checkpoint, args.set)
-    lengths = (_numbers(args.lengths, int, "--lengths") if args.lengths else
-               [config.model.block_size * m for m in (1, 2, 4)])
+    lengths = (
+        _numbers(args.lengths, int, "--lengths") if args.lengths else [config.model.block_size * m for m in (1, 2, 4)]
+    )
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
     prepared = data.prepare(source, quiet=True, tokenizer=tokenizer)
     task = Task.from_tokens(prepared.train, config.model.vocab_size)
     if len(prepared.val) <= max(lengths):
-        raise RetrievalError(f"the held-out text has {len(prepared.val)} tokens, not more than the longest length "
-                             f"{max(lengths)}: give --text with more text or shorter --lengths")
+        raise RetrievalError(
+            f"the held-out text has {len(prepared.val)} tokens, not more than the longest length "
+            f"{max(lengths)}: give --text with more text or shorter --lengths"
+        )
     rows, panels = [], []
     for name in tasks:
         print(f"longeval {name} ...", file=sys.stderr, flush=True)
-        cells = accuracy(model, task, prepared.val, lengths, depths, trials=args.trials, seed=args.seed, name=name,
-                         items=args.items)
+        cells = accuracy(
+            model, task, prepared.val, lengths, depths, trials=args.trials, seed=args.seed, name=name, items=args.items
+        )
         rows += [{"task": name, **c} for c in cells]
-        found = {(c["length"], c["depth"]): None if c["correct"] is None else wilson(c["correct"], c["trials"])
-                 for c in cells}
+        found = {
+            (c["length"], c["depth"]): None if c["correct"] is None else wilson(c["correct"], c["trials"])
+            for c in cells
+        }
         panels.append((name, lengths, depths, {cell: None if p is None else p.rate for cell, p in found.items()}))
-        body = [[f"{d:g}"] + [found[(t, d)].format() if found[(t, d)] else "n/a (bounded)" for t in lengths]
-                for d in depths]
+        body = [
+            [f"{d:g}"] + [found[(t, d)].format() if found[(t, d)] else "n/a (bounded)" for t in lengths] for d in depths
+        ]
         pooled = [_pooled(cells, t) for t in lengths]
         chance = "text: no fixed chance" if name == "copy" else f"chance {100 * task.chance:.1f}% per answer"
         print(f"\n{name} ({args.trials} probes per cell, {chance})\n")
-        print(markdown_table(["depth"] + [str(t) for t in lengths], body + [["all"] + pooled],
-                             "l" + "r" * len(lengths)))
+        print(
+            markdown_table(["depth"] + [str(t) for t in lengths], body + [["all"] + pooled], "l" + "r" * len(lengths))
+        )
     if args.csv:
         header = ["task", "length", "depth", "correct", "trials", "logprob"]
-        atomic_write(args.csv, "\n".join([",".join(header)] + [",".join("" if r[h] is None else str(r[h])
-                                                                         for h in header) for r in rows]) + "\n")
+        atomic_write(
+            args.csv,
+            "\n".join([",".join(header)] + [",".join("" if r[h] is None else str(r[h]) for h in header) for r in rows])
+            + "\n",
+        )
         print(f"\ncells written to {args.csv}")
     if args.figure:
-        path = heatmap_figure(panels, args.figure, f"long-context suite: {os.path.basename(args.checkpoint.rstrip('/'))}",
-                              columns=min(3, len(panels)))
+        path = heatmap_figure(
+            panels,
+            args.figure,
+            f"long-context suite: {os.path.basename(args.checkpoint.rstrip('/'))}",
+            columns=min(3, len(panels)),
+        )
         print(f"heatmaps written to {path}")
     return 0
 

@@ -2,6 +2,7 @@
 process, for the config's model, under DDP and FSDP, with and without activation
 checkpointing: weights, gradients, optimiser state, FSDP's gathered weights and activations,
 counted from the shapes alone (``minilm.training.memory``; nothing is allocated)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,11 +22,19 @@ def main(argv=None) -> int:
     parser.add_argument("config", nargs="?", default="rope.yaml", help="a config file (default: rope.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.block_size=1024")
     parser.add_argument("--ranks", type=int, default=8, help="processes the step is spread over (default: 8)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="rows of block_size tokens per process (default: the config's train.batch_size)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bfloat16",
-                        help="the compute dtype of weights and activations (default: bfloat16); the master weights, "
-                             "gradients and optimiser state are float32")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows of block_size tokens per process (default: the config's train.batch_size)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="bfloat16",
+        help="the compute dtype of weights and activations (default: bfloat16); the master weights, "
+        "gradients and optimiser state are float32",
+    )
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
 
@@ -44,18 +53,34 @@ def run(args) -> int:
         model.vocab_size = config.data.vocab_size  # what the tokenizer would set
     lora = config.train.lora
     rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer, lora=lora)
-    unit, size = ("GiB", 2 ** 30) if max(r["total"] for r in rows) >= 2 ** 30 else ("MiB", 2 ** 20)
-    print(f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
-          f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "
-          f"{unit} per process{source}")
-    print(markdown_table(("parallel", "activation checkpointing", *ROWS, "total"),
-                         [(r["parallel"], "yes" if r["checkpointing"] else "no",
-                           *(f"{r[k] / size:.2f}" for k in (*ROWS, "total"))) for r in rows], align="ll" + "r" * 6))
+    unit, size = ("GiB", 2**30) if max(r["total"] for r in rows) >= 2**30 else ("MiB", 2**20)
+    print(
+        f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
+        f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "
+        f"{unit} per process{source}"
+    )
+    print(
+        markdown_table(
+            ("parallel", "activation checkpointing", *ROWS, "total"),
+            [
+                (
+                    r["parallel"],
+                    "yes" if r["checkpointing"] else "no",
+                    *(f"{r[k] / size:.2f}" for k in (*ROWS, "total")),
+                )
+                for r in rows
+            ],
+            align="ll" + "r" * 6,
+        )
+    )
     if lora.r:
         trained, frozen = lora_counts(model, lora)
-        print(f"LoRA r={lora.r} on {', '.join(lora.targets)}{' + ' + ', '.join(lora.also_train) if lora.also_train else ''}: "
-              f"{trained:,} parameters trained (float32, with their gradients and AdamW's moments), {frozen:,} frozen "
-              f"in {args.dtype}; ddp only (a LoRA run refuses fsdp)")
+        print(
+            f"LoRA r={lora.r} on "
+            f"{', '.join(lora.targets)}{' + ' + ', '.join(lora.also_train) if lora.also_train else ''}: "
+            f"{trained:,} parameters trained (float32, with their gradients and AdamW's moments), {frozen:,} frozen "
+            f"in {args.dtype}; ddp only (a LoRA run refuses fsdp)"
+        )
     if config.train.optimizer == "muon":
         print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
     return 0

@@ -13,6 +13,7 @@ options from the registry, values parsed as YAML; nested ones take dots:
 With --checkpoint the kind, options and model shape come from the checkpoint and the
 figure shows its trained values (a KIND that disagrees is an error).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,6 +46,7 @@ def format_options(options: dict) -> str:
 
     def value(v):
         return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
     return "  ".join(f"{k}={value(v)}" for k, v in options.items())
 
 
@@ -57,8 +59,10 @@ def list_schemes() -> str:
         cls = scheme_class(kind)
         lines.append(f"{kind:<{width}}  {cls.description}")
         lines.append(f"{'':<{width}}    options: {format_options(cls.options)}")
-    lines.append("set options with --name value (nested: --scaling.type yarn), e.g. "
-                 "python -m minilm positions plot rope --scaling.type yarn --scaling.factor 4 --out rope.png")
+    lines.append(
+        "set options with --name value (nested: --scaling.type yarn), e.g. "
+        "python -m minilm positions plot rope --scaling.type yarn --scaling.factor 4 --out rope.png"
+    )
     return "\n".join(lines)
 
 
@@ -86,8 +90,10 @@ def parse_plot_args(argv) -> dict:
         elif name in SHAPE:
             number = _yaml(name, value)
             if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= MAX_SHAPE[name]:
-                raise UsageError(f"--{name}={value!r} is invalid: expected an integer from 1 to {MAX_SHAPE[name]:,} "
-                                 f"(a figure draws every position against every other)")
+                raise UsageError(
+                    f"--{name}={value!r} is invalid: expected an integer from 1 to {MAX_SHAPE[name]:,} "
+                    f"(a figure draws every position against every other)"
+                )
             parsed["shape"][SHAPE[name]] = number
         elif name == "kind" or name == "":
             raise UsageError(f"give the position kind as the first argument (valid: {', '.join(available())})")
@@ -126,13 +132,16 @@ def plot(argv) -> str:
     if source is not None:
         if args["options"] or args["shape"]:
             given = [f"--{n}" for n, _ in args["options"]] + [f"--{k.replace('_', '-')}" for k in args["shape"]]
-            raise UsageError(f"with --checkpoint the options and model shape come from the checkpoint: "
-                             f"drop {' '.join(given)}")
+            raise UsageError(
+                f"with --checkpoint the options and model shape come from the checkpoint: drop {' '.join(given)}"
+            )
         model, _tokenizer, config, _state = load_model(source)
         position = config.model.position
         if kind is not None and kind != position["kind"]:
-            raise UsageError(f"checkpoint {source!r} has position kind {position['kind']!r}, not {kind!r}: "
-                             f"omit KIND or give {position['kind']}")
+            raise UsageError(
+                f"checkpoint {source!r} has position kind {position['kind']!r}, not {kind!r}: "
+                f"omit KIND or give {position['kind']}"
+            )
         scheme = model.positions
     else:
         if kind is None:

@@ -9,6 +9,7 @@ and exits; ``--reprepare`` tokenizes the corpus again even when its prepared fil
 current. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
 Everything else lives in minilm.training.loop.
 """
+
 import argparse
 import dataclasses
 import json
@@ -22,27 +23,36 @@ from minilm.training.loop import train
 
 
 def main(argv=None) -> int:
-    parser = Parser(prog="minilm train", description=__doc__.split("\n\n")[0],
-                    formatter_class=argparse.RawDescriptionHelpFormatter,
-                    epilog="example: minilm train --config rope.yaml train.max_steps=200 model.position.kind=alibi\n\n"
-                           "config keys (section.key = default: what it does), each settable as an override:\n"
-                           + config_keys())
-    parser.add_argument("--config", help="YAML config file (a path, then ./configs/, then the shipped configs: "
-                                         "rope.yaml, alibi.yaml, ...); defaults if omitted")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
-                        help="overrides, values parsed as YAML")
+    parser = Parser(
+        prog="minilm train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: minilm train --config rope.yaml train.max_steps=200 model.position.kind=alibi\n\n"
+        "config keys (section.key = default: what it does), each settable as an override:\n" + config_keys(),
+    )
+    parser.add_argument(
+        "--config",
+        help="YAML config file (a path, then ./configs/, then the shipped configs: "
+        "rope.yaml, alibi.yaml, ...); defaults if omitted",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides, values parsed as YAML")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in out_dir/ckpt.pt")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start a new run in an out_dir that holds a checkpoint, replacing it")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start a new run in an out_dir that holds a checkpoint, replacing it"
+    )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    parser.add_argument("--reprepare", action="store_true",
-                        help="tokenize the corpus again (under data.dir) even when its prepared files look current: "
-                             "for an edit that kept a file's size and mtime")
+    parser.add_argument(
+        "--reprepare",
+        action="store_true",
+        help="tokenize the corpus again (under data.dir) even when its prepared files look current: "
+        "for an edit that kept a file's size and mtime",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
     args = parser.parse_intermixed_args(argv)  # overrides before and after the flags
 
-    return run_command(lambda: run(args),
-                       on_interrupt="interrupted outside the training loop; checkpoints already in out_dir are kept")
+    return run_command(
+        lambda: run(args), on_interrupt="interrupted outside the training loop; checkpoints already in out_dir are kept"
+    )
 
 
 def run(args) -> int:
@@ -62,15 +72,21 @@ def config_keys() -> str:
     """Every config key with its default and its one-line help, one per line, from the
     dataclasses' fields (what ``minilm train --help`` ends with)."""
     lines = []
-    for section, cls in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig), ("train.lora", LoRAConfig),
-                         (None, Config)):
+    for section, cls in (
+        ("model", ModelConfig),
+        ("data", DataConfig),
+        ("train", TrainConfig),
+        ("train.lora", LoRAConfig),
+        (None, Config),
+    ):
         for f in dataclasses.fields(cls):
             if f.name in ("model", "data", "train", "lora"):
                 continue
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             key = f"{section}.{f.name}" if section else f.name
             choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
-            lines.append(f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
-                         f"{choices}: {f.metadata.get('help', '')}")
+            lines.append(
+                f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
+                f"{choices}: {f.metadata.get('help', '')}"
+            )
     return "\n".join(lines)
-

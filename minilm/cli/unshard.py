@@ -2,6 +2,7 @@
 checkpoint (``train.checkpoint_format: sharded``, written by any number of processes), the
 optimiser's state included, so that every command takes it and ``--resume`` continues it
 (``minilm.training.saving.unshard``)."""
+
 from __future__ import annotations
 
 from minilm.checkpoints import format as checkpoint
@@ -13,9 +14,12 @@ from minilm.training.saving import unshard
 def main(argv=None) -> int:
     parser = Parser(prog="minilm unshard", description=__doc__.split("\n\n")[0].replace("``", "'"))
     parser.add_argument("checkpoint", help=f"an out_dir holding {checkpoint.SHARDED}/, or that directory")
-    parser.add_argument("--out", default=None,
-                        help=f"the file to write (default: {checkpoint.FILENAME} beside {checkpoint.SHARDED}; "
-                             f"an existing file there is replaced only with --overwrite)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"the file to write (default: {checkpoint.FILENAME} beside {checkpoint.SHARDED}; "
+        f"an existing file there is replaced only with --overwrite)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
@@ -24,6 +28,8 @@ def main(argv=None) -> int:
 def run(args) -> int:
     path = unshard(args.checkpoint, args.out, overwrite=args.overwrite)
     model, _, config, _ = load_model(path)  # what every other command will do with it
-    print(f"wrote {path}: step {checkpoint.load(path)['step']}, {model.num_params():,} parameters, "
-          f"position {config.model.position['kind']}; resumable (optimiser state included)")
+    print(
+        f"wrote {path}: step {checkpoint.load(path)['step']}, {model.num_params():,} parameters, "
+        f"position {config.model.position['kind']}; resumable (optimiser state included)"
+    )
     return 0

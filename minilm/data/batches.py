@@ -1,5 +1,6 @@
 """Batches: random windows of a token array, drawn from a torch generator (so saving its
 state makes the sequence of batches resumable)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,9 @@ import torch
 from minilm.data.sources import DataError
 
 
-def get_batch(tokens, batch_size: int, block_size: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    tokens, batch_size: int, block_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``batch_size`` random sequences of ``block_size + 1`` tokens: inputs x and targets y.
 
     ``tokens`` is a 1-D array of ids (np.memmap/ndarray or tensor); the start positions
@@ -22,8 +24,10 @@ def get_batch(tokens, batch_size: int, block_size: int,
         raise DataError(f"block_size={block_size!r} is invalid: expected an integer >= 1")
     n = len(tokens)
     if n < block_size + 1:
-        raise DataError(f"the split has {n} tokens, fewer than block_size + 1 = {block_size + 1}: "
-                        f"use a smaller block_size or more text")
+        raise DataError(
+            f"the split has {n} tokens, fewer than block_size + 1 = {block_size + 1}: "
+            f"use a smaller block_size or more text"
+        )
     starts = torch.randint(n - block_size, (batch_size,), generator=generator)
     index = starts[:, None] + torch.arange(block_size + 1)
     if isinstance(tokens, torch.Tensor):
@@ -48,8 +52,10 @@ class Documents:
         lengths = (ends + 1 - starts).astype(np.int64)  # each document with its eot
         keep = lengths >= max(min_tokens, 2)
         if not keep.any():
-            raise DataError(f"data.min_document_tokens={min_tokens}: no document of the split has that many tokens "
-                            f"(the longest has {int(lengths.max()) if len(lengths) else 0}): lower it")
+            raise DataError(
+                f"data.min_document_tokens={min_tokens}: no document of the split has that many tokens "
+                f"(the longest has {int(lengths.max()) if len(lengths) else 0}): lower it"
+            )
         self.tokens, self.eot = tokens, eot
         self.starts, self.lengths = starts[keep], lengths[keep]
         self.ends = torch.from_numpy(np.cumsum(self.lengths))  # each kept document's end in the kept stream
@@ -58,15 +64,17 @@ class Documents:
         """(x, y) of ``batch_size`` rows of ``block_size`` tokens, as ``get_batch`` gives them."""
         total, need = int(self.ends[-1]), block_size + 1
         picks = torch.searchsorted(self.ends, torch.randint(total, (batch_size,), generator=generator), right=True)
-        offsets = (torch.rand(batch_size, generator=generator) * (torch.from_numpy(self.lengths)[picks] - need + 1)
-                   .clamp(min=1)).long()  # inside the document where it holds the row, else its start
+        offsets = (
+            torch.rand(batch_size, generator=generator)
+            * (torch.from_numpy(self.lengths)[picks] - need + 1).clamp(min=1)
+        ).long()  # inside the document where it holds the row, else its start
         rows = []
         for doc, offset in zip(picks.tolist(), offsets.tolist()):
             pieces, have = [], 0
             while have < need:
                 start = int(self.starts[doc]) + (offset if not pieces else 0)
                 take = min(need - have, int(self.lengths[doc]) - (offset if not pieces else 0))
-                pieces.append(np.asarray(self.tokens[start:start + take], dtype=np.int64))
+                pieces.append(np.asarray(self.tokens[start : start + take], dtype=np.int64))
                 have += take
                 doc = (doc + 1) % len(self.starts)
             rows.append(np.concatenate(pieces))

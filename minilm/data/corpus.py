@@ -39,6 +39,7 @@ reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepare
 Bits per character: ``Prepared.bits_per_char(mean_loss_nats, split)`` =
 mean token loss * tokens / characters / ln 2, with the counts of that split.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,6 +82,7 @@ def corpus_name(corpus: str) -> str:
 
 # =========================================================================== prepared data
 
+
 @dataclass
 class Prepared:
     """A tokenized corpus: the tokenizer, token arrays (``token_dtype``) and character counts of both splits."""
@@ -93,7 +95,9 @@ class Prepared:
     val_chars: int
     manifest: dict = field(repr=False, default_factory=dict)
     eot_id: Optional[int] = None  # the id after every document (data.end_of_text), else None
-    holdout: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))  # data.holdout_tokens: never sampled for training
+    holdout: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, np.uint16)
+    )  # data.holdout_tokens: never sampled for training
 
     def tokens_per_char(self, split: str) -> float:
         """Tokens per character of the 'train', 'val' or 'holdout' text (the holdout's: the train split's)."""
@@ -165,9 +169,12 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
         manifest = json.loads((directory / "manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict) or any(manifest.get(k) != v for k, v in expected.items()) or \
-            manifest.get("end_of_text", False) != expected.get("end_of_text", False) or \
-            manifest.get("token_dtype", "uint16") != token_dtype(expected["vocab_size"]).name:  # a width not its own
+    if (
+        not isinstance(manifest, dict)
+        or any(manifest.get(k) != v for k, v in expected.items())
+        or manifest.get("end_of_text", False) != expected.get("end_of_text", False)
+        or manifest.get("token_dtype", "uint16") != token_dtype(expected["vocab_size"]).name
+    ):  # a width not its own
         return None
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != {"tokenizer.model", "train.bin", "val.bin", "val.txt"}:
@@ -184,6 +191,7 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
 
 # =========================================================================== encoding
 
+
 class _Hashed:
     """A binary file that hashes and counts the bytes written to it."""
 
@@ -199,8 +207,14 @@ class _Hashed:
         return {"bytes": self.bytes, "sha256": self.sha256.hexdigest()}
 
 
-def encode_text(tokenizer: AnyTokenizer, text: str, desc: str = "encode", quiet: bool = True,
-                chunk_chars: int = ENCODE_CHUNK_CHARS, batch: int = 16) -> np.ndarray:
+def encode_text(
+    tokenizer: AnyTokenizer,
+    text: str,
+    desc: str = "encode",
+    quiet: bool = True,
+    chunk_chars: int = ENCODE_CHUNK_CHARS,
+    batch: int = 16,
+) -> np.ndarray:
     """Encode a long text in newline-aligned chunks into an array of ``token_dtype`` (same ids as one
     ``encode``; in one piece for a tokenizer that cannot be split there), as ``prepare`` does.
 
@@ -208,17 +222,19 @@ def encode_text(tokenizer: AnyTokenizer, text: str, desc: str = "encode", quiet:
     """
     out = io.BytesIO()
     encoder = StreamEncoder(tokenizer, out, chunk_chars, batch)
-    with tqdm(total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet, file=sys.stderr,
-              leave=False) as bar:
+    with tqdm(
+        total=len(text), desc=desc, unit="char", unit_scale=True, disable=quiet, file=sys.stderr, leave=False
+    ) as bar:
         for i in range(0, len(text), chunk_chars):
-            encoder.add(text[i:i + chunk_chars])
-            bar.update(len(text[i:i + chunk_chars]))
+            encoder.add(text[i : i + chunk_chars])
+            bar.update(len(text[i : i + chunk_chars]))
         encoder.finish()
     return np.frombuffer(out.getvalue(), dtype=encoder.dtype).copy()
 
 
-def _read_split(split: Split, *, tokens: Optional[StreamEncoder] = None, text=None, eot: Optional[int] = None,
-                bar=None) -> int:
+def _read_split(
+    split: Split, *, tokens: Optional[StreamEncoder] = None, text=None, eot: Optional[int] = None, bar=None
+) -> int:
     """Read a split's documents once: their joined text (DOC_SEPARATOR between them, a newline at
     the end) to ``text`` (a binary file) and to ``tokens``, or with ``eot`` each document, "\\n"
     and ``eot`` to ``tokens``. Returns the characters of the joined text."""
@@ -250,6 +266,7 @@ def _read_split(split: Split, *, tokens: Optional[StreamEncoder] = None, text=No
 
 # =========================================================================== preparing
 
+
 def _log(message: str, quiet: bool) -> None:
     if not quiet:
         print(f"[data] {message}", file=sys.stderr, flush=True)
@@ -260,12 +277,16 @@ def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
         raise DataError(f"data.corpus={data_cfg.corpus!r} is invalid: expected 'shakespeare' or a path")
     text_field = getattr(data_cfg, "text_field", "text")
     if not isinstance(text_field, str) or not text_field:
-        raise DataError(f"data.text_field={text_field!r} is invalid: expected the name of the field of a .jsonl "
-                        f"line that holds its text, such as 'text'")
+        raise DataError(
+            f"data.text_field={text_field!r} is invalid: expected the name of the field of a .jsonl "
+            f"line that holds its text, such as 'text'"
+        )
     if tokenizer is not None:  # a given tokenizer: token files hold any vocabulary (uint32 ids at most)
         if _end_of_text(data_cfg) and tokenizer.eos_id is None:
-            raise DataError(f"data.end_of_text=true needs the tokenizer's end-of-text (eos) id, and the given "
-                            f"{tokenizer.vocab_size}-piece tokenizer has none: set data.end_of_text=false")
+            raise DataError(
+                f"data.end_of_text=true needs the tokenizer's end-of-text (eos) id, and the given "
+                f"{tokenizer.vocab_size}-piece tokenizer has none: set data.end_of_text=false"
+            )
         return
     try:
         tokenizer_module.check_vocab_size(data_cfg.vocab_size)
@@ -284,17 +305,28 @@ def _load(directory: Path, manifest: dict, holdout: int = 0) -> Prepared:
 
     train = tokens("train.bin")
     if holdout > len(train) // 2:
-        raise DataError(f"data.holdout_tokens={holdout} is invalid: the train split has {len(train)} tokens; hold "
-                        f"out at most half of them ({len(train) // 2})")
+        raise DataError(
+            f"data.holdout_tokens={holdout} is invalid: the train split has {len(train)} tokens; hold "
+            f"out at most half of them ({len(train) // 2})"
+        )
     keep = len(train) - holdout
     chars = manifest["train"]["chars"] * keep // max(1, len(train))  # the kept text's share, in proportion
-    return Prepared(dir=directory, tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
-                    train=train[:keep], val=tokens("val.bin"), train_chars=chars, val_chars=manifest["val"]["chars"],
-                    manifest=manifest, eot_id=manifest.get("eot_id"), holdout=train[keep:])
+    return Prepared(
+        dir=directory,
+        tokenizer=load_tokenizer(str(directory / "tokenizer.model")),
+        train=train[:keep],
+        val=tokens("val.bin"),
+        train_chars=chars,
+        val_chars=manifest["val"]["chars"],
+        manifest=manifest,
+        eot_id=manifest.get("eot_id"),
+        holdout=train[keep:],
+    )
 
 
-def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None,
-            reprepare: bool = False) -> Prepared:
+def prepare(
+    data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None, reprepare: bool = False
+) -> Prepared:
     """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
 
     The first call trains the tokenizer on the train split and writes the token files;
@@ -316,7 +348,9 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
             _log(f"reusing {directory}", quiet)
             return _load(directory, manifest, holdout)
-        directory = directory.with_name(f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}{_eot_suffix(data_cfg)}")
+        directory = directory.with_name(
+            f"{corpus_name(data_cfg.corpus)}-tok{tokenizer_hash[:12]}{_eot_suffix(data_cfg)}"
+        )
     expected = _expected(data_cfg, fingerprint, tokenizer_hash)
     manifest = None if reprepare else _valid_manifest(directory, expected)
     if manifest is not None:
@@ -324,8 +358,11 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
         return _load(directory, manifest, holdout)
 
     started = time.time()
-    how = (f"a {data_cfg.vocab_size}-piece tokenizer" if tokenizer is None
-           else f"a given {tokenizer.vocab_size}-piece tokenizer")
+    how = (
+        f"a {data_cfg.vocab_size}-piece tokenizer"
+        if tokenizer is None
+        else f"a given {tokenizer.vocab_size}-piece tokenizer"
+    )
     _log(f"preparing {data_cfg.corpus!r} with {how} into {directory}", quiet)
     train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
     created = not directory.exists()
@@ -339,8 +376,9 @@ def prepare(data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = N
             raise
     except (OSError, WriteError) as exc:
         reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
-        raise DataError(f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): "
-                        f"{reason}") from None
+        raise DataError(
+            f"cannot write the prepared corpus to {str(directory)!r} (data.dir={data_cfg.dir!r}): {reason}"
+        ) from None
     return _load(directory, manifest, holdout)
 
 
@@ -357,8 +395,7 @@ def _train_tokenizer(data_cfg, directory: Path, train: Split, quiet: bool) -> To
             chars = _read_split(train, text=f, bar=bar)
         _log(f"training the tokenizer on {chars:,} characters", quiet)
         try:
-            tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size,
-                                        name=f"the train split of {data_cfg.corpus!r}")
+            tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size, name=f"the train split of {data_cfg.corpus!r}")
         except TokenizerError as exc:
             raise DataError(f"data.{exc}") from None
     finally:
@@ -367,8 +404,15 @@ def _train_tokenizer(data_cfg, directory: Path, train: Split, quiet: bool) -> To
     return tokenizer
 
 
-def _encode_split(directory: Path, name: str, tokenizer: AnyTokenizer, split: Split, eot: Optional[int],
-                  quiet: bool, text_name: Optional[str] = None) -> tuple[dict, dict]:
+def _encode_split(
+    directory: Path,
+    name: str,
+    tokenizer: AnyTokenizer,
+    split: Split,
+    eot: Optional[int],
+    quiet: bool,
+    text_name: Optional[str] = None,
+) -> tuple[dict, dict]:
     """Encode a split into ``name`` (and its joined text into ``text_name``), each written through
     ``atomic_write``; returns (the split's manifest entry, the files' entries)."""
     files, counts = {}, {}
@@ -396,8 +440,16 @@ def _encode_split(directory: Path, name: str, tokenizer: AnyTokenizer, split: Sp
     return entry, files
 
 
-def _build(data_cfg, directory: Path, expected: dict, train: Split, val: Split, quiet: bool, started: float,
-           tokenizer: Optional[AnyTokenizer] = None) -> dict:
+def _build(
+    data_cfg,
+    directory: Path,
+    expected: dict,
+    train: Split,
+    val: Split,
+    quiet: bool,
+    started: float,
+    tokenizer: Optional[AnyTokenizer] = None,
+) -> dict:
     """Train the tokenizer (unless given), encode both splits and write the files, the manifest
     last; returns the manifest."""
     (directory / "manifest.json").unlink(missing_ok=True)  # invalid until everything is rewritten
@@ -417,15 +469,20 @@ def _build(data_cfg, directory: Path, expected: dict, train: Split, val: Split, 
     manifest = dict(expected)
     if eot is not None:
         manifest["eot_id"] = eot
-    manifest.update({
-        "token_dtype": token_dtype(tokenizer.vocab_size).name,
-        "train": train_entry,
-        "val": val_entry,
-        "files": {name: files[name] for name in ("tokenizer.model", "train.bin", "val.bin", "val.txt")},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.time() - started, 2),
-    })
+    manifest.update(
+        {
+            "token_dtype": token_dtype(tokenizer.vocab_size).name,
+            "train": train_entry,
+            "val": val_entry,
+            "files": {name: files[name] for name in ("tokenizer.model", "train.bin", "val.bin", "val.txt")},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.time() - started, 2),
+        }
+    )
     atomic_write(directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    _log(f"prepared {train_entry['tokens']:,} train / {val_entry['tokens']:,} val tokens "
-         f"in {time.time() - started:.1f}s", quiet)
+    _log(
+        f"prepared {train_entry['tokens']:,} train / {val_entry['tokens']:,} val tokens "
+        f"in {time.time() - started:.1f}s",
+        quiet,
+    )
     return manifest

@@ -34,6 +34,7 @@ byte of the run (sentencepiece decodes a valid byte after an invalid one as itse
 ``tokenizers`` is the optional ``hf`` extra; without it minilm imports and only these
 classes and functions raise a one-line ``TokenizerError``.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,8 +72,13 @@ def _one_line(exc: BaseException) -> str:
 class HFTokenizer:
     """A Hugging Face tokenizer (tokenizer.json) with the interface of ``minilm.data.tokenizer.Tokenizer``."""
 
-    def __init__(self, tokenizer_json: str, bos_id: Optional[int] = None, eos_id: Optional[int] = None,
-                 stop_ids: Optional[Sequence[int]] = None):
+    def __init__(
+        self,
+        tokenizer_json: str,
+        bos_id: Optional[int] = None,
+        eos_id: Optional[int] = None,
+        stop_ids: Optional[Sequence[int]] = None,
+    ):
         backend = _require()
         if not isinstance(tokenizer_json, str):
             raise TokenizerError(f"tokenizer.json must be text, got {type(tokenizer_json).__name__}")
@@ -136,17 +142,24 @@ class HFTokenizer:
         if not isinstance(wrapper, dict) or wrapper.get("format") != FORMAT:
             raise TokenizerError(f"not a minilm Hugging Face tokenizer: expected format {FORMAT!r}")
         if wrapper.get("version") != VERSION:
-            raise TokenizerError(f"Hugging Face tokenizer version {wrapper.get('version')!r} is not supported "
-                                 f"(this minilm reads version {VERSION})")
+            raise TokenizerError(
+                f"Hugging Face tokenizer version {wrapper.get('version')!r} is not supported "
+                f"(this minilm reads version {VERSION})"
+            )
         return cls(wrapper.get("tokenizer"), wrapper.get("bos_id"), wrapper.get("eos_id"), wrapper.get("stop_ids"))
 
     def to_bytes(self) -> bytes:
         """UTF-8 JSON of the tokenizer.json text, the bos / eos ids and the stop ids where they are
         not the eos id alone; ``from_bytes`` restores it."""
-        wrapper = {"format": FORMAT, "version": VERSION, "tokenizer": self._json,
-                   "bos_id": self._bos, "eos_id": self._eos}
+        wrapper = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": self._json,
+            "bos_id": self._bos,
+            "eos_id": self._eos,
+        }
         if self._stops != self._valid_ids([self._eos]):  # only when they say more (the bytes, and so the
-            wrapper["stop_ids"] = list(self._stops)       # prepared data's hash, stay as they were)
+            wrapper["stop_ids"] = list(self._stops)  # prepared data's hash, stay as they were)
         return json.dumps(wrapper, ensure_ascii=False).encode("utf-8")
 
     def tokenizer_json(self) -> str:
@@ -171,8 +184,10 @@ class HFTokenizer:
         """A TokenizerError unless ``ids`` is None, an id of the vocabulary, or a list of them."""
         for i in ids if isinstance(ids, list) else [ids]:
             if i is not None and (isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self._vocab_size):
-                raise TokenizerError(f"{where}={ids!r} is invalid: expected token ids from 0 to "
-                                     f"{self._vocab_size - 1} (the tokenizer's vocabulary)")
+                raise TokenizerError(
+                    f"{where}={ids!r} is invalid: expected token ids from 0 to "
+                    f"{self._vocab_size - 1} (the tokenizer's vocabulary)"
+                )
 
     def _valid_ids(self, ids) -> tuple:
         """The distinct ids of ``ids`` that are in the vocabulary, in order (None and others dropped)."""
@@ -246,6 +261,7 @@ def _read_json(directory: str, name: str) -> dict:
 
 # =========================================================================== dispatch
 
+
 def tokenizer_from_bytes(data: bytes) -> AnyTokenizer:
     """The tokenizer serialized in ``data``: a minilm HF wrapper (JSON, starts with ``{``) or a
     sentencepiece model (a protobuf, never starts with ``{``)."""
@@ -264,6 +280,7 @@ def load_tokenizer(path: str) -> AnyTokenizer:
 
 
 # =========================================================================== sentencepiece -> tokenizers
+
 
 def _varint(data: bytes, i: int) -> tuple:
     value = shift = 0
@@ -285,10 +302,10 @@ def _fields(data: bytes) -> list:
             value, i = _varint(data, i)
         elif kind in (1, 5):
             size = 8 if kind == 1 else 4
-            value, i = data[i:i + size], i + size
+            value, i = data[i : i + size], i + size
         elif kind == 2:
             size, i = _varint(data, i)
-            value, i = data[i:i + size], i + size
+            value, i = data[i : i + size], i + size
         else:
             raise TokenizerError(f"not a sentencepiece model: protobuf wire type {kind}")
         out.append((key >> 3, value))
@@ -314,25 +331,36 @@ def _read_model(model: bytes) -> tuple:
 def _check_settings(trainer: dict, normalizer: dict) -> None:
     """Refuse a sentencepiece model whose settings the conversion does not reproduce
     (proto2 defaults where a field is absent)."""
-    wanted = [("model_type BPE", trainer.get(3, 1) == 2), ("byte_fallback", trainer.get(35, 0) == 1),
-              ("split_by_whitespace", trainer.get(22, 1) == 1),
-              ("no treat_whitespace_as_suffix", trainer.get(24, 0) == 0),
-              ("the identity normalization", normalizer.get(1, b"") == b"identity"),
-              ("no dummy prefix", normalizer.get(3, 1) == 0),
-              ("no whitespace removal", normalizer.get(4, 1) == 0), ("escaped spaces", normalizer.get(5, 1) == 1)]
+    wanted = [
+        ("model_type BPE", trainer.get(3, 1) == 2),
+        ("byte_fallback", trainer.get(35, 0) == 1),
+        ("split_by_whitespace", trainer.get(22, 1) == 1),
+        ("no treat_whitespace_as_suffix", trainer.get(24, 0) == 0),
+        ("the identity normalization", normalizer.get(1, b"") == b"identity"),
+        ("no dummy prefix", normalizer.get(3, 1) == 0),
+        ("no whitespace removal", normalizer.get(4, 1) == 0),
+        ("escaped spaces", normalizer.get(5, 1) == 1),
+    ]
     missing = [name for name, ok in wanted if not ok]
     if missing:
-        raise TokenizerError("cannot convert this sentencepiece model to a Hugging Face tokenizer: it lacks "
-                             f"{', '.join(missing)} (minilm's trainer settings)")
+        raise TokenizerError(
+            "cannot convert this sentencepiece model to a Hugging Face tokenizer: it lacks "
+            f"{', '.join(missing)} (minilm's trainer settings)"
+        )
 
 
 def _merges(pieces: list) -> list:
     """Every split of a normal piece into two normal pieces, best-scoring piece first."""
     normal = {text for text, _, kind in pieces if kind == NORMAL}
-    ranked = sorted((-score, i, text) for i, (text, score, kind) in enumerate(pieces)
-                    if kind == NORMAL and len(text) > 1)
-    return [(text[:k], text[k:]) for _, _, text in ranked for k in range(1, len(text))
-            if text[:k] in normal and text[k:] in normal]
+    ranked = sorted(
+        (-score, i, text) for i, (text, score, kind) in enumerate(pieces) if kind == NORMAL and len(text) > 1
+    )
+    return [
+        (text[:k], text[k:])
+        for _, _, text in ranked
+        for k in range(1, len(text))
+        if text[:k] in normal and text[k:] in normal
+    ]
 
 
 def sentencepiece_to_json(model: bytes) -> str:
@@ -347,16 +375,20 @@ def sentencepiece_to_json(model: bytes) -> str:
     tok.normalizer = tk.normalizers.Replace(" ", SPACE)
     words = tk.Regex(f"\n|{SPACE}*[^{SPACE}\n]+|{SPACE}+")
     tok.pre_tokenizer = tk.pre_tokenizers.Split(words, behavior="isolated")
-    tok.decoder = tk.decoders.Sequence([tk.decoders.Replace(SPACE, " "), tk.decoders.ByteFallback(),
-                                        tk.decoders.Fuse()])
-    tok.add_tokens([tk.AddedToken(text, special=False, normalized=True)
-                    for text, _, kind in pieces if kind == USER_DEFINED])
-    tok.add_special_tokens([tk.AddedToken(text, special=True, normalized=False)
-                            for text, _, kind in pieces if kind in (UNKNOWN, CONTROL)])
+    tok.decoder = tk.decoders.Sequence(
+        [tk.decoders.Replace(SPACE, " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
+    )
+    tok.add_tokens(
+        [tk.AddedToken(text, special=False, normalized=True) for text, _, kind in pieces if kind == USER_DEFINED]
+    )
+    tok.add_special_tokens(
+        [tk.AddedToken(text, special=True, normalized=False) for text, _, kind in pieces if kind in (UNKNOWN, CONTROL)]
+    )
     return tok.to_str()
 
 
 # =========================================================================== export
+
 
 def save_pretrained_tokenizer(tokenizer: AnyTokenizer, directory: str) -> list[str]:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into
@@ -371,14 +403,21 @@ def save_pretrained_tokenizer(tokenizer: AnyTokenizer, directory: str) -> list[s
     unk = json.loads(hf.tokenizer_json()).get("model", {}).get("unk_token")
     if unk is not None:
         special["unk_token"] = unk
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "clean_up_tokenization_spaces": False,
-                "split_special_tokens": True, "model_input_names": ["input_ids", "attention_mask"]}
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": True,
+        "model_input_names": ["input_ids", "attention_mask"],
+    }
     if not isinstance(tokenizer, HFTokenizer):  # minilm adds no bos / eos; a tokenizer.json's post-processor decides
         settings.update(add_bos_token=False, add_eos_token=False)
     os.makedirs(directory, exist_ok=True)
-    files = {"tokenizer.json": hf.tokenizer_json(),
-             "tokenizer_config.json": json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
-             "special_tokens_map.json": json.dumps(special, indent=2, ensure_ascii=False) + "\n"}
+    files = {
+        "tokenizer.json": hf.tokenizer_json(),
+        "tokenizer_config.json": json.dumps(settings, indent=2, ensure_ascii=False) + "\n",
+        "special_tokens_map.json": json.dumps(special, indent=2, ensure_ascii=False) + "\n",
+    }
     paths = []
     for name, text in files.items():
         paths.append(os.path.join(directory, name))

@@ -39,6 +39,7 @@ only the softmax's push-down gradient through the tied head, the same for all of
 their embeddings collapse onto one direction (mean cosine 0.66-0.86 between keys after
 training) and the model cannot tell one value from another; the study unties them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -73,16 +74,19 @@ class Task:
         return 1.0 / len(self.values)
 
     @classmethod
-    def from_tokens(cls, tokens, vocab_size: int, size: int = SIZE, pairs: int = PAIRS,
-                    queries: int = QUERIES) -> "Task":
+    def from_tokens(
+        cls, tokens, vocab_size: int, size: int = SIZE, pairs: int = PAIRS, queries: int = QUERIES
+    ) -> "Task":
         """Marker, keys and values among the ids the training split never uses (module docstring)."""
         counts = np.bincount(np.asarray(tokens, dtype=np.int64), minlength=vocab_size)[:vocab_size]
         unused = [int(i) for i in np.flatnonzero(counts == 0)]
         if len(unused) < 1 + 2 * size:
-            raise RetrievalError(f"the training split leaves {len(unused)} of the {vocab_size} token ids unused; the "
-                                 f"retrieval task needs {1 + 2 * size} (a marker, {size} keys, {size} values): use a "
-                                 f"larger data.vocab_size")
-        return cls(unused[0], tuple(unused[1:1 + size]), tuple(unused[1 + size:1 + 2 * size]), pairs, queries)
+            raise RetrievalError(
+                f"the training split leaves {len(unused)} of the {vocab_size} token ids unused; the "
+                f"retrieval task needs {1 + 2 * size} (a marker, {size} keys, {size} values): use a "
+                f"larger data.vocab_size"
+            )
+        return cls(unused[0], tuple(unused[1 : 1 + size]), tuple(unused[1 + size : 1 + 2 * size]), pairs, queries)
 
     def pairs_for(self, length: int) -> int:
         """Pairs in a sequence of ``length`` tokens: at most half its slots hold pairs or queries."""
@@ -102,8 +106,9 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
     group, slots = 1 + task.queries, (T + 1) // SLOT  # the slots of one pair: the pair, then its queries
     n = max(1, min(task.pairs, slots // (2 * group)))  # at most half the slots hold pairs or queries
     if slots < group:
-        raise RetrievalError(f"block_size {T} is too short for the retrieval task: it needs at least "
-                             f"{group * SLOT - 1} tokens")
+        raise RetrievalError(
+            f"block_size {T} is too short for the retrieval task: it needs at least {group * SLOT - 1} tokens"
+        )
     keys, values = torch.tensor(task.keys), torch.tensor(task.values)
     y = torch.full((B, T), IGNORE, dtype=torch.long)
     for b in range(B):
@@ -113,7 +118,7 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
         value = values[torch.randint(len(values), (m,), generator=generator)]
         for places, k, v in zip(chosen.tolist(), key, value):
             for at in places:
-                rows[b, at:at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+                rows[b, at : at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
             for at in places[1:]:
                 y[b, at + 1] = v
     if keep_text:
@@ -124,8 +129,7 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
 
 def _free_slots(length: int, taken: Sequence[int]) -> list:
     """Starts of the 3-token grid slots in [0, length) that overlap none of the slots at ``taken``."""
-    return [s * SLOT for s in range(length // SLOT)
-            if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
+    return [s * SLOT for s in range(length // SLOT) if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
 
 
 def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Generator) -> tuple:
@@ -137,8 +141,9 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
     B, T = prompts.shape
     n = task.pairs_for(T)
     if T < 2 * SLOT * n + 2:
-        raise RetrievalError(f"length {T} is too short for a retrieval probe: it needs at least "
-                             f"{2 * SLOT * n + 2} tokens")
+        raise RetrievalError(
+            f"length {T} is too short for a retrieval probe: it needs at least {2 * SLOT * n + 2} tokens"
+        )
     needle = round(depth * (T - SLOT - 2))
     keys, values = torch.tensor(task.keys), torch.tensor(task.values)
     # distractors go on slots of the grid that end before the query and miss the needle
@@ -149,8 +154,8 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
         value = values[torch.randint(len(values), (n,), generator=generator)]
         places = [needle] + [free[i] for i in _choice(len(free), n - 1, generator).tolist()]
         for at, k, v in zip(places, key, value):
-            prompts[b, at:at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
-        prompts[b, T - 2:] = torch.stack([torch.tensor(task.marker), key[0]])
+            prompts[b, at : at + SLOT] = torch.stack([torch.tensor(task.marker), k, v])
+        prompts[b, T - 2 :] = torch.stack([torch.tensor(task.marker), key[0]])
         answers[b] = value[0]
     return prompts, answers
 
@@ -161,7 +166,7 @@ SUITE = ("single", "multikey", "multiquery", "multivalue", "vartrack", "copy")
 
 
 def _write(prompt: torch.Tensor, at: int, *tokens) -> None:
-    prompt[at:at + len(tokens)] = torch.tensor([int(t) for t in tokens])
+    prompt[at : at + len(tokens)] = torch.tensor([int(t) for t in tokens])
 
 
 def _copy_probe(prompts: torch.Tensor, depth: float, items: int) -> tuple:
@@ -171,12 +176,13 @@ def _copy_probe(prompts: torch.Tensor, depth: float, items: int) -> tuple:
     if T < 2 * span:
         raise RetrievalError(f"length {T} is too short for copy with {items} items: it needs at least {2 * span}")
     first = round(depth * (T - 2 * span))
-    prompts[:, T - span:] = prompts[:, first:first + span]
-    return prompts, torch.arange(T - span, T - 1).expand(B, -1), prompts[:, T - span + 1:].clone()
+    prompts[:, T - span :] = prompts[:, first : first + span]
+    return prompts, torch.arange(T - span, T - 1).expand(B, -1), prompts[:, T - span + 1 :].clone()
 
 
-def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, generator: torch.Generator,
-                items: int = 4) -> tuple:
+def suite_probe(
+    haystacks: torch.Tensor, task: Task, name: str, depth: float, generator: torch.Generator, items: int = 4
+) -> tuple:
     """(prompts (B, T), positions (B, A), targets (B, A)) of one long-context task (RULER-style,
     Hsieh et al. 2024, over this task's marker, keys and values): the model is right on a probe
     when its greedy prediction after ``prompts[b, positions[b, a]]`` is ``targets[b, a]`` for
@@ -216,8 +222,10 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
         return _copy_probe(prompts, depth, items)
     asked = {"multiquery": SLOT * items - 1, "multivalue": items + 1, "vartrack": 2}[name]  # tokens at the end
     if T - asked < 2 * SLOT * items:
-        raise RetrievalError(f"length {T} is too short for {name} with {items} items: it needs at least "
-                             f"{2 * SLOT * items + asked} tokens")
+        raise RetrievalError(
+            f"length {T} is too short for {name} with {items} items: it needs at least "
+            f"{2 * SLOT * items + asked} tokens"
+        )
     space = T - asked  # the haystack before the questions
     room = space - SLOT * (items + 1 if name == "vartrack" else 1)  # the last start that leaves room after it
     needle = round(depth * room)
@@ -234,8 +242,9 @@ def suite_probe(haystacks: torch.Tensor, task: Task, name: str, depth: float, ge
                 _write(prompts[b], at, task.marker, k, v)
             for q, i in enumerate(_choice(items, items, generator).tolist()):
                 start = space + SLOT * q
-                _write(prompts[b], start, *((task.marker, keys[i], values[i]) if q < items - 1 else
-                                            (task.marker, keys[i])))
+                _write(
+                    prompts[b], start, *((task.marker, keys[i], values[i]) if q < items - 1 else (task.marker, keys[i]))
+                )
                 where.append(start + 1)
                 want.append(values[i])
         elif name == "multivalue":  # written in the order of their positions

@@ -16,6 +16,7 @@ Speech that resumes after a stage direction repeats ``NAME:``; asides inside a s
 bracketed lines (``[Aside]``). Each play is one document; Hamlet and The Tempest are the
 validation split (5.5% of the characters), the other 36 plays are train.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -79,8 +80,9 @@ def _blocks(markdown: str) -> list[list[str]]:
 def _is_direction(block: list[str]) -> bool:
     """A whole-block stage direction written in emphasis: ``_Exit_`` or ``*Enter King.*`` (maybe wrapped)."""
     first, last = block[0].lstrip(), block[-1].rstrip()
-    opens = (first.startswith("_") and not first.startswith("__")) or \
-            (first.startswith("*") and not first.startswith("**"))
+    opens = (first.startswith("_") and not first.startswith("__")) or (
+        first.startswith("*") and not first.startswith("**")
+    )
     return opens and last.endswith(("_", "*")) and "\\[" not in first
 
 

@@ -38,6 +38,7 @@ restores the mtime and lies outside the sampled bytes goes unseen: ``prepare(rep
 a few ms to read) keep the hash of every byte, as before, so a default corpus prepared
 earlier stays valid and a reinstall that changes only mtimes rebuilds nothing.
 """
+
 from __future__ import annotations
 
 import array
@@ -70,15 +71,18 @@ class DataError(MinilmError):
 
 # =========================================================================== files
 
+
 def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
     """(relative path, file) of a user corpus: the file itself, or every *.txt and *.jsonl below a directory."""
     root = Path(os.path.expanduser(str(path)))
     if root.is_file():
         return [(root.name, root)]
     if not root.exists():
-        raise DataError(f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt or .jsonl file "
-                        f"or a directory of them (a checkpoint's corpus that has moved: give its new place "
-                        f"with --set data.corpus=NEW)")
+        raise DataError(
+            f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt or .jsonl file "
+            f"or a directory of them (a checkpoint's corpus that has moved: give its new place "
+            f"with --set data.corpus=NEW)"
+        )
     if not root.is_dir():
         raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
     files = []
@@ -114,8 +118,9 @@ def text_blocks(path: Path) -> Iterator[str]:
             try:
                 text = newlines.decode(decoder.decode(block, final=not block), final=not block)
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path} is not UTF-8 text (byte {offset - pending + exc.start}): "
-                                f"convert it to UTF-8") from None
+                raise DataError(
+                    f"{path} is not UTF-8 text (byte {offset - pending + exc.start}): convert it to UTF-8"
+                ) from None
             if text:
                 yield text
             if not block:
@@ -135,29 +140,34 @@ def _line_text(raw: bytes, path: Path, number: int, field: str) -> str:
         record = json.loads(raw)
     except ValueError as exc:  # invalid JSON or invalid UTF-8
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise DataError(f"{where} is not valid JSON ({reason}): each line of a .jsonl corpus is one object "
-                        f"whose field {field!r} (data.text_field) is the document's text") from None
+        raise DataError(
+            f"{where} is not valid JSON ({reason}): each line of a .jsonl corpus is one object "
+            f"whose field {field!r} (data.text_field) is the document's text"
+        ) from None
     if not isinstance(record, dict):
-        raise DataError(f"{where} is {_json_type(record)}, not an object: each line of a .jsonl corpus "
-                        f"is one object whose field {field!r} (data.text_field) is the document's text")
+        raise DataError(
+            f"{where} is {_json_type(record)}, not an object: each line of a .jsonl corpus "
+            f"is one object whose field {field!r} (data.text_field) is the document's text"
+        )
     if field not in record:
         raise DataError(f"{where} has no field {field!r} (data.text_field): {suggest(field, record)}")
     text = record[field]
     if not isinstance(text, str):
-        raise DataError(f"{where}: field {field!r} (data.text_field) is {_json_type(text)}, "
-                        f"expected a string")
+        raise DataError(f"{where}: field {field!r} (data.text_field) is {_json_type(text)}, expected a string")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise DataError(f"{where}: field {field!r} (data.text_field) holds an unpaired surrogate "
-                        f"({text[exc.start]!r} at character {exc.start}): expected text that UTF-8 can hold") from None
+        raise DataError(
+            f"{where}: field {field!r} (data.text_field) holds an unpaired surrogate "
+            f"({text[exc.start]!r} at character {exc.start}): expected text that UTF-8 can hold"
+        ) from None
     return text
 
 
 def _ints(array: np.ndarray, block: int = 1 << 16) -> Iterator[int]:
     """The numbers of an integer array as Python ints, a block at a time (never a whole list)."""
     for start in range(0, len(array), block):
-        yield from array[start:start + block].tolist()
+        yield from array[start : start + block].tolist()
 
 
 def _jsonl_lines(path: Path, field: str, numbers: Optional[np.ndarray] = None) -> Iterator[tuple[int, str]]:
@@ -183,6 +193,7 @@ def _jsonl_lines(path: Path, field: str, numbers: Optional[np.ndarray] = None) -
 
 
 # =========================================================================== splits
+
 
 @dataclass(frozen=True)
 class Source:
@@ -230,8 +241,7 @@ def _cut_blocks(blocks: Iterator[str], start: int, end: Optional[int]) -> Iterat
 class Split:
     """The documents of one split, read back on demand (``documents``), or held (``held``)."""
 
-    def __init__(self, sources: Sequence[Source] = (), field: str = "text",
-                 held: Optional[Sequence[Document]] = None):
+    def __init__(self, sources: Sequence[Source] = (), field: str = "text", held: Optional[Sequence[Document]] = None):
         self.sources, self.field, self.held = list(sources), field, held
 
     def __len__(self) -> int:
@@ -315,8 +325,10 @@ def _split_one(corpus: str, source: Source, field: str) -> tuple[Split, Split]:
         cut, both = len(train), bool(train.strip() and val.strip())
     if not both:
         raise DataError(f"data.corpus={corpus!r} is too short to split into train and validation text")
-    return (Split([Source(source.rel, source.path, source.lines, (0, cut), "", cut)], field),
-            Split([Source(source.rel, source.path, source.lines, (cut, n), "#val", n - cut)], field))
+    return (
+        Split([Source(source.rel, source.path, source.lines, (0, cut), "", cut)], field),
+        Split([Source(source.rel, source.path, source.lines, (cut, n), "#val", n - cut)], field),
+    )
 
 
 def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
@@ -337,8 +349,10 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
                 sources.append(Source(rel, path, chars=chars))
     total = sum(len(s) for s in sources)
     if not total:
-        raise DataError(f"data.corpus={corpus!r} has no text: its files are empty "
-                        f"(a .jsonl file's documents are its lines' field {field!r}, data.text_field)")
+        raise DataError(
+            f"data.corpus={corpus!r} has no text: its files are empty "
+            f"(a .jsonl file's documents are its lines' field {field!r}, data.text_field)"
+        )
     if total == 1:
         return _split_one(corpus, sources[0], field)
     digests = bytearray()
@@ -347,17 +361,19 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
             digests += hashlib.sha1(name.encode("utf-8")).digest()
     order = np.argsort(np.frombuffer(digests, dtype="S20"), kind="stable")
     val = np.zeros(total, dtype=bool)
-    val[order[:max(1, round(VAL_FRACTION * total))]] = True
+    val[order[: max(1, round(VAL_FRACTION * total))]] = True
     splits, start = ([], []), 0
     for source in sources:
-        taken = val[start:start + len(source)]
+        taken = val[start : start + len(source)]
         start += len(source)
         for side, mask in ((0, ~taken), (1, taken)):
             if source.lines is None and mask[0]:
                 splits[side].append(source)
             elif source.lines is not None and mask.any():
                 part = source.lines[mask]
-                splits[side].append(Source(source.rel, source.path, part, chars=source.chars * len(part) // len(source)))
+                splits[side].append(
+                    Source(source.rel, source.path, part, chars=source.chars * len(part) // len(source))
+                )
     return Split(splits[0], field), Split(splits[1], field)
 
 
@@ -393,6 +409,7 @@ def listed_names(split: Split, limit: int) -> list[str]:
 
 
 # =========================================================================== fingerprint
+
 
 def _sampled_digest(path: Path, size: int) -> bytes:
     """SHA-256 of the first, middle and last SAMPLE_BYTES of a file (all of it when it is smaller)."""

@@ -18,6 +18,7 @@ pieces, then the learned pieces. There is no padding id. The serialized model
 (``to_bytes``) is all that is needed to rebuild the tokenizer; it travels inside
 checkpoints.
 """
+
 from __future__ import annotations
 
 import io
@@ -33,8 +34,8 @@ from minilm.common import MinilmError
 # Bump when the trainer settings below change, so prepared data is rebuilt.
 SETTINGS_VERSION = 1
 
-MAX_VOCAB_SIZE = 2 ** 32  # ids fit the token files' widest dtype, uint32 (token_dtype)
-UINT16_VOCAB = 2 ** 16  # the largest vocabulary whose ids fit uint16
+MAX_VOCAB_SIZE = 2**32  # ids fit the token files' widest dtype, uint32 (token_dtype)
+UINT16_VOCAB = 2**16  # the largest vocabulary whose ids fit uint16
 # 3 specials + newline + 256 byte pieces; sentencepiece also needs one id per distinct character
 MIN_VOCAB_SIZE = 3 + 1 + 256 + 1
 
@@ -95,12 +96,18 @@ class Tokenizer:
         with open(os.devnull, "w") as devnull:
             try:
                 spm.SentencePieceTrainer.train(
-                    input=text_file_path, model_writer=model, vocab_size=vocab_size,
-                    logstream=devnull, minloglevel=2, **TRAINER_SETTINGS)
+                    input=text_file_path,
+                    model_writer=model,
+                    vocab_size=vocab_size,
+                    logstream=devnull,
+                    minloglevel=2,
+                    **TRAINER_SETTINGS,
+                )
             except RuntimeError as exc:
                 detail = " ".join(str(exc).split()).rpartition("] ")[2] or type(exc).__name__
                 raise TokenizerError(
-                    f"vocab_size={vocab_size} does not fit {name or repr(text_file_path)}: {detail}") from None
+                    f"vocab_size={vocab_size} does not fit {name or repr(text_file_path)}: {detail}"
+                ) from None
         return cls.from_bytes(model.getvalue())
 
     @classmethod
@@ -189,11 +196,14 @@ def check_vocab_size(vocab_size) -> None:
         raise TokenizerError(f"vocab_size={vocab_size!r} is invalid: expected an integer")
     if vocab_size > MAX_VOCAB_SIZE:
         raise TokenizerError(
-            f"vocab_size={vocab_size} is too large: token files hold uint32 ids, valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
+            f"vocab_size={vocab_size} is too large: token files hold uint32 ids, valid: "
+            f"{MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}"
+        )
     if vocab_size < MIN_VOCAB_SIZE:
         raise TokenizerError(
             f"vocab_size={vocab_size} is too small: byte fallback needs 260 ids plus one per distinct character, "
-            f"valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}")
+            f"valid: {MIN_VOCAB_SIZE}..{MAX_VOCAB_SIZE}"
+        )
 
 
 def settings() -> dict:
@@ -223,8 +233,11 @@ def newline_chunks(text: str, size: int = ENCODE_CHUNK_CHARS) -> list[str]:
 def splits_at_newlines(tokenizer) -> bool:
     """Whether encoding text in ``newline_chunks`` gives the same ids as one ``encode``: false for a
     tokenizer that adds something at the start of every text (a dummy-prefix space)."""
-    return all(tokenizer.encode(probe) == tokenizer.encode(probe[:cut + 1]) + tokenizer.encode(probe[cut + 1:])
-               for probe in BREAK_PROBES for cut in [probe.index("\n")])
+    return all(
+        tokenizer.encode(probe) == tokenizer.encode(probe[: cut + 1]) + tokenizer.encode(probe[cut + 1 :])
+        for probe in BREAK_PROBES
+        for cut in [probe.index("\n")]
+    )
 
 
 class StreamEncoder:

@@ -25,6 +25,7 @@ states in chunks (``minilm.evaluation.scoring.LOSS_CHUNK``), so the T x vocab lo
 Output: ``markdown_table``, ``write_csv`` and (with matplotlib) ``plot`` of perplexity
 against length.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,8 @@ import torch
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.common import MinilmError, markdown_table as table, peak_memory, resolve_device, resolve_dtype
+from minilm.common import MinilmError, peak_memory, resolve_device, resolve_dtype
+from minilm.common import markdown_table as table
 from minilm.common import write_csv as common_write_csv
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES, document_forward, score_many, segments
@@ -97,16 +99,27 @@ SPLITS = ("val", "holdout")  # what is scored: the validation split, or text hel
 def validation_tokens(config, tokenizer, quiet: bool = False, split: str = "val") -> np.ndarray:
     """The validation split of ``config.data`` (or ``split`` "holdout": the last
     ``data.holdout_tokens`` of the train split) as ids of ``tokenizer`` (memoised per process)."""
-    key = (config.data.corpus, config.data.dir, config.data.vocab_size, config.data.end_of_text,
-           config.data.text_field, config.data.holdout_tokens, split, hashlib.sha1(tokenizer.to_bytes()).hexdigest())
+    key = (
+        config.data.corpus,
+        config.data.dir,
+        config.data.vocab_size,
+        config.data.end_of_text,
+        config.data.text_field,
+        config.data.holdout_tokens,
+        split,
+        hashlib.sha1(tokenizer.to_bytes()).hexdigest(),
+    )
     if key not in _VAL_CACHE:
         if split not in SPLITS:
             raise EvaluationError(f"split={split!r} is invalid: valid: {', '.join(SPLITS)}")
         tokens = data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).tokens(split)
         if not len(tokens):
-            raise EvaluationError("the holdout split is empty: the model was trained with data.holdout_tokens=0; "
-                                  "score the validation split, or train with data.holdout_tokens=N"
-                                  if split == "holdout" else f"the {split} split of {config.data.corpus!r} is empty")
+            raise EvaluationError(
+                "the holdout split is empty: the model was trained with data.holdout_tokens=0; "
+                "score the validation split, or train with data.holdout_tokens=N"
+                if split == "holdout"
+                else f"the {split} split of {config.data.corpus!r} is empty"
+            )
         _VAL_CACHE[key] = np.asarray(tokens)
     return _VAL_CACHE[key]
 
@@ -115,18 +128,31 @@ def segment_length(multiple: float, block_size: int) -> int:
     """``multiple`` x the training length in tokens; an EvaluationError when that is under one token."""
     length = int(round(multiple * block_size))
     if length < 1:
-        raise EvaluationError(f"multiple {multiple:g} of block_size {block_size} is {multiple * block_size:g} "
-                              f"tokens: evaluation lengths must be at least 1 token")
+        raise EvaluationError(
+            f"multiple {multiple:g} of block_size {block_size} is {multiple * block_size:g} "
+            f"tokens: evaluation lengths must be at least 1 token"
+        )
     return length
 
 
-def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int]] = None,
-                         multiples: Sequence[float] = DEFAULT_MULTIPLES, mode: str = "nonoverlapping",
-                         stride: Optional[int] = None, fixed_stride: Optional[int] = None,
-                         max_tokens: Optional[int] = DEFAULT_MAX_TOKENS, position_bin: int = 0,
-                         overrides: Sequence[str] = (), labels: Optional[Sequence[str]] = None,
-                         batch_tokens: int = 8192, dtype: str = "float32", device: str = "auto",
-                         quiet: bool = False, split: str = "val") -> list:
+def evaluate_checkpoints(
+    paths: Sequence[str],
+    *,
+    lengths: Optional[Sequence[int]] = None,
+    multiples: Sequence[float] = DEFAULT_MULTIPLES,
+    mode: str = "nonoverlapping",
+    stride: Optional[int] = None,
+    fixed_stride: Optional[int] = None,
+    max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
+    position_bin: int = 0,
+    overrides: Sequence[str] = (),
+    labels: Optional[Sequence[str]] = None,
+    batch_tokens: int = 8192,
+    dtype: str = "float32",
+    device: str = "auto",
+    quiet: bool = False,
+    split: str = "val",
+) -> list:
     """Score each checkpoint at each length; returns a list of ``Result`` (one per cell).
 
     ``mode`` is one of ``minilm.evaluation.scoring.MODES`` or a list of them; every (mode,
@@ -155,8 +181,9 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
     for path in paths:
         model, tokenizer, config, state = load_model(path, overrides, device=device)
         block = config.model.block_size
-        these = [int(t) for t in lengths] if lengths is not None else \
-            sorted({segment_length(m, block) for m in multiples})
+        these = (
+            [int(t) for t in lengths] if lengths is not None else sorted({segment_length(m, block) for m in multiples})
+        )
         loaded.append((state["path"], model, tokenizer, config, these))
     longest = max(t for *_, these in loaded for t in these)
 
@@ -167,38 +194,70 @@ def evaluate_checkpoints(paths: Sequence[str], *, lengths: Optional[Sequence[int
         budget = available if max_tokens is None else min(max_tokens, available)
         if budget < longest:
             limited = "" if budget == available else f" (max_tokens={max_tokens})"
-            raise EvaluationError(f"{path}: the {split} split has {budget} scorable tokens{limited}, fewer than "
-                                  f"the longest length {longest}: use shorter lengths or more text")
+            raise EvaluationError(
+                f"{path}: the {split} split has {budget} scorable tokens{limited}, fewer than "
+                f"the longest length {longest}: use shorter lengths or more text"
+            )
         n = budget // longest * longest
-        tokens = torch.from_numpy(np.asarray(val[:n + 1], dtype=np.int64))
+        tokens = torch.from_numpy(np.asarray(val[: n + 1], dtype=np.int64))
         chars = len(tokenizer.decode(tokens[1:].tolist()))
         position = config.model.position
         label = labels[index] if labels is not None else _default_label(path, overrides, position)
         limit = model.positions.position_limit()
         runnable = [t for t in these if limit is None or t <= limit]
         cells = [(m, t) for m in modes for t in runnable]
-        strides = {"nonoverlapping": lambda t: None, "sliding": lambda t: stride or max(1, t // 2),
-                   "fixed-stride": lambda t: fixed_stride or config.model.block_size}
+        strides = {
+            "nonoverlapping": lambda t: None,
+            "sliding": lambda t: stride or max(1, t // 2),
+            "fixed-stride": lambda t: fixed_stride or config.model.block_size,
+        }
         requests = [(t, m, strides[m](t)) for m, t in cells]
         total = sum(len(segments(n, *request)) for request in requests)
         started, positions = time.time(), []
-        with tqdm(total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet,
-                  leave=False) as bar:
-            nll = dict(zip(cells, score_many(model, tokens, requests, batch_tokens=batch_tokens,
-                                             dtype=compute_dtype, progress=bar, by_position=positions,
-                                             forward=document_forward(config.data, tokenizer.eos_id))))
+        with tqdm(
+            total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet, leave=False
+        ) as bar:
+            nll = dict(
+                zip(
+                    cells,
+                    score_many(
+                        model,
+                        tokens,
+                        requests,
+                        batch_tokens=batch_tokens,
+                        dtype=compute_dtype,
+                        progress=bar,
+                        by_position=positions,
+                        forward=document_forward(config.data, tokenizer.eos_id),
+                    ),
+                )
+            )
         binned = {cell: _binned(curve, position_bin) for cell, curve in zip(cells, positions)}
         for m in modes:
             for t in these:
-                common = dict(label=label, checkpoint=path, position=describe(position),
-                              train_length=config.model.block_size, length=t, mode=m, stride=strides[m](t),
-                              tokens=n, chars=chars)
-                results.append(Result(nll=nll[(m, t)], by_position=binned[(m, t)], **common) if (m, t) in nll else
-                               Result(nll=None, status="bounded", **common))
+                common = dict(
+                    label=label,
+                    checkpoint=path,
+                    position=describe(position),
+                    train_length=config.model.block_size,
+                    length=t,
+                    mode=m,
+                    stride=strides[m](t),
+                    tokens=n,
+                    chars=chars,
+                )
+                results.append(
+                    Result(nll=nll[(m, t)], by_position=binned[(m, t)], **common)
+                    if (m, t) in nll
+                    else Result(nll=None, status="bounded", **common)
+                )
         if not quiet:
-            print(f"[eval] {label}: {len(runnable)} lengths x {len(modes)} mode(s) x {n:,} tokens in "
-                  f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[eval] {label}: {len(runnable)} lengths x {len(modes)} mode(s) x {n:,} tokens in "
+                f"{time.time() - started:.1f}s; peak memory so far {peak_memory(device)}",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
@@ -217,7 +276,7 @@ def _binned(curve, width: int) -> Optional[list]:
     """Mean of ``curve`` over consecutive bins of ``width`` positions (the last may be shorter)."""
     if curve is None or width < 1:
         return None
-    return [float(curve[i:i + width].mean()) for i in range(0, len(curve), width)]
+    return [float(curve[i : i + width].mean()) for i in range(0, len(curve), width)]
 
 
 def _checked_modes(mode, stride) -> list:
@@ -242,6 +301,7 @@ def _default_label(path: str, overrides: Sequence[str], position: dict) -> str:
 
 # --------------------------------------------------------------------------- output
 
+
 def markdown_table(results: Sequence, what: str = "ppl") -> str:
     """A wide markdown table: one row per label, one column per evaluated length."""
     lengths = sorted({r.length for r in results})
@@ -249,9 +309,10 @@ def markdown_table(results: Sequence, what: str = "ppl") -> str:
     for r in results:
         rows.setdefault(r.label, {"position": r.position, "train": r.train_length})[r.length] = r.cell(what)
     title = "perplexity" if what == "ppl" else "bits/char"
-    return table(["model", "position", "train length"] + [f"{title} @ {t}" for t in lengths],
-                 [[label, row["position"], row["train"]] + [row.get(t, "") for t in lengths]
-                  for label, row in rows.items()])
+    return table(
+        ["model", "position", "train length"] + [f"{title} @ {t}" for t in lengths],
+        [[label, row["position"], row["train"]] + [row.get(t, "") for t in lengths] for label, row in rows.items()],
+    )
 
 
 def write_csv(results: Sequence, path: str) -> str:
@@ -259,8 +320,11 @@ def write_csv(results: Sequence, path: str) -> str:
     whole or not at all (``common.atomic_write``)."""
     rows = []
     for r in results:
-        row = {**asdict(r), "ppl": "" if r.ppl is None else f"{r.ppl:.6g}",
-               "bpc": "" if r.bpc is None else f"{r.bpc:.6g}"}
+        row = {
+            **asdict(r),
+            "ppl": "" if r.ppl is None else f"{r.ppl:.6g}",
+            "bpc": "" if r.bpc is None else f"{r.bpc:.6g}",
+        }
         row["nll"] = "" if r.nll is None else f"{r.nll:.6g}"
         row["stride"] = "" if r.stride is None else r.stride
         row.pop("by_position")
@@ -268,9 +332,15 @@ def write_csv(results: Sequence, path: str) -> str:
     return common_write_csv(rows, path, keep=True)  # an earlier result is set aside, never replaced
 
 
-def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation length",
-         dashed: Sequence[str] = (), split: str = "val") -> str:
-    """PNG of perplexity against length (log x; log y too when it spans more than 10x), one line per label (``dashed`` labels dashed);
+def plot(
+    results: Sequence,
+    path: str,
+    title: str = "perplexity vs evaluation length",
+    dashed: Sequence[str] = (),
+    split: str = "val",
+) -> str:
+    """PNG of perplexity against length (log x; log y too when it spans more than 10x), one line per label "
+    "(``dashed`` labels dashed);
     a dotted vertical line at each distinct training length. Needs matplotlib (object API, no
     pyplot, no display)."""
     Figure = require_matplotlib()
@@ -280,16 +350,26 @@ def plot(results: Sequence, path: str, title: str = "perplexity vs evaluation le
     for label in labels:
         points = sorted((r.length, r.ppl) for r in results if r.label == label and r.ppl is not None)
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
-                    linestyle="--" if label in dashed else "-")
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                label=label,
+                linestyle="--" if label in dashed else "-",
+            )
     for train in sorted({r.train_length for r in results}):
         ax.axvline(train, color="grey", linestyle=":", linewidth=1)
     values = [r.ppl for r in results if r.ppl is not None]
-    wide = bool(values) and max(values) > 10 * min(values)  # a log axis keeps blown-up curves from flattening the others
+    wide = bool(values) and max(values) > 10 * min(
+        values
+    )  # a log axis keeps blown-up curves from flattening the others
     log2_axes(ax, [r.length for r in results], log_y=wide)
     ax.set_xlabel("evaluation length (tokens); dotted: training length")
-    ax.set_ylabel(("validation" if split == "val" else "held-out training text") + " perplexity"
-                  + (" (log scale)" if wide else ""))
+    ax.set_ylabel(
+        ("validation" if split == "val" else "held-out training text")
+        + " perplexity"
+        + (" (log scale)" if wide else "")
+    )
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -26,6 +26,7 @@ directory. ``train.init_from`` encodes that directory with the source's tokenize
         model.block_size=128 train.max_steps=300 out_dir=out/rope-passkey
     python -m minilm passkey eval out/rope-passkey --lengths 128,256,512 --depths 0,0.5,1 --trials 10
 """
+
 from __future__ import annotations
 
 import os
@@ -85,8 +86,10 @@ def make_prompt(tokenizer, length: int, depth: float, key: str) -> Prompt:
     key_line, question, sentences = _pieces(tokenizer, key)
     fill = length - len(key_line) - len(question)
     if fill < 0:
-        raise PasskeyError(f"length={length} is too short for a passkey prompt: it needs at least "
-                           f"{length - fill} tokens with this tokenizer")
+        raise PasskeyError(
+            f"length={length} is too short for a passkey prompt: it needs at least "
+            f"{length - fill} tokens with this tokenizer"
+        )
     after, i = [], 0  # whole sentences after the key, as close as possible to (1 - depth) of the filler
     target = fill - int(round(depth * fill))
     while True:
@@ -99,7 +102,7 @@ def make_prompt(tokenizer, length: int, depth: float, key: str) -> Prompt:
     while len(before) < need:
         before = sentences[j % len(sentences)] + before
         j -= 1
-    before = before[len(before) - need:]  # cut on the left to the exact length
+    before = before[len(before) - need :]  # cut on the left to the exact length
     ids = before + key_line + after + question
     return Prompt(ids=ids, key=key, key_start=len(before), filler_tokens=fill)
 
@@ -117,13 +120,27 @@ def is_correct(text: str, key: str) -> bool:
 def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list:
     """Greedy continuation of ``ids`` (minilm.generation: prefill once, then decode from the KV
     cache), with a context that holds the whole prompt, so attention is never windowed."""
-    steps = generate_ids(model, ids, max_new_tokens=max_new_tokens, sampling=Sampling(temperature=0.0, top_k=None),
-                         max_context=len(ids) + max_new_tokens, seed=0)
+    steps = generate_ids(
+        model,
+        ids,
+        max_new_tokens=max_new_tokens,
+        sampling=Sampling(temperature=0.0, top_k=None),
+        max_context=len(ids) + max_new_tokens,
+        seed=0,
+    )
     return [int(token[0]) for token in steps]
 
 
-def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] = DEFAULT_DEPTHS,
-             trials: int = 5, seed: int = 0, generate: Optional[Callable] = None, progress=None) -> list:
+def accuracy(
+    model,
+    tokenizer,
+    lengths: Sequence[int],
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    trials: int = 5,
+    seed: int = 0,
+    generate: Optional[Callable] = None,
+    progress=None,
+) -> list:
     """Passkey accuracy per (length, depth): a list of dicts with length, depth, correct, trials,
     accuracy (None when the model's position table cannot hold prompt + answer).
 
@@ -134,8 +151,13 @@ def accuracy(model, tokenizer, lengths: Sequence[int], depths: Sequence[float] =
     generate = generate or (lambda ids, n: greedy(model, ids, n))
     limit = model.positions.position_limit() if model is not None else None
     if model is not None:  # the longest prompt's cache must fit before any prompt is built
-        check_cache_memory(model, 1, max(lengths) + MAX_NEW_TOKENS, advice=f"lower --lengths (longest: {max(lengths):,})",
-                           prefill=max(lengths))
+        check_cache_memory(
+            model,
+            1,
+            max(lengths) + MAX_NEW_TOKENS,
+            advice=f"lower --lengths (longest: {max(lengths):,})",
+            prefill=max(lengths),
+        )
     rows = []
     for length in lengths:
         for depth in depths:
@@ -172,6 +194,7 @@ def markdown(rows: Sequence[dict]) -> str:
 
 # --------------------------------------------------------------------------- training data
 
+
 def document(tokenizer, length: int, rng: random.Random) -> list:
     """One training document: a prompt of ``length`` tokens at a random depth, then the answer."""
     key = random_key(rng)
@@ -179,8 +202,19 @@ def document(tokenizer, length: int, rng: random.Random) -> list:
     return prompt.ids + answer_ids(tokenizer, key)
 
 
-def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, per_file: int = 50,
-                 mix_text: str = "", mix: float = 0.0, *, overwrite: bool = False, progress=None) -> list:
+def write_corpus(
+    out_dir: str,
+    tokenizer,
+    n: int,
+    length: int,
+    seed: int = 0,
+    per_file: int = 50,
+    mix_text: str = "",
+    mix: float = 0.0,
+    *,
+    overwrite: bool = False,
+    progress=None,
+) -> list:
     """Write ``n`` passkey documents of ``length // 4 .. length`` tokens (random depths) as .txt
     files of ``per_file`` documents under ``out_dir``: a corpus for ``data.corpus``. With
     ``mix`` > 0, random excerpts of ``mix_text`` (as long as the longest document) are written
@@ -195,11 +229,15 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
     check_corpus_size(n, length, mix)
     shortest = min_length(tokenizer)
     if length < shortest + MAX_NEW_TOKENS:
-        raise PasskeyError(f"length={length} is too short: passkey documents need at least "
-                           f"{shortest + MAX_NEW_TOKENS} tokens with this tokenizer")
+        raise PasskeyError(
+            f"length={length} is too short: passkey documents need at least "
+            f"{shortest + MAX_NEW_TOKENS} tokens with this tokenizer"
+        )
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:  # refused before the work
-        raise PasskeyError(f"{out_dir!r} exists and is not empty: choose a new directory for the corpus, or give "
-                           f"--overwrite to replace it")
+        raise PasskeyError(
+            f"{out_dir!r} exists and is not empty: choose a new directory for the corpus, or give "
+            f"--overwrite to replace it"
+        )
     rng = random.Random(seed)
     docs = []
     for _ in range(n):
@@ -211,14 +249,16 @@ def write_corpus(out_dir: str, tokenizer, n: int, length: int, seed: int = 0, pe
     if mix > 0:  # excerpts of ordinary text as long as the longest document, until they are `mix` of all
         size = max(len(d) for d in docs)
         if len(mix_text) <= size:
-            raise PasskeyError(f"the text to mix in has {len(mix_text)} characters: too short for "
-                               f"{size}-character excerpts")
+            raise PasskeyError(
+                f"the text to mix in has {len(mix_text)} characters: too short for {size}-character excerpts"
+            )
         for _ in range(-(-int(sum(len(d) for d in docs) * mix / (1.0 - mix)) // size)):
             start = rng.randrange(len(mix_text) - size)
-            excerpts.append(mix_text[start:start + size])
+            excerpts.append(mix_text[start : start + size])
     with staged_directory(out_dir, overwrite=overwrite) as staging:
-        names = _write_documents(staging, "passkey", docs, per_file) + _write_documents(staging, "text", excerpts,
-                                                                                         per_file)
+        names = _write_documents(staging, "passkey", docs, per_file) + _write_documents(
+            staging, "text", excerpts, per_file
+        )
     return [os.path.join(out_dir, name) for name in names]
 
 
@@ -232,8 +272,10 @@ def check_corpus_size(n: int, length: int, mix: float) -> None:
     need = int(n * length * CHARS_PER_TOKEN / (1.0 - mix))
     memory = available_memory()
     if memory is not None and need > MAX_CORPUS_SHARE * memory:
-        raise PasskeyError(f"n={n:,} documents of up to {length:,} tokens need up to {need / 2**30:,.1f} GiB of text, "
-                           f"more than half of the {memory / 2**30:.1f} GiB of free memory: lower --n or --length")
+        raise PasskeyError(
+            f"n={n:,} documents of up to {length:,} tokens need up to {need / 2**30:,.1f} GiB of text, "
+            f"more than half of the {memory / 2**30:.1f} GiB of free memory: lower --n or --length"
+        )
 
 
 def _write_documents(out_dir, prefix: str, docs: list, per_file: int) -> list:
@@ -243,7 +285,6 @@ def _write_documents(out_dir, prefix: str, docs: list, per_file: int) -> list:
     for start in range(0, len(docs), per_file):
         name = f"{prefix}-{len(names):04d}.txt"
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-            f.write("\n\n".join(docs[start:start + per_file]) + "\n")
+            f.write("\n\n".join(docs[start : start + per_file]) + "\n")
         names.append(name)
     return names
-

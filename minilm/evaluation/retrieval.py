@@ -10,6 +10,7 @@ Each probe asks one question, so the trials of a cell are independent given the 
 its accuracy is a binomial proportion (intervals: ``minilm.study.stats.wilson``). A length
 past a bounded scheme's table (learned positions) is not run: its rows have ``correct`` None.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -22,9 +23,20 @@ from minilm.data.retrieval import Task, probe, suite_probe
 
 
 @torch.no_grad()
-def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence[float], *, trials: int,
-             seed: int, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, name: Optional[str] = None,
-             items: int = 4) -> list:
+def accuracy(
+    model,
+    task: Task,
+    tokens,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    *,
+    trials: int,
+    seed: int,
+    batch_tokens: int = 8192,
+    dtype: Optional[torch.dtype] = None,
+    name: Optional[str] = None,
+    items: int = 4,
+) -> list:
     """Rows {length, depth, correct, trials, logprob} of exact-match retrieval over ``tokens`` (the validation
     split): the study's ``probe`` of ``task``, or with ``name`` a task of the long-context suite
     (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is)."""
@@ -35,8 +47,9 @@ def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence
     for length in lengths:
         for depth in depths:
             starts = torch.randint(len(tokens) - length, (trials,), generator=generator)
-            haystacks = torch.from_numpy(np.stack([np.asarray(tokens[s:s + length], dtype=np.int64)
-                                                   for s in starts.tolist()]))
+            haystacks = torch.from_numpy(
+                np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts.tolist()])
+            )
             # drawn even where not run, so the generator stays in step: every model of a seed gets the same probes
             if name is None:
                 prompts, answers = probe(haystacks, task, depth, generator)
@@ -48,7 +61,7 @@ def accuracy(model, task: Task, tokens, lengths: Sequence[int], depths: Sequence
                 continue
             correct, logprob, per_batch = 0, 0.0, max(1, batch_tokens // length)
             for i in range(0, trials, per_batch):
-                x, at, want = (t[i:i + per_batch].to(device) for t in (prompts, positions, targets))
+                x, at, want = (t[i : i + per_batch].to(device) for t in (prompts, positions, targets))
                 with autocast(device, dtype):
                     hidden = model(x, return_hidden=True)
                     hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))

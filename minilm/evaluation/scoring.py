@@ -29,6 +29,7 @@ The trainer's held-out numbers are ``heldout_loss`` over ``eval_batches``
 (fixed random segments, the same at every evaluation) or ``split_batches`` (the whole
 validation split in non-overlapping segments).
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,14 +58,21 @@ def token_losses(model, x: torch.Tensor, y: torch.Tensor, first: int = 0, **forw
     return model(x, head=functools.partial(_chunked_losses, y=y[:, first:], first=first), **forward)
 
 
-def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor,
-                    first: int) -> torch.Tensor:
+def _chunked_losses(
+    hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, first: int
+) -> torch.Tensor:
     """The cross-entropies of ``token_losses`` from the final hidden states, the head's weight
     and the model's logit soft-cap."""
     hidden = hidden[:, first:]
     rows, targets = hidden.reshape(-1, hidden.shape[-1]), y.reshape(-1)
-    losses = [F.cross_entropy(soft_cap(F.linear(rows[i:i + LOSS_CHUNK], weight).float(), softcap),
-                              targets[i:i + LOSS_CHUNK], reduction="none") for i in range(0, rows.shape[0], LOSS_CHUNK)]
+    losses = [
+        F.cross_entropy(
+            soft_cap(F.linear(rows[i : i + LOSS_CHUNK], weight).float(), softcap),
+            targets[i : i + LOSS_CHUNK],
+            reduction="none",
+        )
+        for i in range(0, rows.shape[0], LOSS_CHUNK)
+    ]
     return torch.cat(losses).view(hidden.shape[0], hidden.shape[1])
 
 
@@ -89,11 +97,21 @@ def segments(n: int, length: int, mode: str, stride: Optional[int] = None) -> li
 
 
 @torch.no_grad()
-def score(model, tokens: torch.Tensor, length: int, mode: str = "nonoverlapping", stride: Optional[int] = None,
-          *, batch_tokens: int = 8192, dtype: Optional[torch.dtype] = None, progress=None) -> float:
+def score(
+    model,
+    tokens: torch.Tensor,
+    length: int,
+    mode: str = "nonoverlapping",
+    stride: Optional[int] = None,
+    *,
+    batch_tokens: int = 8192,
+    dtype: Optional[torch.dtype] = None,
+    progress=None,
+) -> float:
     """Mean nats per target over targets 1..len(tokens)-1 with segments of ``length`` tokens."""
-    return score_many(model, tokens, [(length, mode, stride)], batch_tokens=batch_tokens, dtype=dtype,
-                      progress=progress)[0]
+    return score_many(
+        model, tokens, [(length, mode, stride)], batch_tokens=batch_tokens, dtype=dtype, progress=progress
+    )[0]
 
 
 def _runs(n: int, requests, shared: bool) -> dict:
@@ -117,9 +135,17 @@ def document_forward(data_cfg, eot_id: Optional[int]) -> dict:
 
 
 @torch.no_grad()
-def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 8192,
-               dtype: Optional[torch.dtype] = None, progress=None, by_position: Optional[list] = None,
-               forward: Optional[dict] = None) -> list:
+def score_many(
+    model,
+    tokens: torch.Tensor,
+    requests,
+    *,
+    batch_tokens: int = 8192,
+    dtype: Optional[torch.dtype] = None,
+    progress=None,
+    by_position: Optional[list] = None,
+    forward: Optional[dict] = None,
+) -> list:
     """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
     stride), computed in ``dtype`` autocast (None: float32); ``progress.update(segments)`` as
     it goes. Segments that start at the same token share one run of the model when the
@@ -142,10 +168,10 @@ def score_many(model, tokens: torch.Tensor, requests, *, batch_tokens: int = 819
     for size, group in groups.items():
         per_batch = max(1, batch_tokens // size)
         for i in range(0, len(group), per_batch):
-            batch = group[i:i + per_batch]
+            batch = group[i : i + per_batch]
             first = min(end - scored - span[0] for span in batch for _, end, scored in runs[span])
             x = torch.stack([tokens[b:e] for b, e in batch]).to(device)
-            y = torch.stack([tokens[b + 1:e + 1] for b, e in batch]).to(device)
+            y = torch.stack([tokens[b + 1 : e + 1] for b, e in batch]).to(device)
             with autocast(device, dtype):
                 losses = token_losses(model, x, y, first, **(forward or {}))
             losses = losses.double().cpu()
@@ -177,13 +203,13 @@ def heldout_loss(model, batches, device, dtype, dist, lockstep: bool = False, **
     if lockstep and getattr(getattr(model, "positions", None), "draws_at_evaluation", False):
         # positions drawn per row at evaluation: GPT.forward runs a pass per row; one row per batch keeps
         # every rank's number of passes (and of FSDP's gathers) the same
-        batches = [(x[i:i + 1], y[i:i + 1]) for x, y in batches for i in range(len(x))]
+        batches = [(x[i : i + 1], y[i : i + 1]) for x, y in batches for i in range(len(x))]
     rounds = -(-len(batches) // dist.world) if lockstep else 0
     for i in range(max(len(batches), rounds * dist.world)):
         if i % dist.world != dist.rank:
             continue
         counted = i < len(batches)
-        x, y = (batches[i] if counted else batches[0])
+        x, y = batches[i] if counted else batches[0]
         x, y = x.to(device), y.to(device)
         with autocast(device, dtype):
             losses = token_losses(model, x, y, **forward).double().sum().to(device)
@@ -209,9 +235,9 @@ def split_batches(val, block_size: int, batch_size: int, max_tokens: int):
     n = (len(tokens) - 1) // block_size
     full = tokens[: n * block_size + 1]
     x, y = full[:-1].view(n, block_size), full[1:].view(n, block_size)
-    batches = [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n, batch_size)]
+    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
     rest = len(tokens) - 1 - n * block_size
     if rest > 0:
-        tail = tokens[n * block_size:]
+        tail = tokens[n * block_size :]
         batches.append((tail[:-1][None], tail[1:][None]))
     return batches

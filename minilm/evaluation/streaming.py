@@ -19,6 +19,7 @@ n/a with the reason: a bounded scheme (learned) has no rolling cache and no full
 past its table; a scheme that adds positions to the embeddings (sinusoidal) cannot place the
 sinks at cache positions.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,6 +47,7 @@ class StreamError(MinilmError):
 @dataclass
 class Stream:
     """One set-up on one model: the loss in nats at every position (None when not run, with the reason)."""
+
     label: str
     setup: str
     tokens: int
@@ -66,8 +68,9 @@ def unavailable(model, setup: str, length: int) -> str:
 
 
 @torch.no_grad()
-def stream_losses(model, tokens: torch.Tensor, setup: str, *, window: int, sinks: int,
-                  dtype: Optional[torch.dtype] = None) -> np.ndarray:
+def stream_losses(
+    model, tokens: torch.Tensor, setup: str, *, window: int, sinks: int, dtype: Optional[torch.dtype] = None
+) -> np.ndarray:
     """The loss in nats of each of tokens[1:] after the tokens before it, under ``setup``
     (one of SETUPS) with a ``window`` of W tokens of which ``sinks`` are the first ones."""
     if setup not in SETUPS:
@@ -75,8 +78,12 @@ def stream_losses(model, tokens: torch.Tensor, setup: str, *, window: int, sinks
     x, y = tokens[None, :-1], tokens[None, 1:]
     forward = {}
     if setup != "full":
-        forward = dict(window=window, context_len=window, sinks=0 if setup == "window" else sinks,
-                       sink_positions="cache" if setup == "sinks-cache" else "absolute")
+        forward = dict(
+            window=window,
+            context_len=window,
+            sinks=0 if setup == "window" else sinks,
+            sink_positions="cache" if setup == "sinks-cache" else "absolute",
+        )
     device = next(model.parameters()).device
     model.eval()
     with autocast(device, dtype):
@@ -84,9 +91,18 @@ def stream_losses(model, tokens: torch.Tensor, setup: str, *, window: int, sinks
     return losses[0].double().cpu().numpy()
 
 
-def stream_checkpoint(path: str, overrides: Sequence[str] = (), *, tokens: Optional[int] = None,
-                      window: Optional[int] = None, sinks: int = DEFAULT_SINKS, label: Optional[str] = None,
-                      dtype: str = "float32", device: str = "auto", quiet: bool = False) -> list:
+def stream_checkpoint(
+    path: str,
+    overrides: Sequence[str] = (),
+    *,
+    tokens: Optional[int] = None,
+    window: Optional[int] = None,
+    sinks: int = DEFAULT_SINKS,
+    label: Optional[str] = None,
+    dtype: str = "float32",
+    device: str = "auto",
+    quiet: bool = False,
+) -> list:
     """Every set-up of SETUPS on one checkpoint (``load_model`` with ``overrides``): a list of
     ``Stream``. ``tokens`` scored tokens (default 16 x block_size), ``window`` default block_size."""
     device = resolve_device(device)
@@ -102,9 +118,11 @@ def stream_checkpoint(path: str, overrides: Sequence[str] = (), *, tokens: Optio
         raise StreamError(f"--sink-tokens={sinks} leaves no room in a window of {window}: expected fewer than {window}")
     val = validation_tokens(config, tokenizer, quiet=quiet)
     if len(val) < tokens + 1:
-        raise StreamError(f"{state['path']}: the validation split has {len(val):,} tokens, fewer than the "
-                          f"{tokens + 1:,} a stream of {tokens:,} needs: lower --stream-tokens")
-    text = torch.from_numpy(np.asarray(val[:tokens + 1], dtype=np.int64))
+        raise StreamError(
+            f"{state['path']}: the validation split has {len(val):,} tokens, fewer than the "
+            f"{tokens + 1:,} a stream of {tokens:,} needs: lower --stream-tokens"
+        )
+    text = torch.from_numpy(np.asarray(val[: tokens + 1], dtype=np.int64))
     label = label or state["path"]
     out = []
     for setup in SETUPS:
@@ -127,8 +145,9 @@ def band_table(streams: Sequence[Stream]) -> str:
     """A markdown table of one model's streams (one text, one window): a row per set-up, the
     mean loss (nats) in every band of positions."""
     if len({(s.label, s.tokens, s.window) for s in streams}) != 1:
-        raise StreamError("band_table takes the streams of one model (one text and one window): "
-                          "make one table per model")
+        raise StreamError(
+            "band_table takes the streams of one model (one text and one window): make one table per model"
+        )
     spans = bands(streams[0].tokens, streams[0].window)
     rows = []
     for s in streams:
@@ -138,9 +157,12 @@ def band_table(streams: Sequence[Stream]) -> str:
 
 
 def describe_setup(s: Stream) -> str:
-    return {"full": "full", "window": f"window {s.window}",
-            "sinks-absolute": f"window {s.window}, {s.sinks} sinks at absolute positions",
-            "sinks-cache": f"window {s.window}, {s.sinks} sinks at cache positions"}[s.setup]
+    return {
+        "full": "full",
+        "window": f"window {s.window}",
+        "sinks-absolute": f"window {s.window}, {s.sinks} sinks at absolute positions",
+        "sinks-cache": f"window {s.window}, {s.sinks} sinks at cache positions",
+    }[s.setup]
 
 
 def smoothed(losses: np.ndarray, width: int) -> tuple:
@@ -156,8 +178,12 @@ def plot_streams(streams: Sequence[Stream], path: str) -> str:
     Figure = require_matplotlib()
     labels = list(dict.fromkeys(s.label for s in streams))
     fig = Figure(figsize=(7.5, 3.6 * len(labels)))
-    styles = {"full": ("tab:red", "-"), "window": ("tab:orange", "--"),
-              "sinks-absolute": ("tab:blue", "-."), "sinks-cache": ("tab:green", "-")}
+    styles = {
+        "full": ("tab:red", "-"),
+        "window": ("tab:orange", "--"),
+        "sinks-absolute": ("tab:blue", "-."),
+        "sinks-cache": ("tab:green", "-"),
+    }
     for i, label in enumerate(labels):
         ax = fig.add_subplot(len(labels), 1, i + 1)
         window = next(s.window for s in streams if s.label == label)
@@ -181,6 +207,16 @@ def band_rows(streams: Sequence[Stream]) -> list:
     for s in streams:
         for a, b in bands(s.tokens, s.window):
             mean = "" if s.losses is None else f"{s.losses[a:b].mean():.6g}"
-            rows.append({"model": s.label, "setup": s.setup, "window": s.window, "sinks": s.sinks,
-                         "start": a, "end": b, "loss": mean, "ppl": "" if not mean else f"{math.exp(float(mean)):.6g}"})
+            rows.append(
+                {
+                    "model": s.label,
+                    "setup": s.setup,
+                    "window": s.window,
+                    "sinks": s.sinks,
+                    "start": a,
+                    "end": b,
+                    "loss": mean,
+                    "ppl": "" if not mean else f"{math.exp(float(mean)):.6g}",
+                }
+            )
     return rows

@@ -3,6 +3,7 @@ draws the attention weights of every head of the last layer, as the model's own 
 returns them when asked (``model(ids, weights_of=layer)``). matplotlib is optional, as for
 every figure (``minilm.figures.canvas``).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ MAX_ATTENTION_TOKENS = 64  # attention maps show at most the last this many toke
 class AttentionCapture(NamedTuple):
     """The last layer's attention: ``weights`` (heads, T, T) for the first sequence, and what
     the attention module saw and returned (``x``, ``output``)."""
+
     weights: torch.Tensor
     x: torch.Tensor
     output: torch.Tensor
@@ -75,7 +77,7 @@ def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTEN
     limit = model.positions.position_limit()
     if limit is not None and len(ids) > int(limit):
         notes.append(f"model run on the last {int(limit)} of {len(ids)} tokens ({model.positions.kind} table limit)")
-        ids = ids[-int(limit):]
+        ids = ids[-int(limit) :]
     shown = min(len(ids), max_tokens)
     weights = attention_weights(model, ids, last_queries=shown).weights[:, :, -shown:]
     if shown < len(ids):
@@ -89,6 +91,7 @@ def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTEN
     fig = Figure(figsize=(cols * cell + 1.2, rows * cell + 1.0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     import matplotlib
+
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#e8e8e8")
     causal = torch.ones(shown, shown, dtype=torch.bool).tril()
     vmax = float(weights.max())  # shared by all heads, so heads compare; see the colorbar
@@ -110,7 +113,9 @@ def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTEN
             ax.set_ylabel("query")
     fig.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
     layers = len(model.blocks)
-    title = (f"attention of each head in the last layer (layer {layers} of {layers}), position {model.positions.kind}: "
-             f"tokens {total - shown}..{total - 1} of {total}")
+    title = (
+        f"attention of each head in the last layer (layer {layers} of {layers}), position {model.positions.kind}: "
+        f"tokens {total - shown}..{total - 1} of {total}"
+    )
     fig.suptitle("\n".join([title] + notes), fontsize=12)
     return fig

@@ -7,6 +7,7 @@ matplotlib is an optional extra (``pip install -e ".[plot]"``). Figures are buil
 object-oriented API (``matplotlib.figure.Figure`` rendered by Agg), never pyplot, so nothing
 needs a display and no global backend is switched.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,6 +42,7 @@ def save_figure(fig, path: str, dpi: int = DPI, keep: bool = False) -> str:
     buffer = io.BytesIO()
     if ext == "png":  # figures are opaque: an RGB PNG is the same picture, ~10% smaller than RGBA
         from PIL import Image  # a dependency of matplotlib
+
         rendered = io.BytesIO()
         fig.savefig(rendered, format="png", dpi=dpi)
         rendered.seek(0)
@@ -73,6 +75,7 @@ def have_matplotlib() -> bool:
 def log2_axes(ax, xs: Sequence, log_y: bool) -> None:
     """A log2 x axis ticked at ``xs`` (plain numbers), a log y axis when ``log_y``, a light grid."""
     from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(set(xs)))
     ax.xaxis.set_major_formatter(ScalarFormatter())

@@ -15,6 +15,7 @@ matplotlib is an optional extra (``pip install -e ".[plot]"``). Figures are buil
 object-oriented API (``matplotlib.figure.Figure`` rendered by Agg), never pyplot, so nothing
 needs a display and no global backend is switched.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ COMPARE_FACTOR = 4.0  # rope scalings are compared at this factor when the schem
 
 
 # --------------------------------------------------------------------------- scheme figures
+
 
 def _overrides(cls, method: str) -> bool:
     return getattr(cls, method) is not getattr(PositionScheme, method)
@@ -64,9 +66,12 @@ def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[st
     require_matplotlib()
     if scheme.kind == "randomized":  # at evaluation the wrapped scheme sees the plain positions
         fig = scheme_figure(scheme.inner, position.get("inner", {"kind": "rope"}), source=source)
-        fig.suptitle(f"{fig.get_suptitle()}\nrandomized (max_positions={scheme.max_positions}): in training the "
-                     f"positions are a sorted sample of [0, {scheme.max_positions}); shown: the plain positions of "
-                     f"evaluation", fontsize=11)
+        fig.suptitle(
+            f"{fig.get_suptitle()}\nrandomized (max_positions={scheme.max_positions}): in training the "
+            f"positions are a sorted sample of [0, {scheme.max_positions}); shown: the plain positions of "
+            f"evaluation",
+            fontsize=11,
+        )
         return fig
     inner = scheme.unwrap()[0]
     cls = type(inner)
@@ -119,8 +124,11 @@ def _additive_figure(scheme, position, source):
         offsets = (pos - ref).numpy()
         ax_off.plot(offsets, cosine[ref].numpy(), style, lw=1.3, label=f"p = {ref}")
     ax_off.axhline(0, color="grey", lw=0.6)
-    ax_off.set(title="similarity of position p to every other position", xlabel="offset q - p (tokens)",
-               ylabel="cosine similarity of PE(p), PE(q)")
+    ax_off.set(
+        title="similarity of position p to every other position",
+        xlabel="offset q - p (tokens)",
+        ylabel="cosine similarity of PE(p), PE(q)",
+    )
     ax_off.legend(loc="upper right", fontsize=9)
     ax_off.grid(alpha=0.3)
     _title(fig, scheme, position, source, _scaled_note(scheme))
@@ -129,6 +137,7 @@ def _additive_figure(scheme, position, source):
 
 class RopeCurves(NamedTuple):
     """What the rope figure draws: every scaling's inverse frequencies at one factor."""
+
     rope: PositionScheme  # the rotary scheme itself (inside interpolated, if wrapped)
     pos_factor: float  # interpolated's position divisor (1 without it)
     factor: float  # the scaling factor compared
@@ -162,17 +171,21 @@ def _rope_curves(scheme, position) -> RopeCurves:
 
     plain = variant("none")
     reference = plain.inv_freq(length)
-    curves = [("none (original rope)", "none", reference),
-              (f"linear / PI \u00d7{factor:g}", "linear", variant("linear").inv_freq(extended)),
-              (f"NTK-aware \u00d7{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
-              (f"YaRN \u00d7{factor:g}", "yarn", variant("yarn").inv_freq(extended))]
+    curves = [
+        ("none (original rope)", "none", reference),
+        (f"linear / PI \u00d7{factor:g}", "linear", variant("linear").inv_freq(extended)),
+        (f"NTK-aware \u00d7{factor:g}", "ntk", variant("ntk").inv_freq(extended)),
+        (f"YaRN \u00d7{factor:g}", "yarn", variant("yarn").inv_freq(extended)),
+    ]
     curves.append((f"Llama 3 \u00d7{factor:g}", "llama3", variant("llama3").inv_freq(extended)))
     dynamic = variant("dynamic")
     for times in (2, 4):
         curves.append((f"dynamic NTK \u00d7{factor:g} at T={times}L", "dynamic", dynamic.inv_freq(times * length)))
     if selected_type == "longrope":  # its factors are the scheme's own: no other variant has them
-        curves += [("LongRoPE, short factors (T <= L)", "longrope", rope.inv_freq(length)),
-                   ("LongRoPE, long factors (T > L)", "longrope", rope.inv_freq(extended))]
+        curves += [
+            ("LongRoPE, short factors (T <= L)", "longrope", rope.inv_freq(length)),
+            ("LongRoPE, long factors (T > L)", "longrope", rope.inv_freq(extended)),
+        ]
     if scheme.kind == "interpolated":
         inner_scaling = "" if selected_type == "none" else f" over {selected_type} \u00d7{factor:g}"
         selected_label = f"selected: interpolated, positions / {pos_factor:g}{inner_scaling}"
@@ -183,18 +196,32 @@ def _rope_curves(scheme, position) -> RopeCurves:
         selected_label = f"selected: {selected_type} \u00d7{factor:g}{at}"
     # the frequencies the selected scheme rotates with (positions / factor)
     selected = rope.inv_freq(max(1, int(round(extended / pos_factor)))) / pos_factor
-    return RopeCurves(rope, pos_factor, factor, length, extended, plain, reference, curves, selected,
-                      selected_label)
+    return RopeCurves(rope, pos_factor, factor, length, extended, plain, reference, curves, selected, selected_label)
 
 
 def _draw_frequencies(fig, ax_wave, ax_ratio, c: RopeCurves) -> None:
     """Left: each pair's wavelength per scaling; middle: its frequency relative to plain rope."""
     pairs = torch.arange(len(c.reference)).numpy()
-    colors = {"none": "black", "linear": "tab:blue", "ntk": "tab:orange", "yarn": "tab:green", "dynamic": "tab:purple",
-              "llama3": "tab:brown", "longrope": "tab:cyan"}
+    colors = {
+        "none": "black",
+        "linear": "tab:blue",
+        "ntk": "tab:orange",
+        "yarn": "tab:green",
+        "dynamic": "tab:purple",
+        "llama3": "tab:brown",
+        "longrope": "tab:cyan",
+    }
     for ax, transform in ((ax_wave, lambda inv: 2 * math.pi / inv), (ax_ratio, lambda inv: inv / c.reference)):
-        ax.plot(pairs, transform(c.selected).numpy(), color="gold", lw=7, alpha=0.6, solid_capstyle="round",
-                label=c.selected_label, zorder=1)
+        ax.plot(
+            pairs,
+            transform(c.selected).numpy(),
+            color="gold",
+            lw=7,
+            alpha=0.6,
+            solid_capstyle="round",
+            label=c.selected_label,
+            zorder=1,
+        )
         styles = {"dynamic": iter(("--", ":")), "longrope": iter(("--", ":"))}  # two curves each
         for label, kind, inv in c.curves:
             style = next(styles[kind]) if kind in styles else "-"
@@ -203,20 +230,25 @@ def _draw_frequencies(fig, ax_wave, ax_ratio, c: RopeCurves) -> None:
         ax.grid(alpha=0.3)
         ax.set_xlabel(f"dimension pair i (dims i, i+{c.rope.rot // 2} of the {c.rope.rot} rotated)")
     right = pairs[-1]
-    for value, style, text in ((c.length, "--", f"training length L={c.length} "),
-                               (c.extended, ":", f"extended length {c.extended} ")):
+    for value, style, text in (
+        (c.length, "--", f"training length L={c.length} "),
+        (c.extended, ":", f"extended length {c.extended} "),
+    ):
         ax_wave.axhline(value, color="red", lw=1, ls=style)
         ax_wave.text(right, value, text, color="red", va="bottom", ha="right", fontsize=9)
-    ax_wave.set(title="wavelength 2\u03c0/\u03b8\u1d62 of each pair (tokens per turn)",
-                ylabel="wavelength (tokens, log scale)")
+    ax_wave.set(
+        title="wavelength 2\u03c0/\u03b8\u1d62 of each pair (tokens per turn)", ylabel="wavelength (tokens, log scale)"
+    )
     ax_ratio.axhline(1 / c.factor, color="grey", lw=0.8, ls=":")
-    ax_ratio.set(title="scaled / original frequency (1 = kept, 1/s = interpolated)",
-                 ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)")
+    ax_ratio.set(
+        title="scaled / original frequency (1 = kept, 1/s = interpolated)",
+        ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)",
+    )
     ratios = torch.cat([inv / c.reference for _, _, inv in c.curves] + [c.selected / c.reference])
     low, high = min(float(ratios.min()), 1 / c.factor) * 0.8, max(float(ratios.max()), 1 / c.factor) * 1.6
     ax_ratio.set_ylim(low, high)
     powers = range(math.floor(math.log2(low)) + 1, math.ceil(math.log2(high)))
-    ax_ratio.set_yticks([2.0 ** e for e in powers], [f"1/{2 ** -e}" if e < 0 else f"{2 ** e}" for e in powers])
+    ax_ratio.set_yticks([2.0**e for e in powers], [f"1/{2**-e}" if e < 0 else f"{2**e}" for e in powers])
     ax_ratio.minorticks_off()
     handles, labels = ax_ratio.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9)
@@ -230,16 +262,25 @@ def _draw_rope_dot(ax_qk, scheme, c: RopeCurves) -> None:
     def dot_at_distance(s):
         q, k = s.rotate(ones, ones, distance, c.extended)
         return (q[0, 0] * k[0, 0, :1]).sum(-1).float()
+
     base_dot = dot_at_distance(c.plain)
     norm = float(base_dot[0])
     ax_qk.plot(distance.numpy(), (base_dot / norm).numpy(), color="black", lw=0.8, label="none (original rope)")
     if scheme.kind == "interpolated" or c.rope.scaling["type"] != "none":
-        ax_qk.plot(distance.numpy(), (dot_at_distance(scheme) / norm).numpy(), color="goldenrod", lw=0.9,
-                   label=c.selected_label)
+        ax_qk.plot(
+            distance.numpy(),
+            (dot_at_distance(scheme) / norm).numpy(),
+            color="goldenrod",
+            lw=0.9,
+            label=c.selected_label,
+        )
     ax_qk.axvline(c.length, color="red", lw=1, ls="--", label=f"training length L={c.length}")
     ax_qk.axhline(0, color="grey", lw=0.6)
-    ax_qk.set(title="q\u00b7k of the same content at distance m - n", xlabel="relative distance m - n (tokens)",
-              ylabel="q\u00b7k / |q|\u00b2  (q = k = 1, the mean over random q = k)")
+    ax_qk.set(
+        title="q\u00b7k of the same content at distance m - n",
+        xlabel="relative distance m - n (tokens)",
+        ylabel="q\u00b7k / |q|\u00b2  (q = k = 1, the mean over random q = k)",
+    )
     ax_qk.legend(loc="upper right", fontsize=8)
     ax_qk.grid(alpha=0.3)
 
@@ -271,24 +312,35 @@ def _xpos_figure(scheme, position, source):
     fig = Figure(figsize=(16, 5.2), layout="constrained")
     ax_zeta, ax_decay, ax_qk = fig.subplots(1, 3)
     ax_zeta.plot(pairs.numpy(), xpos.zeta.numpy(), "o-", color="tab:green")
-    ax_zeta.set(title="\u03b6\u1d62 = (2i/d + \u03b3) / (1 + \u03b3) per pair", xlabel="dimension pair i",
-                ylabel="\u03b6\u1d62")
+    ax_zeta.set(
+        title="\u03b6\u1d62 = (2i/d + \u03b3) / (1 + \u03b3) per pair", xlabel="dimension pair i", ylabel="\u03b6\u1d62"
+    )
     for i in sorted({0, len(pairs) // 4, len(pairs) // 2, len(pairs) - 1}):
         decay = xpos.zeta[i] ** (distance / pos_factor / xpos.scale_base)
         ax_decay.plot(distance.numpy(), decay.numpy(), lw=1.4, label=f"pair {i}: \u03b6={float(xpos.zeta[i]):.3f}")
-    ax_decay.set(title=f"decay \u03b6\u1d62^(distance / {xpos.scale_base:g}) of each pair's q\u00b7k",
-                 xlabel="distance m - n (tokens)", ylabel="factor on the pair's q\u00b7k")
+    ax_decay.set(
+        title=f"decay \u03b6\u1d62^(distance / {xpos.scale_base:g}) of each pair's q\u00b7k",
+        xlabel="distance m - n (tokens)",
+        ylabel="factor on the pair's q\u00b7k",
+    )
     ax_decay.legend(fontsize=8)
     ones = torch.ones(1, 1, span, xpos.d_model // xpos.n_head)
-    plain = build({"kind": "rope", "base": xpos.base, "rotary_fraction": position.get("rotary_fraction", 1.0)},
-                  d_model=xpos.d_model, n_head=xpos.n_head, block_size=xpos.block_size)
+    plain = build(
+        {"kind": "rope", "base": xpos.base, "rotary_fraction": position.get("rotary_fraction", 1.0)},
+        d_model=xpos.d_model,
+        n_head=xpos.n_head,
+        block_size=xpos.block_size,
+    )
     for s, label, color in ((plain, "rope (no decay)", "black"), (scheme, "xpos", "goldenrod")):
         q, k = s.rotate(ones, ones, distance, span)
         dots = (q[0, 0, :, None, :] * k[0, 0, None, :1, :]).sum(-1)[:, 0]  # query at distance m from key 0
         ax_qk.plot(distance.numpy(), (dots / dots[0]).numpy(), color=color, lw=0.9, label=label)
     ax_qk.axhline(0, color="grey", lw=0.6)
-    ax_qk.set(title="q\u00b7k of the same content against distance", xlabel="distance m - n (tokens)",
-              ylabel="q\u00b7k / q\u00b7k at distance 0")
+    ax_qk.set(
+        title="q\u00b7k of the same content against distance",
+        xlabel="distance m - n (tokens)",
+        ylabel="q\u00b7k / q\u00b7k at distance 0",
+    )
     ax_qk.legend(fontsize=8)
     for ax in (ax_zeta, ax_decay, ax_qk):
         ax.grid(alpha=0.3)
@@ -301,6 +353,7 @@ def _bias_figure(scheme, position, source):
     and (t5) the distance buckets."""
     Figure = require_matplotlib()
     import matplotlib  # optional: present once require_matplotlib has passed
+
     inner, factor = scheme.unwrap()
     is_t5 = hasattr(inner, "num_buckets")
     span = scheme.block_size
@@ -327,10 +380,14 @@ def _bias_figure(scheme, position, source):
         color = cmap(rank[h] / max(1, heads - 1) * 0.9)
         ax_bias.plot(distance, bias[h].numpy(), color=color, lw=1.4, label=label)
         ax_prior.plot(distance, prior[h].numpy(), color=color, lw=1.4, label=label)
-    ax_bias.set(title="bias added to the logit of a key at distance i - j", xlabel="distance i - j (tokens)",
-                ylabel="bias")
-    ax_prior.set(title=f"attention from the bias alone (query at {span - 1}, equal q\u00b7k)",
-                 xlabel="distance i - j (tokens, symlog)", ylabel="softmax weight")
+    ax_bias.set(
+        title="bias added to the logit of a key at distance i - j", xlabel="distance i - j (tokens)", ylabel="bias"
+    )
+    ax_prior.set(
+        title=f"attention from the bias alone (query at {span - 1}, equal q\u00b7k)",
+        xlabel="distance i - j (tokens, symlog)",
+        ylabel="softmax weight",
+    )
     ax_prior.set_xscale("symlog", linthresh=1)
     ax_bias.legend(fontsize=8, ncol=2 if heads > 6 else 1, loc="lower left" if slopes is not None else "best")
     for ax in (ax_bias, ax_prior):
@@ -339,14 +396,21 @@ def _bias_figure(scheme, position, source):
         ax_bucket = axes[2]
         buckets = t5_bucket(torch.as_tensor(distance) / factor, inner.num_buckets, inner.max_distance)
         ax_bucket.step(distance, buckets.numpy(), where="post", color="tab:blue")
-        ax_bucket.axvline(inner.max_distance * factor, color="red", ls="--", lw=1,
-                          label=f"max_distance={inner.max_distance}" + (f" \u00d7{factor:g}" if factor != 1 else ""))
-        ax_bucket.set(title=f"bucket of each distance ({inner.num_buckets} buckets)",
-                      xlabel="distance i - j (tokens)", ylabel="bucket")
+        ax_bucket.axvline(
+            inner.max_distance * factor,
+            color="red",
+            ls="--",
+            lw=1,
+            label=f"max_distance={inner.max_distance}" + (f" \u00d7{factor:g}" if factor != 1 else ""),
+        )
+        ax_bucket.set(
+            title=f"bucket of each distance ({inner.num_buckets} buckets)",
+            xlabel="distance i - j (tokens)",
+            ylabel="bucket",
+        )
         ax_bucket.legend(loc="lower right", fontsize=9)
         ax_bucket.grid(alpha=0.3)
-    reads_q = "shaw: q\u00b7a\u1d37 of a query of ones (the bias depends on each query)" \
-        if inner.kind == "shaw" else ""
+    reads_q = "shaw: q\u00b7a\u1d37 of a query of ones (the bias depends on each query)" if inner.kind == "shaw" else ""
     _title(fig, scheme, position, source, "; ".join(p for p in (_scaled_note(scheme), reads_q) if p))
     return fig
 
@@ -358,13 +422,15 @@ def _text_figure(scheme, position, source):
     ax_text, ax_mask = fig.subplots(1, 2, width_ratios=[2.6, 1])
     ax_text.axis("off")
     inner, _ = scheme.unwrap()
-    text = (f"{inner.kind}: {scheme_class(inner.kind).description}\n\n"
-            "No positional signal: embed, rotate and bias leave tokens\n"
-            "and attention untouched, so there is nothing to plot.\n"
-            "Order comes from the causal mask only: token t sees tokens\n"
-            "0..t, and the model can still infer where it is\n"
-            "(Kazemnejad et al. 2023, \"The Impact of Positional\n"
-            "Encoding on Length Generalization in Transformers\").")
+    text = (
+        f"{inner.kind}: {scheme_class(inner.kind).description}\n\n"
+        "No positional signal: embed, rotate and bias leave tokens\n"
+        "and attention untouched, so there is nothing to plot.\n"
+        "Order comes from the causal mask only: token t sees tokens\n"
+        "0..t, and the model can still infer where it is\n"
+        '(Kazemnejad et al. 2023, "The Impact of Positional\n'
+        'Encoding on Length Generalization in Transformers").'
+    )
     ax_text.text(0.0, 0.5, text, va="center", ha="left", fontsize=11)
     n = 8
     ax_mask.imshow(torch.ones(n, n).tril().numpy(), cmap="Greys", vmin=0, vmax=1.4)

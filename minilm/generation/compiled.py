@@ -20,6 +20,7 @@ time within the generations it serves (``bench/bench_generate.py --break-even``;
 "Benchmarks"), and a static cache is read whole at every step, so the longer the generation
 the less each step gains.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -44,4 +45,3 @@ def compiled_body(model: torch.nn.Module):
     step = torch.compile(model.body, dynamic=False, options=options)
     _steps[model] = (versions, step)
     return step
-

@@ -39,6 +39,7 @@ Cached decode steps run the layers through ``minilm.generation.lean`` (the same 
 less Python per layer), or with ``compile=True`` with a static cache and a compiled step
 (``minilm.generation.compiled``).
 """
+
 from __future__ import annotations
 
 import math
@@ -70,10 +71,12 @@ class GenerationWarning(UserWarning):
 
 # --------------------------------------------------------------------------- sampling
 
+
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p / min_p unused);
     ``top_k=None``, ``top_p=1`` and ``min_p=0`` keep every token; ``repetition_penalty=1`` is off."""
+
     temperature: float = 0.8
     top_k: Optional[int] = 200
     top_p: float = 1.0
@@ -83,18 +86,21 @@ class Sampling:
     def check(self) -> "Sampling":
         def number(x):
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
         if not number(self.temperature) or self.temperature < 0:
             raise GenerationError(f"temperature={self.temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
-                                       or self.top_k < 1):
+        if self.top_k is not None and (
+            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
+        ):
             raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (or none)")
         if not number(self.top_p) or not 0 < self.top_p <= 1:
             raise GenerationError(f"top_p={self.top_p!r} is invalid: expected a number in (0, 1]")
         if not number(self.min_p) or not 0 <= self.min_p <= 1:
             raise GenerationError(f"min_p={self.min_p!r} is invalid: expected a number in [0, 1] (0 = off)")
         if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise GenerationError(f"repetition_penalty={self.repetition_penalty!r} is invalid: "
-                                  f"expected a number > 0 (1 = off)")
+            raise GenerationError(
+                f"repetition_penalty={self.repetition_penalty!r} is invalid: expected a number > 0 (1 = off)"
+            )
         return self
 
 
@@ -105,8 +111,12 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
     return torch.where(seen, penalised, logits)
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator] = None,
-           seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: Optional[torch.Generator] = None,
+    seen: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Next token ids (B,) from float logits (B, V). ``seen`` (B, V) bool marks the tokens
     already present, for the repetition penalty."""
     if sampling.repetition_penalty != 1.0 and seen is not None:
@@ -132,6 +142,7 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.G
 
 # --------------------------------------------------------------------------- the decode loop
 
+
 def context_size(model, max_context: Optional[int] = None) -> int:
     """The number of tokens the model sees at once: ``max_context`` or the block_size, and at
     most the position table of a bounded scheme."""
@@ -143,13 +154,19 @@ def context_size(model, max_context: Optional[int] = None) -> int:
     if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
         raise GenerationError(f"max_context={max_context!r} is invalid: expected an integer >= 1")
     if usable is not None and max_context > usable:
-        raise GenerationError(f"max_context={max_context} is larger than the {positions.kind} position table: "
-                              f"at most {usable} positions")
+        raise GenerationError(
+            f"max_context={max_context} is larger than the {positions.kind} position table: at most {usable} positions"
+        )
     return max_context
 
 
-def check_cache_memory(model, batch_size: int, capacity: int,
-                       advice: str = "lower --max-context, --max-new-tokens or --num-samples", prefill: int = 0) -> None:
+def check_cache_memory(
+    model,
+    batch_size: int,
+    capacity: int,
+    advice: str = "lower --max-context, --max-new-tokens or --num-samples",
+    prefill: int = 0,
+) -> None:
     """GenerationError when a KV cache of ``capacity`` tokens for ``batch_size`` sequences, and
     the forward pass of a ``prefill``-token prompt beside it (its logits, MLP and residual
     activations), would not fit in the memory that is free now (checked before allocating,
@@ -162,8 +179,10 @@ def check_cache_memory(model, batch_size: int, capacity: int,
     free = available_memory(ref.device)
     if free is not None and need > free:
         what = f" and a prompt of {prefill:,} tokens" if prefill else ""
-        raise GenerationError(f"a KV cache of {capacity:,} tokens x {batch_size} sample(s){what} needs "
-                              f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: {advice}")
+        raise GenerationError(
+            f"a KV cache of {capacity:,} tokens x {batch_size} sample(s){what} needs "
+            f"{need / 2**30:.1f} GiB but {free / 2**30:.1f} GiB is free: {advice}"
+        )
 
 
 def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: str, compile: bool) -> int:
@@ -171,20 +190,29 @@ def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: st
     one of SINK_POSITIONS, and ``cache`` neither compiled nor under positions added to the embeddings."""
     check_count("sink_tokens", sinks, 0)
     if sink_positions not in SINK_POSITIONS:
-        raise GenerationError(f"sink_positions={sink_positions!r} is invalid: expected one of "
-                              f"{', '.join(SINK_POSITIONS)}")
+        raise GenerationError(
+            f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
+        )
     if sinks and slides:
-        raise GenerationError(f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "
-                              f"{model.positions.kind} positions are bounded and slide their window instead")
+        raise GenerationError(
+            f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "
+            f"{model.positions.kind} positions are bounded and slide their window instead"
+        )
     if sinks and sink_positions == "cache" and model.positions.embeds:
-        raise GenerationError(f"sink_positions=cache renumbers positions inside attention, but "
-                              f"{model.positions.kind} positions are added to the embeddings: use sink_positions=absolute")
+        raise GenerationError(
+            f"sink_positions=cache renumbers positions inside attention, but "
+            f"{model.positions.kind} positions are added to the embeddings: use sink_positions=absolute"
+        )
     if sinks and sink_positions == "cache" and compile:
-        raise GenerationError("the compiled step keeps absolute positions: with sink_tokens use "
-                              "sink_positions=absolute, or leave compile off")
+        raise GenerationError(
+            "the compiled step keeps absolute positions: with sink_tokens use "
+            "sink_positions=absolute, or leave compile off"
+        )
     if sinks >= max_context:
-        raise GenerationError(f"sink_tokens={sinks} leaves no room in a context of {max_context}: "
-                              f"expected 0 <= sink_tokens < {max_context}")
+        raise GenerationError(
+            f"sink_tokens={sinks} leaves no room in a context of {max_context}: "
+            f"expected 0 <= sink_tokens < {max_context}"
+        )
     return sinks
 
 
@@ -199,9 +227,19 @@ class Decoder:
     causal mask over absolute positions). See the module docstring.
     """
 
-    def __init__(self, model, batch_size: int, *, max_context: Optional[int] = None, use_cache: bool = True,
-                 total: Optional[int] = None, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
-                 compile: bool = False, offsets: Optional[Sequence[int]] = None):
+    def __init__(
+        self,
+        model,
+        batch_size: int,
+        *,
+        max_context: Optional[int] = None,
+        use_cache: bool = True,
+        total: Optional[int] = None,
+        sinks: int = 0,
+        sink_positions: str = SINK_POSITIONS[0],
+        compile: bool = False,
+        offsets: Optional[Sequence[int]] = None,
+    ):
         self.model, self.batch_size, self.use_cache = model, batch_size, use_cache
         if compile and not use_cache:
             raise GenerationError("compile=True compiles the cached decode step: it needs use_cache=True")
@@ -214,27 +252,36 @@ class Decoder:
         if use_cache:  # sized by the need (``total`` tokens at most), capped by the context
             capacity = self.max_context if total is None else max(1, min(self.max_context, total))
             check_cache_memory(model, batch_size, capacity)
-            self.cache = model.new_cache(batch_size, capacity, rolling=not self.slides, static=compile,
-                                         sinks=self.sinks if capacity == self.max_context else 0,
-                                         sink_positions=sink_positions,
-                                         offsets=None if offsets is None else torch.as_tensor(offsets, device=self.device))
+            self.cache = model.new_cache(
+                batch_size,
+                capacity,
+                rolling=not self.slides,
+                static=compile,
+                sinks=self.sinks if capacity == self.max_context else 0,
+                sink_positions=sink_positions,
+                offsets=None if offsets is None else torch.as_tensor(offsets, device=self.device),
+            )
         self.body = compiled_body(model) if compile else lean_body(model)  # the decode step's layers
         self.length = 0  # tokens given so far
         self.refill_at = model.positions.refill_length() if use_cache else None  # keys recomputed once past it
         # the token history, needed whenever something is recomputed from tokens
         start = 2 * self.max_context if total is None else max(1, min(2 * self.max_context, total))
-        self._history = None if (use_cache and not self.slides and self.refill_at is None) else \
-            torch.empty(batch_size, start, dtype=torch.long, device=self.device)
+        self._history = (
+            None
+            if (use_cache and not self.slides and self.refill_at is None)
+            else torch.empty(batch_size, start, dtype=torch.long, device=self.device)
+        )
 
     def _remember(self, ids: torch.Tensor) -> None:
         if self._history is not None:
             end = self.length + ids.shape[1]
             if end > self._history.shape[1]:
-                grown = torch.empty(self.batch_size, max(end, 2 * self._history.shape[1]), dtype=torch.long,
-                                    device=self.device)
-                grown[:, :self.length] = self._history[:, :self.length]
+                grown = torch.empty(
+                    self.batch_size, max(end, 2 * self._history.shape[1]), dtype=torch.long, device=self.device
+                )
+                grown[:, : self.length] = self._history[:, : self.length]
                 self._history = grown
-            self._history[:, self.length:end] = ids
+            self._history[:, self.length : end] = ids
         self.length += ids.shape[1]
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
@@ -243,7 +290,7 @@ class Decoder:
             raise GenerationError(f"prefill takes one prompt batch ({self.batch_size}, P>=1) on a fresh decoder")
         ids = ids.to(self.device)
         if self.slides and ids.shape[1] > self.max_context:
-            ids = ids[:, -self.max_context:]
+            ids = ids[:, -self.max_context :]
         self._remember(ids)
         if self.cache is None:
             return self._recompute()
@@ -253,11 +300,12 @@ class Decoder:
         """Write ``ids`` into the cache from its current length; the logits that follow them. Past
         the window a rolling cache takes chunks of its capacity (with sinks or static, one token at a time)."""
         chunk = 1 if self.cache.sinks or self.cache.static else self.cache.capacity
-        logits = self.model(ids[:, :self.cache.capacity], self.cache, context_len=self.max_context)[:, -1]
+        logits = self.model(ids[:, : self.cache.capacity], self.cache, context_len=self.max_context)[:, -1]
         starts = range(self.cache.capacity, ids.shape[1], chunk)
-        for t in tqdm(starts, desc="prefill", unit="chunk", file=sys.stderr, leave=False,
-                      disable=len(starts) < PROGRESS_CHUNKS):  # a long prompt shows its progress
-            logits = self.model(ids[:, t:t + chunk], self.cache, context_len=self.max_context)[:, -1]
+        for t in tqdm(
+            starts, desc="prefill", unit="chunk", file=sys.stderr, leave=False, disable=len(starts) < PROGRESS_CHUNKS
+        ):  # a long prompt shows its progress
+            logits = self.model(ids[:, t : t + chunk], self.cache, context_len=self.max_context)[:, -1]
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -266,7 +314,7 @@ class Decoder:
         self._remember(tokens)
         if self.refill_at is not None and self.length > self.refill_at >= self.cache.length:
             self.cache.rewind()  # the keys so far were rotated for a length <= refill_at: rotate them all again
-            return self._fill(self._history[:, :self.length])
+            return self._fill(self._history[:, : self.length])
         if self.cache is not None and (not self.slides or self.length <= self.cache.capacity):
             return self.model(tokens, self.cache, context_len=self.max_context, body=self.body)[:, -1]
         return self._recompute()
@@ -275,15 +323,21 @@ class Decoder:
         """Logits after the whole sequence so far, without reusing keys."""
         n = self.max_context
         if self.slides:
-            return self.model(self._history[:, max(0, self.length - n):self.length], context_len=n)[:, -1]
+            return self.model(self._history[:, max(0, self.length - n) : self.length], context_len=n)[:, -1]
         window = n if self.length > n else None  # within the window the band changes nothing
-        return self.model(self._history[:, :self.length], window=window, sinks=self.sinks,
-                          sink_positions=self.sink_positions, context_len=n)[:, -1]
+        return self.model(
+            self._history[:, : self.length],
+            window=window,
+            sinks=self.sinks,
+            sink_positions=self.sink_positions,
+            context_len=n,
+        )[:, -1]
 
 
 @dataclass
 class Stats:
     """What a generation cost; ``generate_ids`` fills it in."""
+
     prompt_tokens: int = 0
     num_samples: int = 0
     new_tokens: int = 0  # per sample
@@ -301,18 +355,23 @@ class Stats:
         decode_steps = max(self.new_tokens - 1 - compiled, 0)
         prefill_rate = self.prompt_tokens * b / self.prefill_seconds if self.prefill_seconds else float("nan")
         decode_rate = decode_steps * b / self.decode_seconds if self.decode_seconds else float("nan")
-        return [
-            f"prompt{'s: up to' if self.padded else ':'} {self.prompt_tokens} tokens, new: {self.new_tokens} tokens "
-            f"x {b} sample{'s' * (b > 1)}, seed {self.seed}",
-            f"prefill: {self.prompt_tokens * b} tokens{' (padding included)' * self.padded} in "
-            f"{self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
-        ] + ([f"compile: the first decode step took {self.compile_seconds:.3f} s (compiling it)"] if compiled else []) + [
-            f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
-            f"peak memory: {peak_memory(self.device)}",
-        ]
+        return (
+            [
+                f"prompt{'s: up to' if self.padded else ':'} {self.prompt_tokens} tokens, new: "
+                f"{self.new_tokens} tokens "
+                f"x {b} sample{'s' * (b > 1)}, seed {self.seed}",
+                f"prefill: {self.prompt_tokens * b} tokens{' (padding included)' * self.padded} in "
+                f"{self.prefill_seconds:.3f} s ({prefill_rate:.1f} tokens/s)",
+            ]
+            + ([f"compile: the first decode step took {self.compile_seconds:.3f} s (compiling it)"] if compiled else [])
+            + [
+                f"decode: {decode_steps * b} tokens in {self.decode_seconds:.3f} s ({decode_rate:.1f} tokens/s)",
+                f"peak memory: {peak_memory(self.device)}",
+            ]
+        )
 
 
-MAX_COUNT = 10 ** 9  # tokens, samples or threads one generation asks for: past any that could finish
+MAX_COUNT = 10**9  # tokens, samples or threads one generation asks for: past any that could finish
 
 
 def check_count(name: str, value, low: int) -> None:
@@ -337,32 +396,49 @@ def checked_prompts(model, prompts: Sequence[Sequence[int]]) -> list:
             raise GenerationError(f"{where} is empty: give at least one token")
         bad = [t for t in ids if not 0 <= t < model.config.vocab_size]
         if bad:
-            raise GenerationError(f"{where}: token id {bad[0]} is out of range: valid ids are "
-                                  f"0..{model.config.vocab_size - 1}")
+            raise GenerationError(
+                f"{where}: token id {bad[0]} is out of range: valid ids are 0..{model.config.vocab_size - 1}"
+            )
     return rows
 
 
-def check_lengths(model, rows: list, max_new_tokens: int, context: int, *, use_cache: bool, sinks: int,
-                  compile: bool) -> None:
+def check_lengths(
+    model, rows: list, max_new_tokens: int, context: int, *, use_cache: bool, sinks: int, compile: bool
+) -> None:
     """GenerationError for prompts of different lengths where a setting needs one length for all
     (they decode left-padded from a cache: ``Decoder``)."""
     if len({len(r) for r in rows}) == 1:
         return
     if not use_cache or sinks or compile:
-        raise GenerationError("prompts of different lengths decode together from a KV cache: not with "
-                              "--no-cache, --sink-tokens or --compile (give prompts one at a time for those)")
+        raise GenerationError(
+            "prompts of different lengths decode together from a KV cache: not with "
+            "--no-cache, --sink-tokens or --compile (give prompts one at a time for those)"
+        )
     longest = max(len(r) for r in rows)
     if model.positions.position_limit() is not None and longest + max_new_tokens > context:
-        raise GenerationError(f"prompts of different lengths under {model.positions.kind} positions must fit "
-                              f"the context together: the longest prompt ({longest}) + max_new_tokens "
-                              f"({max_new_tokens}) > {context}; lower --max-new-tokens")
+        raise GenerationError(
+            f"prompts of different lengths under {model.positions.kind} positions must fit "
+            f"the context together: the longest prompt ({longest}) + max_new_tokens "
+            f"({max_new_tokens}) > {context}; lower --max-new-tokens"
+        )
 
 
 @torch.inference_mode()
-def generate_rows(model, prompts: Sequence[Sequence[int]], *, num_samples: int = 1, max_new_tokens: int = 200,
-                  sampling: Sampling = Sampling(), seed: Optional[int] = None, max_context: Optional[int] = None,
-                  use_cache: bool = True, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0],
-                  stats: Optional[Stats] = None, compile: bool = False) -> Iterator[torch.Tensor]:
+def generate_rows(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int = 200,
+    sampling: Sampling = Sampling(),
+    seed: Optional[int] = None,
+    max_context: Optional[int] = None,
+    use_cache: bool = True,
+    sinks: int = 0,
+    sink_positions: str = SINK_POSITIONS[0],
+    stats: Optional[Stats] = None,
+    compile: bool = False,
+) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, a (rows,) tensor per step, ``max_new_tokens`` times:
     row i * num_samples + j is the j-th continuation of ``prompts[i]``. The rows decode together
     as one batch (the cache checked to fit before anything is allocated); prompts of different
@@ -372,25 +448,37 @@ def generate_rows(model, prompts: Sequence[Sequence[int]], *, num_samples: int =
     scheme is cropped to its last ``max_context`` tokens with a warning."""
     check_count("max_new_tokens", max_new_tokens, 0)
     check_count("num_samples", num_samples, 1)
-    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2 ** 63):
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2**63):
         raise GenerationError(f"seed={seed!r} is invalid: expected an integer from 0 to 2**63 - 1")
     sampling.check()
     rows = checked_prompts(model, prompts)
     limit = context_size(model, max_context)
     long = [i for i, r in enumerate(rows) if len(r) > limit]
     if model.positions.position_limit() is not None and long:
-        which = "the prompt" if len(rows) == 1 else f"prompt{'s' * (len(long) > 1)} " + ", ".join(
-            str(i + 1) for i in long)
-        warnings.warn(f"{which} {'has' if len(long) == 1 else 'have'} {max(len(rows[i]) for i in long)} tokens"
-                      f"{' at most' * (len(long) > 1)} but {model.positions.kind} positions allow a context of {limit}: "
-                      f"using the last {limit} tokens", GenerationWarning)
+        which = (
+            "the prompt" if len(rows) == 1 else f"prompt{'s' * (len(long) > 1)} " + ", ".join(str(i + 1) for i in long)
+        )
+        warnings.warn(
+            f"{which} {'has' if len(long) == 1 else 'have'} {max(len(rows[i]) for i in long)} tokens"
+            f"{' at most' * (len(long) > 1)} but {model.positions.kind} positions allow a context of {limit}: "
+            f"using the last {limit} tokens",
+            GenerationWarning,
+        )
         rows = [r[-limit:] for r in rows]
     check_lengths(model, rows, max_new_tokens, limit, use_cache=use_cache, sinks=sinks, compile=compile)
     longest = max(len(r) for r in rows)
     offsets = torch.tensor([longest - len(r) for r in rows]).repeat_interleave(num_samples)
-    decoder = Decoder(model, len(offsets), max_context=max_context, use_cache=use_cache,
-                      total=longest + max_new_tokens, sinks=sinks, sink_positions=sink_positions, compile=compile,
-                      offsets=offsets if bool(offsets.any()) else None)
+    decoder = Decoder(
+        model,
+        len(offsets),
+        max_context=max_context,
+        use_cache=use_cache,
+        total=longest + max_new_tokens,
+        sinks=sinks,
+        sink_positions=sink_positions,
+        compile=compile,
+        offsets=offsets if bool(offsets.any()) else None,
+    )
     timed = stats is not None  # on CUDA, timing each step costs a synchronisation
     stats = stats if timed else Stats()
     device = decoder.device

@@ -15,6 +15,7 @@ row, a cache that is not static (a compiled step's), positions shared by the row
 absolute positions, no attention weights asked for; every other pass runs ``GPT.body``. Hooks
 on the model's submodules do not run inside it; hooks on the model itself do.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -30,6 +31,7 @@ from minilm.model.gpt import GPT, ForwardPass, RMSNorm, split_heads
 
 class Layer(NamedTuple):
     """One block's tensors and settings, read once (plain fields: no module lookups per step)."""
+
     ln_1: Callable
     ln_2: Callable
     qkv: tuple  # (weight, bias) of the q/k/v projection
@@ -46,23 +48,39 @@ def norm_function(norm) -> Callable:
     """``norm``'s forward as a function of x alone: the same call its ``forward`` makes."""
     if isinstance(norm, RMSNorm):
         return partial(rms_norm, weight=norm.weight, eps=norm.eps)
-    return partial(F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, bias=norm.bias,
-                   eps=norm.eps)
+    return partial(
+        F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, bias=norm.bias, eps=norm.eps
+    )
 
 
 def read_layer(block) -> Layer:
     attn, mlp = block.attn, block.mlp
-    return Layer(norm_function(block.ln_1), norm_function(block.ln_2), (attn.qkv.weight, attn.qkv.bias),
-                 (attn.proj.weight, attn.proj.bias), (mlp.fc.weight, mlp.fc.bias), (mlp.proj.weight, mlp.proj.bias),
-                 norm_function(attn.q_norm) if attn.qk_norm else None,
-                 norm_function(attn.k_norm) if attn.qk_norm else None, mlp.kind, block.parallel)
+    return Layer(
+        norm_function(block.ln_1),
+        norm_function(block.ln_2),
+        (attn.qkv.weight, attn.qkv.bias),
+        (attn.proj.weight, attn.proj.bias),
+        (mlp.fc.weight, mlp.fc.bias),
+        (mlp.proj.weight, mlp.proj.bias),
+        norm_function(attn.q_norm) if attn.qk_norm else None,
+        norm_function(attn.k_norm) if attn.qk_norm else None,
+        mlp.kind,
+        block.parallel,
+    )
 
 
 def takes_step(model: GPT, idx: torch.Tensor, fp: ForwardPass) -> bool:
     """Whether this pass is a decode step the lean loop computes (see the module's docstring)."""
     cache = fp.cache
-    return (cache is not None and not cache.static and idx.shape[1] == 1 and not model.training
-            and not fp.per_row and not fp.renumbered and fp.weights_of is None)
+    return (
+        cache is not None
+        and not cache.static
+        and idx.shape[1] == 1
+        and not model.training
+        and not fp.per_row
+        and not fp.renumbered
+        and fp.weights_of is None
+    )
 
 
 def lean_body(model: GPT) -> Callable:
@@ -82,8 +100,9 @@ def lean_body(model: GPT) -> Callable:
         B, T, C = x.shape
         plain = not (scheme.has_bias or scheme.has_value_term)
         for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
-            q, k, v = split_heads(F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm,
-                                  layer.k_norm, fp)
+            q, k, v = split_heads(
+                F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm, layer.k_norm, fp
+            )
             if fp.values is not None:
                 v = v + fp.values[i].view(B, T, -1, head_dim).transpose(1, 2)
             k, v, k_pos = cache.update(i, k, v)
@@ -94,8 +113,9 @@ def lean_body(model: GPT) -> Callable:
                 y = attend(q.to(k.dtype), k, v, pos, k_pos, scheme, cached=True, window=window, sinks=sinks)
             attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, -1), *layer.proj)
             h = x + attended  # parallel_residual: the MLP reads the block's input, else this sum
-            x = h + F.linear(activation(layer.mlp, F.linear(layer.ln_2(x if layer.parallel else h), *layer.fc)),
-                             *layer.out)
+            x = h + F.linear(
+                activation(layer.mlp, F.linear(layer.ln_2(x if layer.parallel else h), *layer.fc)), *layer.out
+            )
         return model.outputs(x, return_hidden)
 
     return body

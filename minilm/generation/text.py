@@ -9,6 +9,7 @@ its config.json, one id or a list) ends a sample too: it is the sample's last to
 (``stop_ids=()`` goes on past it, as ``generate.py --ignore-eos``). Pieces are only handed out
 once they are complete characters and can no longer turn out to be the start of a stop string.
 """
+
 from __future__ import annotations
 
 from typing import Iterator, List, NamedTuple, Optional, Sequence
@@ -31,12 +32,15 @@ class TextStream:
     end-of-text id of ``stop_ids``, which adds no text and flushes what was held back).
     """
 
-    def __init__(self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (),
-                 stop_ids: Sequence[int] = ()):
+    def __init__(
+        self, tokenizer, prompt_ids: Sequence[int] = (), stop: Sequence[str] = (), stop_ids: Sequence[int] = ()
+    ):
         self.tokenizer = tokenizer
         if any(not isinstance(s, str) or not s for s in stop):
-            raise GenerationError(f"stop={list(stop)!r} is invalid: a stop text is a non-empty string (an empty one "
-                                  f"would end every sample before its first token)")
+            raise GenerationError(
+                f"stop={list(stop)!r} is invalid: a stop text is a non-empty string (an empty one "
+                f"would end every sample before its first token)"
+            )
         self.stop = tuple(stop)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self._longest_stop = max((len(s) for s in self.stop), default=0)
@@ -63,21 +67,21 @@ class TextStream:
     def _release(self, final: bool) -> str:
         """Decode what the last tokens added and hand out the part that is safe to show."""
         decode = self.tokenizer.decode
-        new = decode(self._ids[self._prefix:])
-        old = decode(self._ids[self._prefix:self._read])
+        new = decode(self._ids[self._prefix :])
+        old = decode(self._ids[self._prefix : self._read])
         before = len(self.text)
         if final or (len(new) > len(old) and not new.endswith("\ufffd")):
-            self.text += new[len(old):]
+            self.text += new[len(old) :]
             self._prefix, self._read = self._read, len(self._ids)
         safe = len(self.text)
         if self.stop:
             start = max(0, before - self._longest_stop + 1)
             hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
             if hits:
-                self.text, self.stopped, safe = self.text[:min(hits)], True, min(hits)
+                self.text, self.stopped, safe = self.text[: min(hits)], True, min(hits)
             elif not final:
                 safe -= self._stop_prefix()
-        out = self.text[self._shown:safe]
+        out = self.text[self._shown : safe]
         self._shown = max(self._shown, safe)
         return out
 
@@ -92,6 +96,7 @@ class TextStream:
 
 class Piece(NamedTuple):
     """One generated token of one sample and the text it adds (may be empty)."""
+
     sample: int
     token: int
     text: str
@@ -103,17 +108,30 @@ def encode_prompt(tokenizer, prompt) -> List[int]:
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         if tokenizer.bos_id is None:
-            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from: "
-                                  "give a prompt")
+            raise GenerationError("the prompt is empty and the tokenizer has no BOS token to start from: give a prompt")
         ids = [tokenizer.bos_id]
     return ids
 
 
-def generate(model, tokenizer, prompt=None, *, prompts: Optional[Sequence] = None, max_new_tokens: int = 200,
-             sampling: Sampling = Sampling(), num_samples: int = 1, seed: Optional[int] = None,
-             stop: Sequence[str] = (), max_context: Optional[int] = None, use_cache: bool = True, sinks: int = 0,
-             sink_positions: str = SINK_POSITIONS[0], stats: Optional[Stats] = None, compile: bool = False,
-             stop_ids: Optional[Sequence[int]] = None) -> Iterator[Piece]:
+def generate(
+    model,
+    tokenizer,
+    prompt=None,
+    *,
+    prompts: Optional[Sequence] = None,
+    max_new_tokens: int = 200,
+    sampling: Sampling = Sampling(),
+    num_samples: int = 1,
+    seed: Optional[int] = None,
+    stop: Sequence[str] = (),
+    max_context: Optional[int] = None,
+    use_cache: bool = True,
+    sinks: int = 0,
+    sink_positions: str = SINK_POSITIONS[0],
+    stats: Optional[Stats] = None,
+    compile: bool = False,
+    stop_ids: Optional[Sequence[int]] = None,
+) -> Iterator[Piece]:
     """Yield a ``Piece`` per new token of every unfinished sample as it is decoded; the samples
     are decoded together as one batch. ``prompt`` is a string or token ids; ``prompts`` instead
     gives several (of any lengths), and sample ``i * num_samples + j`` is the j-th continuation
@@ -126,9 +144,20 @@ def generate(model, tokenizer, prompt=None, *, prompts: Optional[Sequence] = Non
     rows = [encode_prompt(tokenizer, p) for p in ([prompt] if prompts is None else prompts)]
     stop_ids = tuple(tokenizer.stop_ids if stop_ids is None else stop_ids)
     streams = None  # made once generate_rows has checked the sizes (a cache that fits) and prefilled
-    steps = generate_rows(model, rows, num_samples=num_samples, max_new_tokens=max_new_tokens, sampling=sampling,
-                          seed=seed, max_context=max_context, use_cache=use_cache, sinks=sinks,
-                          sink_positions=sink_positions, stats=stats, compile=compile)
+    steps = generate_rows(
+        model,
+        rows,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        seed=seed,
+        max_context=max_context,
+        use_cache=use_cache,
+        sinks=sinks,
+        sink_positions=sink_positions,
+        stats=stats,
+        compile=compile,
+    )
     try:
         for step, tokens in enumerate(steps):
             if streams is None:

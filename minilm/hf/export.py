@@ -17,6 +17,7 @@ renamed into place, so it is complete or absent; an existing non-empty directory
 touched. The command line loads the checkpoint (``python -m minilm export``) and hands the
 model in.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ def export_model(model, tokenizer, config, directory: str, family: str = None) -
         raise HFError('export needs safetensors and tokenizers: pip install -e ".[hf]"')
     if os.path.isdir(directory) and os.listdir(directory):
         raise HFError(f"{directory!r} exists and is not empty: export into a new directory")
-    family, hf_config, tensors = convert(config.model, {k: v.detach().float().cpu()
-                                                        for k, v in model.state_dict().items()}, family)
+    family, hf_config, tensors = convert(
+        config.model, {k: v.detach().float().cpu() for k, v in model.state_dict().items()}, family
+    )
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, dtype="float32")
     stops = list(tokenizer.stop_ids)  # every end-of-text id (Llama 3 has three) goes to generation_config.json
     generation = {"bos_token_id": tokenizer.bos_id, "eos_token_id": stops[0] if len(stops) == 1 else stops or None}
@@ -56,8 +58,11 @@ def export_model(model, tokenizer, config, directory: str, family: str = None) -
         for name, content in (("config.json", hf_config), ("generation_config.json", generation)):
             with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
                 json.dump(content, f, indent=2)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            os.path.join(staging, "model.safetensors"),
+            metadata={"format": "pt"},
+        )
         save_pretrained_tokenizer(tokenizer, staging)
     return {"family": family, "directory": directory, "params": sum(t.numel() for t in tensors.values())}
 
@@ -66,16 +71,19 @@ def convert(m, sd: dict, family: str = None) -> tuple:
     """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict,
     as the named ``family`` or the first that exports ``m``."""
     if m.embedding_scale not in (1, 1.0, "auto"):
-        raise HFError(f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the "
-                      f"token embedding")
+        raise HFError(
+            f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the token embedding"
+        )
     if family is not None:
         if family not in BY_NAME:
             raise HFError(f"family {family!r} is unknown: valid: {', '.join(BY_NAME)}")
         chosen = BY_NAME[family]
         takers = [f.model_types[0] for f in FAMILIES if f.exports(m)]
         if not chosen.exports(m):
-            raise HFError(f"this {m.position['kind']} model cannot be written as {chosen.name}: "
-                          f"{'it exports as ' + ', '.join(takers) if takers else 'exportable: ' + EXPORTABLE}")
+            raise HFError(
+                f"this {m.position['kind']} model cannot be written as {chosen.name}: "
+                f"{'it exports as ' + ', '.join(takers) if takers else 'exportable: ' + EXPORTABLE}"
+            )
         refuse_unhandled(chosen, m)
         return chosen.write(m, sd)
     for family in FAMILIES:

@@ -1,6 +1,7 @@
 """Every Hugging Face family minilm maps, in the order export tries them (the first whose
 ``exports`` accepts a model writes it, unless the export names one). A new family is one file
 beside these and one entry here."""
+
 from minilm.hf.gpt2 import GPT2
 from minilm.hf.llama import LLAMA
 from minilm.hf.mpt import MPT

@@ -11,6 +11,7 @@ every family until the family handles it, never silently dropped.
 Weight names: minilm's fused ``attn.qkv`` is [q; k; v] with heads contiguous; ``mlp.fc`` is
 [gate; up] for swiglu; the head is ``lm_head`` (``wte`` when tied).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,19 @@ from minilm.common import MinilmError
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # HF name -> minilm mlp
 HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # minilm mlp -> HF name
-SHARED = frozenset({"vocab_size", "n_layer", "n_head", "d_model", "block_size", "dropout", "position",
-                    "embedding_scale", "embedding_init_std"})  # handled by the export itself: sizes, the kind's
+SHARED = frozenset(
+    {
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "d_model",
+        "block_size",
+        "dropout",
+        "position",
+        "embedding_scale",
+        "embedding_init_std",
+    }
+)  # handled by the export itself: sizes, the kind's
 # family, no scale; how the weights were initialised does not change what they compute
 
 
@@ -62,8 +74,11 @@ def refuse_unhandled(family: Family, m) -> None:
         if f.name in RESOLVED:
             default = RESOLVED[f.name](m)
         value = getattr(m, f.name)
-        require(value == default, family.name, f"model.{f.name}={value!r} has no {family.name} equivalent "
-                                               f"(exported only at its default {default!r})")
+        require(
+            value == default,
+            family.name,
+            f"model.{f.name}={value!r} has no {family.name} equivalent (exported only at its default {default!r})",
+        )
 
 
 def activation(hf: dict, key: str, path: str) -> str:
@@ -121,7 +136,10 @@ def put_linear(sd: dict, out: dict, source: str, target: str, with_bias: bool, t
 
 def require_classic_layout(m, family: str, tied: bool = True) -> None:
     """GPT-2 and MPT: layernorm, a sequential residual, full attention heads; a tied head where ``tied``."""
-    require(m.norm == "layernorm" and not m.parallel_residual and (m.tie_embeddings or not tied), family,
-            f"it needs layernorm, a sequential residual{' and a tied head' if tied else ''} (norm={m.norm}, "
-            f"parallel_residual={m.parallel_residual}, tie_embeddings={m.tie_embeddings})")
+    require(
+        m.norm == "layernorm" and not m.parallel_residual and (m.tie_embeddings or not tied),
+        family,
+        f"it needs layernorm, a sequential residual{' and a tied head' if tied else ''} (norm={m.norm}, "
+        f"parallel_residual={m.parallel_residual}, tie_embeddings={m.tie_embeddings})",
+    )
     require(m.n_kv_head in (None, m.n_head) and not m.qkv_bias, family, "it has neither GQA nor q/k/v-only bias")

@@ -5,6 +5,7 @@ q and k (``q_norm``, ``k_norm``: one weight of head_dim shared by the heads) as 
 and a ``head_dim`` apart from hidden_size / heads (Qwen3's 128). minilm's Llama-style
 ``rope`` models (rmsnorm, swiglu, no biases, a sequential residual) are written as Llama, as
 Qwen2 when they have ``qkv_bias``, and as Qwen3 when they have ``qk_norm``."""
+
 from __future__ import annotations
 
 import torch
@@ -25,13 +26,25 @@ def read_config(hf: dict, path: str) -> dict:
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
     if hf.get("sliding_window") and (hf["model_type"] == "mistral" or hf.get("use_sliding_window")):
         refuse(path, f"sliding_window={hf['sliding_window']} is not supported (Mistral without a sliding window is)")
-    return dict(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=heads, d_model=width,
-                block_size=hf["max_position_embeddings"], d_ff=hf["intermediate_size"], bias=False,
-                head_dim=hf.get("head_dim") or width // heads, qk_norm=hf["model_type"] == "qwen3",
-                qkv_bias=hf["model_type"] == "qwen2", mlp="swiglu", norm="rmsnorm",
-                norm_eps=float(hf.get("rms_norm_eps", 1e-6)), n_kv_head=hf.get("num_key_value_heads") or heads,
-                tie_embeddings=hf.get("tie_word_embeddings", False), position=rope_position(hf, path),
-                embedding_scale=1.0)
+    return dict(
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=heads,
+        d_model=width,
+        block_size=hf["max_position_embeddings"],
+        d_ff=hf["intermediate_size"],
+        bias=False,
+        head_dim=hf.get("head_dim") or width // heads,
+        qk_norm=hf["model_type"] == "qwen3",
+        qkv_bias=hf["model_type"] == "qwen2",
+        mlp="swiglu",
+        norm="rmsnorm",
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        n_kv_head=hf.get("num_key_value_heads") or heads,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        position=rope_position(hf, path),
+        embedding_scale=1.0,
+    )
 
 
 def read_weights(tensors: dict, model: dict) -> dict:
@@ -58,8 +71,11 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 
 
 def write(m, sd: dict) -> tuple:
-    require(not (m.qk_norm and m.qkv_bias), "Qwen3", "it has q/k norms without q/k/v-only biases (Qwen2 has the "
-                                                      "biases without the norms)")
+    require(
+        not (m.qk_norm and m.qkv_bias),
+        "Qwen3",
+        "it has q/k norms without q/k/v-only biases (Qwen2 has the biases without the norms)",
+    )
     family = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
     params, positions = rope_parameters(m)
     kv = m.n_kv_head or m.n_head
@@ -84,18 +100,51 @@ def write(m, sd: dict) -> tuple:
     out["model.norm.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    config = dict(architectures=[ARCHITECTURES[family]], model_type=family,
-                  vocab_size=m.vocab_size, hidden_size=m.d_model, intermediate_size=m.d_ff,
-                  num_hidden_layers=m.n_layer, num_attention_heads=m.n_head, num_key_value_heads=kv,
-                  head_dim=m.head_dim, hidden_act="silu", max_position_embeddings=positions, rms_norm_eps=m.norm_eps,
-                  tie_word_embeddings=m.tie_embeddings, attention_bias=False, mlp_bias=False,
-                  rope_parameters=params, attention_dropout=0.0, use_sliding_window=False)
+    config = dict(
+        architectures=[ARCHITECTURES[family]],
+        model_type=family,
+        vocab_size=m.vocab_size,
+        hidden_size=m.d_model,
+        intermediate_size=m.d_ff,
+        num_hidden_layers=m.n_layer,
+        num_attention_heads=m.n_head,
+        num_key_value_heads=kv,
+        head_dim=m.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=positions,
+        rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        rope_parameters=params,
+        attention_dropout=0.0,
+        use_sliding_window=False,
+    )
     if family == "qwen3":  # every layer full attention (Qwen3's sliding window is off)
         config.update(sliding_window=None, max_window_layers=m.n_layer, layer_types=["full_attention"] * m.n_layer)
     return family, config, out
 
 
-LLAMA = Family(name="Llama", model_types=("llama", "mistral", "qwen2", "qwen3"), read_config=read_config,
-               read_weights=read_weights, exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
-               write=write, handles=frozenset({"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual",
-                                               "tie_embeddings", "n_kv_head", "qkv_bias", "qk_norm", "head_dim"}))
+LLAMA = Family(
+    name="Llama",
+    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    read_config=read_config,
+    read_weights=read_weights,
+    exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
+    write=write,
+    handles=frozenset(
+        {
+            "d_ff",
+            "bias",
+            "norm",
+            "norm_eps",
+            "mlp",
+            "parallel_residual",
+            "tie_embeddings",
+            "n_kv_head",
+            "qkv_bias",
+            "qk_norm",
+            "head_dim",
+        }
+    ),
+)

@@ -5,6 +5,7 @@ where they differ is refused. Reading takes what transformers' MPT computes: ALi
 no position embeddings, no biases, an MLP 4 d_model wide; a config whose attention
 transformers changes in ways minilm does not (``clip_qkv``, a ``softmax_scale``, another
 ``alibi_bias_max``) is refused."""
+
 from __future__ import annotations
 
 import torch
@@ -28,19 +29,36 @@ def read_config(hf: dict, path: str) -> dict:
     attention = hf.get("attn_config") or {}
     odd = {k: attention[k] for k, v in ATTENTION_DEFAULTS.items() if attention.get(k, v) != v}
     if odd:
-        refuse(path, f"MPT attention settings {odd} are not supported; minilm's has "
-                     f"{', '.join(f'{k}={v}' for k, v in ATTENTION_DEFAULTS.items())}")
+        refuse(
+            path,
+            f"MPT attention settings {odd} are not supported; minilm's has "
+            f"{', '.join(f'{k}={v}' for k, v in ATTENTION_DEFAULTS.items())}",
+        )
     if hf.get("expansion_ratio", 4) != 4:
         refuse(path, f"expansion_ratio={hf['expansion_ratio']} is not supported: transformers' MPT is 4 d_model wide")
     heads = hf["n_heads"]
     if not torch.allclose(mpt_slopes(heads).double(), torch.tensor(alibi_slopes(heads), dtype=torch.float64)):
-        refuse(path, f"n_heads={heads}: MPT's ALiBi slopes for {heads} heads differ from the ALiBi paper's that "
-                     f"minilm uses (a power of two is the same)")
+        refuse(
+            path,
+            f"n_heads={heads}: MPT's ALiBi slopes for {heads} heads differ from the ALiBi paper's that "
+            f"minilm uses (a power of two is the same)",
+        )
     width = hf["d_model"]
-    return dict(vocab_size=hf["vocab_size"], n_layer=hf["n_layers"], n_head=heads, d_model=width,
-                block_size=hf["max_seq_len"], d_ff=4 * width, bias=False, mlp="gelu", norm="layernorm",
-                norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), tie_embeddings=hf.get("tie_word_embeddings", True),
-                position={"kind": "alibi"}, embedding_scale=1.0)
+    return dict(
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["n_layers"],
+        n_head=heads,
+        d_model=width,
+        block_size=hf["max_seq_len"],
+        d_ff=4 * width,
+        bias=False,
+        mlp="gelu",
+        norm="layernorm",
+        norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        position={"kind": "alibi"},
+        embedding_scale=1.0,
+    )
 
 
 def read_weights(tensors: dict, model: dict) -> dict:
@@ -48,8 +66,14 @@ def read_weights(tensors: dict, model: dict) -> dict:
     out = {"wte.weight": w.take("wte.weight")}
     for i in range(model["n_layer"]):
         b = f"blocks.{i}"  # the same block names in both
-        for source, target in (("norm_1", "ln_1"), ("norm_2", "ln_2"), ("attn.Wqkv", "attn.qkv"),
-                               ("attn.out_proj", "attn.proj"), ("ffn.up_proj", "mlp.fc"), ("ffn.down_proj", "mlp.proj")):
+        for source, target in (
+            ("norm_1", "ln_1"),
+            ("norm_2", "ln_2"),
+            ("attn.Wqkv", "attn.qkv"),
+            ("attn.out_proj", "attn.proj"),
+            ("ffn.up_proj", "mlp.fc"),
+            ("ffn.down_proj", "mlp.proj"),
+        ):
             out[f"{b}.{target}.weight"] = w.take(f"{b}.{source}.weight")
     out["ln_f.weight"] = w.take("norm_f.weight")
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
@@ -57,11 +81,17 @@ def read_weights(tensors: dict, model: dict) -> dict:
 
 def write(m, sd: dict) -> tuple:
     require_classic_layout(m, "MPT", tied=False)
-    require(m.mlp == "gelu" and m.d_ff == 4 * m.d_model and not m.bias, "MPT",
-            f"it has gelu, d_ff = 4 d_model and no biases (mlp={m.mlp}, d_ff={m.d_ff}, bias={m.bias})")
+    require(
+        m.mlp == "gelu" and m.d_ff == 4 * m.d_model and not m.bias,
+        "MPT",
+        f"it has gelu, d_ff = 4 d_model and no biases (mlp={m.mlp}, d_ff={m.d_ff}, bias={m.bias})",
+    )
     ours = torch.tensor(alibi_slopes(m.n_head), dtype=torch.float64)
-    require(torch.allclose(mpt_slopes(m.n_head).double(), ours, rtol=1e-6),
-            "MPT", f"MPT's slopes for {m.n_head} heads differ from the ALiBi paper's that minilm uses")
+    require(
+        torch.allclose(mpt_slopes(m.n_head).double(), ours, rtol=1e-6),
+        "MPT",
+        f"MPT's slopes for {m.n_head} heads differ from the ALiBi paper's that minilm uses",
+    )
     out = {"transformer.wte.weight": sd["wte.weight"]}
     for i in range(m.n_layer):
         b, h = f"blocks.{i}", f"transformer.blocks.{i}"
@@ -73,14 +103,34 @@ def write(m, sd: dict) -> tuple:
     out["transformer.norm_f.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
-    config = dict(architectures=["MptForCausalLM"], model_type="mpt", d_model=m.d_model, n_heads=m.n_head,
-                  n_layers=m.n_layer, expansion_ratio=4, max_seq_len=m.block_size, vocab_size=m.vocab_size,
-                  layer_norm_epsilon=m.norm_eps, no_bias=True, learned_pos_emb=False, resid_pdrop=0.0,
-                  emb_pdrop=0.0, tie_word_embeddings=m.tie_embeddings,
-                  attn_config={"alibi": True, "alibi_bias_max": 8, "attn_pdrop": 0})
+    config = dict(
+        architectures=["MptForCausalLM"],
+        model_type="mpt",
+        d_model=m.d_model,
+        n_heads=m.n_head,
+        n_layers=m.n_layer,
+        expansion_ratio=4,
+        max_seq_len=m.block_size,
+        vocab_size=m.vocab_size,
+        layer_norm_epsilon=m.norm_eps,
+        no_bias=True,
+        learned_pos_emb=False,
+        resid_pdrop=0.0,
+        emb_pdrop=0.0,
+        tie_word_embeddings=m.tie_embeddings,
+        attn_config={"alibi": True, "alibi_bias_max": 8, "attn_pdrop": 0},
+    )
     return "mpt", config, out
 
 
-MPT = Family(name="MPT", model_types=("mpt",), read_config=read_config, read_weights=read_weights, exports=lambda m: m.position["kind"] == "alibi", write=write,
-             handles=frozenset({"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings",
-                                "n_kv_head", "qkv_bias"}))
+MPT = Family(
+    name="MPT",
+    model_types=("mpt",),
+    read_config=read_config,
+    read_weights=read_weights,
+    exports=lambda m: m.position["kind"] == "alibi",
+    write=write,
+    handles=frozenset(
+        {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "qkv_bias"}
+    ),
+)

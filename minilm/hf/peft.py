@@ -10,6 +10,7 @@ is refused in one line: another family (GPT-2's Conv1D, MPT), or parameters of t
 scheme. GPT-NeoX keeps q, k and v in one linear, per head: minilm's adapters on them become
 one adapter there (``neox_qkv``), exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,32 @@ from minilm.hf.family import HFError
 # per family: the prefix of its layers, the module of each minilm adapter target, and the modules a
 # group of also_train saves whole; GPT-NeoX holds q, k and v in one linear (FUSED), per head
 LAYOUTS = {
-    "llama": ("model.layers", {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
-                               "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj",
-                               "down": "mlp.down_proj"},
-              {"norms": ("input_layernorm", "post_attention_layernorm", "norm", "q_norm", "k_norm"),
-               "embeddings": ("embed_tokens",), "head": ("lm_head",)}),
-    "gpt_neox": ("gpt_neox.layers", {"o": "attention.dense", "up": "mlp.dense_h_to_4h", "down": "mlp.dense_4h_to_h"},
-                 {"norms": ("input_layernorm", "post_attention_layernorm", "final_layer_norm"),
-                  "embeddings": ("embed_in",), "head": ("embed_out",)}),
+    "llama": (
+        "model.layers",
+        {
+            "q": "self_attn.q_proj",
+            "k": "self_attn.k_proj",
+            "v": "self_attn.v_proj",
+            "o": "self_attn.o_proj",
+            "gate": "mlp.gate_proj",
+            "up": "mlp.up_proj",
+            "down": "mlp.down_proj",
+        },
+        {
+            "norms": ("input_layernorm", "post_attention_layernorm", "norm", "q_norm", "k_norm"),
+            "embeddings": ("embed_tokens",),
+            "head": ("lm_head",),
+        },
+    ),
+    "gpt_neox": (
+        "gpt_neox.layers",
+        {"o": "attention.dense", "up": "mlp.dense_h_to_4h", "down": "mlp.dense_4h_to_h"},
+        {
+            "norms": ("input_layernorm", "post_attention_layernorm", "final_layer_norm"),
+            "embeddings": ("embed_in",),
+            "head": ("embed_out",),
+        },
+    ),
 }
 LAYOUTS["qwen2"] = LAYOUTS["qwen3"] = LAYOUTS["llama"]
 FUSED = "attention.query_key_value"
@@ -55,14 +74,20 @@ def export_adapter(trained: dict, config, base_weights: dict, base_path: str, di
         raise HFError(f"{directory!r} exists and is not empty: export into a new directory")
     lora = config.train.lora
     if "position" in lora.also_train:
-        raise HFError("train.lora.also_train has position: peft has no place for a position scheme's parameters; "
-                      "export the merged model instead (minilm export RUN DIR)")
-    whole = {**{k: v.detach().float().cpu() for k, v in base_weights.items()},
-             **{k: v.detach().float().cpu() for k, v in trained.items() if ".lora_" not in k}}
+        raise HFError(
+            "train.lora.also_train has position: peft has no place for a position scheme's parameters; "
+            "export the merged model instead (minilm export RUN DIR)"
+        )
+    whole = {
+        **{k: v.detach().float().cpu() for k, v in base_weights.items()},
+        **{k: v.detach().float().cpu() for k, v in trained.items() if ".lora_" not in k},
+    }
     family, _, named = convert(config.model, whole)
     if family not in LAYOUTS:
-        raise HFError(f"peft adapters are written for the Llama family and GPT-NeoX; this model exports as {family}: "
-                      f"export the merged model instead (minilm export RUN DIR)")
+        raise HFError(
+            f"peft adapters are written for the Llama family and GPT-NeoX; this model exports as {family}: "
+            f"export the merged model instead (minilm export RUN DIR)"
+        )
     prefix, modules, groups = LAYOUTS[family]
     tensors, targets, fused = {}, set(), {}
     for key, value in trained.items():
@@ -80,23 +105,42 @@ def export_adapter(trained: dict, config, base_weights: dict, base_path: str, di
         for matrix, value in (("A", a), ("B", b)):
             tensors[f"base_model.model.{prefix}.{layer}.{FUSED}.lora_{matrix}.weight"] = value
         targets.add(FUSED.split(".")[-1])
-        patterns = {"rank_pattern": {"query_key_value": a.shape[0]},
-                    "alpha_pattern": {"query_key_value": lora.alpha * a.shape[0] / lora.r}}
+        patterns = {
+            "rank_pattern": {"query_key_value": a.shape[0]},
+            "alpha_pattern": {"query_key_value": lora.alpha * a.shape[0] / lora.r},
+        }
     saved = sorted({name for group in lora.also_train for name in groups[group]})
     for key, value in named.items():
         module = key.rsplit(".", 1)[0]
         if any(module == name or module.endswith("." + name) for name in saved):
             tensors["base_model.model." + key] = value
-    settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.r, "lora_alpha": lora.alpha,
-                "lora_dropout": 0.0, "target_modules": sorted(targets), "modules_to_save": saved or None,
-                "bias": "none", "fan_in_fan_out": False, "base_model_name_or_path": base_path,
-                "inference_mode": True, "init_lora_weights": True, "use_rslora": False, "use_dora": False,
-                "rank_pattern": {}, "alpha_pattern": {}, **patterns}
+    settings = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(targets),
+        "modules_to_save": saved or None,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "base_model_name_or_path": base_path,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        **patterns,
+    }
     with staged_directory(directory) as staging:
         with open(os.path.join(staging, "adapter_config.json"), "w", encoding="utf-8") as f:
             json.dump(settings, f, indent=2)
-        save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()},
-                  os.path.join(staging, "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()},
+            os.path.join(staging, "adapter_model.safetensors"),
+            metadata={"format": "pt"},
+        )
     return {"family": family, "directory": directory, "tensors": len(tensors)}
 
 
@@ -111,5 +155,5 @@ def neox_qkv(parts: dict, m) -> tuple:
     b = torch.zeros(3 * width, len(names) * r, dtype=a.dtype)
     for j, t in enumerate(names):
         start = "qkv".index(t) * width
-        b[start:start + width, j * r:(j + 1) * r] = parts[(t, "b")]
+        b[start : start + width, j * r : (j + 1) * r] = parts[(t, "b")]
     return a, b.view(3, m.n_head, -1, len(names) * r).transpose(0, 1).reshape(3 * width, len(names) * r)

@@ -7,6 +7,7 @@ ratio of max_position_embeddings to it) read with transformers' switch between t
 of factors, and its ``generate``'s recomputation of the cache once a generation passes the
 original length (``switch: refill`` in ``minilm.positions.rope``). A Llama-style minilm model is
 written as Llama unless Phi-3 is asked for (``minilm export --family phi3``)."""
+
 from __future__ import annotations
 
 import torch
@@ -24,24 +25,41 @@ def read_config(hf: dict, path: str) -> dict:
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for phi3; supported: silu")
     window, longest = hf.get("sliding_window"), hf["max_position_embeddings"]
     if window and window < longest:
-        refuse(path, f"sliding_window={window} is not supported (a window of at least max_position_embeddings="
-                     f"{longest}, or none, is)")
+        refuse(
+            path,
+            f"sliding_window={window} is not supported (a window of at least max_position_embeddings="
+            f"{longest}, or none, is)",
+        )
     position = rope_position(hf, path)
     if (position["scaling"] or {}).get("type") == "longrope":  # Phi-3's generate recomputes its cache past L
         position["scaling"]["switch"] = "refill"
-    return dict(vocab_size=hf["vocab_size"], n_layer=hf["num_hidden_layers"], n_head=heads, d_model=width,
-                block_size=longest, d_ff=hf["intermediate_size"], bias=False, head_dim=hf.get("head_dim") or width // heads,
-                mlp="swiglu", norm="rmsnorm", norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-                n_kv_head=hf.get("num_key_value_heads") or heads, tie_embeddings=hf.get("tie_word_embeddings", False),
-                position=position, embedding_scale=1.0)
+    return dict(
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=heads,
+        d_model=width,
+        block_size=longest,
+        d_ff=hf["intermediate_size"],
+        bias=False,
+        head_dim=hf.get("head_dim") or width // heads,
+        mlp="swiglu",
+        norm="rmsnorm",
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        n_kv_head=hf.get("num_key_value_heads") or heads,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        position=position,
+        embedding_scale=1.0,
+    )
 
 
 def unfused(tensors: dict, model: dict) -> dict:
     """Phi-3's tensors under Llama's names: ``qkv_proj`` split into q, k and v, ``gate_up_proj``
     into gate and up (both [first; second] as minilm's own fused weights)."""
     kv = (model.get("n_kv_head") or model["n_head"]) * model["head_dim"]
-    sizes = {"self_attn.qkv_proj": (("q", "k", "v"), [model["n_head"] * model["head_dim"], kv, kv]),
-             "mlp.gate_up_proj": (("gate", "up"), None)}
+    sizes = {
+        "self_attn.qkv_proj": (("q", "k", "v"), [model["n_head"] * model["head_dim"], kv, kv]),
+        "mlp.gate_up_proj": (("gate", "up"), None),
+    }
     out = {}
     for name, tensor in tensors.items():
         fused = next((k for k in sizes if name.endswith(f"{k}.weight")), None)
@@ -50,7 +68,7 @@ def unfused(tensors: dict, model: dict) -> dict:
             continue
         parts, split = sizes[fused]
         pieces = tensor.split(split) if split else tensor.chunk(2)
-        stem = name[:-len(f"{fused}.weight")] + fused.split(".")[0]
+        stem = name[: -len(f"{fused}.weight")] + fused.split(".")[0]
         out.update({f"{stem}.{p}_proj.weight": piece for p, piece in zip(parts, pieces)})
     return out
 
@@ -60,8 +78,11 @@ def read_weights(tensors: dict, model: dict) -> dict:
 
 
 def write(m, sd: dict) -> tuple:
-    require(not m.qkv_bias and not m.qk_norm, "Phi-3", f"it has neither q/k/v biases nor q/k norms "
-                                                       f"(qkv_bias={m.qkv_bias}, qk_norm={m.qk_norm})")
+    require(
+        not m.qkv_bias and not m.qk_norm,
+        "Phi-3",
+        f"it has neither q/k/v biases nor q/k norms (qkv_bias={m.qkv_bias}, qk_norm={m.qk_norm})",
+    )
     _, llama_config, out = write_llama(m, sd)  # Llama's tensors, then q/k/v and gate/up fused again
     for i in range(m.n_layer):
         h = f"model.layers.{i}"
@@ -69,17 +90,52 @@ def write(m, sd: dict) -> tuple:
         out[f"{h}.mlp.gate_up_proj.weight"] = torch.cat([out.pop(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
     params, positions = llama_config["rope_parameters"], llama_config["max_position_embeddings"]
     original = params.get("original_max_position_embeddings", positions)
-    config = dict(architectures=["Phi3ForCausalLM"], model_type="phi3", vocab_size=m.vocab_size,
-                  hidden_size=m.d_model, intermediate_size=m.d_ff, num_hidden_layers=m.n_layer,
-                  num_attention_heads=m.n_head, num_key_value_heads=m.n_kv_head or m.n_head, head_dim=m.head_dim,
-                  hidden_act="silu", max_position_embeddings=positions, original_max_position_embeddings=original,
-                  rms_norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, rope_parameters=params,
-                  partial_rotary_factor=params["partial_rotary_factor"], attention_dropout=0.0, resid_pdrop=0.0,
-                  embd_pdrop=0.0, sliding_window=None, pad_token_id=None)
+    config = dict(
+        architectures=["Phi3ForCausalLM"],
+        model_type="phi3",
+        vocab_size=m.vocab_size,
+        hidden_size=m.d_model,
+        intermediate_size=m.d_ff,
+        num_hidden_layers=m.n_layer,
+        num_attention_heads=m.n_head,
+        num_key_value_heads=m.n_kv_head or m.n_head,
+        head_dim=m.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=positions,
+        original_max_position_embeddings=original,
+        rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings,
+        rope_parameters=params,
+        partial_rotary_factor=params["partial_rotary_factor"],
+        attention_dropout=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        sliding_window=None,
+        pad_token_id=None,
+    )
     return "phi3", config, out
 
 
-PHI3 = Family(name="Phi-3", model_types=("phi3",), read_config=read_config, read_weights=read_weights,
-              exports=lambda m: m.position["kind"] == "rope" and llama_style(m) and not (m.qkv_bias or m.qk_norm),
-              write=write, handles=frozenset({"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual",
-                                              "tie_embeddings", "n_kv_head", "qkv_bias", "qk_norm", "head_dim"}))
+PHI3 = Family(
+    name="Phi-3",
+    model_types=("phi3",),
+    read_config=read_config,
+    read_weights=read_weights,
+    exports=lambda m: m.position["kind"] == "rope" and llama_style(m) and not (m.qkv_bias or m.qk_norm),
+    write=write,
+    handles=frozenset(
+        {
+            "d_ff",
+            "bias",
+            "norm",
+            "norm_eps",
+            "mlp",
+            "parallel_residual",
+            "tie_embeddings",
+            "n_kv_head",
+            "qkv_bias",
+            "qk_norm",
+            "head_dim",
+        }
+    ),
+)

@@ -13,6 +13,7 @@ the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
 ~/.cache/huggingface/hub). Nothing is ever downloaded. Anything minilm cannot map is a
 one-line ``HFError`` naming what is supported.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ PREFIX = "hf:"
 def is_hf_source(path: str) -> bool:
     """True for ``hf:NAME`` and for a directory holding config.json (and no minilm ckpt.pt)."""
     return str(path).startswith(PREFIX) or (
-        os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
-        and not os.path.isfile(os.path.join(path, "ckpt.pt")))
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, "config.json"))
+        and not os.path.isfile(os.path.join(path, "ckpt.pt"))
+    )
 
 
 def hub_cache() -> str:
@@ -55,8 +58,10 @@ def cached_snapshot(name: str) -> str:
     repo = os.path.join(hub_cache(), "models--" + name.replace("/", "--"))
     snapshots = os.path.join(repo, "snapshots")
     if not os.path.isdir(snapshots):
-        raise HFError(f"{PREFIX}{name} is not in the local Hugging Face cache ({hub_cache()}): minilm never "
-                              f"downloads; fetch it yourself (hf download {name}) or give its directory")
+        raise HFError(
+            f"{PREFIX}{name} is not in the local Hugging Face cache ({hub_cache()}): minilm never "
+            f"downloads; fetch it yourself (hf download {name}) or give its directory"
+        )
     ref = os.path.join(repo, "refs", "main")
     if os.path.isfile(ref):
         with open(ref, encoding="utf-8") as f:
@@ -65,8 +70,10 @@ def cached_snapshot(name: str) -> str:
             return chosen
     found = sorted(os.listdir(snapshots))
     if len(found) != 1:
-        raise HFError(f"{PREFIX}{name}: {len(found)} snapshots in {snapshots} and no refs/main to choose "
-                              f"one; give the snapshot directory itself")
+        raise HFError(
+            f"{PREFIX}{name}: {len(found)} snapshots in {snapshots} and no refs/main to choose "
+            f"one; give the snapshot directory itself"
+        )
     return os.path.join(snapshots, found[0])
 
 
@@ -79,23 +86,26 @@ def read_hf(path: str) -> dict:
     except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
         if isinstance(exc, HFError):
             raise
-        raise HFError(f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
-                      ) from None
+        raise HFError(
+            f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
+        ) from None
     check_shapes(state_dict, expected, path)
     tokenizer = HFTokenizer.from_directory(directory)
     config = Config().to_dict()
     config["model"] = {**config["model"], **model_tree}
     config["data"]["vocab_size"] = tokenizer.vocab_size
     if tokenizer.vocab_size > model_tree["vocab_size"]:
-        raise HFError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                      f"{model_tree['vocab_size']} embedding rows")
+        raise HFError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{model_tree['vocab_size']} embedding rows"
+        )
     return {"model": state_dict, "config": config, "tokenizer": tokenizer.to_bytes(), "path": str(path)}
 
 
 def read_model_tree(path: str) -> tuple:
     """(directory, family, minilm model settings) of a Hugging Face model directory or ``hf:NAME``,
     from its config.json alone (no weights read: what ``minilm memory`` counts)."""
-    directory = cached_snapshot(path[len(PREFIX):]) if str(path).startswith(PREFIX) else path
+    directory = cached_snapshot(path[len(PREFIX) :]) if str(path).startswith(PREFIX) else path
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             hf = json.load(f)
@@ -105,24 +115,28 @@ def read_model_tree(path: str) -> tuple:
         raise HFError(f"{path}: config.json holds a {type(hf).__name__}, not the mapping of a model's settings")
     family = READERS.get(hf.get("model_type"))
     if family is None:
-        raise HFError(f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: "
-                      f"{', '.join(sorted(READERS))}")
+        raise HFError(
+            f"{path}: model_type {hf.get('model_type')!r} is not supported; supported: {', '.join(sorted(READERS))}"
+        )
     check_architectures(hf, path)
     try:
         model_tree = family.read_config(hf, path)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, HFError):
             raise
-        raise HFError(f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} "
-                      f"model") from None
+        raise HFError(
+            f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} model"
+        ) from None
     check_sizes(model_tree, path)
     return directory, family, model_tree
 
 
 def read_weights(directory: str) -> dict:
     """{name: tensor} from model.safetensors / pytorch_model.bin, sharded or not."""
-    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
-                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+    for index_name, single in (
+        ("model.safetensors.index.json", "model.safetensors"),
+        ("pytorch_model.bin.index.json", "pytorch_model.bin"),
+    ):
         index = os.path.join(directory, index_name)
         if os.path.isfile(index):
             with open(index, encoding="utf-8") as f:
@@ -130,24 +144,35 @@ def read_weights(directory: str) -> dict:
             return {k: v for name in files for k, v in _read_file(os.path.join(directory, name)).items()}
         if os.path.isfile(os.path.join(directory, single)):
             return _read_file(os.path.join(directory, single))
-    raise HFError(f"no weights in {directory}: expected model.safetensors or pytorch_model.bin "
-                          f"(or their sharded index)")
+    raise HFError(
+        f"no weights in {directory}: expected model.safetensors or pytorch_model.bin (or their sharded index)"
+    )
 
 
 def _read_file(path: str) -> dict:
     if path.endswith(".safetensors") and load_safetensors is None:
-        raise HFError(f"reading {path} needs safetensors: pip install -e \".[hf]\"")
+        raise HFError(f'reading {path} needs safetensors: pip install -e ".[hf]"')
     try:
         if path.endswith(".safetensors"):
             return load_safetensors(path)
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a cut-off or foreign file fails in each library's own way
-        raise HFError(f"cannot read the weights {path!r} (truncated or damaged: "
-                      f"{first_sentence(str(exc), type(exc).__name__)}); download them again") from None
+        raise HFError(
+            f"cannot read the weights {path!r} (truncated or damaged: "
+            f"{first_sentence(str(exc), type(exc).__name__)}); download them again"
+        ) from None
 
 
-ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNeoX", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
-                 "qwen3": "Qwen3", "phi3": "Phi3", "mpt": "Mpt"}  # model_type -> transformers' class prefix
+ARCHITECTURES = {
+    "gpt2": "GPT2",
+    "gpt_neox": "GPTNeoX",
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "phi3": "Phi3",
+    "mpt": "Mpt",
+}  # model_type -> transformers' class prefix
 
 
 def check_architectures(hf: dict, path: str) -> None:
@@ -157,8 +182,10 @@ def check_architectures(hf: dict, path: str) -> None:
     if named is None:
         return
     if not isinstance(named, list) or any(not isinstance(a, str) or not a.startswith(prefix) for a in named):
-        raise HFError(f"{path}: config.json's architectures={named!r} contradict model_type={hf['model_type']!r} "
-                      f"(expected {prefix}... classes)")
+        raise HFError(
+            f"{path}: config.json's architectures={named!r} contradict model_type={hf['model_type']!r} "
+            f"(expected {prefix}... classes)"
+        )
 
 
 def expected_shapes(model_tree: dict, path: str) -> dict:
@@ -168,16 +195,19 @@ def expected_shapes(model_tree: dict, path: str) -> dict:
         with torch.device("meta"):
             return {k: tuple(v.shape) for k, v in GPT(ModelConfig(**model_tree)).state_dict().items()}
     except (MinilmError, ValueError, TypeError) as exc:
-        raise HFError(f"{path}: config.json describes no model minilm can build: "
-                      f"{first_sentence(str(exc), type(exc).__name__)}") from None
+        raise HFError(
+            f"{path}: config.json describes no model minilm can build: {first_sentence(str(exc), type(exc).__name__)}"
+        ) from None
 
 
 def check_shapes(state_dict: dict, expected: dict, path: str) -> None:
     """Every weight has the shape config.json gives it, before any is loaded into a model."""
     for name, shape in expected.items():
         if name in state_dict and tuple(state_dict[name].shape) != shape:
-            raise HFError(f"{path}: weight {name!r} (minilm's name) has shape {tuple(state_dict[name].shape)} but "
-                          f"config.json makes it {shape}: the config and the weights disagree")
+            raise HFError(
+                f"{path}: weight {name!r} (minilm's name) has shape {tuple(state_dict[name].shape)} but "
+                f"config.json makes it {shape}: the config and the weights disagree"
+            )
 
 
 SIZES = ("vocab_size", "n_layer", "n_head", "d_model", "block_size", "d_ff")

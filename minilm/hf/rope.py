@@ -10,6 +10,7 @@ else ``max_position_embeddings`` (always the latter for dynamic), as in transfor
 Writing: linear, dynamic, yarn, llama3 and longrope as ``rope_parameters``; static NTK as its
 changed base, theta * s^(d/(d-2)) (Bloc97 2023), the same rotation with no scaling at all.
 """
+
 from __future__ import annotations
 
 from minilm.hf.family import refuse, require
@@ -18,8 +19,14 @@ from minilm.positions.rope import ntk_base
 
 SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")  # rope_type values read
 YARN_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "truncate": True}
-ROPE_TYPES = {"none": "default", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
-              "longrope": "longrope"}
+ROPE_TYPES = {
+    "none": "default",
+    "linear": "linear",
+    "dynamic": "dynamic",
+    "yarn": "yarn",
+    "llama3": "llama3",
+    "longrope": "longrope",
+}
 
 
 def rope_position(hf: dict, path: str) -> dict:
@@ -45,19 +52,27 @@ def rope_position(hf: dict, path: str) -> dict:
         refuse(path, f"rope scaling {kind!r} needs a factor (new length / original length) in its rope parameters")
     scaling = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
     if kind == "longrope":  # transformers picks the factors in each forward pass by its largest position
-        scaling.update(short_factor=[float(v) for v in params["short_factor"]],
-                       long_factor=[float(v) for v in params["long_factor"]], switch="positions")
+        scaling.update(
+            short_factor=[float(v) for v in params["short_factor"]],
+            long_factor=[float(v) for v in params["long_factor"]],
+            switch="positions",
+        )
         if params.get("attention_factor") is not None:
             scaling["attention_factor"] = float(params["attention_factor"])
     if kind == "llama3":
-        scaling.update(low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-                       high_freq_factor=float(params.get("high_freq_factor", 4.0)))
+        scaling.update(
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        )
     if kind == "yarn":
         odd = {k: params[k] for k, v in YARN_DEFAULTS.items() if params.get(k) not in (None, v)}
         odd.update({k: params[k] for k in ("attention_factor", "mscale", "mscale_all_dim") if params.get(k)})
         if odd:
-            refuse(path, f"yarn settings {odd} are not supported; minilm's yarn has beta_fast 32, beta_slow 1 "
-                         f"and attention factor 0.1 ln(factor) + 1")
+            refuse(
+                path,
+                f"yarn settings {odd} are not supported; minilm's yarn has beta_fast 32, beta_slow 1 "
+                f"and attention factor 0.1 ln(factor) + 1",
+            )
     position["scaling"] = scaling
     return position
 
@@ -70,13 +85,19 @@ def rope_parameters(m) -> tuple:
     kind, fraction = scaling["type"], rope.get("rotary_fraction", 1.0)
     rotated = int(m.head_dim * fraction)
     require(rotated % 2 == 0, "rope", f"rotary_fraction={fraction} rotates an odd {rotated} dims")
-    params = {"rope_type": "default", "rope_theta": float(rope.get("base", 10000.0)),
-              "partial_rotary_factor": float(fraction)}  # always: GPT-NeoX's default is 0.25
+    params = {
+        "rope_type": "default",
+        "rope_theta": float(rope.get("base", 10000.0)),
+        "partial_rotary_factor": float(fraction),
+    }  # always: GPT-NeoX's default is 0.25
     if kind == "ntk":
         params["rope_theta"] = ntk_base(params["rope_theta"], scaling["factor"], rotated)
         return params, m.block_size
-    require(kind in ROPE_TYPES, "rope", f"scaling {kind!r} has no transformers equivalent here; exportable: "
-            f"{', '.join(ROPE_TYPES)}, ntk")
+    require(
+        kind in ROPE_TYPES,
+        "rope",
+        f"scaling {kind!r} has no transformers equivalent here; exportable: {', '.join(ROPE_TYPES)}, ntk",
+    )
     if kind == "none":
         return params, m.block_size
     params.update(rope_type=ROPE_TYPES[kind], factor=float(scaling["factor"]))
@@ -87,6 +108,9 @@ def rope_parameters(m) -> tuple:
     if kind == "llama3":
         params.update(low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"])
     if kind == "longrope":  # transformers then switches by each pass's positions, as ``switch: positions``
-        params.update(short_factor=list(scaling["short_factor"]), long_factor=list(scaling["long_factor"]),
-                      attention_factor=float(scaling["attention_factor"]))
+        params.update(
+            short_factor=list(scaling["short_factor"]),
+            long_factor=list(scaling["long_factor"]),
+            attention_factor=float(scaling["attention_factor"]),
+        )
     return params, m.block_size

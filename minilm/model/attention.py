@@ -6,6 +6,7 @@ row, left-padded prompts of different lengths).
 Positions are explicit tensors everywhere: the scheme's hooks (``minilm.positions``) read them,
 and the masks are built from them (``visible``), never from slice lengths.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,22 @@ def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = No
     return allowed
 
 
-def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, window: Optional[int],
-           sinks: int = 0, dropout_p: float = 0.0, padded: bool = False, need_weights: bool = False,
-           documents: Optional[tuple] = None):
+def attend(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    scheme: PositionScheme,
+    *,
+    cached: bool,
+    window: Optional[int],
+    sinks: int = 0,
+    dropout_p: float = 0.0,
+    padded: bool = False,
+    need_weights: bool = False,
+    documents: Optional[tuple] = None,
+):
     """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
     over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
     positions (q_pos - k_pos < W - sinks) and those of the first ``sinks`` positions.
@@ -61,7 +75,7 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
         kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
         allowed = visible(qp, kp, window, sinks)
         if documents is not None:
-            same = documents[0][..., start:end, None] == documents[1][..., None, :len(kp)]
+            same = documents[0][..., start:end, None] == documents[1][..., None, : len(kp)]
             allowed = allowed & (same if same.dim() == 2 else same[:, None])  # (B, 1, queries, keys) for a batch
         mask = allowed
         if scheme.has_bias:
@@ -74,8 +88,20 @@ def attend(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, cached: bool, windo
     return (out, torch.cat(weights, dim=2)) if need_weights else out
 
 
-def attend_in_cache(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, context_len: int, window: int, sinks: int,
-                    expand, dropout_p: float = 0.0):
+def attend_in_cache(
+    q,
+    k,
+    v,
+    q_pos,
+    k_pos,
+    scheme: PositionScheme,
+    *,
+    context_len: int,
+    window: int,
+    sinks: int,
+    expand,
+    dropout_p: float = 0.0,
+):
     """Attention over a window with ``sinks`` at their positions within the cache, as StreamingLLM
     does it (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
     section 3.2), for unrotated ``q`` at ``q_pos`` (ascending) and unrotated ``k`` (and ``v``,
@@ -96,16 +122,29 @@ def attend_in_cache(q, k, v, q_pos, k_pos, scheme: PositionScheme, *, context_le
         seen = k_pos <= q_pos[plain - 1]  # without a cache the keys run past these queries
         kp = k_pos[seen]
         qr, kr = rotate_apart(scheme, q[:, :, :plain], q_pos[:plain], k[:, :, seen], kp, context_len)
-        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), q_pos[:plain], kp, scheme, cached=True,
-                              window=window, sinks=sinks, dropout_p=dropout_p))
+        outputs.append(
+            attend(
+                qr,
+                expand(kr),
+                expand(v[:, :, seen]),
+                q_pos[:plain],
+                kp,
+                scheme,
+                cached=True,
+                window=window,
+                sinks=sinks,
+                dropout_p=dropout_p,
+            )
+        )
     for i in range(plain, len(q_pos)):
         p, s = q_pos[i], shift[i]
         seen = (k_pos < sinks) | ((k_pos <= p) & (p - k_pos < window - sinks))
         kp = torch.where(k_pos[seen] < sinks, k_pos[seen], k_pos[seen] - s)
         qp = (p - s).view(1)
-        qr, kr = rotate_apart(scheme, q[:, :, i:i + 1], qp, k[:, :, seen], kp, context_len)
-        outputs.append(attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None,
-                              dropout_p=dropout_p))
+        qr, kr = rotate_apart(scheme, q[:, :, i : i + 1], qp, k[:, :, seen], kp, context_len)
+        outputs.append(
+            attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None, dropout_p=dropout_p)
+        )
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
@@ -130,7 +169,8 @@ def fused_by_compiler(q: torch.Tensor) -> bool:
     queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
     and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
     training step is faster this way, the float32 one and eager code are not, so they and
-    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the written-out path, the scores are rounded
+    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the
+    written-out path, the scores are rounded
     to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
     return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
@@ -147,8 +187,6 @@ def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, drop
     return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
 
 
-
-
 def document_layout(idx: torch.Tensor, end_of_text: int) -> tuple:
     """(document index (B, T), position within the document (B, T)) of every token of ``idx``,
     rows of documents that each end with the ``end_of_text`` id: the id belongs to the document
@@ -163,8 +201,9 @@ def document_layout(idx: torch.Tensor, end_of_text: int) -> tuple:
     return documents, (index - first).float()
 
 
-def row_layout(pos: torch.Tensor, documents: Optional[torch.Tensor], k_pos: torch.Tensor,
-               offsets: Optional[torch.Tensor]) -> tuple:
+def row_layout(
+    pos: torch.Tensor, documents: Optional[torch.Tensor], k_pos: torch.Tensor, offsets: Optional[torch.Tensor]
+) -> tuple:
     """(query positions, key positions, query documents, key documents), each (B, ...), for
     ``attend_rows``, from the rows' positions ``pos`` (B, T). Without a cache the keys are the
     queries and ``documents`` (B, T) says where each token belongs. With a cache of left-padded rows
@@ -179,12 +218,22 @@ def row_layout(pos: torch.Tensor, documents: Optional[torch.Tensor], k_pos: torc
 
 def rotate_rows(scheme: PositionScheme, q, k, pos: torch.Tensor, context_len: int):
     """The scheme's rotation of q and k, each row b at its own positions ``pos[b]``."""
-    pairs = [scheme.rotate(q[b:b + 1], k[b:b + 1], pos[b], context_len) for b in range(q.shape[0])]
+    pairs = [scheme.rotate(q[b : b + 1], k[b : b + 1], pos[b], context_len) for b in range(q.shape[0])]
     return torch.cat([qr for qr, _ in pairs]), torch.cat([kr for _, kr in pairs])
 
 
-def attend_rows(q, k, v, layout: tuple, scheme: PositionScheme, *, cached: bool, window: Optional[int],
-                dropout_p: float = 0.0, need_weights: bool = False):
+def attend_rows(
+    q,
+    k,
+    v,
+    layout: tuple,
+    scheme: PositionScheme,
+    *,
+    cached: bool,
+    window: Optional[int],
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+):
     """``attend`` for rows that have positions and documents of their own (``row_layout``):
     each row alone, queries at its positions over its keys, a query seeing only the keys of its
     own document. A loop over rows keeps every scheme's hooks as they are (one row's positions);
@@ -192,9 +241,22 @@ def attend_rows(q, k, v, layout: tuple, scheme: PositionScheme, *, cached: bool,
     prompts of different lengths. Documents under shared positions need no loop: ``attend``
     masks them for the whole batch."""
     q_pos, k_pos, q_doc, k_doc = layout
-    results = [attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], q_pos[b], k_pos[b], scheme, cached=cached, window=window,
-                      dropout_p=dropout_p, need_weights=need_weights, documents=(q_doc[b], k_doc[b]))
-               for b in range(q.shape[0])]
+    results = [
+        attend(
+            q[b : b + 1],
+            k[b : b + 1],
+            v[b : b + 1],
+            q_pos[b],
+            k_pos[b],
+            scheme,
+            cached=cached,
+            window=window,
+            dropout_p=dropout_p,
+            need_weights=need_weights,
+            documents=(q_doc[b], k_doc[b]),
+        )
+        for b in range(q.shape[0])
+    ]
     if need_weights:
         return torch.cat([out for out, _ in results]), torch.cat([w for _, w in results])
     return torch.cat(results)

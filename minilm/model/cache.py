@@ -32,11 +32,12 @@ A ``static`` cache always hands attention all ``capacity`` slots, the empty ones
 ``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
 same shapes, which is what a compiled step needs (``minilm.generation.compiled``, as in gpt-fast).
 """
+
 from __future__ import annotations
 
 import torch
 
-EMPTY = float(2 ** 24)  # the position of an empty slot: later than any query
+EMPTY = float(2**24)  # the position of an empty slot: later than any query
 SINK_POSITIONS = ("cache", "absolute")  # where attention places the sinks (see above); the first is the default
 
 
@@ -53,15 +54,30 @@ def cache_dtype(weight: torch.Tensor) -> torch.dtype:
 
 
 class KVCache:
-    def __init__(self, n_layer: int, batch_size: int, n_head: int, head_dim: int, capacity: int, *,
-                 rolling: bool = False, sinks: int = 0, sink_positions: str = SINK_POSITIONS[0], static: bool = False,
-                 offsets=None, dtype=torch.float32, device=None):
+    def __init__(
+        self,
+        n_layer: int,
+        batch_size: int,
+        n_head: int,
+        head_dim: int,
+        capacity: int,
+        *,
+        rolling: bool = False,
+        sinks: int = 0,
+        sink_positions: str = SINK_POSITIONS[0],
+        static: bool = False,
+        offsets=None,
+        dtype=torch.float32,
+        device=None,
+    ):
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
             raise ValueError(f"sinks={sinks} is invalid for capacity {capacity}: expected 0 <= sinks < capacity")
         if sink_positions not in SINK_POSITIONS:
-            raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}")
+            raise ValueError(
+                f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
+            )
         # keys kept unrotated and renumbered at every step (attention sinks at cache positions)
         self.renumbered = rolling and sinks > 0 and sink_positions == "cache"
         if static and self.renumbered:
@@ -94,13 +110,17 @@ class KVCache:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
         end = self.length + num_new
         if not self.rolling and end > self.capacity:
-            raise ValueError(f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
-                             f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache")
+            raise ValueError(
+                f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
+                f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache"
+            )
         wraps = self.rolling and num_new > 1 and end > self.capacity
         if wraps and (self.sinks or self.static or num_new > self.capacity):
-            raise ValueError(f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
-                             f"or static one token at a time, once it wraps: got {num_new} tokens at position "
-                             f"{self.length}")
+            raise ValueError(
+                f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
+                f"or static one token at a time, once it wraps: got {num_new} tokens at position "
+                f"{self.length}"
+            )
         positions = torch.arange(self.length, end, device=self.slot_pos.device, dtype=torch.float32)
         if wraps:  # the keys held now stay visible to this chunk's queries (module docstring)
             held = min(self.length, self.capacity)

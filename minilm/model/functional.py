@@ -1,6 +1,7 @@
 """What the model's small modules compute, as plain functions of tensors: the modules of
 ``minilm.model.gpt`` call them, and so does the eager decode step (``minilm.generation.lean``),
 so that the two compute the same thing in the same order, bit for bit."""
+
 from __future__ import annotations
 
 import torch

@@ -18,11 +18,13 @@ The position scheme is a plug-in from ``minilm.positions`` and acts through its 
 ``start`` once per forward pass, ``embed`` after the token embedding, ``rotate`` on q and k
 in every layer (before the cache write; after it, at cache positions, for sinks placed there:
 ``attend_in_cache``), ``bias`` on the attention logits and
-``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit tensors:
+``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit
+tensors:
 ``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without; rows of their own
 (left-padded prompts, documents that restart at each end-of-text id) hold one row of positions
 each (``minilm.model.attention.attend_rows``).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,11 +40,13 @@ from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.model.functional import activation, linear, rms_norm
 from minilm.positions import PositionError, PositionScheme, build, describe
 
+
 class ForwardPass(NamedTuple):
     """What every block's attention needs to know of one forward pass: the new tokens'
     positions, the position scheme, the KV cache (or None), the attention window and sinks,
     the context length (what dynamic scaling reads) and the layer whose attention weights to
     hand back (None: no layer's)."""
+
     pos: torch.Tensor
     scheme: PositionScheme
     cache: Optional[KVCache]
@@ -166,16 +170,47 @@ class CausalSelfAttention(nn.Module):
         # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
         if fp.per_row:
             layout = row_layout(fp.pos, fp.documents, k_pos, None if cache is None else cache.offsets)
-            y = attend_rows(q.to(k.dtype), self.expand(k), self.expand(v), layout, fp.scheme, cached=cache is not None,
-                            window=window, dropout_p=dropout_p, need_weights=need_weights)
+            y = attend_rows(
+                q.to(k.dtype),
+                self.expand(k),
+                self.expand(v),
+                layout,
+                fp.scheme,
+                cached=cache is not None,
+                window=window,
+                dropout_p=dropout_p,
+                need_weights=need_weights,
+            )
         elif fp.renumbered:
-            y = attend_in_cache(q.to(k.dtype), k, v, fp.pos, k_pos, fp.scheme, context_len=fp.context_len,
-                                window=window, sinks=sinks, expand=self.expand, dropout_p=dropout_p)
+            y = attend_in_cache(
+                q.to(k.dtype),
+                k,
+                v,
+                fp.pos,
+                k_pos,
+                fp.scheme,
+                context_len=fp.context_len,
+                window=window,
+                sinks=sinks,
+                expand=self.expand,
+                dropout_p=dropout_p,
+            )
         else:
-            y = attend(q.to(k.dtype), self.expand(k), self.expand(v), fp.pos, k_pos, fp.scheme,
-                       cached=cache is not None, window=window, sinks=sinks, dropout_p=dropout_p,
-                       padded=cache is not None and cache.static, need_weights=need_weights,
-                       documents=None if fp.documents is None else (fp.documents, fp.documents))
+            y = attend(
+                q.to(k.dtype),
+                self.expand(k),
+                self.expand(v),
+                fp.pos,
+                k_pos,
+                fp.scheme,
+                cached=cache is not None,
+                window=window,
+                sinks=sinks,
+                dropout_p=dropout_p,
+                padded=cache is not None and cache.static,
+                need_weights=need_weights,
+                documents=None if fp.documents is None else (fp.documents, fp.documents),
+            )
         y, weights = y if need_weights else (y, None)
         out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, -1))
         return (out, weights) if need_weights else out
@@ -247,16 +282,24 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         concat = config.concat_position_dims  # 0: positions added to all d_model dimensions
-        self.positions = build(config.position, d_model=concat or config.d_model, n_head=config.n_head,
-                               block_size=config.block_size, head_dim=config.head_dim)
+        self.positions = build(
+            config.position,
+            d_model=concat or config.d_model,
+            n_head=config.n_head,
+            block_size=config.block_size,
+            head_dim=config.head_dim,
+        )
         self.wte = nn.Embedding(config.vocab_size, config.d_model - concat)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         kv_width = (config.n_kv_head or config.n_head) * config.head_dim
-        self.value_embeds = nn.ModuleList(nn.Embedding(config.vocab_size, kv_width) for _ in range(
-            (config.n_layer + 1) // 2)) if config.value_embeddings else None
+        self.value_embeds = (
+            nn.ModuleList(nn.Embedding(config.vocab_size, kv_width) for _ in range((config.n_layer + 1) // 2))
+            if config.value_embeddings
+            else None
+        )
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         self.embedding_scale = embedding_multiplier(config, self.positions)
@@ -273,8 +316,9 @@ class GPT(nn.Module):
             if name.startswith("positions"):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=self.config.embedding_init_std if module is self.wte
-                                else 0.02)
+                nn.init.normal_(
+                    module.weight, mean=0.0, std=self.config.embedding_init_std if module is self.wte else 0.02
+                )
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         for name, param in self.named_parameters():
@@ -289,9 +333,17 @@ class GPT(nn.Module):
         """Trainable parameters, a tied LM head counted once (with the embedding)."""
         return sum(p.numel() for p in self.parameters())
 
-    def new_cache(self, batch_size: int, capacity: int, *, rolling: bool = False, sinks: int = 0,
-                  sink_positions: str = SINK_POSITIONS[0], static: bool = False,
-                  offsets: Optional[torch.Tensor] = None) -> KVCache:
+    def new_cache(
+        self,
+        batch_size: int,
+        capacity: int,
+        *,
+        rolling: bool = False,
+        sinks: int = 0,
+        sink_positions: str = SINK_POSITIONS[0],
+        static: bool = False,
+        offsets: Optional[torch.Tensor] = None,
+    ) -> KVCache:
         """A KV cache of ``capacity`` token slots for ``batch_size`` sequences: up to ``capacity``
         tokens, or with ``rolling=True`` a sliding window over the last ``capacity`` tokens (the
         first ``sinks`` of them kept for good: attention sinks, placed by ``sink_positions``,
@@ -299,13 +351,26 @@ class GPT(nn.Module):
         ``static``: attention always sees every slot (fixed shapes, for a compiled step).
         ``offsets`` (batch_size,): left-padded rows, row b's first token in slot offsets[b]."""
         if self.positions.draws_at_evaluation:
-            raise PositionError(f"{describe(self.config.position)} draws its positions at random at evaluation "
-                                f"(eval_positions: sampled), which a KV cache cannot follow: load the model with "
-                                f"model.position.eval_positions=plain to generate")
+            raise PositionError(
+                f"{describe(self.config.position)} draws its positions at random at evaluation "
+                f"(eval_positions: sampled), which a KV cache cannot follow: load the model with "
+                f"model.position.eval_positions=plain to generate"
+            )
         ref = self.wte.weight
-        cache = KVCache(self.config.n_layer, batch_size, self.blocks[0].attn.n_kv_head, self.config.head_dim,
-                        capacity, rolling=rolling, sinks=sinks, sink_positions=sink_positions, static=static,
-                        offsets=offsets, dtype=cache_dtype(ref), device=ref.device)
+        cache = KVCache(
+            self.config.n_layer,
+            batch_size,
+            self.blocks[0].attn.n_kv_head,
+            self.config.head_dim,
+            capacity,
+            rolling=rolling,
+            sinks=sinks,
+            sink_positions=sink_positions,
+            static=static,
+            offsets=offsets,
+            dtype=cache_dtype(ref),
+            device=ref.device,
+        )
         self.check_renumbering(cache.renumbered)
         return cache
 
@@ -313,14 +378,27 @@ class GPT(nn.Module):
         """ValueError for sinks at cache positions under a scheme that adds positions to the
         embeddings (sinusoidal): those are in every cached key and value and cannot be moved."""
         if renumbered and self.positions.embeds:
-            raise ValueError(f"sink_positions='cache' renumbers positions inside attention, but {self.positions.kind} "
-                             f"positions are added to the embeddings: use sink_positions='absolute'")
+            raise ValueError(
+                f"sink_positions='cache' renumbers positions inside attention, but {self.positions.kind} "
+                f"positions are added to the embeddings: use sink_positions='absolute'"
+            )
 
-    def forward(self, idx: torch.Tensor, cache: Optional[KVCache] = None, *, window: Optional[int] = None,
-                sinks: int = 0, sink_positions: Optional[str] = None, context_len: Optional[int] = None,
-                return_hidden: bool = False, body=None, weights_of: Optional[int] = None,
-                end_of_text: Optional[int] = None, restart_positions: bool = False,
-                head: Optional[Callable] = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        *,
+        window: Optional[int] = None,
+        sinks: int = 0,
+        sink_positions: Optional[str] = None,
+        context_len: Optional[int] = None,
+        return_hidden: bool = False,
+        body=None,
+        weights_of: Optional[int] = None,
+        end_of_text: Optional[int] = None,
+        restart_positions: bool = False,
+        head: Optional[Callable] = None,
+    ):
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
         Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
@@ -348,10 +426,22 @@ class GPT(nn.Module):
         if self.positions.draws_at_evaluation and not self.training and B > 1:
             # positions drawn at evaluation (randomized, eval_positions: sampled): one draw per row, so that
             # the rows of a batch are independent samples and no score depends on how rows were batched
-            rows = [self.forward(idx[b:b + 1], cache, window=window, sinks=sinks, sink_positions=sink_positions,
-                                 context_len=context_len, return_hidden=return_hidden or head is not None, body=body,
-                                 weights_of=weights_of, end_of_text=end_of_text, restart_positions=restart_positions)
-                    for b in range(B)]
+            rows = [
+                self.forward(
+                    idx[b : b + 1],
+                    cache,
+                    window=window,
+                    sinks=sinks,
+                    sink_positions=sink_positions,
+                    context_len=context_len,
+                    return_hidden=return_hidden or head is not None,
+                    body=body,
+                    weights_of=weights_of,
+                    end_of_text=end_of_text,
+                    restart_positions=restart_positions,
+                )
+                for b in range(B)
+            ]
             if weights_of is not None:
                 return tuple(torch.cat(part) for part in zip(*rows))
             return torch.cat(rows) if head is None else self.head_of(torch.cat(rows), head)
@@ -378,12 +468,16 @@ class GPT(nn.Module):
         if weights_of is not None and weights_of < 0:
             weights_of += len(self.blocks)  # -1: the last layer
         if sink_positions is not None and sink_positions not in SINK_POSITIONS:
-            raise ValueError(f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}")
+            raise ValueError(
+                f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
+            )
         if cache is not None:
             renumbered = cache.renumbered
             if sink_positions is not None and cache.sinks and sink_positions != cache.sink_positions:
-                raise ValueError(f"sink_positions={sink_positions!r} differs from the cache's placement "
-                                 f"{cache.sink_positions!r}: make the cache with it (new_cache), or leave it out")
+                raise ValueError(
+                    f"sink_positions={sink_positions!r} differs from the cache's placement "
+                    f"{cache.sink_positions!r}: make the cache with it (new_cache), or leave it out"
+                )
         else:
             renumbered = window is not None and sinks > 0 and (sink_positions or SINK_POSITIONS[0]) == "cache"
             self.check_renumbering(renumbered)
@@ -412,7 +506,7 @@ class GPT(nn.Module):
         if not fp.per_row:
             x = self.positions.embed(x, fp.pos)
         else:  # each row at its own positions; padding (negative positions) takes position 0's
-            x = torch.cat([self.positions.embed(x[b:b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
+            x = torch.cat([self.positions.embed(x[b : b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
         return torch.cat([tokens, x], dim=-1) if concat else x
 
     def inputs(self, idx, fp: ForwardPass) -> tuple:

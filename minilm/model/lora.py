@@ -16,6 +16,7 @@ names (LongLoRA, Chen et al. 2023, section 3.3: embeddings and norms matter for 
 ``merge_adapters`` folds them back into plain linears (W + (alpha / r) B A), the model every
 command reads. ``functional.linear`` computes an adapted layer's output.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,9 @@ class LoRALinear(nn.Linear):
         self.scale, self.rank, self.rows = alpha / r, r, dict(rows)
         like = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_a = nn.ParameterDict({name: nn.Parameter(torch.empty(r, self.in_features, **like)) for name in rows})
-        self.lora_b = nn.ParameterDict({name: nn.Parameter(torch.zeros(stop - start, r, **like))
-                                        for name, (start, stop) in rows.items()})
+        self.lora_b = nn.ParameterDict(
+            {name: nn.Parameter(torch.zeros(stop - start, r, **like)) for name, (start, stop) in rows.items()}
+        )
         for a in self.lora_a.values():
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
 
@@ -60,7 +62,9 @@ class LoRALinear(nn.Linear):
         wide = torch.promote_types(self.weight.dtype, torch.float32)
         weight = self.weight.detach().to(wide).clone()
         for name, (start, stop) in self.rows.items():
-            weight[start:stop] += self.scale * (self.lora_b[name].detach().to(wide) @ self.lora_a[name].detach().to(wide))
+            weight[start:stop] += self.scale * (
+                self.lora_b[name].detach().to(wide) @ self.lora_a[name].detach().to(wide)
+            )
         return weight.to(self.weight.dtype)
 
 
@@ -71,11 +75,12 @@ def adapted_rows(model: nn.Module, targets: Sequence[str]) -> dict:
     c = model.config
     q, kv = c.n_head * c.head_dim, (c.n_kv_head or c.n_head) * c.head_dim
     wanted = set(targets) | ({"gate", "up", "down"} if "mlp" in targets else set())
-    layout = {"attn.qkv": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
-              "attn.proj": {"o": (0, c.d_model)},
-              "mlp.fc": ({"gate": (0, c.d_ff), "up": (c.d_ff, 2 * c.d_ff)} if c.mlp == "swiglu"
-                         else {"up": (0, c.d_ff)}),
-              "mlp.proj": {"down": (0, c.d_model)}}
+    layout = {
+        "attn.qkv": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
+        "attn.proj": {"o": (0, c.d_model)},
+        "mlp.fc": ({"gate": (0, c.d_ff), "up": (c.d_ff, 2 * c.d_ff)} if c.mlp == "swiglu" else {"up": (0, c.d_ff)}),
+        "mlp.proj": {"down": (0, c.d_model)},
+    }
     found = {}
     for i in range(c.n_layer):
         for linear, rows in layout.items():
@@ -89,14 +94,23 @@ def trainable_names(model: nn.Module, also_train: Sequence[str]) -> set:
     """The parameters ``also_train`` names beside the adapters: every norm's, the token embedding
     (and value embeddings), the position scheme's, the LM head (tied: the embedding)."""
     names = set()
-    norms = {name for name, module in model.named_modules()
-             if isinstance(module, nn.LayerNorm) or type(module).__name__ == "RMSNorm"}
+    norms = {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.LayerNorm) or type(module).__name__ == "RMSNorm"
+    }
     for name, _ in model.named_parameters():
         owner = name.rsplit(".", 1)[0]
-        if ("norms" in also_train and owner in norms
-                or "embeddings" in also_train and (name.startswith("wte.") or name.startswith("value_embeds."))
-                or "position" in also_train and name.startswith("positions.")
-                or "head" in also_train and name.startswith("lm_head.")):
+        if (
+            "norms" in also_train
+            and owner in norms
+            or "embeddings" in also_train
+            and (name.startswith("wte.") or name.startswith("value_embeds."))
+            or "position" in also_train
+            and name.startswith("positions.")
+            or "head" in also_train
+            and name.startswith("lm_head.")
+        ):
             names.add(name)
     return names
 
@@ -129,8 +143,13 @@ def merge_adapters(model: nn.Module) -> nn.Module:
     """Every ``LoRALinear`` of ``model`` replaced by a plain linear holding W + (alpha / r) B A, in place."""
     for name, module in list(model.named_modules()):
         if isinstance(module, LoRALinear):
-            plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
-                              device=module.weight.device, dtype=module.weight.dtype)
+            plain = nn.Linear(
+                module.in_features,
+                module.out_features,
+                bias=module.bias is not None,
+                device=module.weight.device,
+                dtype=module.weight.dtype,
+            )
             with torch.no_grad():
                 plain.weight.copy_(module.merged_weight())
                 if module.bias is not None:

@@ -1,4 +1,5 @@
 """The registry's command line moved: ``python -m minilm positions list|plot ...``."""
+
 import sys
 
 if __name__ == "__main__":

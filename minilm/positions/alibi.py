@@ -5,6 +5,7 @@ Slopes: for n heads a power of two, m_h = 2^(-8h/n), h = 1..n. Otherwise, with
 p = 2^floor(log2 n): slopes(p) followed by slopes(2p)[0::2][:n - p].
 The bias is built from absolute query and key positions, so it is the same with a cache.
 """
+
 import math
 
 import torch
@@ -14,8 +15,10 @@ from minilm.positions.base import PositionScheme, register
 
 def alibi_slopes(n_head: int) -> list:
     """Per-head slopes of the ALiBi paper, for any number of heads."""
+
     def power_of_two(n):
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
     p = 2 ** int(math.floor(math.log2(n_head)))
     if p == n_head:
         return power_of_two(n_head)
@@ -30,8 +33,7 @@ class ALiBi(PositionScheme):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32),
-                             persistent=False)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_head), dtype=torch.float32), persistent=False)
 
     def bias(self, q_pos, k_pos, q=None):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # future keys are masked anyway

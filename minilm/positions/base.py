@@ -19,6 +19,7 @@ batch); they are floats so that position interpolation can hand on fractions.
 ``context_len`` is the length the sequence is being processed at (the full sequence
 length without a cache, the cache capacity with one); only dynamic NTK reads it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,12 +40,14 @@ class PositionError(MinilmError):
 
 def register(name: str) -> Callable[[type], type]:
     """Class decorator: make a PositionScheme subclass buildable as ``{"kind": name}``."""
+
     def wrap(cls: type) -> type:
         if name in _REGISTRY:
             raise PositionError(f"position kind {name!r} is registered twice")
         cls.kind = name
         _REGISTRY[name] = cls
         return cls
+
     return wrap
 
 
@@ -109,20 +112,24 @@ def describe(position: dict) -> str:
     return text
 
 
-def build(position: dict, *, d_model: int, n_head: int, block_size: int,
-          head_dim: Optional[int] = None) -> "PositionScheme":
+def build(
+    position: dict, *, d_model: int, n_head: int, block_size: int, head_dim: Optional[int] = None
+) -> "PositionScheme":
     """Build the scheme described by a plain dict such as ``{"kind": "rope", "base": 10000}``;
     ``head_dim`` is each attention head's width (None: d_model / n_head)."""
     if not isinstance(position, dict) or "kind" not in position:
-        raise PositionError(f"position settings {position!r} must be a mapping with a 'kind' "
-                            f"({', '.join(available())})")
+        raise PositionError(
+            f"position settings {position!r} must be a mapping with a 'kind' ({', '.join(available())})"
+        )
     cls = scheme_class(position["kind"])
     position = canonical(position)
     options = {k: v for k, v in position.items() if k != "kind"}
     for key in options:
         if key not in cls.options:
-            raise PositionError(f"unknown option {key!r} for position kind {cls.kind!r}: "
-                             f"{suggest(key, cls.options) if cls.options else 'it takes no options'}")
+            raise PositionError(
+                f"unknown option {key!r} for position kind {cls.kind!r}: "
+                f"{suggest(key, cls.options) if cls.options else 'it takes no options'}"
+            )
     merged = {**cls.options, **options}
     return cls(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim, **merged)
 
@@ -131,26 +138,43 @@ def validate(position: dict, model_config, *, reach: bool = True) -> None:
     """Raise PositionError when ``position`` cannot be built for this model shape, or (with
     ``reach``) when its positions do not reach the training length ``model_config.block_size``."""
     block, concat = model_config.block_size, getattr(model_config, "concat_position_dims", 0)
-    scheme = build(position, d_model=concat or model_config.d_model, n_head=model_config.n_head, block_size=block,
-                   head_dim=getattr(model_config, "head_dim", None))
+    scheme = build(
+        position,
+        d_model=concat or model_config.d_model,
+        n_head=model_config.n_head,
+        block_size=block,
+        head_dim=getattr(model_config, "head_dim", None),
+    )
     if concat and not scheme.embeds:
-        raise PositionError(f"{describe(position)} acts inside attention and adds nothing to the embeddings, so "
-                            f"model.concat_position_dims={concat} has nothing to concatenate: use 0, or a scheme "
-                            f"that embeds (sinusoidal, learned)")
+        raise PositionError(
+            f"{describe(position)} acts inside attention and adds nothing to the embeddings, so "
+            f"model.concat_position_dims={concat} has nothing to concatenate: use 0, or a scheme "
+            f"that embeds (sinusoidal, learned)"
+        )
     limit = scheme.position_limit()
     if reach and limit is not None and limit < block - 1e-6:
-        raise PositionError(f"{position} covers positions 0..{limit - 1:g} but model.block_size={block} needs "
-                            f"0..{block - 1}: leave out the factor of interpolated to have it computed, or give "
-                            f"the learned table more rows")
+        raise PositionError(
+            f"{position} covers positions 0..{limit - 1:g} but model.block_size={block} needs "
+            f"0..{block - 1}: leave out the factor of interpolated to have it computed, or give "
+            f"the learned table more rows"
+        )
 
 
 MAX_BASE = 1e10  # a rope / sinusoidal base: Llama 3 has 5e5, Qwen 1e6; above, float32 angles lose their slow pairs
 MAX_FACTOR = 1e4  # a length factor (scalings, interpolation): 4-128 in practice
-MAX_POSITIONS = 2 ** 24  # positions, lengths and distances an option names (16.7M tokens)
+MAX_POSITIONS = 2**24  # positions, lengths and distances an option names (16.7M tokens)
 
 
-def check_number(kind: str, name: str, value: Any, *, low: float = None, high: float = None,
-                 low_open: bool = True, integer: bool = False) -> None:
+def check_number(
+    kind: str,
+    name: str,
+    value: Any,
+    *,
+    low: float = None,
+    high: float = None,
+    low_open: bool = True,
+    integer: bool = False,
+) -> None:
     """One-line PositionError unless ``value`` is a number in the stated range."""
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if ok and integer:
@@ -211,7 +235,8 @@ class PositionScheme(nn.Module):
             raise PositionError(
                 f"position {last:g} is past the {self.kind} position table "
                 f"(positions 0..{limit - 1:g}): keep sequences within {limit:g} tokens, or use a "
-                f"relative scheme (rope, alibi, t5, none) or interpolated")
+                f"relative scheme (rope, alibi, t5, none) or interpolated"
+            )
 
     def unwrap(self) -> tuple:
         """(the scheme that acts at evaluation, the factor it divides positions by): the scheme
@@ -242,14 +267,14 @@ class PositionScheme(nn.Module):
         rotates the stack at once."""
         return self.rotate(qk[:, :n_q], qk[:, n_q:], pos, context_len)
 
-    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor,
-             q: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    def bias(
+        self, q_pos: torch.Tensor, k_pos: torch.Tensor, q: Optional[torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
         """Added to the logits of queries at ``q_pos`` over keys at ``k_pos``; ``q`` (B, heads, Tq,
         head_dim) are the rotated queries, for a scheme whose bias depends on them."""
         return None
 
-    def value_term(self, weights: torch.Tensor, q_pos: torch.Tensor,
-                   k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+    def value_term(self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
         """Added to the attention output, from its weights (B, heads, Tq, Tk); None adds nothing."""
         return None
 

@@ -9,12 +9,14 @@ initialised at 1 and at the training length. The paper gives no parameterisation
 as a number of positions (up to 512), an Adam step moves it by about the learning rate, so in
 the study it moved less than one position in 500 steps. It is learned as log L instead
 (``log_threshold``): an Adam step is then a relative change, the same at any L (checkpoints
-that hold ``threshold`` load as its log: ``minilm.checkpoints.format.upgraded_weights``). c is kept positive by its absolute value. The
+that hold ``threshold`` load as its log: ``minilm.checkpoints.format.upgraded_weights``). c is kept positive by its
+absolute value. The
 normalisation by psi(max(L, i)) maps every distance into [0, 1], which is what lets the
 function interpolate rather than extrapolate at long lengths ("progressive interpolation").
 The bias depends on absolute positions only, so it is the same with a cache. The MLP's
 hidden layer is evaluated in slices of query rows so that memory stays linear in length.
 """
+
 import math
 
 import torch
@@ -49,8 +51,10 @@ class Fire(PositionScheme):
     def bias(self, q_pos, k_pos, q=None):
         rows = max(1, HIDDEN_BUDGET // max(1, len(k_pos) * self.hidden))
         dtype = self.mlp[0].weight.dtype  # a model cast to bf16 (generation) takes bf16 inputs, as autocast gives it
-        parts = [self.mlp(self.normalised_distance(q_pos[s:s + rows], k_pos)[..., None].to(dtype))
-                 for s in range(0, len(q_pos), rows)]
+        parts = [
+            self.mlp(self.normalised_distance(q_pos[s : s + rows], k_pos)[..., None].to(dtype))
+            for s in range(0, len(q_pos), rows)
+        ]
         return torch.cat(parts, dim=0).permute(2, 0, 1)  # (heads, Tq, Tk)
 
     def extra_repr(self):

@@ -7,6 +7,7 @@ inside its familiar range. Works for rope (same as linear scaling), sinusoidal, 
 The wrapped scheme is the option ``inner`` (it was called ``base`` before, a name that read
 like rope's base frequency; old settings are translated by ``positions.canonical``).
 """
+
 from typing import Optional
 
 import torch
@@ -21,8 +22,9 @@ class Interpolated(PositionScheme):
     renamed_options = {"base": "inner"}
     setting_options = ("inner",)
 
-    def __init__(self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int,
-                 head_dim: Optional[int] = None):
+    def __init__(
+        self, *, inner: dict, factor: float, d_model: int, n_head: int, block_size: int, head_dim: Optional[int] = None
+    ):
         check_number("interpolated", "factor", factor, low=0, high=MAX_FACTOR)
         super().__init__(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim)
         self.factor = float(factor)
@@ -75,4 +77,3 @@ class Interpolated(PositionScheme):
 
     def extra_repr(self):
         return f"factor={self.factor}"
-

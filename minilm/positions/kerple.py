@@ -16,6 +16,7 @@ the study sets; the default stays 1e-4, minilm's clamp before the option, becaus
 model records only the options it was given and must load unchanged. The bias is built from
 absolute query and key positions, so it is the same with a cache.
 """
+
 import torch
 from torch import nn
 

@@ -4,6 +4,7 @@ between neighbouring rows. Positions past the table are a clear error, never an 
 ``GPT.forward`` checks them (``PositionScheme.check_positions``) before any lookup, and
 ``embed`` takes positions already checked.
 """
+
 from torch import nn
 
 from minilm.positions.base import MAX_POSITIONS, PositionScheme, check_number, register
@@ -17,8 +18,7 @@ class Learned(PositionScheme):
     def __init__(self, *, max_positions, block_size: int, **kw):
         if max_positions is None:
             max_positions = block_size
-        check_number("learned", "max_positions", max_positions, low=1, low_open=False, integer=True,
-                     high=MAX_POSITIONS)
+        check_number("learned", "max_positions", max_positions, low=1, low_open=False, integer=True, high=MAX_POSITIONS)
         super().__init__(block_size=block_size, **kw)
         self.table = nn.Embedding(int(max_positions), self.d_model)
         nn.init.normal_(self.table.weight, std=0.02)

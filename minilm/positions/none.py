@@ -1,5 +1,6 @@
 """NoPE: no positional information; the causal mask alone orders the tokens
 (Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization")."""
+
 from minilm.positions.base import PositionScheme, register
 
 

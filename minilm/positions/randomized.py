@@ -7,7 +7,8 @@ The model thus meets positions up to max_positions while training on T tokens.
 At evaluation (``model.eval()``) ``eval_positions`` decides. ``plain`` (the default) hands on
 the ordinary positions 0..T-1, so the cache and every length behave as for the wrapped scheme.
 ``sampled`` draws a sorted sample at evaluation too, as the official code does (its noisy
-encodings sample on every call, training or not), one per row of a batch (``GPT.forward``): the model then sees at test time the
+encodings sample on every call, training or not), one per row of a batch (``GPT.forward``): the model then sees at
+test time the
 kind of positions it was trained on (a mean gap of max_positions / T between neighbours,
 8 in the study at L, where plain positions have a gap of 1). A sampled evaluation is not
 prefix-invariant (a segment's positions depend on its length) and cannot be cached (the
@@ -20,6 +21,7 @@ max_positions rows), rope and alibi are ``inner: {kind: ...}``. ``max_positions`
 comes from torch's global generator, whose state a checkpoint saves, so resuming continues
 exactly.
 """
+
 from typing import Optional
 
 import torch
@@ -35,21 +37,36 @@ class Randomized(PositionScheme):
     options = {"inner": {"kind": "rope"}, "max_positions": None, "eval_positions": "plain"}  # None: 8 x block_size
     setting_options = ("inner",)
 
-    def __init__(self, *, inner: dict, max_positions, eval_positions: str, d_model: int, n_head: int,
-                 block_size: int, head_dim: Optional[int] = None):
+    def __init__(
+        self,
+        *,
+        inner: dict,
+        max_positions,
+        eval_positions: str,
+        d_model: int,
+        n_head: int,
+        block_size: int,
+        head_dim: Optional[int] = None,
+    ):
         if isinstance(inner, dict) and inner.get("kind") == "randomized":
-            raise PositionError("randomized: inner={kind: randomized} is invalid: positions drawn from drawn "
-                                "positions have no meaning; wrap a plain scheme (rope, alibi, ...)")
+            raise PositionError(
+                "randomized: inner={kind: randomized} is invalid: positions drawn from drawn "
+                "positions have no meaning; wrap a plain scheme (rope, alibi, ...)"
+            )
         if max_positions is None:
             max_positions = 8 * block_size
-        check_number("randomized", "max_positions", max_positions, low=1, low_open=False, integer=True,
-                     high=MAX_POSITIONS)
+        check_number(
+            "randomized", "max_positions", max_positions, low=1, low_open=False, integer=True, high=MAX_POSITIONS
+        )
         if eval_positions not in EVAL_POSITIONS:
-            raise PositionError(f"randomized: eval_positions={eval_positions!r} is invalid: valid: "
-                                f"{', '.join(EVAL_POSITIONS)}")
+            raise PositionError(
+                f"randomized: eval_positions={eval_positions!r} is invalid: valid: {', '.join(EVAL_POSITIONS)}"
+            )
         if max_positions < block_size:
-            raise PositionError(f"randomized: max_positions={max_positions} is smaller than block_size={block_size}: "
-                                f"T distinct positions need at least T to choose from")
+            raise PositionError(
+                f"randomized: max_positions={max_positions} is smaller than block_size={block_size}: "
+                f"T distinct positions need at least T to choose from"
+            )
         super().__init__(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim)
         self.max_positions = int(max_positions)
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=self.max_positions, head_dim=head_dim)
@@ -73,10 +90,12 @@ class Randomized(PositionScheme):
         self._table = None
         if self.training or self.draws_at_evaluation:
             if len(pos) > self.max_positions:
-                raise PositionError(f"randomized: {len(pos)} positions cannot be drawn from max_positions="
-                                    f"{self.max_positions}: keep sequences within {self.max_positions} tokens or "
-                                    f"evaluate with eval_positions=plain")
-            sample = torch.randperm(self.max_positions)[:len(pos)].sort().values
+                raise PositionError(
+                    f"randomized: {len(pos)} positions cannot be drawn from max_positions="
+                    f"{self.max_positions}: keep sequences within {self.max_positions} tokens or "
+                    f"evaluate with eval_positions=plain"
+                )
+            sample = torch.randperm(self.max_positions)[: len(pos)].sort().values
             self._table = sample.to(device=pos.device, dtype=torch.float32)
         self.inner.start(self._map(pos))
 

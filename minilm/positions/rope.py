@@ -37,6 +37,7 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
   then on: what transformers' Phi-3 ``generate`` does (its ``prepare_inputs_for_generation``
   drops the cache at that step), and what models imported from Phi-3 take.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,13 +46,32 @@ from typing import Optional, Tuple
 import torch
 
 from minilm.common import suggest
-from minilm.positions.base import MAX_BASE, MAX_FACTOR, MAX_POSITIONS, PositionError, PositionScheme, check_number, register
+from minilm.positions.base import (
+    MAX_BASE,
+    MAX_FACTOR,
+    MAX_POSITIONS,
+    PositionError,
+    PositionScheme,
+    check_number,
+    register,
+)
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
-SCALING_KEYS = ("type", "factor", "original_max_positions", "low_freq_factor", "high_freq_factor", "short_factor",
-                "long_factor", "attention_factor", "switch")
-EXTRA_KEYS = {"llama3": ("low_freq_factor", "high_freq_factor"),
-              "longrope": ("short_factor", "long_factor", "attention_factor", "switch")}  # keys only these types take
+SCALING_KEYS = (
+    "type",
+    "factor",
+    "original_max_positions",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+    "attention_factor",
+    "switch",
+)
+EXTRA_KEYS = {
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor", "attention_factor", "switch"),
+}  # keys only these types take
 LONGROPE_SWITCHES = ("context", "positions", "refill")  # what picks the long factors (module docstring)
 
 
@@ -72,11 +92,14 @@ def dynamic_ntk_base(base: float, factor: float, dim: int, length: int, original
     return base * ((factor * length / original) - (factor - 1)) ** (dim / (dim - 2))
 
 
-def yarn_bounds(dim: int, base: float, original: int,
-                beta_fast: float = 32.0, beta_slow: float = 1.0) -> Tuple[int, int]:
+def yarn_bounds(
+    dim: int, base: float, original: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+) -> Tuple[int, int]:
     """YaRN correction range [low, high] of dimension-pair indices."""
+
     def corr(rotations):
         return dim * math.log(original / (2 * math.pi * rotations)) / (2 * math.log(base))
+
     low = max(math.floor(corr(beta_fast)), 0)
     high = min(math.ceil(corr(beta_slow)), dim - 1)
     return low, high
@@ -96,15 +119,19 @@ def yarn_inv_freq(dim: int, base: float, factor: float, original: int) -> torch.
     return inv / factor * ramp + inv * (1 - ramp)
 
 
-def llama3_inv_freq(dim: int, base: float, factor: float, original: int, low_freq_factor: float = 1.0,
-                    high_freq_factor: float = 4.0) -> torch.Tensor:
+def llama3_inv_freq(
+    dim: int, base: float, factor: float, original: int, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0
+) -> torch.Tensor:
     """Llama 3.1 scaling: long wavelengths interpolated, short ones kept, a smooth blend between."""
     inv = rope_inv_freq(dim, base)
     wavelength = 2 * math.pi / inv
     smooth = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * inv / factor + smooth * inv
-    return torch.where(wavelength > original / low_freq_factor, inv / factor,
-                       torch.where(wavelength < original / high_freq_factor, inv, blended))
+    return torch.where(
+        wavelength > original / low_freq_factor,
+        inv / factor,
+        torch.where(wavelength < original / high_freq_factor, inv, blended),
+    )
 
 
 def longrope_attention_factor(factor: float, original: int) -> float:
@@ -114,8 +141,9 @@ def longrope_attention_factor(factor: float, original: int) -> float:
 
 @register("rope")
 class RoPE(PositionScheme):
-    description = ("rotary embedding of q and k in every layer (Su et al. 2021); "
-                   "scalings linear/ntk/dynamic/yarn/llama3/longrope")
+    description = (
+        "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn/llama3/longrope"
+    )
     options = {"base": 10000.0, "rotary_fraction": 1.0, "scaling": None}
 
     def __init__(self, *, base: float, rotary_fraction: float, scaling: Optional[dict], **kw):
@@ -124,12 +152,16 @@ class RoPE(PositionScheme):
         check_number("rope", "rotary_fraction", rotary_fraction, low=0, high=1)
         head_dim = self.head_dim
         if rotary_fraction == 1 and head_dim % 2:
-            raise PositionError(f"rope: head dimension {head_dim} is odd: rotation needs pairs; "
-                             f"choose an even head_dim (d_model/n_head)")
+            raise PositionError(
+                f"rope: head dimension {head_dim} is odd: rotation needs pairs; "
+                f"choose an even head_dim (d_model/n_head)"
+            )
         self.rot = int(head_dim * rotary_fraction) // 2 * 2
         if self.rot < 2:
-            raise PositionError(f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
-                             f"it must rotate at least 2")
+            raise PositionError(
+                f"rope: rotary_fraction={rotary_fraction} rotates {self.rot} of {head_dim} dims; "
+                f"it must rotate at least 2"
+            )
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
         self._by_positions = self.scaling.get("switch") in ("positions", "refill")  # transformers' LongRoPE
@@ -152,17 +184,21 @@ class RoPE(PositionScheme):
             if any(key in keys for keys in EXTRA_KEYS.values()) and key not in EXTRA_KEYS.get(kind, ()):
                 raise PositionError(f"rope: scaling.{key} is not an option of scaling.type={kind}")
         if kind == "none" and scaling.get("factor") not in (None, 1, 1.0):
-            raise PositionError(f"rope: scaling.factor={scaling['factor']!r} has no effect without a scaling.type: "
-                                f"set one of {', '.join(t for t in SCALING_TYPES if t != 'none')}")
+            raise PositionError(
+                f"rope: scaling.factor={scaling['factor']!r} has no effect without a scaling.type: "
+                f"set one of {', '.join(t for t in SCALING_TYPES if t != 'none')}"
+            )
         original = scaling.get("original_max_positions")
         original = self.block_size if original is None else original  # 0 is not "unset": it is refused
-        check_number("rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True,
-                     high=MAX_POSITIONS)
+        check_number(
+            "rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True, high=MAX_POSITIONS
+        )
         factor = scaling.get("factor")
         if factor is None:
             if kind in ("linear", "ntk", "yarn", "llama3"):
-                raise PositionError(f"rope: scaling.type={kind} needs scaling.factor (new length / original length), "
-                                 f"a number > 0")
+                raise PositionError(
+                    f"rope: scaling.type={kind} needs scaling.factor (new length / original length), a number > 0"
+                )
             factor = self.block_size / original if kind == "longrope" else 1.0
         check_number("rope", "scaling.factor", factor, low=0, high=MAX_FACTOR)
         out = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
@@ -187,8 +223,10 @@ class RoPE(PositionScheme):
         for key in ("short_factor", "long_factor"):
             values = scaling.get(key)
             if not isinstance(values, (list, tuple)) or len(values) != pairs:
-                raise PositionError(f"rope: scaling.type=longrope needs scaling.{key}: a list of {pairs} numbers "
-                                    f"(one per rotated pair), got {values!r}")
+                raise PositionError(
+                    f"rope: scaling.type=longrope needs scaling.{key}: a list of {pairs} numbers "
+                    f"(one per rotated pair), got {values!r}"
+                )
             for value in values:
                 check_number("rope", f"scaling.{key} entry", value, low=0, high=MAX_FACTOR)
             out[key] = [float(v) for v in values]
@@ -217,8 +255,9 @@ class RoPE(PositionScheme):
         if kind == "yarn":
             return yarn_inv_freq(d, self.base, s, L)
         if kind == "llama3":
-            return llama3_inv_freq(d, self.base, s, L, self.scaling["low_freq_factor"],
-                                   self.scaling["high_freq_factor"])
+            return llama3_inv_freq(
+                d, self.base, s, L, self.scaling["low_freq_factor"], self.scaling["high_freq_factor"]
+            )
         if kind == "longrope":
             factors = self.scaling["long_factor" if (context_len or L) > L else "short_factor"]
             return rope_inv_freq(d, self.base) / torch.tensor(factors, dtype=torch.float64)
@@ -270,8 +309,15 @@ class RoPE(PositionScheme):
         if self._by_positions and pos.numel() and not pos.is_meta:
             context_len = int(pos.max()) + 1  # transformers' longrope: this pass's own length picks the factors
         memo = None if compiling else self._memo
-        same = memo is not None and ((memo[0] is pos and memo[2] == self._passes > 0) or (  # rows: views of their own
-            memo[1].shape == pos.shape and memo[1].device == pos.device and not pos.is_meta and torch.equal(memo[1], pos)))
+        same = memo is not None and (
+            (memo[0] is pos and memo[2] == self._passes > 0)
+            or (  # rows: views of their own
+                memo[1].shape == pos.shape
+                and memo[1].device == pos.device
+                and not pos.is_meta
+                and torch.equal(memo[1], pos)
+            )
+        )
         if same and memo[3] == context_len and memo[4] == dtype:
             return memo[5]
         angles = pos.to(torch.float32)[:, None] * self.frequencies(context_len, pos.device)[None, :]
@@ -299,5 +345,5 @@ class RoPE(PositionScheme):
         ``tables``: rotate_half(x) * sin = x.roll(rot/2) * signed_sin, the same products."""
         if self.rot == x.shape[-1]:
             return x * cos + x.roll(self.rot // 2, dims=-1) * signed_sin
-        head, tail = x[..., : self.rot], x[..., self.rot:]
+        head, tail = x[..., : self.rot], x[..., self.rot :]
         return torch.cat((head * cos + head.roll(self.rot // 2, dims=-1) * signed_sin, tail), dim=-1)

@@ -14,6 +14,7 @@ Both terms depend on the query, the weights and the distance between absolute po
 only, so they are the same with a cache. q . a^K is computed once per distance bucket
 (max_distance + 1 of them) and gathered, never as a (Tq, Tk, d_head) tensor.
 """
+
 import math
 
 import torch
@@ -29,8 +30,7 @@ class Shaw(PositionScheme):
     has_bias = True
 
     def __init__(self, *, max_distance: int, values: bool, **kw):
-        check_number("shaw", "max_distance", max_distance, low=1, low_open=False, integer=True,
-                     high=MAX_POSITIONS)
+        check_number("shaw", "max_distance", max_distance, low=1, low_open=False, integer=True, high=MAX_POSITIONS)
         super().__init__(**kw)
         self.max_distance = int(max_distance)
         self.keys = nn.Embedding(self.max_distance + 1, self.head_dim)
@@ -56,8 +56,9 @@ class Shaw(PositionScheme):
         if self.values is None:
             return None
         index = self.buckets(q_pos, k_pos).expand_as(weights)
-        per_bucket = torch.zeros(*weights.shape[:-1], self.max_distance + 1, dtype=weights.dtype,
-                                 device=weights.device).scatter_add_(-1, index, weights)
+        per_bucket = torch.zeros(
+            *weights.shape[:-1], self.max_distance + 1, dtype=weights.dtype, device=weights.device
+        ).scatter_add_(-1, index, weights)
         return per_bucket @ self.values.weight.to(weights.dtype)
 
     def extra_repr(self):

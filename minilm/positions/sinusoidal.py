@@ -20,6 +20,7 @@ expected encoding in training is the one used at evaluation, where nothing is dr
 draws are per row and dimension, shared by every position of the row. A sin and a cos of the
 same frequency have the same rate.
 """
+
 import torch
 
 from minilm.positions.base import MAX_BASE, PositionError, PositionScheme, check_number, register
@@ -44,8 +45,10 @@ class Sinusoidal(PositionScheme):
         if d_model % 2:
             raise PositionError(f"sinusoidal: d_model={d_model} is odd: sin/cos pairs need an even d_model")
         if not isinstance(dim_dropout, (list, tuple)) or len(dim_dropout) != 2:
-            raise PositionError(f"sinusoidal: dim_dropout={dim_dropout!r} is invalid: expected [high, low], two "
-                                f"rates from 0 to below 1 (e.g. [0.2, 0.1])")
+            raise PositionError(
+                f"sinusoidal: dim_dropout={dim_dropout!r} is invalid: expected [high, low], two "
+                f"rates from 0 to below 1 (e.g. [0.2, 0.1])"
+            )
         for rate in dim_dropout:
             check_number("sinusoidal", "dim_dropout rate", rate, low=0, low_open=False, high=0.99)
         super().__init__(d_model=d_model, **kw)

@@ -7,6 +7,7 @@ log scale up to ``max_distance``; everything farther shares the last bucket. The
 as transformers' T5 does (``T5PreTrainedModel._init_weights``): normal with standard deviation
 d_model^-1/2 (factor 1), not zero, so the heads start with distinct biases.
 """
+
 import math
 
 import torch
@@ -36,7 +37,7 @@ class T5Bias(PositionScheme):
         super().__init__(**kw)
         self.num_buckets, self.max_distance = int(num_buckets), int(max_distance)
         self.relative_bias = nn.Embedding(self.num_buckets, self.n_head)
-        nn.init.normal_(self.relative_bias.weight, std=self.d_model ** -0.5)
+        nn.init.normal_(self.relative_bias.weight, std=self.d_model**-0.5)
 
     def bias(self, q_pos, k_pos, q=None):
         buckets = t5_bucket(q_pos[:, None] - k_pos[None, :], self.num_buckets, self.max_distance)

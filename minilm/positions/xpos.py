@@ -16,6 +16,7 @@ same r, and the full forward pass uses it too. Positions farther from r than the
 80 scale_base / ln(1 / zeta_0) (about 32,700 positions at the defaults, where the scales
 stay below e^80), are a clear error rather than an overflow.
 """
+
 import math
 
 import torch
@@ -45,9 +46,11 @@ class XPos(RoPE):
         """(T, rot) factors of q and of k: zeta^((pos - r) / scale_base) and its inverse."""
         offset = pos.to(torch.float32) - float(context_len // 2)
         if self.reach is not None and offset.numel() and not offset.is_meta and float(offset.abs().max()) > self.reach:
-            raise PositionError(f"xpos: position {float(pos.max()):g} is more than {self.reach} positions from the "
-                                f"reference {context_len // 2} (half the context length {context_len}): float32 "
-                                f"would overflow; use a shorter sequence or generation context")
+            raise PositionError(
+                f"xpos: position {float(pos.max()):g} is more than {self.reach} positions from the "
+                f"reference {context_len // 2} (half the context length {context_len}): float32 "
+                f"would overflow; use a shorter sequence or generation context"
+            )
         log_scale = offset[:, None] / self.scale_base * self.zeta.log().to(pos.device)[None, :]
         log_scale = torch.cat((log_scale, log_scale), dim=-1)  # both dims of a pair (halves layout)
         return log_scale.exp().to(dtype), (-log_scale).exp().to(dtype)
@@ -55,8 +58,10 @@ class XPos(RoPE):
     def rotate(self, q, k, pos, context_len):
         cos, signed_sin = self.tables(pos, context_len, q.dtype)
         q_scale, k_scale = self.scales(pos, context_len, q.dtype)
-        return (self._rotate(q, cos * q_scale, signed_sin * q_scale),
-                self._rotate(k, cos * k_scale, signed_sin * k_scale))
+        return (
+            self._rotate(q, cos * q_scale, signed_sin * q_scale),
+            self._rotate(k, cos * k_scale, signed_sin * k_scale),
+        )
 
     rotate_stacked = PositionScheme.rotate_stacked  # q and k are scaled apart: no stack
 

@@ -25,6 +25,7 @@ the study trains them ("as in the study"). The groups:
   CPU has native bf16, ``train.dtype: auto`` takes it): the paired check that the precision does
   not move the conclusions (on a host without native bf16 both sides are float32).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -34,11 +35,13 @@ from minilm.study.claims import paired_ratio, per_seed
 from minilm.study.stats import interval
 
 REFERENCE = "as in the study"
-GROUPS = {"base": "Sinusoidal base frequency",
-          "dim-dropout": "Dimension-specific dropout on sinusoidal positions",
-          "concat": "Concatenated instead of added, at equal width",
-          "gap": "What closes the gap at L",
-          "dtype": "float32 against the study's dtype"}
+GROUPS = {
+    "base": "Sinusoidal base frequency",
+    "dim-dropout": "Dimension-specific dropout on sinusoidal positions",
+    "concat": "Concatenated instead of added, at equal width",
+    "gap": "What closes the gap at L",
+    "dtype": "float32 against the study's dtype",
+}
 
 
 def variants(plan: dict) -> dict:
@@ -48,37 +51,63 @@ def variants(plan: dict) -> dict:
     half, t = plan["model"]["d_model"] // 2, plan["train"]
     double = {"max_steps": 2 * t["max_steps"], "warmup_steps": 2 * t["warmup_steps"]}
     share = 0.0 if t.get("retrieval_weight") else t.get("retrieval_share", 0.0)  # rows without text loss
-    same_text = {"retrieval_share": 0.0, "retrieval_weight": 0.0, "max_steps": max(1, round((1 - share) * t["max_steps"])),
-                 "warmup_steps": max(1, round((1 - share) * t["warmup_steps"]))}
+    same_text = {
+        "retrieval_share": 0.0,
+        "retrieval_weight": 0.0,
+        "max_steps": max(1, round((1 - share) * t["max_steps"])),
+        "warmup_steps": max(1, round((1 - share) * t["warmup_steps"])),
+    }
 
     def variant(scheme, condition=REFERENCE, group=None, position=None, model=None, train=None):
-        return {"scheme": scheme, "condition": condition, "group": group,
-                "position": {"kind": scheme, **(position or {})}, "model": model or {}, "train": train or {}}
+        return {
+            "scheme": scheme,
+            "condition": condition,
+            "group": group,
+            "position": {"kind": scheme, **(position or {})},
+            "model": model or {},
+            "train": train or {},
+        }
 
     return {
-        "sinusoidal": variant("sinusoidal"), "learned": variant("learned"), "rope": variant("rope"),
+        "sinusoidal": variant("sinusoidal"),
+        "learned": variant("learned"),
+        "rope": variant("rope"),
         "alibi": variant("alibi"),
         "sinusoidal-base1000": variant("sinusoidal", "base 1,000", "base", {"base": 1000.0}),
         "sinusoidal-base100000": variant("sinusoidal", "base 100,000", "base", {"base": 100000.0}),
-        "sinusoidal-dimdrop-ramp": variant("sinusoidal", "dim dropout ramp 0.2 -> 0.1", "dim-dropout",
-                                           {"dim_dropout": [0.2, 0.1]}),
-        "sinusoidal-dimdrop-flat": variant("sinusoidal", "dim dropout flat 0.15", "dim-dropout",
-                                           {"dim_dropout": [0.15, 0.15]}),
-        "sinusoidal-concat": variant("sinusoidal", f"concatenated ({half} + {half} dims)", "concat",
-                                     model={"concat_position_dims": half}),
-        "learned-concat": variant("learned", f"concatenated ({half} + {half} dims)", "concat",
-                                  model={"concat_position_dims": half}),
-        **{f"{scheme}-no-task": variant(scheme, "no retrieval task", "gap",
-                                        train={"retrieval_share": 0.0, "retrieval_weight": 0.0})
-           for scheme in ("sinusoidal", "rope", "learned")},
-        **{f"{scheme}-no-task-same-text": variant(scheme, "no retrieval task, the mixture's text tokens", "gap",
-                                                  train=same_text)
-           for scheme in (("sinusoidal", "rope", "learned") if share else ())},  # with text in every row: no-task
-        **{f"{scheme}-2x-tokens": variant(scheme, "2x tokens", "gap", train=double)
-           for scheme in ("sinusoidal", "learned")},
+        "sinusoidal-dimdrop-ramp": variant(
+            "sinusoidal", "dim dropout ramp 0.2 -> 0.1", "dim-dropout", {"dim_dropout": [0.2, 0.1]}
+        ),
+        "sinusoidal-dimdrop-flat": variant(
+            "sinusoidal", "dim dropout flat 0.15", "dim-dropout", {"dim_dropout": [0.15, 0.15]}
+        ),
+        "sinusoidal-concat": variant(
+            "sinusoidal", f"concatenated ({half} + {half} dims)", "concat", model={"concat_position_dims": half}
+        ),
+        "learned-concat": variant(
+            "learned", f"concatenated ({half} + {half} dims)", "concat", model={"concat_position_dims": half}
+        ),
+        **{
+            f"{scheme}-no-task": variant(
+                scheme, "no retrieval task", "gap", train={"retrieval_share": 0.0, "retrieval_weight": 0.0}
+            )
+            for scheme in ("sinusoidal", "rope", "learned")
+        },
+        **{
+            f"{scheme}-no-task-same-text": variant(
+                scheme, "no retrieval task, the mixture's text tokens", "gap", train=same_text
+            )
+            for scheme in (("sinusoidal", "rope", "learned") if share else ())
+        },  # with text in every row: no-task
+        **{
+            f"{scheme}-2x-tokens": variant(scheme, "2x tokens", "gap", train=double)
+            for scheme in ("sinusoidal", "learned")
+        },
         "learned-table-lr10": variant("learned", "table lr x10", "gap", train={"position_lr_scale": 10.0}),
-        **{f"{scheme}-float32": variant(scheme, "float32", "dtype", train={"dtype": "float32"})
-           for scheme in ("sinusoidal", "rope", "alibi")},
+        **{
+            f"{scheme}-float32": variant(scheme, "float32", "dtype", train={"dtype": "float32"})
+            for scheme in ("sinusoidal", "rope", "alibi")
+        },
     }
 
 
@@ -109,8 +138,14 @@ def group_rows(plan: dict, cells: Sequence[dict], group: str, mode: str) -> list
     for name in order:
         v, ref = table[name], reference_of(table, name)
         ppl = [list(per_seed(cells, "ablation", name, t, mode).values()) for t in lengths]
-        rows.append([v["scheme"], v["condition"], *[interval(p).format() if p else "n/a" for p in ppl],
-                     *["-" if name == ref else ratio_text(cells, name, ref, t, mode) or "n/a" for t in lengths]])
+        rows.append(
+            [
+                v["scheme"],
+                v["condition"],
+                *[interval(p).format() if p else "n/a" for p in ppl],
+                *["-" if name == ref else ratio_text(cells, name, ref, t, mode) or "n/a" for t in lengths],
+            ]
+        )
     return rows
 
 
@@ -122,8 +157,9 @@ def gap_rows(plan: dict, cells: Sequence[dict], mode: str) -> list:
     reference = {v["scheme"]: n for n, v in table.items() if v["group"] is None}
     rows = []
     for condition in dict.fromkeys(conditions):
-        named = {v["scheme"]: n for n, v in table.items() if v["condition"] == condition
-                 and v["group"] in (None, "gap")}
+        named = {
+            v["scheme"]: n for n, v in table.items() if v["condition"] == condition and v["group"] in (None, "gap")
+        }
         against = named.get("sinusoidal", reference.get("sinusoidal"))
         versus = "sinusoidal" if "sinusoidal" in named else f"sinusoidal ({REFERENCE})"
         for scheme, name in named.items():
@@ -144,23 +180,45 @@ def report_lines(plan: dict, cells: Sequence[dict], figures: dict) -> list:
     """Section 1 of the ablation's report: the variants' settings, one table per group, the gap table."""
     L, mode = plan["model"]["block_size"], plan["eval"]["modes"][0]
     lengths = [int(m * L) for m in plan["ablation"]["multiples"]]
-    header = (["scheme", "condition"] + [f"ppl {t} ({t // L}L)" for t in lengths]
-              + [f"/ reference at {t // L}L" for t in lengths])
-    settings = [f"`{name}`: {v['scheme']}, {v['condition']}: " + ", ".join(
-        [f"position {v['position']}"] + [f"{section}.{k}={x}" for section in ("model", "train")
-                                         for k, x in v[section].items()])
-        for name, v in plan["ablation"]["variants"].items()]
-    lines = ["## 1. Variants against references", "", "Each run is the recipe of the protocol with these settings "
-             "(the scheme's own settings of the protocol apply to its variants too):", "",
-             *[f"- {text}" for text in settings], "",
-             f"Perplexity ({mode} protocol), mean ± 95% interval over seeds; each variant's paired ratio to its "
-             f"reference (the same scheme {REFERENCE}, same seeds and batches), mean ± 95% interval.", ""]
+    header = (
+        ["scheme", "condition"]
+        + [f"ppl {t} ({t // L}L)" for t in lengths]
+        + [f"/ reference at {t // L}L" for t in lengths]
+    )
+    settings = [
+        f"`{name}`: {v['scheme']}, {v['condition']}: "
+        + ", ".join(
+            [f"position {v['position']}"]
+            + [f"{section}.{k}={x}" for section in ("model", "train") for k, x in v[section].items()]
+        )
+        for name, v in plan["ablation"]["variants"].items()
+    ]
+    lines = [
+        "## 1. Variants against references",
+        "",
+        "Each run is the recipe of the protocol with these settings "
+        "(the scheme's own settings of the protocol apply to its variants too):",
+        "",
+        *[f"- {text}" for text in settings],
+        "",
+        f"Perplexity ({mode} protocol), mean ± 95% interval over seeds; each variant's paired ratio to its "
+        f"reference (the same scheme {REFERENCE}, same seeds and batches), mean ± 95% interval.",
+        "",
+    ]
     for number, group in enumerate(plan["ablation"]["groups"], 1):
-        lines += [f"## 1.{number} {GROUPS[group]}", "",
-                  markdown_table(header, group_rows(plan, cells, group, mode), "ll" + "r" * 2 * len(lengths)), ""]
+        lines += [
+            f"## 1.{number} {GROUPS[group]}",
+            "",
+            markdown_table(header, group_rows(plan, cells, group, mode), "ll" + "r" * 2 * len(lengths)),
+            "",
+        ]
         if group == "gap":
-            lines += ["Each scheme at L against sinusoidal under the same condition (paired ratio):", "",
-                      markdown_table(["condition", "ratio", f"at L = {L}"], gap_rows(plan, cells, mode), "llr"), ""]
+            lines += [
+                "Each scheme at L against sinusoidal under the same condition (paired ratio):",
+                "",
+                markdown_table(["condition", "ratio", f"at L = {L}"], gap_rows(plan, cells, mode), "llr"),
+                "",
+            ]
     if "ablation" in figures:
         lines += [f"![the ablation's perplexity against length]({figures['ablation']})", ""]
     return lines

@@ -15,6 +15,7 @@ Retrieval past L is read only when the gate holds: the best scheme reaches ``GAT
 at L with depths pooled (a task no model learned measures nothing); otherwise every retrieval
 claim past L is "not read".
 """
+
 from __future__ import annotations
 
 import math
@@ -27,10 +28,19 @@ GATE = 0.90
 
 # --------------------------------------------------------------------------- reading the cells
 
+
 def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode: str, step=None) -> dict:
     """{seed: perplexity} of one cell of the study (no entry where it was not run)."""
-    return {c["seed"]: c["ppl"] for c in cells if c["section"] == section and c["label"] == label
-            and c["length"] == length and c["mode"] == mode and c.get("step") == step and c["ppl"] is not None}
+    return {
+        c["seed"]: c["ppl"]
+        for c in cells
+        if c["section"] == section
+        and c["label"] == label
+        and c["length"] == length
+        and c["mode"] == mode
+        and c.get("step") == step
+        and c["ppl"] is not None
+    }
 
 
 def mean_log_perplexity(cells: Sequence[dict], section: str, label: str, length: int, mode: str) -> Optional[float]:
@@ -45,9 +55,16 @@ def mean_log_perplexity(cells: Sequence[dict], section: str, label: str, length:
 
 def position_curves(cells: Sequence[dict], section: str, label: str, length: int, step=None) -> list:
     """The per-seed loss-by-position curves (binned) of one run's nonoverlapping cell at ``length``."""
-    return [c["by_position"] for c in cells if c["section"] == section and c["label"] == label
-            and c["length"] == length and c["mode"] == "nonoverlapping" and c.get("step") == step
-            and c.get("by_position")]
+    return [
+        c["by_position"]
+        for c in cells
+        if c["section"] == section
+        and c["label"] == label
+        and c["length"] == length
+        and c["mode"] == "nonoverlapping"
+        and c.get("step") == step
+        and c.get("by_position")
+    ]
 
 
 def cell_interval(cells, *where, **kw) -> Optional[Interval]:
@@ -59,8 +76,11 @@ def cell_text(cells, *where, **kw) -> str:
     ci = cell_interval(cells, *where, **kw)
     if ci is not None:
         return ci.format()
-    bounded = any(c["status"] == "bounded" for c in cells if c["section"] == where[0] and c["label"] == where[1]
-                  and c["length"] == where[2] and c["mode"] == where[3])
+    bounded = any(
+        c["status"] == "bounded"
+        for c in cells
+        if c["section"] == where[0] and c["label"] == where[1] and c["length"] == where[2] and c["mode"] == where[3]
+    )
     return "n/a (bounded)" if bounded else ""
 
 
@@ -73,6 +93,7 @@ def paired_ratio(cells, numerator: tuple, denominator: tuple, mode: str) -> list
 
 # --------------------------------------------------------------------------- expectations
 
+
 def expectations(plan: dict) -> list:
     """(claim, source, numerator, denominator, expect, threshold): the claim holds when
     ppl(numerator) / ppl(denominator) ``expect`` threshold, judged per seed (paired)."""
@@ -84,41 +105,124 @@ def expectations(plan: dict) -> list:
     S = lambda label, m: ("scratch", label, int(m * L), None)  # noqa: E731
     E = lambda label, step, m=f: ("extension", label, int(m * L), step)  # noqa: E731
     out = [
-        ("sinusoidal at L within 15% of learned at L", "at L the schemes are close: ALiBi paper sinusoidal 20.05, "
-         "rotary 20.07", S("sinusoidal", 1), S("learned", 1), "<", 1.15),
-        (f"alibi at {f}L within 10% of its L perplexity", "ALiBi paper: 19.73 at L, 18.41 at 4.9L",
-         S("alibi", f), S("alibi", 1), "<", 1.10),
-        (f"sinusoidal at {f}L at least 2x its L perplexity", "ALiBi paper: 20.05 at L, 132.41 at 4.9L",
-         S("sinusoidal", f), S("sinusoidal", 1), ">", 2.0),
-        (f"plain rope at {f}L worse than at L", "ALiBi paper: 20.07 at L, 31.58 at 4.9L; PI paper: >1000 at 2x",
-         S("rope", f), S("rope", 1), ">", 1.0),
+        (
+            "sinusoidal at L within 15% of learned at L",
+            "at L the schemes are close: ALiBi paper sinusoidal 20.05, rotary 20.07",
+            S("sinusoidal", 1),
+            S("learned", 1),
+            "<",
+            1.15,
+        ),
+        (
+            f"alibi at {f}L within 10% of its L perplexity",
+            "ALiBi paper: 19.73 at L, 18.41 at 4.9L",
+            S("alibi", f),
+            S("alibi", 1),
+            "<",
+            1.10,
+        ),
+        (
+            f"sinusoidal at {f}L at least 2x its L perplexity",
+            "ALiBi paper: 20.05 at L, 132.41 at 4.9L",
+            S("sinusoidal", f),
+            S("sinusoidal", 1),
+            ">",
+            2.0,
+        ),
+        (
+            f"plain rope at {f}L worse than at L",
+            "ALiBi paper: 20.07 at L, 31.58 at 4.9L; PI paper: >1000 at 2x",
+            S("rope", f),
+            S("rope", 1),
+            ">",
+            1.0,
+        ),
         (f"at {f}L, alibi beats rope", "ALiBi paper: 18.41 vs 31.58 at 4.9L", S("alibi", f), S("rope", f), "<", 1.0),
-        (f"at {f}L, rope beats sinusoidal", "ALiBi paper: 31.58 vs 132.41 at 4.9L",
-         S("rope", f), S("sinusoidal", f), "<", 1.0),
-        (f"t5 at {f}L within 10% of its L perplexity", "ALiBi paper: T5 bias 19.65 at L, 20.41 at 4.9L",
-         S("t5", f), S("t5", 1), "<", 1.10),
-        (f"kerple at {f}L within 10% of its L perplexity", "KERPLE paper (Chi et al. 2022): flat like ALiBi",
-         S("kerple", f), S("kerple", 1), "<", 1.10),
-        (f"fire at {f}L within 10% of its L perplexity", "FIRE paper (Li et al. 2023): generalizes in length",
-         S("fire", f), S("fire", 1), "<", 1.10),
-        (f"at {f}L, xpos beats rope", "xPos paper (Sun et al. 2022): extrapolates better than rotary",
-         S("xpos", f), S("rope", f), "<", 1.0),
-        (f"at {f}L, randomized rope beats rope", "Ruoss et al. 2023: randomized positions generalize",
-         S("randomized", f), S("rope", f), "<", 1.0),
+        (
+            f"at {f}L, rope beats sinusoidal",
+            "ALiBi paper: 31.58 vs 132.41 at 4.9L",
+            S("rope", f),
+            S("sinusoidal", f),
+            "<",
+            1.0,
+        ),
+        (
+            f"t5 at {f}L within 10% of its L perplexity",
+            "ALiBi paper: T5 bias 19.65 at L, 20.41 at 4.9L",
+            S("t5", f),
+            S("t5", 1),
+            "<",
+            1.10,
+        ),
+        (
+            f"kerple at {f}L within 10% of its L perplexity",
+            "KERPLE paper (Chi et al. 2022): flat like ALiBi",
+            S("kerple", f),
+            S("kerple", 1),
+            "<",
+            1.10,
+        ),
+        (
+            f"fire at {f}L within 10% of its L perplexity",
+            "FIRE paper (Li et al. 2023): generalizes in length",
+            S("fire", f),
+            S("fire", 1),
+            "<",
+            1.10,
+        ),
+        (
+            f"at {f}L, xpos beats rope",
+            "xPos paper (Sun et al. 2022): extrapolates better than rotary",
+            S("xpos", f),
+            S("rope", f),
+            "<",
+            1.0,
+        ),
+        (
+            f"at {f}L, randomized rope beats rope",
+            "Ruoss et al. 2023: randomized positions generalize",
+            S("randomized", f),
+            S("rope", f),
+            "<",
+            1.0,
+        ),
     ]
     last, methods = ext["curve_steps"][-1], [m for m in ext["methods"] if m != "none"]
     for method in methods:
-        out.append((f"{METHOD_NAMES[method]} after {last} steps: ppl at {f}L below the source's at L",
-                    "PI paper: 7.20 at 2k before, 6.95 at 8k after", E(method, last), S("rope", 1), "<", 1.0))
+        out.append(
+            (
+                f"{METHOD_NAMES[method]} after {last} steps: ppl at {f}L below the source's at L",
+                "PI paper: 7.20 at 2k before, 6.95 at 8k after",
+                E(method, last),
+                S("rope", 1),
+                "<",
+                1.0,
+            )
+        )
     for step in [s for s in ext["curve_steps"] if 0 < s <= 50] if "none" in ext["methods"] else []:
         for method in methods:
-            out.append((f"after {step} steps, {METHOD_NAMES[method]} beats no scaling at {f}L",
-                        "PI and YaRN papers: scaled methods adapt in fewer steps", E(method, step), E("none", step),
-                        "<", 1.0))
+            out.append(
+                (
+                    f"after {step} steps, {METHOD_NAMES[method]} beats no scaling at {f}L",
+                    "PI and YaRN papers: scaled methods adapt in fewer steps",
+                    E(method, step),
+                    E("none", step),
+                    "<",
+                    1.0,
+                )
+            )
     if "yarn" in methods and "linear" in methods:
         for step in [s for s in ext["curve_steps"] if 0 < s <= 50]:
-            out.append((f"after {step} steps, YaRN beats PI at {f}L", "YaRN paper: fewer steps than PI",
-                        E("yarn", step), E("linear", step), "<", 1.0))
+            out.append(
+                (
+                    f"after {step} steps, YaRN beats PI at {f}L",
+                    "YaRN paper: fewer steps than PI",
+                    E("yarn", step),
+                    E("linear", step),
+                    "<",
+                    1.0,
+                )
+            )
     return out
 
 
@@ -137,17 +241,24 @@ def verdicts(cells, plan: dict) -> list:
     return rows
 
 
-
-
 # --------------------------------------------------------------------------- retrieval
 
+
 def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth=None, when=None) -> list:
-    return [r for r in rows if r["section"] == section and r["label"] == label and r["length"] == length
-            and (depth is None or r["depth"] == depth) and (when is None or r.get("when") == when)]
+    return [
+        r
+        for r in rows
+        if r["section"] == section
+        and r["label"] == label
+        and r["length"] == length
+        and (depth is None or r["depth"] == depth)
+        and (when is None or r.get("when") == when)
+    ]
 
 
-def seed_accuracies(rows, section: str, label: str, length: int, depth=None, when=None,
-                    metric: str = "accuracy") -> Optional[dict]:
+def seed_accuracies(
+    rows, section: str, label: str, length: int, depth=None, when=None, metric: str = "accuracy"
+) -> Optional[dict]:
     """{seed: accuracy} of a cell, each seed's probes counted together (and its depths, when
     ``depth`` is None); None where nothing was run or the length is past a bounded scheme's table.
     ``metric="logprob"``: each seed's mean log-probability of the answers over the same probes."""
@@ -203,31 +314,85 @@ def retrieval_claims(plan: dict) -> list:
     S = lambda label, m, depth=None: ("scratch", label, m, depth, None)  # noqa: E731
     A = lambda method, m, when="after": ("extension", method, m, None, when)  # noqa: E731
     out = [
-        (f"rope at {f}L, depths pooled: below 50%", "PI paper (Chen et al. 2023): without interpolation a rope "
-         "model fails passkey retrieval past its training length", S("rope", f), None, "<", 0.5),
-        (f"alibi at {f}L, needle at depth {far:g} (about {f}L back): below 50%", "ALiBi's bias decays attention "
-         "with distance: it keeps perplexity past L but cannot reach far context (effective window)",
-         S("alibi", f, far), None, "<", 0.5),
-        (f"alibi at {f}L below alibi at L, depths pooled", "the same: flat perplexity, lost retrieval",
-         S("alibi", f), S("alibi", 1), "<", 0.0),
-        (f"rope at {f}L below rope at L, depths pooled", "PI paper: rope fails past L", S("rope", f), S("rope", 1),
-         "<", 0.0),
+        (
+            f"rope at {f}L, depths pooled: below 50%",
+            "PI paper (Chen et al. 2023): without interpolation a rope "
+            "model fails passkey retrieval past its training length",
+            S("rope", f),
+            None,
+            "<",
+            0.5,
+        ),
+        (
+            f"alibi at {f}L, needle at depth {far:g} (about {f}L back): below 50%",
+            "ALiBi's bias decays attention "
+            "with distance: it keeps perplexity past L but cannot reach far context (effective window)",
+            S("alibi", f, far),
+            None,
+            "<",
+            0.5,
+        ),
+        (
+            f"alibi at {f}L below alibi at L, depths pooled",
+            "the same: flat perplexity, lost retrieval",
+            S("alibi", f),
+            S("alibi", 1),
+            "<",
+            0.0,
+        ),
+        (
+            f"rope at {f}L below rope at L, depths pooled",
+            "PI paper: rope fails past L",
+            S("rope", f),
+            S("rope", 1),
+            "<",
+            0.0,
+        ),
     ]
     methods = [m for m in plan["extension"]["methods"] if m != "none"]
     if "none" in plan["extension"]["methods"]:
-        out.append((f"no scaling after fine-tuning at {f}L: below 50%", "PI paper: direct fine-tuning extends the "
-                    "effective window slowly (2048 -> 2560 after 10,000 steps)", A("none", f), None, "<", 0.5))
+        out.append(
+            (
+                f"no scaling after fine-tuning at {f}L: below 50%",
+                "PI paper: direct fine-tuning extends the effective window slowly (2048 -> 2560 after 10,000 steps)",
+                A("none", f),
+                None,
+                "<",
+                0.5,
+            )
+        )
     for method in methods:
-        out.append((f"{METHOD_NAMES[method]} after fine-tuning at {f}L: above 50%", "PI paper: passkey retrieval "
-                    "at the extended length after 1,000 steps; YaRN paper: the same for YaRN",
-                    A(method, f), None, ">", 0.5))
+        out.append(
+            (
+                f"{METHOD_NAMES[method]} after fine-tuning at {f}L: above 50%",
+                "PI paper: passkey retrieval at the extended length after 1,000 steps; YaRN paper: the same for YaRN",
+                A(method, f),
+                None,
+                ">",
+                0.5,
+            )
+        )
         if "none" in plan["extension"]["methods"]:
-            out.append((f"after fine-tuning at {f}L, {METHOD_NAMES[method]} above no scaling",
-                        "PI and YaRN papers: the scaled methods extend retrieval, direct fine-tuning does not",
-                        A(method, f), A("none", f), ">", 0.0))
-        out.append((f"{METHOD_NAMES[method]} at {f}L: after fine-tuning above before (zero-shot)",
-                    "PI paper: interpolation alone is not enough, fine-tuning restores the model",
-                    A(method, f), A(method, f, "before"), ">", 0.0))
+            out.append(
+                (
+                    f"after fine-tuning at {f}L, {METHOD_NAMES[method]} above no scaling",
+                    "PI and YaRN papers: the scaled methods extend retrieval, direct fine-tuning does not",
+                    A(method, f),
+                    A("none", f),
+                    ">",
+                    0.0,
+                )
+            )
+        out.append(
+            (
+                f"{METHOD_NAMES[method]} at {f}L: after fine-tuning above before (zero-shot)",
+                "PI paper: interpolation alone is not enough, fine-tuning restores the model",
+                A(method, f),
+                A(method, f, "before"),
+                ">",
+                0.0,
+            )
+        )
     return out
 
 
@@ -239,8 +404,11 @@ def retrieval_verdicts(rows, plan: dict) -> list:
     out = []
     for claim, source, a, b, expect, threshold in retrieval_claims(plan):
         found = [seed_accuracies(rows, *where[:2], int(where[2] * L), where[3], where[4]) for where in (a, b) if where]
-        values = None if any(r is None for r in found) else (
-            list(found[0].values()) if b is None else paired_differences(*found))
+        values = (
+            None
+            if any(r is None for r in found)
+            else (list(found[0].values()) if b is None else paired_differences(*found))
+        )
         if not values:
             statistic, result = "not run", "n/a"
         elif not passed:
@@ -248,8 +416,11 @@ def retrieval_verdicts(rows, plan: dict) -> list:
         else:
             ci = interval(values)
             shown = "" if ci.half_width is None else f" [{100 * ci.low:+.0f}, {100 * ci.high:+.0f}]"
-            statistic = (f"{100 * ci.mean:.0f}%" if b is None else f"{100 * ci.mean:+.0f} points") + shown + \
-                f" (n={ci.n} seeds)"
+            statistic = (
+                (f"{100 * ci.mean:.0f}%" if b is None else f"{100 * ci.mean:+.0f} points")
+                + shown
+                + f" (n={ci.n} seeds)"
+            )
             result = verdict(values, expect, threshold)
         shown = f"{expect} {100 * threshold:g}%" if b is None else f"difference {expect} 0"
         out.append([claim, source, shown, statistic, result])

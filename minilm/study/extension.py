@@ -1,12 +1,19 @@
 """The extension arm of the length-generalization study: rope's scaling methods, the other
 schemes' extensions by position interpolation, the keep-training control, their names in the
 report, and the evaluation-time overrides that apply a method to its source zero-shot (step 0)."""
+
 from __future__ import annotations
 
 import yaml
 
-METHOD_NAMES = {"none": "no scaling", "linear": "PI (linear)", "ntk": "NTK-aware", "dynamic": "dynamic NTK",
-                "yarn": "YaRN", "llama3": "llama3"}
+METHOD_NAMES = {
+    "none": "no scaling",
+    "linear": "PI (linear)",
+    "ntk": "NTK-aware",
+    "dynamic": "dynamic NTK",
+    "yarn": "YaRN",
+    "llama3": "llama3",
+}
 # extensions of the other schemes that have one (position interpolation of a table or of sin/cos),
 # and the control that keeps training at L with the fine-tuning's tokens
 OTHER_EXTENSIONS = {"learned-pi": ("learned", "learned + PI"), "sinusoidal-pi": ("sinusoidal", "sinusoidal + PI")}
@@ -38,8 +45,11 @@ def extension_labels(plan: dict) -> list:
     """The rows of the extension's tables: the plan's methods, the other schemes' extensions and
     the keep-training control it runs."""
     controls = plan.get("controls", {})
-    return [*plan["extension"]["methods"], *controls.get("other_extensions", []),
-            *(["keep"] if controls.get("keep_training") else [])]
+    return [
+        *plan["extension"]["methods"],
+        *controls.get("other_extensions", []),
+        *(["keep"] if controls.get("keep_training") else []),
+    ]
 
 
 def extension_runs(plan: dict) -> dict:
@@ -74,36 +84,52 @@ def oracle_runs(plan: dict) -> list:
     pretraining's tokens (1 / factor x the rows), label ``<kind>-equal-tokens``."""
     controls, f = plan.get("controls", {}), plan["extension"]["factor"]
     runs = [(kind, kind, controls.get("oracle_batch_scale", 1.0)) for kind in controls.get("oracle", [])]
-    return runs + [(kind, f"{kind}-equal-tokens", 1 / f) for kind in controls.get("oracle", [])
-                   if controls.get("oracle_equal_tokens")]
+    return runs + [
+        (kind, f"{kind}-equal-tokens", 1 / f)
+        for kind in controls.get("oracle", [])
+        if controls.get("oracle_equal_tokens")
+    ]
 
 
 def plan_problem(plan: dict, kinds) -> "str | None":
     """What is wrong with the plan's extension, schemes, controls, sweep and retrieval sections (None: nothing)."""
     steps = plan["extension"]["curve_steps"]
     if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
-        return f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, e.g. [0, 10, 25, 50, 100, 200]"
+        return (
+            f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, e.g. "
+            "[0, 10, 25, 50, 100, 200]"
+        )
     unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
     if unknown:
         return f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}"
-    odd = {kind: sorted(set(tweaks) - {"position", "model", "train"}) for kind, tweaks in plan["schemes"].items()
-           if kind not in kinds or not isinstance(tweaks, dict) or set(tweaks) - {"position", "model", "train"}}
+    odd = {
+        kind: sorted(set(tweaks) - {"position", "model", "train"})
+        for kind, tweaks in plan["schemes"].items()
+        if kind not in kinds or not isinstance(tweaks, dict) or set(tweaks) - {"position", "model", "train"}
+    }
     if odd:
         return f"schemes has {odd}: keys are kinds ({', '.join(kinds)}) holding position, model and train settings"
     controls = plan.get("controls", {})
-    bad = ([k for k in controls.get("oracle", []) if k not in kinds]
-           + [k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS])
+    bad = [k for k in controls.get("oracle", []) if k not in kinds] + [
+        k for k in controls.get("other_extensions", []) if k not in OTHER_EXTENSIONS
+    ]
     if bad:
-        return (f"controls has {bad}: oracle takes kinds ({', '.join(kinds)}), other_extensions takes "
-                f"{', '.join(OTHER_EXTENSIONS)}")
+        return (
+            f"controls has {bad}: oracle takes kinds ({', '.join(kinds)}), other_extensions takes "
+            f"{', '.join(OTHER_EXTENSIONS)}"
+        )
     s = plan.get("sweep", {"lrs": []})
     if any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and not plan["data"]["holdout_tokens"]):
-        return (f"sweep={s} is invalid: expected rates > 0, chosen on data.holdout_tokens > 0 of held-out "
-                f"training text")
+        return f"sweep={s} is invalid: expected rates > 0, chosen on data.holdout_tokens > 0 of held-out training text"
     if s["lrs"] and not plan.get("tuning", {}).get("lr_scales"):
-        return "sweep.lrs needs the tuning section (tuning.seeds, tuning.lr_scales): the sweep fine-tunes the tuning seeds' models"
+        return (
+            "sweep.lrs needs the tuning section (tuning.seeds, tuning.lr_scales): the sweep fine-tunes "
+            "the tuning seeds' models"
+        )
     r = plan["retrieval"]
     if not r["depths"] or any(not 0 <= d <= 1 for d in r["depths"]) or r["trials"] < 1:
-        return (f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: expected depths from 0 "
-                f"to 1 and at least one trial")
+        return (
+            f"retrieval.depths={r['depths']}, retrieval.trials={r['trials']} are invalid: expected depths from 0 "
+            f"to 1 and at least one trial"
+        )
     return None

@@ -7,6 +7,7 @@ a band is drawn where the interval exists (two seeds or more). Every series labe
 colour, line style and marker (``style``), the same in every figure, so eleven schemes stay
 apart in print and in greyscale.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,19 +25,50 @@ from minilm.study.stats import interval
 DPI = 90
 # 12 colours that differ in hue and lightness (tab20's dark and light halves, interleaved) and
 # 4 line styles x 3 markers: a series' look depends on its label only, never on its rank.
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#aec7e8", "#98df8a")
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#98df8a",
+)
 LINES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^")
-ORDER = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized",
-         "no scaling", "PI (linear)", "NTK-aware", "YaRN", "llama3")
+ORDER = (
+    "sinusoidal",
+    "learned",
+    "rope",
+    "alibi",
+    "t5",
+    "none",
+    "kerple",
+    "fire",
+    "xpos",
+    "shaw",
+    "randomized",
+    "no scaling",
+    "PI (linear)",
+    "NTK-aware",
+    "YaRN",
+    "llama3",
+)
 
 
 def style(label: str) -> dict:
     """matplotlib keywords (color, linestyle, marker) of one series label, fixed for every figure."""
     index = ORDER.index(label) if label in ORDER else len(ORDER) + sum(map(ord, label))
-    return {"color": COLOURS[index % len(COLOURS)], "linestyle": LINES[index % len(LINES)],
-            "marker": MARKERS[index % len(MARKERS)]}
+    return {
+        "color": COLOURS[index % len(COLOURS)],
+        "linestyle": LINES[index % len(LINES)],
+        "marker": MARKERS[index % len(MARKERS)],
+    }
 
 
 def _draw(ax, series: Sequence, dashed=(), markers: bool = True, ranked: bool = False) -> None:
@@ -46,17 +78,29 @@ def _draw(ax, series: Sequence, dashed=(), markers: bool = True, ranked: bool = 
         if not points:
             continue
         xs = [x for x, _ in points]
-        look = style(label) if not ranked else {"color": COLOURS[rank % len(COLOURS)],
-                                                "linestyle": LINES[rank % len(LINES)],
-                                                "marker": MARKERS[rank % len(MARKERS)]}
+        look = (
+            style(label)
+            if not ranked
+            else {
+                "color": COLOURS[rank % len(COLOURS)],
+                "linestyle": LINES[rank % len(LINES)],
+                "marker": MARKERS[rank % len(MARKERS)],
+            }
+        )
         if label in dashed:
             look["linestyle"] = "--"
         if not markers:
             look["marker"] = None
-        line, = ax.plot(xs, [ci.mean for _, ci in points], markersize=3, label=label, **look)
+        (line,) = ax.plot(xs, [ci.mean for _, ci in points], markersize=3, label=label, **look)
         if all(ci.half_width is not None for _, ci in points):
-            ax.fill_between(xs, [ci.low for _, ci in points], [ci.high for _, ci in points],
-                            color=line.get_color(), alpha=0.18, linewidth=0)
+            ax.fill_between(
+                xs,
+                [ci.low for _, ci in points],
+                [ci.high for _, ci in points],
+                color=line.get_color(),
+                alpha=0.18,
+                linewidth=0,
+            )
 
 
 def _wide(panels) -> bool:
@@ -64,7 +108,9 @@ def _wide(panels) -> bool:
     return bool(values) and max(values) > 10 * min(values)
 
 
-def length_figure(panels: Sequence, path: str, title: str, train_length: int, dashed=(), own_series: bool = False) -> str:
+def length_figure(
+    panels: Sequence, path: str, title: str, train_length: int, dashed=(), own_series: bool = False
+) -> str:
     """Perplexity against evaluation length, one panel per (panel title, series); ``own_series``:
     each panel has series of its own (a legend each, looks by rank), else one legend for all."""
     Figure = require_matplotlib()
@@ -90,6 +136,7 @@ def curve_figure(panels: Sequence, path: str, title: str) -> str:
     symlog so that step 0 (no fine-tuning) sits at the left of 10, 25, 50, ..."""
     Figure = require_matplotlib()
     from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     fig = Figure(figsize=(4.2 * len(panels), 4.4))
     for index, (name, series) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), index + 1)
@@ -112,7 +159,6 @@ def curve_figure(panels: Sequence, path: str, title: str) -> str:
     return save_figure(fig, path, dpi=DPI)
 
 
-
 def position_figure(panels: Sequence, path: str, title: str, train_length: int) -> str:
     """Mean loss against position in the segment (bins), one panel per (panel title, series)."""
     Figure = require_matplotlib()
@@ -121,7 +167,7 @@ def position_figure(panels: Sequence, path: str, title: str, train_length: int) 
         ax = fig.add_subplot(1, len(panels), index + 1)
         _draw(ax, series, markers=False)
         furthest = max([x for _, points in series for x, _ in points], default=2)
-        log2_axes(ax, [2 ** k for k in range(int(furthest).bit_length())], False)
+        log2_axes(ax, [2**k for k in range(int(furthest).bit_length())], False)
         ax.axvline(train_length, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("position in the segment (tokens, bin centre); dotted: training length")
         ax.set_ylabel("mean loss (nats per token)")
@@ -141,15 +187,21 @@ def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) ->
     fig = Figure(figsize=(3.3 * columns, 2.9 * rows + 0.6))
     for index, (name, lengths, depths, cells) in enumerate(panels):
         ax = fig.add_subplot(rows, columns, index + 1)
-        grid = np.array([[np.nan if cells.get((t, d)) is None else cells[(t, d)] for t in lengths]
-                         for d in depths])
+        grid = np.array([[np.nan if cells.get((t, d)) is None else cells[(t, d)] for t in lengths] for d in depths])
         ax.set_facecolor("#d9d9d9")
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         for i, d in enumerate(depths):
             for j, t in enumerate(lengths):
                 value = grid[i, j]
-                ax.text(j, i, "n/a" if np.isnan(value) else f"{100 * value:.0f}", ha="center", va="center",
-                        fontsize=7, color="black" if not np.isnan(value) and value > 0.6 else "white")
+                ax.text(
+                    j,
+                    i,
+                    "n/a" if np.isnan(value) else f"{100 * value:.0f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if not np.isnan(value) and value > 0.6 else "white",
+                )
         ax.set_xticks(range(len(lengths)), [str(t) for t in lengths], fontsize=7)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel("context length (tokens)", fontsize=8)
@@ -163,9 +215,15 @@ def heatmap_figure(panels: Sequence, path: str, title: str, columns: int = 4) ->
 
 # --------------------------------------------------------------------------- the study's figures
 
+
 def _series(cells, section, labels, lengths, mode, step=None, names=None) -> list:
-    return [((names or {}).get(label, label), [(t, cell_interval(cells, section, label, t, mode, step=step))
-                                               for t in lengths]) for label in labels]
+    return [
+        (
+            (names or {}).get(label, label),
+            [(t, cell_interval(cells, section, label, t, mode, step=step)) for t in lengths],
+        )
+        for label in labels
+    ]
 
 
 def _position_series(cells, section, labels, length, step=None, names=None, bin_width=1) -> list:
@@ -174,9 +232,15 @@ def _position_series(cells, section, labels, length, step=None, names=None, bin_
     for label in labels:
         curves = position_curves(cells, section, label, length, step)
         if curves:
-            out.append(((names or {}).get(label, label),
-                        [(i * bin_width + (bin_width + 1) / 2, interval([curve[i] for curve in curves]))
-                         for i in range(min(map(len, curves)))]))
+            out.append(
+                (
+                    (names or {}).get(label, label),
+                    [
+                        (i * bin_width + (bin_width + 1) / 2, interval([curve[i] for curve in curves]))
+                        for i in range(min(map(len, curves)))
+                    ],
+                )
+            )
     return out
 
 
@@ -188,40 +252,77 @@ def study_figures(study) -> dict:
     modes, ext, seeds = plan["eval"]["modes"], plan["extension"], len(plan["seeds"])
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
     path = lambda name: os.path.join(study.out, name)  # noqa: E731
-    out = {"lengths": length_figure([(mode, _series(cells, "scratch", KINDS, lengths, mode)) for mode in modes],
-                                    path("perplexity-by-length.png"), f"trained at L = {L} tokens: perplexity "
-                                    f"against length, mean and 95% interval over {seeds} seeds", L)}
+    out = {
+        "lengths": length_figure(
+            [(mode, _series(cells, "scratch", KINDS, lengths, mode)) for mode in modes],
+            path("perplexity-by-length.png"),
+            f"trained at L = {L} tokens: perplexity against length, mean and 95% interval over {seeds} seeds",
+            L,
+        )
+    }
     longest, last, bin_width = max(lengths), ext["curve_steps"][-1], plan["eval"]["position_bin"]
     labels = extension_labels(plan)
     names = {m: LABEL_NAMES[m] for m in labels}
-    panels = [(f"every scheme, trained at L = {L}", _position_series(cells, "scratch", KINDS, longest,
-                                                                      bin_width=bin_width))]
+    panels = [
+        (f"every scheme, trained at L = {L}", _position_series(cells, "scratch", KINDS, longest, bin_width=bin_width))
+    ]
     if int(max(ext["curve_multiples"]) * L) >= longest:
-        panels.append((f"extended to {int(ext['factor'] * L)}, after {last} fine-tuning steps",
-                       _position_series(cells, "extension", labels, longest, step=last, names=names,
-                                        bin_width=bin_width)))
-    out["positions"] = position_figure(panels, path("loss-by-position.png"), f"mean loss at each position of "
-                                       f"{longest}-token segments (bins of {bin_width}; mean and 95% interval over "
-                                       f"{seeds} seeds)", L)
+        panels.append(
+            (
+                f"extended to {int(ext['factor'] * L)}, after {last} fine-tuning steps",
+                _position_series(cells, "extension", labels, longest, step=last, names=names, bin_width=bin_width),
+            )
+        )
+    out["positions"] = position_figure(
+        panels,
+        path("loss-by-position.png"),
+        f"mean loss at each position of "
+        f"{longest}-token segments (bins of {bin_width}; mean and 95% interval over "
+        f"{seeds} seeds)",
+        L,
+    )
     steps = ext["curve_steps"]
-    curves = [(f"at {int(m * L)} tokens ({m:g}L)",
-               [(names[method], [(s, cell_interval(cells, "extension", method, int(m * L), modes[0], step=s))
-                                 for s in steps]) for method in labels]) for m in ext["curve_multiples"]]
-    out["extension"] = curve_figure(curves, path("extension-perplexity-by-step.png"),
-                                    f"extended from {L} to {int(ext['factor'] * L)}: {modes[0]} perplexity "
-                                    f"against fine-tuning steps (mean, 95% interval)")
+    curves = [
+        (
+            f"at {int(m * L)} tokens ({m:g}L)",
+            [
+                (
+                    names[method],
+                    [(s, cell_interval(cells, "extension", method, int(m * L), modes[0], step=s)) for s in steps],
+                )
+                for method in labels
+            ],
+        )
+        for m in ext["curve_multiples"]
+    ]
+    out["extension"] = curve_figure(
+        curves,
+        path("extension-perplexity-by-step.png"),
+        f"extended from {L} to {int(ext['factor'] * L)}: {modes[0]} perplexity "
+        f"against fine-tuning steps (mean, 95% interval)",
+    )
     r, rows = plan["retrieval"], study.retrieval
     probe_lengths = [int(m * L) for m in r["multiples"]]
-    grid = lambda section, label, when=None: {(t, d): mean_accuracy(rows, section, label, t, d, when)  # noqa: E731
-                                              for t in probe_lengths for d in r["depths"]}
-    out["retrieval"] = heatmap_figure([(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in KINDS],
-                                      path("retrieval-by-length-and-depth.png"), f"retrieval accuracy (%), trained "
-                                      f"at L = {L}; mean over {seeds} seeds")
+
+    def grid(section, label, when=None):
+        return {(t, d): mean_accuracy(rows, section, label, t, d, when) for t in probe_lengths for d in r["depths"]}
+
+    out["retrieval"] = heatmap_figure(
+        [(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in KINDS],
+        path("retrieval-by-length-and-depth.png"),
+        f"retrieval accuracy (%), trained at L = {L}; mean over {seeds} seeds",
+    )
     out["extension_retrieval"] = heatmap_figure(
-        [(f"{names[m]}, {when}", probe_lengths, r["depths"], grid("extension", m, when))
-         for m in labels for when in ("before", "after")],
-        path("extension-retrieval-by-length-and-depth.png"), f"retrieval accuracy (%) extended to "
-        f"{int(ext['factor'] * L)}: before (zero-shot) and after {last} fine-tuning steps", columns=2)
+        [
+            (f"{names[m]}, {when}", probe_lengths, r["depths"], grid("extension", m, when))
+            for m in labels
+            for when in ("before", "after")
+        ],
+        path("extension-retrieval-by-length-and-depth.png"),
+        f"retrieval accuracy (%) extended to "
+        f"{int(ext['factor'] * L)}: before (zero-shot) and after {last} fine-tuning steps",
+        columns=2,
+    )
     return {name: os.path.basename(p) for name, p in out.items()}
 
 
@@ -234,9 +335,25 @@ def _ablation_figures(study) -> dict:
     for group in plan["ablation"]["groups"]:
         names = [n for n, v in variants.items() if v["group"] == group]
         labels = list(dict.fromkeys(n for name in names for n in (reference_of(variants, name), name)))
-        panels.append((GROUPS[group], _series(cells, "ablation", labels, lengths, mode, names={
-            n: f"{variants[n]['scheme']}, {variants[n]['condition']}" for n in labels})))
-    figure = length_figure(panels, os.path.join(study.out, "ablation-perplexity-by-length.png"),
-                           f"ablations, trained at L = {L}: {mode} perplexity against length (mean, 95% interval "
-                           f"over {len(plan['seeds'])} seeds)", L, own_series=True)
+        panels.append(
+            (
+                GROUPS[group],
+                _series(
+                    cells,
+                    "ablation",
+                    labels,
+                    lengths,
+                    mode,
+                    names={n: f"{variants[n]['scheme']}, {variants[n]['condition']}" for n in labels},
+                ),
+            )
+        )
+    figure = length_figure(
+        panels,
+        os.path.join(study.out, "ablation-perplexity-by-length.png"),
+        f"ablations, trained at L = {L}: {mode} perplexity against length (mean, 95% interval "
+        f"over {len(plan['seeds'])} seeds)",
+        L,
+        own_series=True,
+    )
     return {"ablation": os.path.basename(figure)}

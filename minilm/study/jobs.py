@@ -2,7 +2,8 @@
 
 A study is a graph of jobs: a ``Job`` names the keys of the jobs it needs (``after``); a job
 starts when they are done, with its arguments, or with what its ``resolve`` makes of the
-results so far (a setting chosen by earlier jobs: the study's fine-tuning rate). ``run_jobs`` keeps ``workers`` processes busy, each limited to
+results so far (a setting chosen by earlier jobs: the study's fine-tuning rate). ``run_jobs`` keeps ``workers``
+processes busy, each limited to
 ``threads`` torch threads: on a small CPU, independent one-thread runs side by side use the
 cores better than one run with many threads (small matrices scale poorly across threads).
 Ready jobs start in the order given, so list the ones that unblock others first.
@@ -17,6 +18,7 @@ that raises stops the run: the jobs still queued are cancelled, the running ones
 and the first error is raised again here (a ``MinilmError`` keeps its one-line message; a
 worker that dies is a ``JobError``).
 """
+
 from __future__ import annotations
 
 import concurrent.futures as futures
@@ -149,8 +151,10 @@ def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
                 try:
                     value, started, ended = future.result()  # a job's exception is raised here
                 except BrokenProcessPool:
-                    raise JobError(f"a worker process died while running {job.key!r} (killed, or out of memory?); "
-                                   f"finished runs are kept") from None
+                    raise JobError(
+                        f"a worker process died while running {job.key!r} (killed, or out of memory?); "
+                        f"finished runs are kept"
+                    ) from None
                 done[job.key] = Done(value, started, ended, job.phase)
                 _record(journal, job, args, done[job.key])
                 bar.update(1)

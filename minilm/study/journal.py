@@ -9,6 +9,7 @@ journal belongs to: resuming with other code or another plan is refused, since a
 from one code and one plan. The values are pickled: a journal is read back only by the study that
 wrote it, from its own output directory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,14 +51,19 @@ class Journal:
                 with open(meta_path, encoding="utf-8") as f:
                     meta = json.load(f)
             except (OSError, ValueError):
-                raise JournalError(f"--resume: {self.directory!r} holds no journal of an earlier run "
-                                   f"(run without --resume)") from None
+                raise JournalError(
+                    f"--resume: {self.directory!r} holds no journal of an earlier run (run without --resume)"
+                ) from None
             if meta.get("commit") != commit:
-                raise JournalError(f"--resume: the journal's jobs ran at commit {meta.get('commit')!r}, the code is "
-                                   f"now {commit!r}: check that commit out, or start again with --overwrite")
+                raise JournalError(
+                    f"--resume: the journal's jobs ran at commit {meta.get('commit')!r}, the code is "
+                    f"now {commit!r}: check that commit out, or start again with --overwrite"
+                )
             if meta.get("plan") != json.loads(json.dumps(plan)):
-                raise JournalError("--resume: the plan differs from the journal's (seeds, overrides or --quick): "
-                                   "give the same arguments, or start again with --overwrite")
+                raise JournalError(
+                    "--resume: the plan differs from the journal's (seeds, overrides or --quick): "
+                    "give the same arguments, or start again with --overwrite"
+                )
             meta["invocations"] = meta.get("invocations", 1) + 1
         else:
             os.makedirs(self.directory, exist_ok=True)
@@ -65,7 +71,9 @@ class Journal:
                 if name.endswith(".pkl"):
                     os.remove(os.path.join(self.directory, name))
             meta = {"commit": commit, "plan": plan, "invocations": 1}
-            atomic_write(os.path.join(self.directory, ".gitignore"), "# the study's journal of finished jobs: not for git\n*\n")
+            atomic_write(
+                os.path.join(self.directory, ".gitignore"), "# the study's journal of finished jobs: not for git\n*\n"
+            )
         atomic_write(meta_path, json.dumps(meta, indent=1))
         return meta["invocations"]
 

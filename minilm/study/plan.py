@@ -17,6 +17,7 @@ For every seed s (every run of seed s sees the same batches, so comparisons are 
 Runs are ``minilm.study.jobs`` jobs; their results are ``Study.cells`` and ``Study.retrieval``,
 which ``minilm.study.report`` writes up. Checkpoints go under ``<out>/runs/`` (git-ignored).
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,15 @@ from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
 from minilm.study import sweep, tuning
 from minilm.study.ablation import GROUPS, select
-from minilm.study.extension import (METHOD_NAMES, OTHER_EXTENSIONS, extension_run_name, extension_runs,
-                                    oracle_runs, plan_problem, scaling_override)
+from minilm.study.extension import (
+    METHOD_NAMES,
+    OTHER_EXTENSIONS,
+    extension_run_name,
+    extension_runs,
+    oracle_runs,
+    plan_problem,
+    scaling_override,
+)
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.work import evaluate_job, retrieval_job, train_job
 
@@ -51,36 +59,72 @@ FULL = {
     # one embedding recipe for every scheme: GPT-2's (the token table N(0, 0.02), each scheme's own input
     # multiplier: sqrt(d) for sinusoidal, as Vaswani et al.). fairseq's for every scheme (N(0, d^-1/2) x sqrt(d))
     # cost rope the task (17% at L against 100%) and text (2.3945 against 2.3588 bits/char text-only): design.md
-    "model": {"n_layer": 3, "n_head": 4, "d_model": 128, "block_size": 128, "dropout": 0.0, "bias": False,
-              "tie_embeddings": False},
+    "model": {
+        "n_layer": 3,
+        "n_head": 4,
+        "d_model": 128,
+        "block_size": 128,
+        "dropout": 0.0,
+        "bias": False,
+        "tie_embeddings": False,
+    },
     # the train split's last 32,768 tokens are held out of every run: the sweep chooses the fine-tuning rate there
     "data": {"corpus": "shakespeare", "vocab_size": 1024, "dir": "data", "holdout_tokens": 32768},
-    "train": {"batch_size": 16, "max_steps": 500, "lr": 2.0e-3, "min_lr": 2.0e-4, "warmup_steps": 50,
-              "weight_decay": 0.1, "grad_clip": 1.0, "dtype": "auto", "device": "cpu", "retrieval_share": 1.0,
-              "retrieval_weight": 8.0},
+    "train": {
+        "batch_size": 16,
+        "max_steps": 500,
+        "lr": 2.0e-3,
+        "min_lr": 2.0e-4,
+        "warmup_steps": 50,
+        "weight_decay": 0.1,
+        "grad_clip": 1.0,
+        "dtype": "auto",
+        "device": "cpu",
+        "retrieval_share": 1.0,
+        "retrieval_weight": 8.0,
+    },
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
     "tuning": {"seeds": [101], "lr_scales": [0.5, 1.0, 2.0]},
     # minilm.study.sweep: each extension row's rate, chosen on held-out text at the tuning seeds
     "sweep": {"lrs": [3.0e-5, 1.0e-4, 3.0e-4, 1.0e-3]},
-    "extension": {"factor": 4, "methods": list(METHOD_NAMES), "curve_steps": [0, 25, 50, 100, 200, 400],
-                  "curve_multiples": [1, 2, 4, 8]},
-    "eval": {"multiples": [1, 2, 4, 8], "modes": ["nonoverlapping", "sliding", "fixed-stride"], "fixed_stride": None,
-             "max_tokens": 32768, "batch_tokens": 8192, "position_bin": 8},
+    "extension": {
+        "factor": 4,
+        "methods": list(METHOD_NAMES),
+        "curve_steps": [0, 25, 50, 100, 200, 400],
+        "curve_multiples": [1, 2, 4, 8],
+    },
+    "eval": {
+        "multiples": [1, 2, 4, 8],
+        "modes": ["nonoverlapping", "sliding", "fixed-stride"],
+        "fixed_stride": None,
+        "max_tokens": 32768,
+        "batch_tokens": 8192,
+        "position_bin": 8,
+    },
     "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
     # per kind, its reference code's settings where minilm's defaults differ (docs/design.md, "Baselines as
     # their reference code"): KERPLE's floor 1e-2; xPos's scale_base L / 2 (torchscale: 512 for 1,024);
     # randomized positions sampled at evaluation too (``randomized_reach``). T5 keeps its layout (32 buckets
     # to 128) and its table learns at 30x: at the schedule's rate it cannot reach ALiBi's scale in 500 steps.
-    "schemes": {"t5": {"train": {"position_lr_scale": 30.0}},
-                "kerple": {"position": {"floor": 1.0e-2}},
-                "xpos": {"position": {"scale_base": 64.0}},
-                "randomized": {"position": {"eval_positions": "sampled"}}},
+    "schemes": {
+        "t5": {"train": {"position_lr_scale": 30.0}},
+        "kerple": {"position": {"floor": 1.0e-2}},
+        "xpos": {"position": {"scale_base": 64.0}},
+        "randomized": {"position": {"eval_positions": "sampled"}},
+    },
     # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
     # (1: its sequences, factor x its tokens), at the first oracle_seeds seeds, and (oracle_equal_tokens) on the
-    # pretraining's tokens (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's tokens
-    "controls": {"oracle": ["rope"], "oracle_seeds": 3, "oracle_batch_scale": 1.0, "oracle_equal_tokens": True,
-                 "keep_training": True, "other_extensions": list(OTHER_EXTENSIONS)},
+    # pretraining's tokens (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's
+    # tokens
+    "controls": {
+        "oracle": ["rope"],
+        "oracle_seeds": 3,
+        "oracle_batch_scale": 1.0,
+        "oracle_equal_tokens": True,
+        "keep_training": True,
+        "other_extensions": list(OTHER_EXTENSIONS),
+    },
 }
 
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
@@ -99,21 +143,35 @@ QUICK["schemes"]["xpos"]["position"]["scale_base"] = 16.0  # L / 2 again (L = 32
 
 # The ablation experiment (``minilm.study.ablation``): variants of the study's models against
 # references trained beside them, with the study's recipe and seeds; perplexity only.
-ABLATION_FULL, ABLATION_QUICK = ({**{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "train",
-                                                                                            "schemes", "seeds")},
-                                  "experiment": "ablation", "ablation": {"groups": list(GROUPS), "multiples": multiples},
-                                  "eval": {**study["eval"], "modes": ["nonoverlapping"]}}
-                                 for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4])))
-PLANS = {("length-generalization", False): FULL, ("length-generalization", True): QUICK,
-         ("ablation", False): ABLATION_FULL, ("ablation", True): ABLATION_QUICK}
+ABLATION_FULL, ABLATION_QUICK = (
+    {
+        **{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "train", "schemes", "seeds")},
+        "experiment": "ablation",
+        "ablation": {"groups": list(GROUPS), "multiples": multiples},
+        "eval": {**study["eval"], "modes": ["nonoverlapping"]},
+    }
+    for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4]))
+)
+PLANS = {
+    ("length-generalization", False): FULL,
+    ("length-generalization", True): QUICK,
+    ("ablation", False): ABLATION_FULL,
+    ("ablation", True): ABLATION_QUICK,
+}
 
 # Randomized positions (Ruoss et al. 2023) come from [0, RANDOMIZED_REACH x the longest evaluated length);
 # seed s initialises, data seed DATA_SEED_OFFSET + s orders the batches (both recorded).
 RANDOMIZED_REACH, DATA_SEED_OFFSET = 4, 10_000
 
 # trainer settings every run of the study shares: no periodic evaluation, one checkpoint at the end
-RUN_DEFAULTS = {"eval_interval": 10 ** 9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10 ** 9,
-                "sample_tokens": 0, "final_eval_tokens": 0}
+RUN_DEFAULTS = {
+    "eval_interval": 10**9,
+    "eval_iters": 2,
+    "log_interval": 10,
+    "checkpoint_interval": 10**9,
+    "sample_tokens": 0,
+    "final_eval_tokens": 0,
+}
 
 
 class ExperimentError(MinilmError):
@@ -121,6 +179,7 @@ class ExperimentError(MinilmError):
 
 
 # --------------------------------------------------------------------------- plan and configs
+
 
 def make_plan(experiment: str = "length-generalization", quick: bool = False, seeds=None, overrides=()) -> dict:
     """The nested settings of an experiment (``PLANS``) with ``key=value`` overrides applied."""
@@ -131,8 +190,9 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         section = assignment.split("=", 1)[0].strip().lstrip("-").split(".")[0]
         if section not in plan or section in ("seeds", "experiment"):
             valid = [s for s in plan if s not in ("seeds", "experiment")]
-            raise ExperimentError(f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} "
-                                  f"(seeds: --seeds)")
+            raise ExperimentError(
+                f"override {assignment!r}: unknown section {section!r}; valid: {', '.join(valid)} (seeds: --seeds)"
+            )
     apply_overrides(plan, overrides)
     plan["seeds"] = list(seeds) if seeds is not None else plan["seeds"]
     if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
@@ -146,7 +206,9 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     if "ablation" in plan:
         unknown = [g for g in plan["ablation"]["groups"] if g not in GROUPS]
         if unknown or not plan["ablation"]["groups"]:
-            raise ExperimentError(f"ablation.groups={plan['ablation']['groups']} is invalid: valid: {', '.join(GROUPS)}")
+            raise ExperimentError(
+                f"ablation.groups={plan['ablation']['groups']} is invalid: valid: {', '.join(GROUPS)}"
+            )
         plan["ablation"]["variants"] = select(plan, plan["ablation"]["groups"])
     return plan
 
@@ -154,14 +216,26 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
 def randomized_reach(plan: dict) -> int:
     """``max_positions`` of the randomized scheme: RANDOMIZED_REACH x the longest evaluated length
     (perplexity, retrieval and the extension's curves)."""
-    multiples = (plan["eval"]["multiples"] + plan.get("retrieval", {}).get("multiples", [])
-                 + plan.get("extension", {}).get("curve_multiples", []))
+    multiples = (
+        plan["eval"]["multiples"]
+        + plan.get("retrieval", {}).get("multiples", [])
+        + plan.get("extension", {}).get("curve_multiples", [])
+    )
     return RANDOMIZED_REACH * int(max(multiples) * plan["model"]["block_size"])
 
 
-def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_size: Optional[int] = None,
-               init_from: Optional[str] = None, batch_scale: int = 1, settings: Optional[dict] = None,
-               finetune: Optional[dict] = None):
+def run_config(
+    plan: dict,
+    out_dir: str,
+    position: dict,
+    seed: int,
+    *,
+    block_size: Optional[int] = None,
+    init_from: Optional[str] = None,
+    batch_scale: int = 1,
+    settings: Optional[dict] = None,
+    finetune: Optional[dict] = None,
+):
     """The Config of one run: the plan's model, data and training budget (the fine-tuning budget,
     with snapshots at the curve steps, with ``init_from``; ``finetune`` in place of the plan's
     fine-tuning settings: the sweep's rate), this position and seed, and what the
@@ -178,17 +252,32 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
-        train_settings.update(finetune or plan["finetune"], init_from=init_from, max_steps=steps[-1],
-                              snapshot_steps=[s for s in steps if 0 < s < steps[-1]])
+        train_settings.update(
+            finetune or plan["finetune"],
+            init_from=init_from,
+            max_steps=steps[-1],
+            snapshot_steps=[s for s in steps if 0 < s < steps[-1]],
+        )
     batch = train_settings["batch_size"] * batch_scale
     if batch < 1 or abs(batch - round(batch)) > 1e-9:
-        raise ExperimentError(f"a control needs batch_size {train_settings['batch_size']} x {batch_scale:g} = {batch:g} "
-                              f"rows for the same tokens: choose a batch size that extension.factor divides")
+        raise ExperimentError(
+            f"a control needs batch_size {train_settings['batch_size']} x {batch_scale:g} = {batch:g} "
+            f"rows for the same tokens: choose a batch size that extension.factor divides"
+        )
     train_settings["batch_size"] = round(batch)
-    tree = {"model": {**plan["model"], **tweaks.get("model", {}), "position": position,
-                      "block_size": block_size or plan["model"]["block_size"]},
-            "data": plan["data"], "train": train_settings, "out_dir": out_dir, "seed": seed,
-            "data_seed": DATA_SEED_OFFSET + seed}
+    tree = {
+        "model": {
+            **plan["model"],
+            **tweaks.get("model", {}),
+            "position": position,
+            "block_size": block_size or plan["model"]["block_size"],
+        },
+        "data": plan["data"],
+        "train": train_settings,
+        "out_dir": out_dir,
+        "seed": seed,
+        "data_seed": DATA_SEED_OFFSET + seed,
+    }
     try:
         return resolve_config(build_config(copy.deepcopy(tree)))
     except ConfigError as exc:
@@ -196,6 +285,7 @@ def run_config(plan: dict, out_dir: str, position: dict, seed: int, *, block_siz
 
 
 # --------------------------------------------------------------------------- the study
+
 
 @dataclasses.dataclass
 class StudyRun:
@@ -215,7 +305,8 @@ class Study:
     ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
     extension), mode, length, ppl, bpc, nll, tokens, chars, status, by_position (nonoverlapping:
     mean nats per bin of ``eval.position_bin`` positions). ``retrieval``: dicts with section,
-    label, seed, when (extension: before | after), length, depth, correct (None: bounded), trials. ``runs``: name -> StudyRun;
+    label, seed, when (extension: before | after), length, depth, correct (None: bounded), trials. ``runs``: name
+    -> StudyRun;
     ``done``: job key -> ``minilm.study.jobs.Done`` (values and times)."""
 
     def __init__(self, plan: dict, out: str, *, workers: int = 1, quiet: bool = False, journal=None):
@@ -232,15 +323,29 @@ class Study:
         self._evaluations: dict = {}  # (checkpoint, overrides, split) -> (key, {(mode, length)}) of its evaluation job
         self._chosen: dict = {}  # name -> (position, seed, run_config keywords, choice) of the runs ``depends`` makes
         self._tuning, self.lr_scales = {}, {}  # minilm.study.tuning: kind -> its evaluation keys; chosen scales
-        self._sweep, self.finetune_lrs = {}, {}  # minilm.study.sweep: extension row -> its evaluation keys; chosen rates
+        self._sweep, self.finetune_lrs = (
+            {},
+            {},
+        )  # minilm.study.sweep: extension row -> its evaluation keys; chosen rates
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
     def L(self) -> int:
         return self.plan["model"]["block_size"]
 
-    def _train(self, name: str, section: str, label: str, seed: int, position: dict, phase: str, after=(),
-               source: str = "", depends: Optional[tuple] = None, **kw) -> str:
+    def _train(
+        self,
+        name: str,
+        section: str,
+        label: str,
+        seed: int,
+        position: dict,
+        phase: str,
+        after=(),
+        source: str = "",
+        depends: Optional[tuple] = None,
+        **kw,
+    ) -> str:
         """A training job; ``depends``: (the keys of the jobs a choice reads, a function of the
         results so far giving ``run_config`` keywords): a run at the rate the tuning chose for its
         kind, or the sweep for its extension row, which waits for those jobs."""
@@ -280,11 +385,18 @@ class Study:
 
     def _by_kind(self, kind: str) -> Optional[tuple]:
         """``depends`` of a run from scratch of ``kind``: at the rate the tuning chose for it."""
-        return None if kind not in self._tuning else (
-            self._tuning[kind], lambda done: {"settings": {"train": tuning.rates(self.plan, self._scale(kind, done))}})
+        return (
+            None
+            if kind not in self._tuning
+            else (
+                self._tuning[kind],
+                lambda done: {"settings": {"train": tuning.rates(self.plan, self._scale(kind, done))}},
+            )
+        )
 
-    def _evaluate(self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="",
-                  split: str = "val") -> str:
+    def _evaluate(
+        self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="", split: str = "val"
+    ) -> str:
         """Cells of ``where`` at ``multiples`` of L in ``modes``, from a new evaluation job (all
         its cells in one ``score_many`` pass) or from one already planned for the same checkpoint,
         overrides and split with (at least) those cells; returns the job's key."""
@@ -293,18 +405,54 @@ class Study:
         what = (path, tuple(overrides), split)
         key, planned = self._evaluations.get(what, (None, set()))
         if not cells <= planned:
-            key = " ".join(["eval", *([split] if split != "val" else []), os.path.relpath(path, self.runs_dir),
-                            *overrides, ",".join(modes), ",".join(map(str, lengths))])
-            settings = {**self.plan["eval"], "max_tokens": self.scored_tokens if split == "val" else
-                        self.plan["data"]["holdout_tokens"] - 1, "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L}
-            args = (path, lengths, list(modes), list(overrides), settings, self.plan["train"]["device"], where["seed"],
-                    split)
+            key = " ".join(
+                [
+                    "eval",
+                    *([split] if split != "val" else []),
+                    os.path.relpath(path, self.runs_dir),
+                    *overrides,
+                    ",".join(modes),
+                    ",".join(map(str, lengths)),
+                ]
+            )
+            settings = {
+                **self.plan["eval"],
+                "max_tokens": self.scored_tokens if split == "val" else self.plan["data"]["holdout_tokens"] - 1,
+                "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L,
+            }
+            args = (
+                path,
+                lengths,
+                list(modes),
+                list(overrides),
+                settings,
+                self.plan["train"]["device"],
+                where["seed"],
+                split,
+            )
             self.jobs.append(Job(key, evaluate_job, args, (after,), phase))
             self._evaluations[what] = (key, cells)
-        self._readers.append((key, lambda results, where=where, cells=cells: [
-            {**where, "mode": r.mode, "length": r.length, "ppl": r.ppl, "bpc": r.bpc, "nll": r.nll,
-             "tokens": r.tokens, "chars": r.chars, "status": r.status, "by_position": r.by_position}
-            for r in results if (r.mode, r.length) in cells]))
+        self._readers.append(
+            (
+                key,
+                lambda results, where=where, cells=cells: [
+                    {
+                        **where,
+                        "mode": r.mode,
+                        "length": r.length,
+                        "ppl": r.ppl,
+                        "bpc": r.bpc,
+                        "nll": r.nll,
+                        "tokens": r.tokens,
+                        "chars": r.chars,
+                        "status": r.status,
+                        "by_position": r.by_position,
+                    }
+                    for r in results
+                    if (r.mode, r.length) in cells
+                ],
+            )
+        )
         return key
 
     def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str) -> None:
@@ -313,8 +461,15 @@ class Study:
         key = f"retrieval {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
         if key not in {job.key for job in self.jobs}:
             lengths = [int(m * self.L) for m in r["multiples"]]
-            self.jobs.append(Job(key, retrieval_job, (path, list(overrides), lengths, r["depths"], r["trials"], seed,
-                                                      self.plan["train"]["device"]), (after,), phase))
+            self.jobs.append(
+                Job(
+                    key,
+                    retrieval_job,
+                    (path, list(overrides), lengths, r["depths"], r["trials"], seed, self.plan["train"]["device"]),
+                    (after,),
+                    phase,
+                )
+            )
         self._readers.append((key, lambda rows, where=where: [{**where, **row} for row in rows]))
 
     def prepare_data(self) -> None:
@@ -324,18 +479,25 @@ class Study:
         config = run_config(self.plan, os.path.join(self.runs_dir, "-"), {"kind": "rope"}, self.plan["seeds"][0])
         val = data.prepare(config.data, quiet=self.quiet).val
         e = self.plan["eval"]
-        multiples = [*e["multiples"], *self.plan.get("extension", {}).get("curve_multiples", []),
-                     *self.plan.get("ablation", {}).get("multiples", [])]
+        multiples = [
+            *e["multiples"],
+            *self.plan.get("extension", {}).get("curve_multiples", []),
+            *self.plan.get("ablation", {}).get("multiples", []),
+        ]
         longest = int(max(multiples) * self.L)
         available = len(val) - 1 if e["max_tokens"] is None else min(e["max_tokens"], len(val) - 1)
         if available < longest:
-            raise ExperimentError(f"the validation split has {available} scorable tokens, fewer than the longest "
-                                  f"evaluation length {longest}: use more text or shorter eval.multiples")
+            raise ExperimentError(
+                f"the validation split has {available} scorable tokens, fewer than the longest "
+                f"evaluation length {longest}: use more text or shorter eval.multiples"
+            )
         self.scored_tokens = available // longest * longest
         need = int(self.plan.get("extension", {}).get("factor", 0) * self.L) + 1
         if sweep.rates(self.plan) and self.plan["data"]["holdout_tokens"] < need:
-            raise ExperimentError(f"data.holdout_tokens={self.plan['data']['holdout_tokens']} is too few for the sweep: "
-                                  f"it scores {need - 1}-token segments; hold out at least {need}")
+            raise ExperimentError(
+                f"data.holdout_tokens={self.plan['data']['holdout_tokens']} is too few for the sweep: "
+                f"it scores {need - 1}-token segments; hold out at least {need}"
+            )
 
     def build(self) -> list:
         """The job graph: training first (rope first, it unblocks the extension), then the rest."""
@@ -345,28 +507,53 @@ class Study:
             self._build_ablation()
             return self.jobs
         seeds, controls = self.plan["seeds"], self.plan.get("controls", {})
-        f, long = self.plan["extension"]["factor"], int(self.plan["extension"]["factor"] * self.L)
+        long = int(self.plan["extension"]["factor"] * self.L)
         tune = (lambda kinds: tuning.build(self, kinds)) if tuning.scales(self.plan) else (lambda kinds: {})
         self._tuning = tune(KINDS)  # the tuning seeds first: every run at the study's seeds waits for them
         self._sweep = sweep.build(self) if sweep.rates(self.plan) else {}
         extensions = extension_runs(self.plan)
         for seed in seeds:  # rope first: its runs unblock the extension
-            self._train(f"rope-s{seed}", "scratch", "rope", seed, {"kind": "rope"}, "train from scratch",
-                        depends=self._by_kind("rope"))
+            self._train(
+                f"rope-s{seed}",
+                "scratch",
+                "rope",
+                seed,
+                {"kind": "rope"},
+                "train from scratch",
+                depends=self._by_kind("rope"),
+            )
             for label, (kind, position, kw) in extensions.items():
                 if kind == "rope":
                     self._extend(label, seed, kind, position, kw)
         for seed in seeds:
             for kind in KINDS:
                 if kind != "rope":
-                    self._train(f"{kind}-s{seed}", "scratch", kind, seed, {"kind": kind}, "train from scratch",
-                                depends=self._by_kind(kind))
+                    self._train(
+                        f"{kind}-s{seed}",
+                        "scratch",
+                        kind,
+                        seed,
+                        {"kind": kind},
+                        "train from scratch",
+                        depends=self._by_kind(kind),
+                    )
             for label, (kind, position, kw) in extensions.items():
                 if kind != "rope":
                     self._extend(label, seed, kind, position, kw)
-            for kind, label, scale in oracle_runs(self.plan) if seed in seeds[:controls.get("oracle_seeds", 1)] else []:
-                self._train(f"{label}-{long}-oracle-s{seed}", "oracle", label, seed, {"kind": kind},
-                            "train the oracle controls", depends=self._by_kind(kind), block_size=long, batch_scale=scale)
+            for kind, label, scale in (
+                oracle_runs(self.plan) if seed in seeds[: controls.get("oracle_seeds", 1)] else []
+            ):
+                self._train(
+                    f"{label}-{long}-oracle-s{seed}",
+                    "oracle",
+                    label,
+                    seed,
+                    {"kind": kind},
+                    "train the oracle controls",
+                    depends=self._by_kind(kind),
+                    block_size=long,
+                    batch_scale=scale,
+                )
         self._build_evaluations()
         return self.jobs
 
@@ -374,43 +561,105 @@ class Study:
         """Extension row ``label``'s fine-tuning run from the seed's ``source_kind`` model (section
         extension), at the rate the sweep chose for the row."""
         source, name = f"{source_kind}-s{seed}", extension_run_name(label, seed, self.plan)
-        depends = None if label not in self._sweep else (
-            self._sweep[label], lambda done: {"finetune": sweep.finetune_at(self.plan, self._rate(label, done))})
-        self._train(name, "extension", label, seed, position, "fine-tune the extensions", after=[f"train {source}"],
-                    source=source, init_from=os.path.join(self.runs_dir, source), depends=depends, **kw)
+        depends = (
+            None
+            if label not in self._sweep
+            else (self._sweep[label], lambda done: {"finetune": sweep.finetune_at(self.plan, self._rate(label, done))})
+        )
+        self._train(
+            name,
+            "extension",
+            label,
+            seed,
+            position,
+            "fine-tune the extensions",
+            after=[f"train {source}"],
+            source=source,
+            init_from=os.path.join(self.runs_dir, source),
+            depends=depends,
+            **kw,
+        )
 
     def _build_ablation(self) -> None:
         for seed in self.plan["seeds"]:
             for name, v in self.plan["ablation"]["variants"].items():
-                key = self._train(f"{name}-s{seed}", "ablation", name, seed, v["position"], "train the ablation",
-                                  settings={"model": v["model"], "train": v["train"]})
-                self._evaluate(key, self.runs[f"{name}-s{seed}"].config.out_dir, self.plan["ablation"]["multiples"],
-                               self.plan["eval"]["modes"], dict(section="ablation", label=name, seed=seed, step=None),
-                               phase="evaluate the ablation")
+                key = self._train(
+                    f"{name}-s{seed}",
+                    "ablation",
+                    name,
+                    seed,
+                    v["position"],
+                    "train the ablation",
+                    settings={"model": v["model"], "train": v["train"]},
+                )
+                self._evaluate(
+                    key,
+                    self.runs[f"{name}-s{seed}"].config.out_dir,
+                    self.plan["ablation"]["multiples"],
+                    self.plan["eval"]["modes"],
+                    dict(section="ablation", label=name, seed=seed, step=None),
+                    phase="evaluate the ablation",
+                )
 
     def _build_evaluations(self) -> None:
         plan, ext, modes = self.plan, self.plan["extension"], self.plan["eval"]["modes"]
         for run in [r for r in self.runs.values() if r.section in ("scratch", "oracle")]:
             phase = "from scratch" if run.section == "scratch" else "of the oracle controls"
-            self._evaluate(run.key, run.config.out_dir, plan["eval"]["multiples"], modes,
-                           dict(section=run.section, label=run.label, seed=run.seed, step=None),
-                           phase=f"evaluate {phase}")
-            self._retrieval(run.key, run.config.out_dir, (), dict(section=run.section, label=run.label, seed=run.seed),
-                            run.seed, f"retrieval {phase}")
+            self._evaluate(
+                run.key,
+                run.config.out_dir,
+                plan["eval"]["multiples"],
+                modes,
+                dict(section=run.section, label=run.label, seed=run.seed, step=None),
+                phase=f"evaluate {phase}",
+            )
+            self._retrieval(
+                run.key,
+                run.config.out_dir,
+                (),
+                dict(section=run.section, label=run.label, seed=run.seed),
+                run.seed,
+                f"retrieval {phase}",
+            )
         for run in [r for r in self.runs.values() if r.section == "extension"]:
             source = os.path.join(self.runs_dir, run.source or f"rope-s{run.seed}")
             start = scaling_override(run.label, ext["factor"], int(ext["factor"] * self.L))
             where = dict(section="extension", label=run.label, seed=run.seed)
             for step in ext["curve_steps"]:
-                path = source if step == 0 else (run.config.out_dir if step == ext["curve_steps"][-1] else
-                                                 os.path.join(run.config.out_dir, "snapshots", f"step-{step}.pt"))
-                self._evaluate(run.key, path, ext["curve_multiples"],
-                               modes if step == ext["curve_steps"][-1] else modes[:1], {**where, "step": step},
-                               overrides=start if step == 0 else (), phase="evaluate the extension curves")
-            self._retrieval(f"train {os.path.basename(source)}", source, start, {**where, "when": "before"},
-                            run.seed, "retrieval before and after extension")
-            self._retrieval(run.key, run.config.out_dir, (), {**where, "when": "after"}, run.seed,
-                            "retrieval before and after extension")
+                path = (
+                    source
+                    if step == 0
+                    else (
+                        run.config.out_dir
+                        if step == ext["curve_steps"][-1]
+                        else os.path.join(run.config.out_dir, "snapshots", f"step-{step}.pt")
+                    )
+                )
+                self._evaluate(
+                    run.key,
+                    path,
+                    ext["curve_multiples"],
+                    modes if step == ext["curve_steps"][-1] else modes[:1],
+                    {**where, "step": step},
+                    overrides=start if step == 0 else (),
+                    phase="evaluate the extension curves",
+                )
+            self._retrieval(
+                f"train {os.path.basename(source)}",
+                source,
+                start,
+                {**where, "when": "before"},
+                run.seed,
+                "retrieval before and after extension",
+            )
+            self._retrieval(
+                run.key,
+                run.config.out_dir,
+                (),
+                {**where, "when": "after"},
+                run.seed,
+                "retrieval before and after extension",
+            )
 
     def run(self) -> None:
         os.makedirs(self.runs_dir, exist_ok=True)
@@ -426,13 +675,20 @@ class Study:
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
-        return {"plan": self.plan, "workers": self.workers, "claims": self.claims, "finetune_lrs": self.finetune_lrs,
-                "lr_scales": self.lr_scales, "invocations": self.invocations,
-                "cells": self.cells,
-                "retrieval": self.retrieval,
-                "runs": {name: {**dataclasses.asdict(run), "config": run.config.to_dict()}
-                         for name, run in self.runs.items()},
-                "done": {key: dataclasses.asdict(done) for key, done in self.done.items()}}
+        return {
+            "plan": self.plan,
+            "workers": self.workers,
+            "claims": self.claims,
+            "finetune_lrs": self.finetune_lrs,
+            "lr_scales": self.lr_scales,
+            "invocations": self.invocations,
+            "cells": self.cells,
+            "retrieval": self.retrieval,
+            "runs": {
+                name: {**dataclasses.asdict(run), "config": run.config.to_dict()} for name, run in self.runs.items()
+            },
+            "done": {key: dataclasses.asdict(done) for key, done in self.done.items()},
+        }
 
     @classmethod
     def from_state(cls, state: dict, out: str) -> "Study":
@@ -440,11 +696,12 @@ class Study:
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
         study.finetune_lrs, study.lr_scales = state.get("finetune_lrs", {}), state.get("lr_scales", {})
         study.invocations = state.get("invocations", 1)
-        study.runs = {name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()}
+        study.runs = {
+            name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()
+        }
         study.done = {key: Done(**done) for key, done in state["done"].items()}
         return study
 
     def summaries(self) -> dict:
         """Run name -> trainer summary of every finished training job."""
         return {name: self.done[run.key].value for name, run in self.runs.items() if run.key in self.done}
-

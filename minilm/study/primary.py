@@ -33,6 +33,7 @@ Whether the file was written before the run is read from git: the commit that la
 it must be an ancestor of the run's commit (``registration``). When it is not, the report
 labels the table exploratory.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,7 @@ from minilm.study.claims import gate, paired_differences, paired_ratio, seed_acc
 from minilm.study.stats import holm, interval, t_test, tost
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
-TESTS = {"superiority": "perplexity", "equivalence": "perplexity", "proportion": "retrieval",
-         "difference": "retrieval"}
+TESTS = {"superiority": "perplexity", "equivalence": "perplexity", "proportion": "retrieval", "difference": "retrieval"}
 CELL_KEYS = {"section", "label", "length", "step", "when", "depth"}
 
 
@@ -136,31 +136,41 @@ def _claim(path: str, entry) -> Claim:
     for key, cell in (("a", claim.a), ("b", claim.b)):
         if cell is None and (key == "a" or needs_b):
             raise ClaimsError(f"{path}: claim {name!r} (test {claim.test}) needs the cell {key}")
-        if cell is not None and (not isinstance(cell, dict) or not {"section", "label", "length"} <= set(cell)
-                                 or set(cell) - CELL_KEYS):
-            raise ClaimsError(f"{path}: claim {name!r}: cell {key}={cell!r} is invalid: expected section, label "
-                              f"and length, optionally {', '.join(sorted(CELL_KEYS - {'section', 'label', 'length'}))}")
+        if cell is not None and (
+            not isinstance(cell, dict) or not {"section", "label", "length"} <= set(cell) or set(cell) - CELL_KEYS
+        ):
+            raise ClaimsError(
+                f"{path}: claim {name!r}: cell {key}={cell!r} is invalid: expected section, label "
+                f"and length, optionally {', '.join(sorted(CELL_KEYS - {'section', 'label', 'length'}))}"
+            )
     if claim.test == "equivalence":
         if not isinstance(claim.margin, (int, float)) or claim.margin <= 0:
             raise ClaimsError(f"{path}: claim {name!r}: an equivalence test needs margin > 0, got {claim.margin!r}")
     elif claim.expect not in ("<", ">"):
         raise ClaimsError(f"{path}: claim {name!r}: expect={claim.expect!r} is invalid: valid: '<', '>'")
     if claim.metric not in ("accuracy", "logprob") or (claim.metric == "logprob" and claim.test != "difference"):
-        raise ClaimsError(f"{path}: claim {name!r}: metric={claim.metric!r} is invalid: accuracy, or logprob with "
-                          f"the difference test")
+        raise ClaimsError(
+            f"{path}: claim {name!r}: metric={claim.metric!r} is invalid: accuracy, or logprob with the difference test"
+        )
     if claim.test == "proportion" and not (isinstance(claim.threshold, (int, float)) and 0 < claim.threshold < 1):
         raise ClaimsError(f"{path}: claim {name!r}: a proportion test needs 0 < threshold < 1, got {claim.threshold!r}")
-    if claim.test == "superiority" and claim.threshold is not None and not (
-            isinstance(claim.threshold, (int, float)) and claim.threshold > 0):
+    if (
+        claim.test == "superiority"
+        and claim.threshold is not None
+        and not (isinstance(claim.threshold, (int, float)) and claim.threshold > 0)
+    ):
         raise ClaimsError(f"{path}: claim {name!r}: a ratio threshold must be > 0, got {claim.threshold!r}")
     for key, cell in (("a", claim.a), ("b", claim.b)):
         if cell and cell["section"] == "extension" and TESTS[claim.test] == "retrieval" and "when" not in cell:
-            raise ClaimsError(f"{path}: claim {name!r}: retrieval cell {key} of the extension needs when: before "
-                              f"or after (else it would pool both)")
+            raise ClaimsError(
+                f"{path}: claim {name!r}: retrieval cell {key} of the extension needs when: before "
+                f"or after (else it would pool both)"
+            )
     return claim
 
 
 # --------------------------------------------------------------------------- testing
+
 
 def outcomes(cells, rows, plan: dict, path: Optional[str] = None, text: Optional[str] = None) -> tuple:
     """(alpha, [Outcome, ...]) of every claim of the plan's file (or of ``text``), Holm-corrected."""
@@ -171,11 +181,17 @@ def outcomes(cells, rows, plan: dict, path: Optional[str] = None, text: Optional
     L = plan["model"]["block_size"]
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
     tested = [_test(claim, cells, rows, L, mode, passed, alpha) for claim in claims]
-    tested = [o if o.p is None or math.isfinite(o.p) else dataclasses.replace(o, p=None, estimate=o.estimate +
-                                                                             " (not finite: no test)") for o in tested]
+    tested = [
+        o
+        if o.p is None or math.isfinite(o.p)
+        else dataclasses.replace(o, p=None, estimate=o.estimate + " (not finite: no test)")
+        for o in tested
+    ]
     adjusted = holm([1.0 if o.p is None else o.p for o in tested])
-    return alpha, [dataclasses.replace(o, adjusted=a, verdict="supported" if a < alpha else "not supported")
-                   for o, a in zip(tested, adjusted)]
+    return alpha, [
+        dataclasses.replace(o, adjusted=a, verdict="supported" if a < alpha else "not supported")
+        for o, a in zip(tested, adjusted)
+    ]
 
 
 def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: float) -> Outcome:
@@ -193,10 +209,13 @@ def _test(claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: flo
     ci = interval(values, 1 - 2 * alpha)
     what = "accuracy" if claim.test == "proportion" else "difference"
     scale, unit = (1, " nats") if claim.metric == "logprob" else (100, "%")
-    estimate = (f"{what} {scale * ci.mean:.{3 if scale == 1 else 1}f}{unit} [{scale * ci.low:.{3 if scale == 1 else 1}f}, "
-                f"{scale * ci.high:.{3 if scale == 1 else 1}f}] ({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
-    return Outcome(claim, estimate, t_test(values, claim.threshold if claim.test == "proportion" else 0.0,
-                                           claim.expect))
+    estimate = (
+        f"{what} {scale * ci.mean:.{3 if scale == 1 else 1}f}{unit} [{scale * ci.low:.{3 if scale == 1 else 1}f}, "
+        f"{scale * ci.high:.{3 if scale == 1 else 1}f}] ({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)"
+    )
+    return Outcome(
+        claim, estimate, t_test(values, claim.threshold if claim.test == "proportion" else 0.0, claim.expect)
+    )
 
 
 def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome:
@@ -208,8 +227,10 @@ def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome
         return Outcome(claim, f"ratios {ratios} (not finite: no test)", None)
     logs = [math.log(r) for r in ratios]
     ci = interval(logs, 1 - 2 * alpha)  # the geometric mean ratio and the interval the test decides on
-    estimate = (f"ratio {math.exp(ci.mean):.3f} [{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] "
-                f"({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)")
+    estimate = (
+        f"ratio {math.exp(ci.mean):.3f} [{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}] "
+        f"({100 * (1 - 2 * alpha):g}% CI, n={ci.n} seeds)"
+    )
     if claim.test == "equivalence":
         bound = math.log(1 + claim.margin)
         return Outcome(claim, estimate, tost(logs, -bound, bound))
@@ -217,8 +238,15 @@ def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome
 
 
 def _accuracies(rows, cell: dict, L: int, metric: str = "accuracy"):
-    return seed_accuracies(rows, cell["section"], cell["label"], int(cell["length"] * L), cell.get("depth"),
-                           cell.get("when"), metric=metric)
+    return seed_accuracies(
+        rows,
+        cell["section"],
+        cell["label"],
+        int(cell["length"] * L),
+        cell.get("depth"),
+        cell.get("when"),
+        metric=metric,
+    )
 
 
 def hypothesis(claim: Claim) -> str:
@@ -233,6 +261,7 @@ def hypothesis(claim: Claim) -> str:
 
 
 # --------------------------------------------------------------------------- registration
+
 
 def snapshot(experiment: str, run_commit: str) -> Optional[dict]:
     """What a run records of its claims file when it starts (``Study.claims``): the text it tests,
@@ -252,14 +281,20 @@ def registration(path: str, run_commit: str) -> tuple:
     (not a checkout, the file never committed, the run's commit unknown)."""
     repo, run = os.path.dirname(os.path.abspath(path)), run_commit.split()[0] if run_commit else ""
     try:
-        last = subprocess.run(["git", "log", "-1", "--format=%H", "--", os.path.basename(path)], cwd=repo,
-                              capture_output=True, text=True, check=True).stdout.strip()
+        last = subprocess.run(
+            ["git", "log", "-1", "--format=%H", "--", os.path.basename(path)],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None, None
     if not last or len(run) != 40:
         return last or None, None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", os.path.basename(path)], cwd=repo,
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", os.path.basename(path)], cwd=repo, capture_output=True, text=True
+    ).stdout.strip()
     if dirty:  # what the run read is not what any commit holds
         return last, False
     ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", last, run], cwd=repo, capture_output=True)

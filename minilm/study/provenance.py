@@ -1,5 +1,6 @@
 """Where, when and with what code a study ran: the git commit (and whether the tree was
 dirty), the machine, its CPU's vector extensions, the load, and the time its jobs ran."""
+
 from __future__ import annotations
 
 import os
@@ -16,10 +17,16 @@ def git_commit(repo: str, exclude: Optional[str] = None) -> str:
     """``git rev-parse HEAD`` of the repository, plus ' (dirty)' when files differ from it
     (untracked ones included, except under ``exclude``: the experiment's own output)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
-                                capture_output=True, text=True, check=True).stdout.splitlines()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     skip = None if exclude is None else os.path.relpath(os.path.abspath(exclude), repo) + os.sep
@@ -36,9 +43,11 @@ def machine() -> str:
     except OSError:
         pass
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} logical CPUs "
-            f"({torch.get_num_threads()} torch threads){gpu}; Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    return (
+        f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} logical CPUs "
+        f"({torch.get_num_threads()} torch threads){gpu}; Python {platform.python_version()}, "
+        f"torch {torch.__version__}"
+    )
 
 
 def load_average() -> str:

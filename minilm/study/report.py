@@ -8,6 +8,7 @@ A hand-written ``discussion.md`` in the output directory (the explanation of wha
 with the literature, written after looking at the numbers) is included as the last section
 when present, so ``--report-only`` keeps it; a new run over the directory moves an earlier
 one aside (``discussion.md.1``)."""
+
 from __future__ import annotations
 
 import json
@@ -17,40 +18,73 @@ from typing import Optional
 
 import yaml
 
-from minilm.common import atomic_write, markdown_table as table, write_csv
+from minilm.common import atomic_write, write_csv
+from minilm.common import markdown_table as table
 from minilm.data.retrieval import PAIRS, QUERIES
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import ablation, sweep, tuning
-from minilm.study.claims import (GATE, accuracy_text, cell_text, gate, per_seed, position_curves, retrieval_verdicts,
-                                 seed_accuracies, verdicts)
-from minilm.study.figures import study_figures
+from minilm.study.claims import (
+    GATE,
+    accuracy_text,
+    cell_text,
+    gate,
+    per_seed,
+    position_curves,
+    retrieval_verdicts,
+    seed_accuracies,
+    verdicts,
+)
 from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
+from minilm.study.figures import study_figures
 from minilm.study.plan import DATA_SEED_OFFSET, KINDS, ExperimentError, Study
-from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
+from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.stats import interval
-
 
 # --------------------------------------------------------------------------- writing
 
+
 def write_report(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> str:
     """Write report.md, results.csv, retrieval.csv and the figures under the study's output directory."""
-    atomic_write(os.path.join(study.out, "study.json"), json.dumps(
-        {**study.state(), "run": {"command": command, "wall": wall, "started_at": started_at, "loads": list(loads),
-                                  "commit": commit}}, indent=1))
-    write_csv([{k: v for k, v in c.items() if k != "by_position"} for c in study.cells],
-               os.path.join(study.out, "results.csv"))
+    atomic_write(
+        os.path.join(study.out, "study.json"),
+        json.dumps(
+            {
+                **study.state(),
+                "run": {
+                    "command": command,
+                    "wall": wall,
+                    "started_at": started_at,
+                    "loads": list(loads),
+                    "commit": commit,
+                },
+            },
+            indent=1,
+        ),
+    )
+    write_csv(
+        [{k: v for k, v in c.items() if k != "by_position"} for c in study.cells],
+        os.path.join(study.out, "results.csv"),
+    )
     if study.retrieval:
         write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
     if study.plan["experiment"] == "ablation":
-        lines += ablation.report_lines(study.plan, study.cells, figures) + _primary(study, 2, commit) + _discussion(study, 3)
+        lines += (
+            ablation.report_lines(study.plan, study.cells, figures) + _primary(study, 2, commit) + _discussion(study, 3)
+        )
     else:
-        lines += (_scratch(study, figures) + _positions(study, figures) + _retrieval(study, figures)
-                  + _extension(study, figures) + _primary(study, 5, commit) + _comparison(study, 6)
-                  + _discussion(study, 7))
+        lines += (
+            _scratch(study, figures)
+            + _positions(study, figures)
+            + _retrieval(study, figures)
+            + _extension(study, figures)
+            + _primary(study, 5, commit)
+            + _comparison(study, 6)
+            + _discussion(study, 7)
+        )
     lines += _runs_and_configs(study)
     return str(atomic_write(os.path.join(study.out, "report.md"), "\n".join(lines)))
 
@@ -66,27 +100,36 @@ def rewrite_report(out: str) -> str:
     except ValueError as exc:
         raise ExperimentError(f"{path!r} is not a study record: {exc}") from None
     run = state["run"]
-    return write_report(Study.from_state(state, out), run["command"], run["wall"], run["started_at"],
-                        tuple(run["loads"]), run["commit"])
+    return write_report(
+        Study.from_state(state, out), run["command"], run["wall"], run["started_at"], tuple(run["loads"]), run["commit"]
+    )
 
 
 def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> list:
     plan = study.plan
     return [
-        "# Length generalization: train short, test long, then extend" if plan["experiment"] ==
-        "length-generalization" else "# Ablations: variants of the study's models against references",
+        "# Length generalization: train short, test long, then extend"
+        if plan["experiment"] == "length-generalization"
+        else "# Ablations: variants of the study's models against references",
         "",
         f"Command: `{command}`  ",
         f"Started: {started_at}; **wall time {wall / 60:.1f} min** with {study.workers} worker processes of one "
         f"torch thread each; load average at start / end: {loads[0]} / {loads[1]}  ",
-        *([f"Resumed (`--resume`): that was the last of {study.invocations} invocations at the same commit; jobs ran "
-           f"for **{busy_seconds(study.done) / 60:.1f} min** in all (the union of their running times)  "]
-          if study.invocations > 1 else []),
+        *(
+            [
+                f"Resumed (`--resume`): that was the last of {study.invocations} invocations at the same "
+                f"commit; jobs ran "
+                f"for **{busy_seconds(study.done) / 60:.1f} min** in all (the union of their running times)  "
+            ]
+            if study.invocations > 1
+            else []
+        ),
         f"Git commit at the start: `{commit}`  ",
         f"Machine: {machine()}; CPU flags: {cpu_flags()}  ",
         f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "
         f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']} (the runs trained in "
-        f"{', '.join(sorted({s.get('dtype', '?') for s in study.summaries().values()})) or 'n/a'}; evaluation in float32)",
+        f"{', '.join(sorted({s.get('dtype', '?') for s in study.summaries().values()})) or 'n/a'}; evaluation "
+        f"in float32)",
         "",
     ]
 
@@ -104,18 +147,24 @@ def _protocol(study: Study) -> list:
     e = plan["eval"]
     stride = e["fixed_stride"] or L
     lines = [
-        "## Protocol", "",
+        "## Protocol",
+        "",
         f"- **Model**: {first.model.n_layer} layers, d_model {first.model.d_model}, {first.model.n_head} heads, "
         f"{first.model.vocab_size}-token vocabulary trained on `{plan['data']['corpus']}`, "
         f"~{GPT(first.model).num_params() / 1e6:.2f}M parameters; training length **L = {L}**.",
         f"- **From scratch**: {t['max_steps']} steps x {t['batch_size']} x {L} tokens ({pre_tokens / 1e6:.2f}M "
-        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr {t['lr']:g}{' x its kind’s tuned scale' * bool(study.lr_scales)} "
-        f"{_falling(first.train, t['min_lr'])} after {t['warmup_steps']} warmup steps. Every scheme of seed s sees the same batches. "
+        f"tokens), {OPTIMIZER_NAMES[first.train.optimizer]} lr "
+        f"{t['lr']:g}{' x its kind’s tuned scale' * bool(study.lr_scales)} "
+        f"{_falling(first.train, t['min_lr'])} after {t['warmup_steps']} warmup steps. Every scheme of seed s "
+        f"sees the same batches. "
         f"**{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every scheme) are retrieval "
         f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a later query `MARK k`, "
-        f"written over the text, " + (
+        f"written over the text, "
+        + (
             f"the text's loss kept: every text token counts once and each answer {t['retrieval_weight']:g} times "
-            if t.get("retrieval_weight") else "loss on the answers only, each sequence weighted alike ")
+            if t.get("retrieval_weight")
+            else "loss on the answers only, each sequence weighted alike "
+        )
         + f"(`minilm.training.mixture`); input and output embeddings "
         f"{'tied' if first.model.tie_embeddings else 'untied'}.",
         f"- **Perplexity**: the first {scored} of the validation split at every length (the split, at most "
@@ -134,11 +183,18 @@ def _protocol(study: Study) -> list:
         f"*unresolved* when it contains the threshold (or with one seed).",
     ]
     if plan.get("schemes"):
-        lines.append("- **Settings of single schemes** (what makes each baseline faithful to its paper; the measurements "
-                     "behind them: docs/design.md, \"Measured choices\"): " + "; ".join(
-                         f"{kind}: " + ", ".join(f"{section}.{key}={value}" for section, values in tweaks.items()
-                                                 for key, value in values.items())
-                         for kind, tweaks in plan["schemes"].items()) + ".")
+        lines.append(
+            "- **Settings of single schemes** (what makes each baseline faithful to its paper; the measurements "
+            'behind them: docs/design.md, "Measured choices"): '
+            + "; ".join(
+                f"{kind}: "
+                + ", ".join(
+                    f"{section}.{key}={value}" for section, values in tweaks.items() for key, value in values.items()
+                )
+                for kind, tweaks in plan["schemes"].items()
+            )
+            + "."
+        )
     if plan["experiment"] == "length-generalization":
         lines += _retrieval_protocol(study)
     return lines + [""]
@@ -149,7 +205,9 @@ def _pairs_text() -> str:
 
 
 def _distractors_text() -> str:
-    return "no other pair (a single needle)" if PAIRS == 1 else f"{PAIRS - 1} distractor pairs with other keys elsewhere"
+    return (
+        "no other pair (a single needle)" if PAIRS == 1 else f"{PAIRS - 1} distractor pairs with other keys elsewhere"
+    )
 
 
 def _retrieval_protocol(study: Study) -> list:
@@ -159,7 +217,8 @@ def _retrieval_protocol(study: Study) -> list:
     pre_tokens = plan["train"]["max_steps"] * plan["train"]["batch_size"] * L
     ft_tokens = steps[-1] * ft["batch_size"] * long
     return [
-        f"- **Loss by position**: the mean loss at each position of the nonoverlapping {int(max(plan['eval']['multiples']) * L)}"
+        f"- **Loss by position**: the mean loss at each position of the nonoverlapping "
+        f"{int(max(plan['eval']['multiples']) * L)}"
         f"-token segments, averaged over bins of {plan['eval']['position_bin']} positions, then over seeds. A scheme "
         f"that uses context keeps lowering its loss as the position grows; one that cannot use what lies past L "
         f"flattens (or rises) past L.",
@@ -181,16 +240,24 @@ def _retrieval_protocol(study: Study) -> list:
 
 def _length_table(cells, section, labels, lengths, mode, step=None, names=None) -> str:
     names = names or {}
-    return table(["model"] + [f"{t} ({t / (lengths[0] or 1):g}L)" for t in lengths],
-                 [[names.get(label, label)] + [cell_text(cells, section, label, t, mode, step=step) for t in lengths]
-                  for label in labels], "l" + "r" * len(lengths))
+    return table(
+        ["model"] + [f"{t} ({t / (lengths[0] or 1):g}L)" for t in lengths],
+        [
+            [names.get(label, label)] + [cell_text(cells, section, label, t, mode, step=step) for t in lengths]
+            for label in labels
+        ],
+        "l" + "r" * len(lengths),
+    )
 
 
 def _scratch(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
-    lines = [f"## 1. Perplexity: every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} "
-             f"tokens", "", *tuning.report_lines(plan, cells, study.lr_scales)]
+    lines = [
+        f"## 1. Perplexity: every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} tokens",
+        "",
+        *tuning.report_lines(plan, cells, study.lr_scales),
+    ]
     for mode in plan["eval"]["modes"]:
         lines += [f"Perplexity, {mode} protocol:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
     if "lengths" in figures:
@@ -203,24 +270,39 @@ def _positions(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
     longest, width = int(max(plan["eval"]["multiples"]) * L), plan["eval"]["position_bin"]
     edges = [0] + [int(m * L) for m in plan["eval"]["multiples"]]
+
     def spans(section, label, step=None):
         curves = position_curves(cells, section, label, longest, step)
         if not curves:
-            bounded = any(c["status"] == "bounded" for c in cells if c["section"] == section and c["label"] == label
-                          and c["length"] == longest)
+            bounded = any(
+                c["status"] == "bounded"
+                for c in cells
+                if c["section"] == section and c["label"] == label and c["length"] == longest
+            )
             return ["n/a (bounded)" if bounded else ""] * (len(edges) - 1)
-        return [interval([sum(c[a // width:b // width]) / len(c[a // width:b // width]) for c in curves]).format(3)
-                for a, b in zip(edges, edges[1:])]
+        return [
+            interval([sum(c[a // width : b // width]) / len(c[a // width : b // width]) for c in curves]).format(3)
+            for a, b in zip(edges, edges[1:])
+        ]
+
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
-    ext, last = plan["extension"], plan["extension"]["curve_steps"][-1]
+    last = plan["extension"]["curve_steps"][-1]
     rows = [[kind] + spans("scratch", kind) for kind in KINDS]
-    rows += [[f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
-             + spans("extension", m, last) for m in extension_labels(plan)]
+    rows += [
+        [f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
+        + spans("extension", m, last)
+        for m in extension_labels(plan)
+    ]
     rows += [[name] + spans("oracle", label) for label, name in _oracle_names(plan).items()]
-    lines = ["## 2. Loss by position: does a scheme use the context past L?", "",
-             f"Mean loss (nats per token) over position ranges of the nonoverlapping {longest}-token segments (mean ± "
-             f"95% interval over seeds); lower further right means the context is used:", "",
-             table(header, rows, "l" + "r" * (len(header) - 1)), ""]
+    lines = [
+        "## 2. Loss by position: does a scheme use the context past L?",
+        "",
+        f"Mean loss (nats per token) over position ranges of the nonoverlapping {longest}-token segments (mean ± "
+        f"95% interval over seeds); lower further right means the context is used:",
+        "",
+        table(header, rows, "l" + "r" * (len(header) - 1)),
+        "",
+    ]
     if "positions" in figures:
         lines += [f"![loss by position]({figures['positions']})", ""]
     return lines
@@ -229,8 +311,11 @@ def _positions(study: Study, figures: dict) -> list:
 def _accuracy(rows, section, label, length, depth=None, when=None) -> str:
     rates = seed_accuracies(rows, section, label, length, depth, when)
     if rates is None:
-        bounded = any(r["correct"] is None for r in rows if r["section"] == section and r["label"] == label
-                      and r["length"] == length)
+        bounded = any(
+            r["correct"] is None
+            for r in rows
+            if r["section"] == section and r["label"] == label and r["length"] == length
+        )
         return "n/a (bounded)" if bounded else ""
     return accuracy_text(rates)
 
@@ -239,16 +324,26 @@ def _retrieval(study: Study, figures: dict) -> list:
     plan, rows, L = study.plan, study.retrieval, study.L
     lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
     best, proportion, passed = gate(rows, plan)
-    verdict_line = ("not run" if best is None else
-                    f"the best scheme at L is **{best}** with {100 * proportion:.0f}% (mean over seeds): the gate "
-                    f"({100 * GATE:.0f}%) is **{'passed' if passed else 'failed'}**"
-                    + ("" if passed else "; no accuracy past L is read below"))
+    verdict_line = (
+        "not run"
+        if best is None
+        else f"the best scheme at L is **{best}** with {100 * proportion:.0f}% (mean over seeds): the gate "
+        f"({100 * GATE:.0f}%) is **{'passed' if passed else 'failed'}**"
+        + ("" if passed else "; no accuracy past L is read below")
+    )
     header = ["model"] + [f"{t} ({t // L}L)" for t in lengths]
     body = [[kind] + [_accuracy(rows, "scratch", kind, t) for t in lengths] for kind in KINDS]
-    lines = ["## 3. Retrieval: every scheme at 1L to 8L and every needle depth", "", f"Gate: {verdict_line}.", "",
-             "Exact-match accuracy with depths pooled: mean over seeds ± the 95% t-interval's half-width in points "
-             "(the seed is the unit: each seed's probes are one measurement of one model), (per seed):", "",
-             table(header, body, "l" + "r" * len(lengths)), ""]
+    lines = [
+        "## 3. Retrieval: every scheme at 1L to 8L and every needle depth",
+        "",
+        f"Gate: {verdict_line}.",
+        "",
+        "Exact-match accuracy with depths pooled: mean over seeds ± the 95% t-interval's half-width in points "
+        "(the seed is the unit: each seed's probes are one measurement of one model), (per seed):",
+        "",
+        table(header, body, "l" + "r" * len(lengths)),
+        "",
+    ]
     if "retrieval" in figures:
         lines += [f"![retrieval by length and depth]({figures['retrieval']})", ""]
     return lines
@@ -261,51 +356,84 @@ def _extension(study: Study, figures: dict) -> list:
     oracle_names = _oracle_names(plan)
     oracle = list(oracle_names)
     names = {m: LABEL_NAMES[m] for m in labels}
-    lines = [f"## 4. Extending from {L} to {f * L}, with the controls", "",
-             f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
-             f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
-             f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-             f"{f}x its tokens, and on its tokens)"
-             + (f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only" if oracle and
-                plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"]) else "") + ".", "",
-             *sweep.report_lines(plan, cells, study.finetune_lrs),
-             f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):", "",
-             table(["method"] + [f"{s} steps" for s in steps],
-                   [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps]
-                    for m in labels], "l" + "r" * len(steps)), ""]
+    lines = [
+        f"## 4. Extending from {L} to {f * L}, with the controls",
+        "",
+        f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
+        f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
+        f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
+        f"{f}x its tokens, and on its tokens)"
+        + (
+            f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only"
+            if oracle and plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"])
+            else ""
+        )
+        + ".",
+        "",
+        *sweep.report_lines(plan, cells, study.finetune_lrs),
+        f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):",
+        "",
+        table(
+            ["method"] + [f"{s} steps" for s in steps],
+            [[names[m]] + [cell_text(cells, "extension", m, f * L, modes[0], step=s) for s in steps] for m in labels],
+            "l" + "r" * len(steps),
+        ),
+        "",
+    ]
     lines += _plateau(cells, labels, names, f * L, modes[0], steps)
     if "extension" in figures:
         lines += [f"![extension perplexity by step]({figures['extension']})", ""]
     lengths = [int(m * L) for m in ext["curve_multiples"]]
     for mode in modes:
-        lines += [f"After {steps[-1]} steps, {mode} protocol:", "",
-                  _length_table(cells, "extension", labels, lengths, mode, step=steps[-1], names=names)]
+        lines += [
+            f"After {steps[-1]} steps, {mode} protocol:",
+            "",
+            _length_table(cells, "extension", labels, lengths, mode, step=steps[-1], names=names),
+        ]
         if oracle:
-            lines[-1] += "\n" + "\n".join(_length_table(cells, "oracle", oracle, lengths, mode,
-                                                         names=oracle_names).splitlines()[2:])
+            lines[-1] += "\n" + "\n".join(
+                _length_table(cells, "oracle", oracle, lengths, mode, names=oracle_names).splitlines()[2:]
+            )
         lines.append("")
     probe_lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
-    body = [[names[m], when] + [_accuracy(study.retrieval, "extension", m, t, when=when) for t in probe_lengths]
-            for m in labels for when in ("before", "after")]
-    body += [[name, "-"] + [_accuracy(study.retrieval, "oracle", label, t) for t in probe_lengths]
-             for label, name in oracle_names.items()]
-    lines += ["Retrieval accuracy with depths pooled, before (step 0, the method applied zero-shot) and after "
-              "fine-tuning: mean over seeds ± the 95% t-interval's half-width in points, (per seed):", "",
-              table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
-                    "ll" + "r" * len(probe_lengths)), ""]
+    body = [
+        [names[m], when] + [_accuracy(study.retrieval, "extension", m, t, when=when) for t in probe_lengths]
+        for m in labels
+        for when in ("before", "after")
+    ]
+    body += [
+        [name, "-"] + [_accuracy(study.retrieval, "oracle", label, t) for t in probe_lengths]
+        for label, name in oracle_names.items()
+    ]
+    lines += [
+        "Retrieval accuracy with depths pooled, before (step 0, the method applied zero-shot) and after "
+        "fine-tuning: mean over seeds ± the 95% t-interval's half-width in points, (per seed):",
+        "",
+        table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body, "ll" + "r" * len(probe_lengths)),
+        "",
+    ]
     if "extension_retrieval" in figures:
         lines += [f"![extension retrieval by length and depth]({figures['extension_retrieval']})", ""]
 
     def logprob(section, label, t, when=None):
         values = seed_accuracies(study.retrieval, section, label, t, when=when, metric="logprob")
         return interval(list(values.values())).format(3) if values else ""
-    body = [[names[m], when] + [logprob("extension", m, t, when) for t in probe_lengths]
-            for m in labels for when in ("before", "after")]
+
+    body = [
+        [names[m], when] + [logprob("extension", m, t, when) for t in probe_lengths]
+        for m in labels
+        for when in ("before", "after")
+    ]
     body += [[name, "-"] + [logprob("oracle", label, t) for t in probe_lengths] for label, name in oracle_names.items()]
-    return lines + ["The same probes scored by the answers' mean log-probability (nats; 0 is certainty; a model "
-                    "that knows only that the answer is one of the 32 value ids scores log 1/32 = -3.47), which ranks methods that all retrieve at the ceiling: mean ± 95% interval "
-                    "over seeds:", "", table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body,
-                                             "ll" + "r" * len(probe_lengths)), ""]
+    return lines + [
+        "The same probes scored by the answers' mean log-probability (nats; 0 is certainty; a model "
+        "that knows only that the answer is one of the 32 value ids scores log 1/32 = -3.47), which ranks "
+        "methods that all retrieve at the ceiling: mean ± 95% interval "
+        "over seeds:",
+        "",
+        table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body, "ll" + "r" * len(probe_lengths)),
+        "",
+    ]
 
 
 def _finetune_rate(study: Study) -> str:
@@ -313,8 +441,10 @@ def _finetune_rate(study: Study) -> str:
     tuned = next((train for train in runs if train.init_from), runs[0])  # else pretraining's, which it inherits
     if study.finetune_lrs:
         ft = study.plan["finetune"]
-        return (f"each method at the rate the sweep chose for it (section 4), then {tuned.schedule} down to "
-                f"{ft['min_lr'] / ft['lr']:g}x it")
+        return (
+            f"each method at the rate the sweep chose for it (section 4), then {tuned.schedule} down to "
+            f"{ft['min_lr'] / ft['lr']:g}x it"
+        )
     ft = study.plan["finetune"]
     return f"lr {ft['lr']:g} {_falling(tuned, ft['min_lr'])}"
 
@@ -330,31 +460,44 @@ def _falling(train, min_lr: Optional[float] = None) -> str:
 def _oracle_names(plan: dict) -> dict:
     """Oracle label -> its row name: the kind, length, rows per step and tokens against pretraining."""
     f, rows = plan["extension"]["factor"], plan["train"]["batch_size"]
-    return {label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
-                   f"{f * scale:g}x the tokens)" for kind, label, scale in oracle_runs(plan)}
+    return {
+        label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
+        f"{f * scale:g}x the tokens)"
+        for kind, label, scale in oracle_runs(plan)
+    }
 
 
 def _plateau(cells, labels, names, long: int, mode: str, steps) -> list:
     """Steps to within 2% of each method's final perplexity, and the change over the last interval."""
+
     def reached(label):
         values = []
         for seed in {c["seed"] for c in cells if c["section"] == "extension" and c["label"] == label}:
             curve = {s: per_seed(cells, "extension", label, long, mode, step=s).get(seed) for s in steps[1:]}
             if all(v is not None and math.isfinite(v) for v in curve.values()):
-                values.append((next(s for s in steps[1:] if curve[s] <= 1.02 * curve[steps[-1]]),
-                               curve[steps[-1]] / curve[steps[-2]]))
+                values.append(
+                    (
+                        next(s for s in steps[1:] if curve[s] <= 1.02 * curve[steps[-1]]),
+                        curve[steps[-1]] / curve[steps[-2]],
+                    )
+                )
         return values
 
     rows = []
     for label in labels:
         values = reached(label)
         if values:
-            rows.append([names[label], " / ".join(str(s) for s, _ in values),
-                         interval([r for _, r in values]).format(3)])
-    return [f"The plateau: the first fine-tuning step whose perplexity at {long} is within 2% of the step-{steps[-1]} "
-            f"perplexity (per seed), and the ratio of the last two steps' perplexities ({steps[-1]} / {steps[-2]}; "
-            f"mean ± 95% interval over seeds): near 1, the method has stopped improving:", "",
-            table(["method", "steps to within 2% (per seed)", f"ppl {steps[-1]} / ppl {steps[-2]}"], rows, "lrr"), ""]
+            rows.append(
+                [names[label], " / ".join(str(s) for s, _ in values), interval([r for _, r in values]).format(3)]
+            )
+    return [
+        f"The plateau: the first fine-tuning step whose perplexity at {long} is within 2% of the step-{steps[-1]} "
+        f"perplexity (per seed), and the ratio of the last two steps' perplexities ({steps[-1]} / {steps[-2]}; "
+        f"mean ± 95% interval over seeds): near 1, the method has stopped improving:",
+        "",
+        table(["method", "steps to within 2% (per seed)", f"ppl {steps[-1]} / ppl {steps[-2]}"], rows, "lrr"),
+        "",
+    ]
 
 
 def _primary(study: Study, number: int, commit: str) -> list:
@@ -368,33 +511,59 @@ def _primary(study: Study, number: int, commit: str) -> list:
         last, before = registration(path, commit)
     shown = os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
     if before:
-        status = (f"last changed in commit `{last[:12]}`, which the run's commit contains: written before the run. "
-                  f"These are the study's primary claims; everything in section {number + 1} is exploratory.")
+        status = (
+            f"last changed in commit `{last[:12]}`, which the run's commit contains: written before the run. "
+            f"These are the study's primary claims; everything in section {number + 1} is exploratory."
+        )
         title = f"## {number}. Primary claims (pre-registered in `{shown}`), with Holm's correction"
     else:
-        why = (f"last changed in `{last[:12]}`, which the run's commit does not contain (or the file differs from it)"
-               if before is False else "git cannot tell when it was written (no checkout, or the file or the run's "
-               "commit unknown)")
-        status = (f"{why}: these claims were **not** written before this run, so their tests are exploratory "
-                  f"here, like everything in section {number + 1}.")
+        why = (
+            f"last changed in `{last[:12]}`, which the run's commit does not contain (or the file differs from it)"
+            if before is False
+            else "git cannot tell when it was written (no checkout, or the file or the run's commit unknown)"
+        )
+        status = (
+            f"{why}: these claims were **not** written before this run, so their tests are exploratory "
+            f"here, like everything in section {number + 1}."
+        )
         title = f"## {number}. The claims of `{shown}` (not pre-registered for this run: exploratory)"
     named, earlier = confirmatory_run(path, recorded["text"] if recorded else None)
     if named:
-        status += (f" The file names the run that tests these claims: {named}. Earlier runs that tested claims of "
-                   f"this file under other protocols: {len(earlier)}" + (f" ({'; '.join(earlier)})." if earlier else "."))
-    rows = [[o.claim.id, o.claim.claim, o.claim.source, o.claim.test, hypothesis(o.claim), o.estimate,
-             "n/a" if o.p is None else f"{o.p:.3g}", f"{o.adjusted:.3g}", o.verdict if o.p is not None
-             else "not tested"] for o in tested]
-    return [title, "", f"The claims file: {status} Perplexity claims test the per-seed log ratio ppl(a) / ppl(b) "
-            f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test each "
-            f"seed's accuracy against the threshold, or the per-seed difference of two cells (paired: every model of "
-            f"a seed sees the same probes), with Student's t over seeds. Estimates carry the {100 * (1 - 2 * alpha):g}% "
-            f"interval, the one the test at level {alpha:g} decides on (for TOST: equivalence holds at level "
-            f"{alpha:g} exactly when that interval lies inside the margins). p-values are one-sided; Holm's "
-            f"correction runs over all {len(tested)} claims (an untested claim counts as p = 1); *supported* means "
-            f"adjusted p < {alpha:g}, *not supported* is not evidence of the opposite.", "",
-            table(["id", "claim", "source", "test", "alternative", "estimate", "p", "Holm p", "verdict"], rows,
-                  "lllllllrl"), ""]
+        status += (
+            f" The file names the run that tests these claims: {named}. Earlier runs that tested claims of "
+            f"this file under other protocols: {len(earlier)}" + (f" ({'; '.join(earlier)})." if earlier else ".")
+        )
+    rows = [
+        [
+            o.claim.id,
+            o.claim.claim,
+            o.claim.source,
+            o.claim.test,
+            hypothesis(o.claim),
+            o.estimate,
+            "n/a" if o.p is None else f"{o.p:.3g}",
+            f"{o.adjusted:.3g}",
+            o.verdict if o.p is not None else "not tested",
+        ]
+        for o in tested
+    ]
+    return [
+        title,
+        "",
+        f"The claims file: {status} Perplexity claims test the per-seed log ratio ppl(a) / ppl(b) "
+        f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test each "
+        f"seed's accuracy against the threshold, or the per-seed difference of two cells (paired: every model of "
+        f"a seed sees the same probes), with Student's t over seeds. Estimates carry the {100 * (1 - 2 * alpha):g}% "
+        f"interval, the one the test at level {alpha:g} decides on (for TOST: equivalence holds at level "
+        f"{alpha:g} exactly when that interval lies inside the margins). p-values are one-sided; Holm's "
+        f"correction runs over all {len(tested)} claims (an untested claim counts as p = 1); *supported* means "
+        f"adjusted p < {alpha:g}, *not supported* is not evidence of the opposite.",
+        "",
+        table(
+            ["id", "claim", "source", "test", "alternative", "estimate", "p", "Holm p", "verdict"], rows, "lllllllrl"
+        ),
+        "",
+    ]
 
 
 def _comparison(study: Study, number: int) -> list:
@@ -402,14 +571,26 @@ def _comparison(study: Study, number: int) -> list:
     header = ["expectation", "published evidence", "holds when ratio"]
     for mode in modes:
         header += [f"paired ratio, {mode}", f"verdict, {mode}"]
-    lines = [f"## {number}. Expectations from the literature, with verdicts (written before the run; exploratory)",
-             "", "Perplexity: each row compares two perplexities through their ratio, computed per seed (mean ± 95% "
-             "interval over seeds).", "", table(header, verdicts(study.cells, study.plan)), ""]
+    lines = [
+        f"## {number}. Expectations from the literature, with verdicts (written before the run; exploratory)",
+        "",
+        "Perplexity: each row compares two perplexities through their ratio, computed per seed (mean ± 95% "
+        "interval over seeds).",
+        "",
+        table(header, verdicts(study.cells, study.plan)),
+        "",
+    ]
     if study.plan["experiment"] == "length-generalization":
-        lines += ["Retrieval: each seed's accuracy (its probes and depths counted together unless a depth is "
-                  "named), or the per-seed difference of two cells (paired); mean and 95% t-interval over seeds.", "",
-                  table(["expectation", "published evidence", "holds when", "measured", "verdict"],
-                        retrieval_verdicts(study.retrieval, study.plan)), ""]
+        lines += [
+            "Retrieval: each seed's accuracy (its probes and depths counted together unless a depth is "
+            "named), or the per-seed difference of two cells (paired); mean and 95% t-interval over seeds.",
+            "",
+            table(
+                ["expectation", "published evidence", "holds when", "measured", "verdict"],
+                retrieval_verdicts(study.retrieval, study.plan),
+            ),
+            "",
+        ]
     return lines
 
 
@@ -418,8 +599,12 @@ def _discussion(study: Study, number: int) -> list:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [f"## {number}. Discussion (written by hand after the run; everything else is generated)", "", f.read().strip(),
-                ""]
+        return [
+            f"## {number}. Discussion (written by hand after the run; everything else is generated)",
+            "",
+            f.read().strip(),
+            "",
+        ]
 
 
 def _runs_and_configs(study: Study) -> list:
@@ -430,19 +615,42 @@ def _runs_and_configs(study: Study) -> list:
         span[2] += done.seconds
         span[3] += 1
     summaries = study.summaries()
-    rows = [[name, s["steps"], f"{s['tokens']:,}", f"{s['seconds']:.0f} s", f"{s['tokens_per_s']:,.0f}"]
-            for name, s in summaries.items()]
-    lines = ["## Wall time", "",
-             "Phases overlap: the workers start a job as soon as what it needs is done.", "",
-             table(["phase", "jobs", "first start to last end", "sum of job times"],
-                   [[name, n, f"{(end - start) / 60:.1f} min", f"{total / 60:.1f} min"]
-                    for name, (start, end, total, n) in phases.items()], "lrrr"), "",
-             "<details><summary>Every training run</summary>", "",
-             table(["run", "steps", "tokens", "wall time", "tokens/s"], rows, "lrrrr"), "", "</details>", "",
-             "## Configs", "", "The plan (`python -m minilm experiment` settings after overrides):", "",
-             "```yaml", yaml.safe_dump(study.plan, sort_keys=False).rstrip(), "```", "",
-             f"<details><summary>The config of every run of seed {study.plan['seeds'][0]} (other seeds differ only "
-             f"in seed and out_dir)</summary>", ""]
+    rows = [
+        [name, s["steps"], f"{s['tokens']:,}", f"{s['seconds']:.0f} s", f"{s['tokens_per_s']:,.0f}"]
+        for name, s in summaries.items()
+    ]
+    lines = [
+        "## Wall time",
+        "",
+        "Phases overlap: the workers start a job as soon as what it needs is done.",
+        "",
+        table(
+            ["phase", "jobs", "first start to last end", "sum of job times"],
+            [
+                [name, n, f"{(end - start) / 60:.1f} min", f"{total / 60:.1f} min"]
+                for name, (start, end, total, n) in phases.items()
+            ],
+            "lrrr",
+        ),
+        "",
+        "<details><summary>Every training run</summary>",
+        "",
+        table(["run", "steps", "tokens", "wall time", "tokens/s"], rows, "lrrrr"),
+        "",
+        "</details>",
+        "",
+        "## Configs",
+        "",
+        "The plan (`python -m minilm experiment` settings after overrides):",
+        "",
+        "```yaml",
+        yaml.safe_dump(study.plan, sort_keys=False).rstrip(),
+        "```",
+        "",
+        f"<details><summary>The config of every run of seed {study.plan['seeds'][0]} (other seeds differ only "
+        f"in seed and out_dir)</summary>",
+        "",
+    ]
     for name, run in study.runs.items():
         if run.seed == study.plan["seeds"][0]:
             lines += [f"`{name}`:", "", "```yaml", run.config.to_yaml().rstrip(), "```", ""]

@@ -43,6 +43,7 @@ claims can be corrected together):
 The t quantile is computed here (no SciPy): the t CDF through the regularized incomplete
 beta function (continued fraction, Numerical Recipes section 6.4), inverted by bisection.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,10 @@ def _incomplete_beta_fraction(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     h = d
     for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -195,6 +198,7 @@ def verdict(paired: Sequence[float], expect: str, threshold: float, confidence: 
 
 
 # --------------------------------------------------------------------------- hypothesis tests
+
 
 def _check_expect(expect: str) -> None:
     if expect not in ("<", ">"):

@@ -13,6 +13,7 @@ cosine ends at the same fraction of it as ``finetune`` says (min_lr / lr). Tuned
 the rate that extends text best is not necessarily the one that retrieves best, and the report's
 retrieval tables say what it did. Without ``sweep.lrs`` every row uses ``finetune.lr`` as written.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -54,15 +55,35 @@ def build(study) -> dict:
         for seed in tuning.seeds(plan):
             for lr in rates(plan):
                 name = f"{label}-lr{lr:g}-t{seed}"
-                key = study._train(name, SECTION, cell_label(label, lr), seed, position, "sweep the fine-tuning rates",
-                                   depends=(study._tuning[kind], lambda done, kind=kind, seed=seed, lr=lr: {
-                                       "init_from": study.tuned_source(kind, seed, done),
-                                       "finetune": finetune_at(plan, lr)}),
-                                   init_from=study.tuned_source(kind, seed), finetune=finetune_at(plan, lr), **kw)
-                keys.setdefault(label, []).append(study._evaluate(
-                    key, study.runs[name].config.out_dir, [factor], [MODE],
-                    dict(section=SECTION, label=cell_label(label, lr), seed=seed, step=None),
-                    phase="evaluate the sweep on held-out training text", split="holdout"))
+                key = study._train(
+                    name,
+                    SECTION,
+                    cell_label(label, lr),
+                    seed,
+                    position,
+                    "sweep the fine-tuning rates",
+                    depends=(
+                        study._tuning[kind],
+                        lambda done, kind=kind, seed=seed, lr=lr: {
+                            "init_from": study.tuned_source(kind, seed, done),
+                            "finetune": finetune_at(plan, lr),
+                        },
+                    ),
+                    init_from=study.tuned_source(kind, seed),
+                    finetune=finetune_at(plan, lr),
+                    **kw,
+                )
+                keys.setdefault(label, []).append(
+                    study._evaluate(
+                        key,
+                        study.runs[name].config.out_dir,
+                        [factor],
+                        [MODE],
+                        dict(section=SECTION, label=cell_label(label, lr), seed=seed, step=None),
+                        phase="evaluate the sweep on held-out training text",
+                        split="holdout",
+                    )
+                )
     return keys
 
 
@@ -74,8 +95,10 @@ def choose(plan: dict, cells: list, label: str) -> Optional[float]:
     scores = {lr: mean_log_perplexity(cells, SECTION, cell_label(label, lr), long, MODE) for lr in rates(plan)}
     scores = {lr: score for lr, score in scores.items() if score is not None}  # a rate that diverged is out
     if rates(plan) and not scores:
-        raise SweepError(f"no rate of sweep.lrs={rates(plan)} gave {label} a finite held-out perplexity at {long} "
-                         f"tokens on every tuning seed: try smaller rates")
+        raise SweepError(
+            f"no rate of sweep.lrs={rates(plan)} gave {label} a finite held-out perplexity at {long} "
+            f"tokens on every tuning seed: try smaller rates"
+        )
     return min(sorted(scores), key=lambda lr: scores[lr]) if scores else None
 
 
@@ -85,10 +108,23 @@ def report_lines(plan: dict, cells: list, chosen: dict) -> list:
         return []
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
 
-    return [f"Fine-tuning rates, chosen on held-out training text: each row fine-tuned at each rate from the "
-            f"tuning seeds' models ({', '.join(map(str, tuning.seeds(plan)))}; none of them a seed of the tables), "
-            f"perplexity at {long} on the last {plan['data']['holdout_tokens']:,} tokens of the train split (held out "
-            f"of every run; never the validation split), mean over tuning seeds; bold: chosen, the lowest mean log "
-            f"perplexity:", "",
-            tuning.choice_table(cells, SECTION, chosen, rates(plan), cell_label, long, "method",
-                                [f"lr {lr:g}" for lr in rates(plan)], LABEL_NAMES), ""]
+    return [
+        f"Fine-tuning rates, chosen on held-out training text: each row fine-tuned at each rate from the "
+        f"tuning seeds' models ({', '.join(map(str, tuning.seeds(plan)))}; none of them a seed of the tables), "
+        f"perplexity at {long} on the last {plan['data']['holdout_tokens']:,} tokens of the train split (held out "
+        f"of every run; never the validation split), mean over tuning seeds; bold: chosen, the lowest mean log "
+        f"perplexity:",
+        "",
+        tuning.choice_table(
+            cells,
+            SECTION,
+            chosen,
+            rates(plan),
+            cell_label,
+            long,
+            "method",
+            [f"lr {lr:g}" for lr in rates(plan)],
+            LABEL_NAMES,
+        ),
+        "",
+    ]

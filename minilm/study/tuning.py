@@ -12,6 +12,7 @@ the scale nearer 1 on a tie, a scale that diverged on any tuning seed is out), a
 that kind at the study's seeds, from scratch and the oracle, trains at it. The kind's settings
 in the plan's ``schemes`` section (T5's table rate) apply on top, as everywhere.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,12 +60,26 @@ def build(study, kinds) -> dict:
         for seed in seeds(study.plan):
             for scale in scales(study.plan):
                 name = run_name(kind, scale, seed)
-                key = study._train(name, SECTION, label(kind, scale), seed, {"kind": kind}, "tune each scheme's rate",
-                                   settings={"train": rates(study.plan, scale)})
-                keys.setdefault(kind, []).append(study._evaluate(
-                    key, study.runs[name].config.out_dir, [1], [MODE],
-                    dict(section=SECTION, label=label(kind, scale), seed=seed, step=None),
-                    phase="evaluate the tuning runs on held-out training text", split="holdout"))
+                key = study._train(
+                    name,
+                    SECTION,
+                    label(kind, scale),
+                    seed,
+                    {"kind": kind},
+                    "tune each scheme's rate",
+                    settings={"train": rates(study.plan, scale)},
+                )
+                keys.setdefault(kind, []).append(
+                    study._evaluate(
+                        key,
+                        study.runs[name].config.out_dir,
+                        [1],
+                        [MODE],
+                        dict(section=SECTION, label=label(kind, scale), seed=seed, step=None),
+                        phase="evaluate the tuning runs on held-out training text",
+                        split="holdout",
+                    )
+                )
     return keys
 
 
@@ -75,8 +90,10 @@ def choose(plan: dict, cells: list, kind: str) -> float:
     scores = {scale: mean_log_perplexity(cells, SECTION, label(kind, scale), L, MODE) for scale in scales(plan)}
     scores = {scale: score for scale, score in scores.items() if score is not None}
     if not scores:
-        raise TuningError(f"no rate of tuning.lr_scales={scales(plan)} x train.lr={plan['train']['lr']:g} gave {kind} "
-                          f"a finite held-out perplexity on every tuning seed: try smaller scales")
+        raise TuningError(
+            f"no rate of tuning.lr_scales={scales(plan)} x train.lr={plan['train']['lr']:g} gave {kind} "
+            f"a finite held-out perplexity on every tuning seed: try smaller scales"
+        )
     return min(sorted(scores, key=lambda s: abs(math.log(s))), key=lambda s: scores[s])
 
 
@@ -86,21 +103,34 @@ def report_lines(plan: dict, cells: list, chosen: Optional[dict]) -> list:
         return []
     L = plan["model"]["block_size"]
 
-    return [f"Each scheme's learning rate, chosen on held-out training text: every kind trained from scratch at "
-            f"{', '.join(f'{s:g}' for s in scales(plan))} x lr {plan['train']['lr']:g} on the tuning seeds "
-            f"{', '.join(map(str, seeds(plan)))} (none of them a seed of the tables), perplexity at L = {L} on the last "
-            f"{plan['data']['holdout_tokens']:,} tokens of the train split (mean over tuning seeds; bold: chosen, the "
-            f"lowest mean log perplexity):", "",
-            choice_table(cells, SECTION, chosen, scales(plan), label, L, "scheme", [f"x{s:g}" for s in scales(plan)]),
-            ""]
+    return [
+        f"Each scheme's learning rate, chosen on held-out training text: every kind trained from scratch at "
+        f"{', '.join(f'{s:g}' for s in scales(plan))} x lr {plan['train']['lr']:g} on the tuning seeds "
+        f"{', '.join(map(str, seeds(plan)))} (none of them a seed of the tables), perplexity at L = {L} on the last "
+        f"{plan['data']['holdout_tokens']:,} tokens of the train split (mean over tuning seeds; bold: chosen, the "
+        f"lowest mean log perplexity):",
+        "",
+        choice_table(cells, SECTION, chosen, scales(plan), label, L, "scheme", [f"x{s:g}" for s in scales(plan)]),
+        "",
+    ]
 
 
-def choice_table(cells, section: str, chosen: dict, options, cell_label, length: int, what: str, headers,
-                 names: Optional[dict] = None) -> str:
+def choice_table(
+    cells,
+    section: str,
+    chosen: dict,
+    options,
+    cell_label,
+    length: int,
+    what: str,
+    headers,
+    names: Optional[dict] = None,
+) -> str:
     """Held-out perplexity at ``length`` (mean ± interval over the tuning seeds) of each row of
     ``chosen`` ({row: the option chosen for it}) at each of ``options`` (cells labelled
     ``cell_label(row, option)``), the chosen one in bold, and the choice: the tuning's table and
     the sweep's."""
+
     def ppl(row, option):
         values = list(per_seed(cells, section, cell_label(row, option), length, MODE).values())
         text = interval(values).format() if values else ""
@@ -115,8 +145,13 @@ def check(plan: dict) -> Optional[str]:
     if SECTION not in plan or not scales(plan):
         return None
     if not seeds(plan) or set(seeds(plan)) & set(plan["seeds"]) or any(not s > 0 for s in scales(plan)):
-        return (f"tuning={plan[SECTION]} is invalid: expected lr_scales > 0 and tuning seeds disjoint from the "
-                f"study's seeds {plan['seeds']}")
+        return (
+            f"tuning={plan[SECTION]} is invalid: expected lr_scales > 0 and tuning seeds disjoint from the "
+            f"study's seeds {plan['seeds']}"
+        )
     if plan["data"]["holdout_tokens"] <= plan["model"]["block_size"]:
-        return f"data.holdout_tokens={plan['data']['holdout_tokens']} is too few for the tuning: it scores L-token segments"
+        return (
+            f"data.holdout_tokens={plan['data']['holdout_tokens']} is too few for the tuning: it "
+            "scores L-token segments"
+        )
     return None

@@ -1,6 +1,7 @@
 """The work a study's jobs do in the worker processes (``minilm.study.jobs``): train one run,
 evaluate one checkpoint, probe one checkpoint's retrieval. Module-level functions, so that a
 worker process can import them by name."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,8 @@ from minilm.common import resolve_device
 from minilm.config import build_config
 from minilm.data import corpus as data
 from minilm.data.retrieval import Task
-from minilm.evaluation import lengths as evaluation, retrieval
+from minilm.evaluation import lengths as evaluation
+from minilm.evaluation import retrieval
 from minilm.training.loop import train
 
 
@@ -21,21 +23,31 @@ def train_job(config_tree: dict) -> dict:
     return {k: v for k, v in summary.items() if k != "sample"}
 
 
-def evaluate_job(path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str,
-                 seed: int, split: str = "val") -> list:
+def evaluate_job(
+    path: str, lengths: list, modes: list, overrides: list, settings: dict, device: str, seed: int, split: str = "val"
+) -> list:
     """Results of one checkpoint at ``lengths`` in ``modes`` on ``split`` (val, or the holdout of
     the train split); ``settings`` is the plan's eval section.
     torch's generator starts from ``seed`` (what a scheme that draws its positions at evaluation
     reads), so a job gives the same numbers in whichever worker, after whichever job, it runs."""
     torch.manual_seed(seed)
-    return evaluation.evaluate_checkpoints([path], lengths=lengths, mode=modes, max_tokens=settings["max_tokens"],
-                                           fixed_stride=settings["fixed_stride"], position_bin=settings["position_bin"],
-                                           overrides=overrides, labels=["-"], batch_tokens=settings["batch_tokens"],
-                                           device=device, quiet=True, split=split)
+    return evaluation.evaluate_checkpoints(
+        [path],
+        lengths=lengths,
+        mode=modes,
+        max_tokens=settings["max_tokens"],
+        fixed_stride=settings["fixed_stride"],
+        position_bin=settings["position_bin"],
+        overrides=overrides,
+        labels=["-"],
+        batch_tokens=settings["batch_tokens"],
+        device=device,
+        quiet=True,
+        split=split,
+    )
 
 
-def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int,
-                  device: str) -> list:
+def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int, device: str) -> list:
     """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``);
     torch's generator starts from ``seed``, as in ``evaluate_job``."""
     torch.manual_seed(seed)

@@ -5,6 +5,7 @@ and the base it trained on: ``train.init_from``'s path and the sha256 of its wei
 (``checkpoints.format.weights_hash``). A resumed run, and every command that loads the
 checkpoint (``checkpoints.loading.lora_base``), refuses a base whose weights have changed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,23 +24,31 @@ def start_adapters(raw: nn.Module, lora, source: Loaded, dtype, state=None) -> d
     the run's compute ``dtype`` (``model.lora.freeze_in``); with ``state`` (``--resume``) load what
     the run had trained. Returns the checkpoint's ``lora_base``."""
     path = source.state.get("path") or ""
-    base = {"path": path if is_hf_source(path) or not path else os.path.abspath(path),
-            "sha256": weights_hash(source.state["model"])}
+    base = {
+        "path": path if is_hf_source(path) or not path else os.path.abspath(path),
+        "sha256": weights_hash(source.state["model"]),
+    }
     add_adapters(raw, lora.targets, lora.r, lora.alpha, lora.also_train)
     freeze_in(raw, dtype)
     if state is None:
         return base
     recorded, settings = state.get("lora_base") or {}, state["config"]["train"].get("lora", {})
     if recorded.get("sha256") != base["sha256"]:
-        raise CheckpointError(f"cannot resume: train.init_from={path!r} is not the base this run's adapters were "
-                              f"trained on (its weights' sha256 differs from the checkpoint's): restore that base")
+        raise CheckpointError(
+            f"cannot resume: train.init_from={path!r} is not the base this run's adapters were "
+            f"trained on (its weights' sha256 differs from the checkpoint's): restore that base"
+        )
     if settings != dataclasses.asdict(lora):
-        raise CheckpointError(f"cannot resume: train.lora={dataclasses.asdict(lora)} but the checkpoint's adapters are "
-                              f"{settings}: resume with the same train.lora")
+        raise CheckpointError(
+            f"cannot resume: train.lora={dataclasses.asdict(lora)} but the checkpoint's adapters are "
+            f"{settings}: resume with the same train.lora"
+        )
     trained = {name for name, param in raw.named_parameters() if param.requires_grad}
     if set(state["model"]) != trained:
-        raise CheckpointError(f"cannot resume: the checkpoint's weights are not this run's adapters and also_train "
-                              f"parameters (e.g. {sorted(set(state['model']) ^ trained)[:2]})")
+        raise CheckpointError(
+            f"cannot resume: the checkpoint's weights are not this run's adapters and also_train "
+            f"parameters (e.g. {sorted(set(state['model']) ^ trained)[:2]})"
+        )
     raw.load_state_dict(state["model"], strict=False)
     return base
 

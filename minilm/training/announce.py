@@ -1,6 +1,7 @@
 """The opening of a training run: its out_dir and loggers, and the lines that say what it is
 (the model, its parameters and what trains of them, the device, the notes on settings that do
 not do what they might seem to, and what a resumed run takes from its checkpoint)."""
+
 from __future__ import annotations
 
 import os
@@ -20,27 +21,37 @@ def start_metrics(run, state: Optional[dict], taken: list = ()) -> None:
         os.makedirs(config.out_dir, exist_ok=True)
         if not resumed and os.path.exists(run.ckpt_path):
             run.say(f"note: {run.ckpt_path} will be replaced by this run's first checkpoint (--overwrite)")
-        run.loggers = open_loggers(config.train.loggers, config.out_dir, run.step if resumed else None,
-                                   config.to_dict(), run.say)
+        run.loggers = open_loggers(
+            config.train.loggers, config.out_dir, run.step if resumed else None, config.to_dict(), run.say
+        )
     m = config.model
     trainable, frozen = count_parameters(run.raw)
-    run.say(f"model: {run.raw.num_params() / 1e6:.2f}M parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {m.position}, "
-            f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
-            f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
-            f"{f', {dist.world} processes' if dist.enabled else ''}; "
-            f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}")
+    run.say(
+        f"model: {run.raw.num_params() / 1e6:.2f}M "
+        f"parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {m.position}, "
+        f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
+        f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
+        f"{f', {dist.world} processes' if dist.enabled else ''}; "
+        f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}"
+    )
     t = config.train
     if t.parallel == "fsdp" and not dist.enabled:
         run.say("note: train.parallel=fsdp in one process: there is nothing to shard, the model trains whole")
     if t.warmup_steps >= t.max_steps:
-        run.say(f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
-                f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})")
+        run.say(
+            f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
+            f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})"
+        )
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
         if taken:
-            run.say(f"note: resuming with the checkpoint's {', '.join(taken)} over the config file's; give a "
-                    f"setting again on the command line to change it")
+            run.say(
+                f"note: resuming with the checkpoint's {', '.join(taken)} over the config file's; give a "
+                f"setting again on the command line to change it"
+            )
         changed = trajectory_changes(config, state)
         if changed:
-            run.say(f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
-                    f"the uninterrupted one (it continues exactly only with the same train settings)")
+            run.say(
+                f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
+                f"the uninterrupted one (it continues exactly only with the same train settings)"
+            )

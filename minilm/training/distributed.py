@@ -3,6 +3,7 @@
 Every rank draws the same global batch and takes its own rows (``minilm.training.loop``), so N
 processes reproduce one process with ``grad_accum x N``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,9 @@ def init_distributed(train_cfg) -> Dist:
     A group that is already initialised (by the caller) is used as it is."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return Dist(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                    world=dist.get_world_size())
+        return Dist(
+            rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", "0")), world=dist.get_world_size()
+        )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()

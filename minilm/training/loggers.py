@@ -17,6 +17,7 @@ them back to the checkpoint's step, and tensorboard drops the later steps (``pur
 A logger whose package is missing is one line naming the extra to install, said before any
 file is touched.
 """
+
 from __future__ import annotations
 
 import csv
@@ -42,8 +43,11 @@ class LoggerError(MinilmError):
 
 def scalars(record: dict) -> dict:
     """The numbers of a record other than its step and tokens (None and text left out)."""
-    return {k: v for k, v in record.items() if k not in ("event", "step", "tokens")
-            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in ("event", "step", "tokens") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 class JsonlLogger:
@@ -79,6 +83,7 @@ class CsvLogger:
 class TensorBoardLogger:
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         from torch.utils.tensorboard import SummaryWriter  # the optional extra, checked by open_loggers
+
         self.writer = SummaryWriter(os.path.join(out_dir, TENSORBOARD_DIR), purge_step=resumed_step)
         if resumed_step is None:
             self.writer.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
@@ -95,9 +100,11 @@ class TensorBoardLogger:
 class WandbLogger:
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         import wandb  # the optional extra, checked by open_loggers
+
         self.wandb = wandb
-        self.run = wandb.init(project="minilm", dir=out_dir, config=config,
-                              name=os.path.basename(os.path.abspath(out_dir)))
+        self.run = wandb.init(
+            project="minilm", dir=out_dir, config=config, name=os.path.basename(os.path.abspath(out_dir))
+        )
 
     def write(self, record: dict) -> None:
         self.run.log({f"{record['event']}/{k}": v for k, v in scalars(record).items()}, step=record["step"])
@@ -114,12 +121,15 @@ def check_loggers(names: Sequence[str]) -> None:
     for name in names:
         module = PACKAGES.get(name)
         if module and importlib.util.find_spec(module) is None:
-            raise LoggerError(f"train.loggers has {name}, which needs the {module} package: "
-                              f"pip install 'minilm[{name}]' (or pip install {module})")
+            raise LoggerError(
+                f"train.loggers has {name}, which needs the {module} package: "
+                f"pip install 'minilm[{name}]' (or pip install {module})"
+            )
 
 
-def open_loggers(names: Sequence[str], out_dir: str, resumed_step: Optional[int], config: dict,
-                 say: Callable[[str], None]) -> list:
+def open_loggers(
+    names: Sequence[str], out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]
+) -> list:
     """The loggers ``names`` for a run in ``out_dir`` (``resumed_step``: the checkpoint's step
     when resuming, else None), each started."""
     check_loggers(names)

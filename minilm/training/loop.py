@@ -36,6 +36,7 @@ in-process. What it does, in order:
 and ``finish`` (5-7 at the end). Precision: ``train.dtype`` (``common.resolve_dtype``; auto: bf16
 autocast where the hardware has native bf16 units, else float32).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,15 @@ from tqdm import tqdm
 
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.loading import Loaded
-from minilm.common import (TRAIN_DTYPES, MinilmError, WriteError, autocast, peak_memory_mib, resolve_device,
-                           resolve_dtype)
+from minilm.common import (
+    TRAIN_DTYPES,
+    MinilmError,
+    WriteError,
+    autocast,
+    peak_memory_mib,
+    resolve_device,
+    resolve_dtype,
+)
 from minilm.config import Config, resolve_config
 from minilm.data.batches import Documents, crossing_rows
 from minilm.data.corpus import Prepared, prepare
@@ -88,15 +96,20 @@ class TrainingError(MinilmError):
 
 # --------------------------------------------------------------------------- evaluation
 
+
 def val_metrics(loss: float, prepared: Prepared) -> dict:
-    return {"val_loss": round(loss, 5), "val_ppl": round(math.exp(min(loss, 50.0)), 3),
-            "val_bpc": round(prepared.bits_per_char(loss, "val"), 5)}
+    return {
+        "val_loss": round(loss, 5),
+        "val_ppl": round(math.exp(min(loss, 50.0)), 3),
+        "val_bpc": round(prepared.bits_per_char(loss, "val"), 5),
+    }
 
 
 def sample_text(model: GPT, tokenizer, num_tokens: int, seed: int) -> str:
     """A short temperature sample continuing a newline (minilm.generation, KV cache)."""
-    return generate_text(model, tokenizer, "\n", max_new_tokens=num_tokens,
-                         sampling=Sampling(temperature=SAMPLE_TEMPERATURE), seed=seed)[0]
+    return generate_text(
+        model, tokenizer, "\n", max_new_tokens=num_tokens, sampling=Sampling(temperature=SAMPLE_TEMPERATURE), seed=seed
+    )[0]
 
 
 def _format_time(seconds: float) -> str:
@@ -106,9 +119,11 @@ def _format_time(seconds: float) -> str:
 
 # --------------------------------------------------------------------------- the run
 
+
 @dataclasses.dataclass
 class TrainingRun:
     """Everything one training run holds between its stages."""
+
     config: Config
     dist: Dist
     device: torch.device
@@ -163,10 +178,14 @@ class TrainingRun:
             return write_checkpoint(self, val)
         except (OSError, WriteError) as exc:
             reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
-            kept = ("the previous checkpoint is kept: continue it with --resume once the problem is solved"
-                    if os.path.exists(self.ckpt_path) else "no checkpoint was written")
-            raise TrainingError(f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: "
-                                f"{reason}; {kept}") from None
+            kept = (
+                "the previous checkpoint is kept: continue it with --resume once the problem is solved"
+                if os.path.exists(self.ckpt_path)
+                else "no checkpoint was written"
+            )
+            raise TrainingError(
+                f"cannot save the checkpoint {self.ckpt_path!r} at step {self.step}: {reason}; {kept}"
+            ) from None
 
     def save_snapshot(self) -> str:
         """The weights alone (no optimizer: not resumable) at this step, ``snapshots/step-N.pt``,
@@ -175,8 +194,15 @@ class TrainingRun:
         weights = full_model_state(self.raw, self.sharded)
         try:
             if self.dist.main:
-                checkpoint.save({"model": weights, "config": self.config.to_dict(),
-                                 "tokenizer": self.prepared.tokenizer.to_bytes(), "step": self.step}, path)
+                checkpoint.save(
+                    {
+                        "model": weights,
+                        "config": self.config.to_dict(),
+                        "tokenizer": self.prepared.tokenizer.to_bytes(),
+                        "step": self.step,
+                    },
+                    path,
+                )
         except (OSError, WriteError) as exc:
             reason = exc.reason if isinstance(exc, WriteError) else exc.strerror or exc
             raise TrainingError(f"cannot save the snapshot {path!r}: {reason}") from None
@@ -188,12 +214,17 @@ class TrainingRun:
         return document_forward(self.config.data, self.prepared.eot_id)
 
     def validate(self, batches) -> dict:
-        return val_metrics(heldout_loss(self.raw, batches, self.device, self.dtype, self.dist, lockstep=self.sharded,
-                                        **self.forward_options), self.prepared)
+        return val_metrics(
+            heldout_loss(
+                self.raw, batches, self.device, self.dtype, self.dist, lockstep=self.sharded, **self.forward_options
+            ),
+            self.prepared,
+        )
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False,
-          reprepare: bool = False) -> dict:
+def train(
+    config: Config, *, resume: bool = False, overwrite: bool = False, quiet: bool = False, reprepare: bool = False
+) -> dict:
     """Train as ``config`` says; return a summary dict.
 
     Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
@@ -216,8 +247,17 @@ def _train(config: Config, *, resume: bool, quiet: bool, reprepare: bool = False
     val_set = eval_batches(run.prepared.val, run.config)
     start_step, loop_started, interrupted = run.step, time.time(), None
     meter = {"tokens": 0, "since": time.time()}  # tokens/s over the steps since the last log line
-    with tqdm(total=run.config.train.max_steps, initial=run.step, disable=not run.talk, dynamic_ncols=True,
-              unit="step", file=sys.stderr) as bar, StopFlag() as stop:
+    with (
+        tqdm(
+            total=run.config.train.max_steps,
+            initial=run.step,
+            disable=not run.talk,
+            dynamic_ncols=True,
+            unit="step",
+            file=sys.stderr,
+        ) as bar,
+        StopFlag() as stop,
+    ):
         while run.step < run.config.train.max_steps and interrupted is None:
             loss, grad_norm, lr, stop_requested = train_step(run, stop)
             bar.update(1)
@@ -245,8 +285,12 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             tqdm.write(said, file=sys.stderr)
     if not dist.main:  # rank 0 prepares the data, the others then reuse its files
         dist.barrier()
-    prepared = prepare(config.data, quiet=not (dist.main and not quiet),
-                       tokenizer=source.tokenizer if source else None, reprepare=reprepare and dist.main)
+    prepared = prepare(
+        config.data,
+        quiet=not (dist.main and not quiet),
+        tokenizer=source.tokenizer if source else None,
+        reprepare=reprepare and dist.main,
+    )
     if dist.main:
         dist.barrier()
     config = resolve_config(config, tokenizer=prepared.tokenizer)
@@ -270,14 +314,26 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
     if t.compile:
         model = torch.compile(model)
-    run = TrainingRun(config, dist, device, dtype, dist.main and not quiet, prepared, raw, model,
-                      make_optimizer(raw, t, device), torch.Generator().manual_seed(config.batch_seed), started,
-                      lora_base=lora_base if t.lora.r else None)
+    run = TrainingRun(
+        config,
+        dist,
+        device,
+        dtype,
+        dist.main and not quiet,
+        prepared,
+        raw,
+        model,
+        make_optimizer(raw, t, device),
+        torch.Generator().manual_seed(config.batch_seed),
+        started,
+        lora_base=lora_base if t.lora.r else None,
+    )
     if state is not None and "model" not in state:
         load_sharded(state, raw, run.optimizer)
     elif state is not None:
-        run.optimizer.load_state_dict(state["optimizer"], functools.partial(load_full_optimizer_state, raw,
-                                                                            sharded=run.sharded))
+        run.optimizer.load_state_dict(
+            state["optimizer"], functools.partial(load_full_optimizer_state, raw, sharded=run.sharded)
+        )
     if state is not None:
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
         set_rng_state(state["rng"], device)
@@ -288,8 +344,11 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             run.scaler.load_state_dict(state["scaler"])
             run.skipped_steps = int(state.get("skipped_steps", 0))
     run.task = task_for(config, prepared)
-    run.rows = Documents(prepared.train, prepared.eot_id, config.data.min_document_tokens) \
-        if config.data.min_document_tokens else prepared.train
+    run.rows = (
+        Documents(prepared.train, prepared.eot_id, config.data.min_document_tokens)
+        if config.data.min_document_tokens
+        else prepared.train
+    )
     start_metrics(run, state, taken)
     return run
 
@@ -301,8 +360,16 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     B, T, A = t.batch_size, run.config.model.block_size, t.grad_accum
     lr = lr_at(run.step, t)
     run.optimizer.set_lr(lr)
-    x_all, y_all, mask_all = draw(run.rows, B * A * dist.world, T, run.generator, run.step,
-                                  t.retrieval_share, run.task, keep_text=t.retrieval_weight > 0)
+    x_all, y_all, mask_all = draw(
+        run.rows,
+        B * A * dist.world,
+        T,
+        run.generator,
+        run.step,
+        t.retrieval_share,
+        run.task,
+        keep_text=t.retrieval_weight > 0,
+    )
     if run.prepared.eot_id is not None:
         run.crossing[0] += crossing_rows(x_all, run.prepared.eot_id)
         run.crossing[1] += len(x_all)
@@ -310,23 +377,35 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     run.loss_parts.clear()  # what mixed_loss logs: this step's, from its last micro-batch
     for micro in range(A):
         row = micro * dist.world + dist.rank
-        x, y = x_all[row * B:(row + 1) * B].to(device, non_blocking=True), \
-            y_all[row * B:(row + 1) * B].to(device, non_blocking=True)
+        x, y = (
+            x_all[row * B : (row + 1) * B].to(device, non_blocking=True),
+            y_all[row * B : (row + 1) * B].to(device, non_blocking=True),
+        )
         # DDP averages the gradients over the ranks after the last micro-step only; FSDP after every one,
         # into the shards, so that no rank ever holds whole gradients
         last = micro == A - 1
         with contextlib.nullcontext() if (not dist.enabled or last or run.sharded) else run.model.no_sync():
             with autocast(device, run.dtype):
-                mask = None if mask_all is None else mask_all[row * B:(row + 1) * B].to(device)
-                loss = run.model(x, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, y, mask,
-                                                                                 t.retrieval_weight, run.loss_parts),
-                                 **run.forward_options) / A  # the loss inside the forward pass
+                mask = None if mask_all is None else mask_all[row * B : (row + 1) * B].to(device)
+                loss = (
+                    run.model(
+                        x,
+                        head=lambda hidden, weight, cap: mixed_loss(
+                            hidden, weight, cap, y, mask, t.retrieval_weight, run.loss_parts
+                        ),
+                        **run.forward_options,
+                    )
+                    / A
+                )  # the loss inside the forward pass
             (run.scaler.scale(loss) if run.scaler else loss).backward()
         loss_sum += loss.detach().double().cpu()
     if run.scaler:  # the true gradients, then their norm (computed anyway: an inf in it is an overflow)
         run.optimizer.unscale(run.scaler)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip or math.inf) \
-        if t.grad_clip > 0 or run.scaler else None
+    grad_norm = (
+        torch.nn.utils.clip_grad_norm_(run.raw.parameters(), t.grad_clip or math.inf)
+        if t.grad_clip > 0 or run.scaler
+        else None
+    )
     if grad_norm is not None and hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor, the same on every rank
         grad_norm = grad_norm.full_tensor()
     # one small all-reduce: mean loss over ranks, and agreement on stopping
@@ -342,10 +421,15 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
         run.skipped_steps += 1
     elif not math.isfinite(loss_value) or (grad_norm is not None and not torch.isfinite(grad_norm)):
         what = "loss" if not math.isfinite(loss_value) else "gradient norm"
-        kept = f"the last good checkpoint {run.ckpt_path} is kept" if os.path.exists(run.ckpt_path) \
+        kept = (
+            f"the last good checkpoint {run.ckpt_path} is kept"
+            if os.path.exists(run.ckpt_path)
             else "no checkpoint was written"
-        raise TrainingError(f"{what} is {loss_value if what == 'loss' else float(grad_norm)} at step "
-                            f"{run.step + 1}: stopping; {kept}; try a lower train.lr or train.grad_clip")
+        )
+        raise TrainingError(
+            f"{what} is {loss_value if what == 'loss' else float(grad_norm)} at step "
+            f"{run.step + 1}: stopping; {kept}; try a lower train.lr or train.grad_clip"
+        )
     else:
         run.optimizer.step(run.scaler)
     if run.scaler:
@@ -355,8 +439,9 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
     return loss_value, None if overflow else grad_norm, lr, float(flags[1]) > 0
 
 
-def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool,
-               stop: StopFlag) -> Optional[str]:
+def after_step(
+    run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_norm, lr: float, stop_requested: bool, stop: StopFlag
+) -> Optional[str]:
     """Stages 5-6 during the loop: log, evaluate and checkpoint on their intervals; returns the
     name of the signal that stops the run, or None."""
     t, step = run.config.train, run.step
@@ -366,18 +451,30 @@ def after_step(run: TrainingRun, bar, meter: dict, val_set, loss: float, grad_no
         speed = meter["tokens"] / max(now - meter["since"], 1e-9)
         meter.update(tokens=0, since=now)
         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}", refresh=False)
-        run.log({"event": "train", "step": step, "tokens": step * run.tokens_per_step, "loss": round(loss, 5),
-                 "lr": lr, "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
-                 "tokens_per_s": round(speed, 1), "elapsed_s": round(now - run.started, 2),
-                 "memory_mib": peak_memory_mib(run.device), **{k: round(float(v), 5) for k, v in run.loss_parts.items()},
-                 **({"skipped_steps": run.skipped_steps, "loss_scale": run.scaler.get_scale()} if run.scaler else {})})
+        run.log(
+            {
+                "event": "train",
+                "step": step,
+                "tokens": step * run.tokens_per_step,
+                "loss": round(loss, 5),
+                "lr": lr,
+                "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
+                "tokens_per_s": round(speed, 1),
+                "elapsed_s": round(now - run.started, 2),
+                "memory_mib": peak_memory_mib(run.device),
+                **{k: round(float(v), 5) for k, v in run.loss_parts.items()},
+                **({"skipped_steps": run.skipped_steps, "loss_scale": run.scaler.get_scale()} if run.scaler else {}),
+            }
+        )
     if step % t.eval_interval == 0 and step < t.max_steps:
         run.last_val = run.validate(val_set)
         bpc = run.last_val["val_bpc"]
         run.best_bpc = bpc if run.best_bpc is None else min(run.best_bpc, bpc)
         run.log({"event": "eval", "step": step, "tokens": step * run.tokens_per_step, **run.last_val})
-        run.say(f"step {step}: val loss {run.last_val['val_loss']:.4f}, ppl {run.last_val['val_ppl']:.2f}, "
-                f"{bpc:.4f} bits/char")
+        run.say(
+            f"step {step}: val loss {run.last_val['val_loss']:.4f}, ppl {run.last_val['val_ppl']:.2f}, "
+            f"{bpc:.4f} bits/char"
+        )
     if step in t.snapshot_steps:
         run.save_snapshot()
     stop_now = stop_requested and step < t.max_steps  # a signal during the last step: just finish
@@ -394,8 +491,11 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
     """Stages 5-7 at the end: full validation, the last checkpoint, a sample and the summary."""
     t, step, final, sample = run.config.train, run.step, None, None
     if interrupted is None:
-        batches = split_batches(run.prepared.val, run.config.model.block_size, t.batch_size,
-                                t.final_eval_tokens) if t.final_eval_tokens > 0 else val_set
+        batches = (
+            split_batches(run.prepared.val, run.config.model.block_size, t.batch_size, t.final_eval_tokens)
+            if t.final_eval_tokens > 0
+            else val_set
+        )
         final = run.validate(batches)
         run.best_bpc = final["val_bpc"] if run.best_bpc is None else min(run.best_bpc, final["val_bpc"])
         run.log({"event": "final", "step": step, "tokens": step * run.tokens_per_step, **final})
@@ -404,26 +504,40 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         if whole is not None:
             sample = sample_text(whole, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
     summary = {
-        "checkpoint": run.ckpt_path, "steps": step, "tokens": step * run.tokens_per_step,
-        "seconds": round(time.time() - run.started, 2), "dtype": str(run.dtype).replace("torch.", ""),
+        "checkpoint": run.ckpt_path,
+        "steps": step,
+        "tokens": step * run.tokens_per_step,
+        "seconds": round(time.time() - run.started, 2),
+        "dtype": str(run.dtype).replace("torch.", ""),
         "tokens_per_s": round((step - start_step) * run.tokens_per_step / max(train_seconds, 1e-9), 1),
         "best_val_bpc": run.best_bpc,
-        "final_val_loss": final and final["val_loss"], "final_val_bpc": final and final["val_bpc"],
-        "final_val_ppl": final and final["val_ppl"], "interrupted": interrupted, "sample": sample,
+        "final_val_loss": final and final["val_loss"],
+        "final_val_bpc": final and final["val_bpc"],
+        "final_val_ppl": final and final["val_ppl"],
+        "interrupted": interrupted,
+        "sample": sample,
         **({"skipped_steps": run.skipped_steps} if run.scaler else {}),
         **({"rows_crossing_documents": run.crossing[0] / run.crossing[1]} if run.crossing[1] else {}),
     }
     if sample is not None:
-        run.say(f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---",
-                result=True)
+        run.say(
+            f"--- sample ({t.sample_tokens} tokens, temperature {SAMPLE_TEMPERATURE}) ---\n{sample.strip()}\n---",
+            result=True,
+        )
     if interrupted:
         run.say(f"interrupted by {interrupted} at step {step}: saved {run.ckpt_path}; continue with --resume")
     else:
-        run.say(f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
-                f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
-                f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}"
-                + (f"; {summary['rows_crossing_documents']:.1%} of the rows crossed a document boundary"
-                   if run.crossing[1] else ""), result=True)
+        run.say(
+            f"done: {step} steps, {summary['tokens'] / 1e6:.2f}M tokens in {_format_time(summary['seconds'])} "
+            f"({summary['tokens_per_s']:,.0f} tokens/s); val {final['val_bpc']:.4f} bits/char "
+            f"(loss {final['val_loss']:.4f}, best {run.best_bpc:.4f}); checkpoint {run.ckpt_path}"
+            + (
+                f"; {summary['rows_crossing_documents']:.1%} of the rows crossed a document boundary"
+                if run.crossing[1]
+                else ""
+            ),
+            result=True,
+        )
     run.model = run.raw  # DDP's wrapper and its Reducer are freed before the process group (Dist.finish)
     run.dist.finish()
     return summary

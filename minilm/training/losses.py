@@ -17,6 +17,7 @@ s = h . W, and the chain rule through tanh multiplies P - Y by dz/ds = 1 - tanh(
 the two matmuls of the gradients. A head that takes no gradient (frozen: a LoRA run) skips
 dL/dW and its V x C accumulator.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +41,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_w = torch.zeros(weight.shape, dtype=wide, device=weight.device) if need_w else None
             total = torch.zeros((), dtype=wide, device=hidden.device)
             for start in range(0, n, CHUNK_ROWS):
-                rows, y = h[start:start + CHUNK_ROWS], targets[start:start + CHUNK_ROWS]
+                rows, y = h[start : start + CHUNK_ROWS], targets[start : start + CHUNK_ROWS]
                 logits = (rows @ w.t()).to(wide)
                 if softcap:
                     slope = logits.div_(softcap).tanh_()  # tanh(s / c), then z = c tanh(s / c)
@@ -56,7 +57,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 if softcap:
                     p.mul_(slope)
                 p = p.to(dtype)
-                grad_h[start:start + CHUNK_ROWS] = p @ w
+                grad_h[start : start + CHUNK_ROWS] = p @ w
                 if need_w and dtype == wide:
                     grad_w.addmm_(p.t(), rows)
                 elif need_w:

@@ -33,6 +33,7 @@ The count of activations is checked against a real CPU forward pass in ``tests/t
 Not counted: the CUDA context and allocator slack, communication buffers beyond DDP's buckets,
 temporaries inside a kernel, the data.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -94,8 +95,15 @@ class _DryRun(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dtype, checkpointing: bool,
-                     gathered: bool = True, device: str = "meta", lora=None) -> int:
+def activation_bytes(
+    model_config: ModelConfig,
+    batch_size: int,
+    dtype: torch.dtype,
+    checkpointing: bool,
+    gathered: bool = True,
+    device: str = "meta",
+    lora=None,
+) -> int:
     """Bytes autograd keeps for the backward pass of one training forward pass and loss over
     ``batch_size`` rows of ``model_config.block_size`` tokens, computed in ``dtype``: with the
     weights in ``dtype`` (``gathered``: as FSDP's mixed precision gathers them), or in float32
@@ -118,6 +126,7 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
 
     def leave(block, args, out):
         inside[0] -= 1
+
     if checkpointing and device == "meta":  # torch's checkpoint cannot run on the meta device before torch 2.5
         for block in model.blocks:
             block.register_forward_pre_hook(enter)
@@ -132,6 +141,7 @@ def activation_bytes(model_config: ModelConfig, batch_size: int, dtype: torch.dt
             mode = torch.autocast(device, dtype=mixed) if mixed is not None else contextlib.nullcontext()
         with mode:
             return model(idx, head=lambda hidden, weight, cap: mixed_loss(hidden, weight, cap, idx, None))
+
     kept = saved_tensor_bytes(forward, skip=lambda t: inside[0] > 0 or t.untyped_storage()._cdata in weights)[0]
     return kept + sum(inputs.values())
 
@@ -156,8 +166,15 @@ def parameter_counts(model_config: ModelConfig) -> tuple:
     return total, matrices, total - block * len(model.blocks), block
 
 
-def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: torch.dtype, optimizer: str,
-                layouts: tuple = LAYOUTS, lora=None) -> list:
+def step_memory(
+    model_config: ModelConfig,
+    batch_size: int,
+    ranks: int,
+    dtype: torch.dtype,
+    optimizer: str,
+    layouts: tuple = LAYOUTS,
+    lora=None,
+) -> list:
     """Bytes per process of each of ``ROWS`` and their ``total``, one dict for each of
     ``layouts`` (parallel, checkpointing); FSDP always counts AdamW (it refuses Muon). With
     ``lora`` (r > 0) a LoRA run's, under DDP only (module docstring)."""
@@ -166,13 +183,25 @@ def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: t
     adapted = lora is not None and lora.r
     layouts = tuple((p, c) for p, c in layouts if p == "ddp") if adapted else layouts
     needed = {(parallel, c) for parallel, checkpointing in layouts for c in {False, checkpointing}}
-    kept = {(parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp",
-                                            lora=lora) for parallel, c in needed}
+    kept = {
+        (parallel, c): activation_bytes(model_config, batch_size, dtype, c, gathered=parallel == "fsdp", lora=lora)
+        for parallel, c in needed
+    }
     if adapted:
         trained, frozen = lora_counts(model_config, lora)
-        rows = [{"parallel": "ddp", "checkpointing": c, "weights": 4 * trained + width * frozen,
-                 "gradients": 8 * trained, "optimizer": 8 * trained, "gathered": 0, "activations": kept["ddp", c]
-                 + ((kept["ddp", False] - kept["ddp", True]) / model_config.n_layer if c else 0)} for _, c in layouts]
+        rows = [
+            {
+                "parallel": "ddp",
+                "checkpointing": c,
+                "weights": 4 * trained + width * frozen,
+                "gradients": 8 * trained,
+                "optimizer": 8 * trained,
+                "gathered": 0,
+                "activations": kept["ddp", c]
+                + ((kept["ddp", False] - kept["ddp", True]) / model_config.n_layer if c else 0),
+            }
+            for _, c in layouts
+        ]
         return [{**row, "total": sum(row[k] for k in ROWS)} for row in rows]
     rows = []
     for parallel, checkpointing in layouts:
@@ -181,9 +210,13 @@ def step_memory(model_config: ModelConfig, batch_size: int, ranks: int, dtype: t
         recomputed = (kept[parallel, False] - kept[parallel, True]) / model_config.n_layer if checkpointing else 0
         moments = 8 * total if sharded or optimizer == "adamw" else 4 * matrices + 8 * (total - matrices)
         share = ranks if sharded else 1
-        row = {"weights": 4 * total / share, "gradients": 4 * total * (1 if sharded else 2) / share,
-               "optimizer": moments / share, "gathered": (root + 2 * block) * width if sharded else 0,
-               "activations": kept[parallel, checkpointing] + (recomputed if checkpointing else 0)}
+        row = {
+            "weights": 4 * total / share,
+            "gradients": 4 * total * (1 if sharded else 2) / share,
+            "optimizer": moments / share,
+            "gathered": (root + 2 * block) * width if sharded else 0,
+            "activations": kept[parallel, checkpointing] + (recomputed if checkpointing else 0),
+        }
         rows.append({"parallel": parallel, "checkpointing": checkpointing, **row, "total": sum(row.values())})
     return rows
 
@@ -200,8 +233,10 @@ def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int
     m, t = config.model, config.train
     params = parameter_counts(m)[0]
     width = torch.empty((), dtype=dtype).element_size()
-    floor = 16 * params / (ranks if t.parallel == "fsdp" else 1) + \
-        2 * t.batch_size * m.block_size * m.n_layer * m.d_model * width
+    floor = (
+        16 * params / (ranks if t.parallel == "fsdp" else 1)
+        + 2 * t.batch_size * m.block_size * m.n_layer * m.d_model * width
+    )
     need, how = floor, "at least "
     if free / 8 < floor <= free:
         layout = ((t.parallel, t.activation_checkpointing),)
@@ -210,5 +245,6 @@ def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int
         raise MinilmError(
             f"train.batch_size={t.batch_size} x model.block_size={m.block_size} with model.n_layer={m.n_layer}, "
             f"model.d_model={m.d_model} ({params / 1e6:,.1f}M parameters): a training step needs {how}"
-            f"{need / 2 ** 30:,.1f} GiB per process (minilm memory) but {free / 2 ** 30:,.1f} GiB is free on "
-            f"{device.type}: lower them")
+            f"{need / 2**30:,.1f} GiB per process (minilm memory) but {free / 2**30:,.1f} GiB is free on "
+            f"{device.type}: lower them"
+        )

@@ -20,6 +20,7 @@ is, and each answer counts w times: loss = (sum of text losses + w * sum of answ
 (text targets + w * answers). The share may then be 1 (a needle in every row). Targets whose
 next token the task wrote (a marker, a key, a pair's random value) carry no loss.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -37,14 +38,25 @@ def retrieval_rows(step: int, batch: int, share: float) -> torch.Tensor:
     return torch.floor((g + 1) * share) > torch.floor(g * share)
 
 
-def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: int, share: float,
-         task, keep_text: bool = False) -> tuple:
+def draw(
+    tokens,
+    batch: int,
+    block_size: int,
+    generator: torch.Generator,
+    step: int,
+    share: float,
+    task,
+    keep_text: bool = False,
+) -> tuple:
     """(x, y, mask) of one global batch, from a token array or the ``Documents`` of
     ``data.min_document_tokens``. ``mask``: the retrieval rows (B,), y ``IGNORE`` where such
     a row has no answer; with ``keep_text``, the answers' positions (B, T) instead, y the text's
     next tokens elsewhere (``IGNORE`` where the task wrote the next token)."""
-    x, y = (tokens.batch(batch, block_size, generator) if isinstance(tokens, Documents)
-            else get_batch(tokens, batch, block_size, generator))
+    x, y = (
+        tokens.batch(batch, block_size, generator)
+        if isinstance(tokens, Documents)
+        else get_batch(tokens, batch, block_size, generator)
+    )
     if share <= 0:
         return x, y, None
     mask = retrieval_rows(step, batch, share)
@@ -57,8 +69,15 @@ def draw(tokens, batch: int, block_size: int, generator: torch.Generator, step: 
     return x, y, mask
 
 
-def mixed_loss(hidden: torch.Tensor, weight: torch.Tensor, softcap: float, y: torch.Tensor, mask,
-               answer_weight: float = 0.0, parts: Optional[dict] = None) -> torch.Tensor:
+def mixed_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    softcap: float,
+    y: torch.Tensor,
+    mask,
+    answer_weight: float = 0.0,
+    parts: Optional[dict] = None,
+) -> torch.Tensor:
     """The language-model loss of the corpus rows and the answer loss of the retrieval rows,
     each weighted by its share of the rows; with ``answer_weight`` w > 0 (``mask`` then marks
     the answers) every text target once and every answer w times (module docstring), and the two

@@ -17,6 +17,7 @@ step several times slower (docs/design.md, "Measured choices"). Here the
 iteration runs in float32 on the CPU (bfloat16 on CUDA), on all the matrices of one shape at
 once (a batched matmul), and works with any torch.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -115,10 +116,19 @@ class Muon(torch.optim.Optimizer):
     orthogonalises those row blocks of a parameter apart, each with its own s: a fused q/k/v
     projection as the three matrices it holds (as the modded-nanogpt speedrun does)."""
 
-    def __init__(self, params, lr: float, weight_decay: float = 0.0, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, blocks: Optional[dict] = None):
-        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                                      ns_steps=ns_steps))
+    def __init__(
+        self,
+        params,
+        lr: float,
+        weight_decay: float = 0.0,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        blocks: Optional[dict] = None,
+    ):
+        super().__init__(
+            params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+        )
         self.blocks = blocks or {}
 
     @torch.no_grad()
@@ -138,7 +148,8 @@ class Muon(torch.optim.Optimizer):
                     piece = update[rows]
                     tall = piece.shape[0] > piece.shape[1]  # batched in the wide orientation, with its transposes
                     by_shape.setdefault((min(piece.shape), max(piece.shape)), []).append(
-                        (p[rows], piece.mT if tall else piece, tall))
+                        (p[rows], piece.mT if tall else piece, tall)
+                    )
             for (_, cols), items in by_shape.items():
                 dtype = torch.bfloat16 if items[0][0].is_cuda else torch.float32
                 updates = orthogonalize(torch.stack([u for _, u, _ in items]).to(dtype), group["ns_steps"])
@@ -188,23 +199,31 @@ class Optimizers:
 
     def state_dict(self, part_state=None) -> dict:
         """Every part's state dict; ``part_state(part)`` replaces ``part.state_dict()`` (FSDP's gathered one)."""
-        return {"kind": self.kind, "parts": [part_state(part) if part_state else part.state_dict() for part in self.parts]}
+        return {
+            "kind": self.kind,
+            "parts": [part_state(part) if part_state else part.state_dict() for part in self.parts],
+        }
 
     def load_state_dict(self, state: dict, load_part=None) -> None:
         """Every part's state; ``load_part(part, its_state)`` replaces ``part.load_state_dict`` (FSDP's)."""
         load_part = load_part or (lambda part, part_state: part.load_state_dict(part_state))
         kind = state.get("kind", "adamw") if "parts" in state else "adamw"
         if kind != self.kind:
-            raise ConfigError(f"cannot resume: train.optimizer={self.kind!r} but the checkpoint was trained with "
-                              f"{kind!r}; use train.optimizer={kind} or start a new out_dir")
+            raise ConfigError(
+                f"cannot resume: train.optimizer={self.kind!r} but the checkpoint was trained with "
+                f"{kind!r}; use train.optimizer={kind} or start a new out_dir"
+            )
         for part, part_state in zip(self.parts, state["parts"] if "parts" in state else [state]):
             try:
                 load_part(part, part_state)
             except ValueError:  # torch: another number or size of parameter groups
-                raise ConfigError(f"cannot resume: train.position_lr_scale={self.position_lr_scale!r} gives the "
-                                  f"position parameters {'a group of their own' if self.position_lr_scale != 1 else 'no group of their own'}, "
-                                  f"unlike the checkpoint's optimiser state: resume with the checkpoint's "
-                                  f"train.position_lr_scale or start a new out_dir") from None
+                raise ConfigError(
+                    f"cannot resume: train.position_lr_scale={self.position_lr_scale!r} gives the "
+                    f"position parameters "
+                    f"{'a group of their own' if self.position_lr_scale != 1 else 'no group of their own'}, "
+                    f"unlike the checkpoint's optimiser state: resume with the checkpoint's "
+                    f"train.position_lr_scale or start a new out_dir"
+                ) from None
 
 
 def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
@@ -232,11 +251,17 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if positions:
         groups.append({"params": positions, "weight_decay": 0.0, "lr_scale": t.position_lr_scale})
-    parts = [torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2),
-                               fused=device.type in ("cpu", "cuda"))]
+    parts = [torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type in ("cpu", "cuda"))]
     if muon:
-        blocks = {param: attention_blocks(model.get_submodule(name.removesuffix(".qkv.weight")))
-                  for name, param in model.named_parameters() if t.muon_split_qkv and name.endswith("attn.qkv.weight")}
-        parts.insert(0, Muon([{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay,
-                             blocks=blocks))
+        blocks = {
+            param: attention_blocks(model.get_submodule(name.removesuffix(".qkv.weight")))
+            for name, param in model.named_parameters()
+            if t.muon_split_qkv and name.endswith("attn.qkv.weight")
+        }
+        parts.insert(
+            0,
+            Muon(
+                [{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay, blocks=blocks
+            ),
+        )
     return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)

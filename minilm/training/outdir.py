@@ -6,6 +6,7 @@ files of saves that never finished removed.
 ``claim(out_dir, resume=..., overwrite=...)`` does all of it around a run; under DDP only
 rank 0 claims.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,10 @@ class OutDirLock:
             owner = self.file.read().strip() or "unknown"
             self.file.close()
             self.file = None
-            raise OutDirError(f"out_dir={os.path.dirname(self.path)!r} is in use by another run (process {owner}): "
-                              f"wait for it to finish, or choose another out_dir") from None
+            raise OutDirError(
+                f"out_dir={os.path.dirname(self.path)!r} is in use by another run (process {owner}): "
+                f"wait for it to finish, or choose another out_dir"
+            ) from None
         self.file.seek(0)
         self.file.truncate()
         self.file.write(f"{os.getpid()}\n")
@@ -74,8 +77,15 @@ class OutDirLock:
             self.file = None
 
 
-WRITTEN = {checkpoint.FILENAME: "file", "metrics.jsonl": "file", "metrics.csv": "file", checkpoint.SHARDED: "directory",
-           "snapshots": "directory", "tensorboard": "directory", "wandb": "directory"}  # what a run writes in out_dir
+WRITTEN = {
+    checkpoint.FILENAME: "file",
+    "metrics.jsonl": "file",
+    "metrics.csv": "file",
+    checkpoint.SHARDED: "directory",
+    "snapshots": "directory",
+    "tensorboard": "directory",
+    "wandb": "directory",
+}  # what a run writes in out_dir
 
 
 def check_kinds(out_dir: str) -> None:
@@ -86,8 +96,10 @@ def check_kinds(out_dir: str) -> None:
         path = os.path.join(out_dir, name)
         found = "directory" if os.path.isdir(path) else "file" if os.path.lexists(path) else None
         if found not in (None, kind):
-            raise OutDirError(f"out_dir={out_dir!r} holds a {found} {name!r} where a run writes its {kind} of that "
-                              f"name: move it away, or choose another out_dir")
+            raise OutDirError(
+                f"out_dir={out_dir!r} holds a {found} {name!r} where a run writes its {kind} of that "
+                f"name: move it away, or choose another out_dir"
+            )
 
 
 @contextlib.contextmanager
@@ -103,11 +115,19 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
     check_writable(out_dir, "out_dir")
     try:
         with OutDirLock(out_dir):
-            existing = next((os.path.join(out_dir, name) for name in (checkpoint.FILENAME, checkpoint.SHARDED)
-                             if os.path.exists(os.path.join(out_dir, name))), None)
+            existing = next(
+                (
+                    os.path.join(out_dir, name)
+                    for name in (checkpoint.FILENAME, checkpoint.SHARDED)
+                    if os.path.exists(os.path.join(out_dir, name))
+                ),
+                None,
+            )
             if not resume and not overwrite and existing:
-                raise OutDirError(f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
-                                  f"with --resume, replace it with --overwrite, or choose another out_dir")
+                raise OutDirError(
+                    f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
+                    f"with --resume, replace it with --overwrite, or choose another out_dir"
+                )
             check_kinds(out_dir)
             remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
             yield
@@ -116,4 +136,3 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
             Path(out_dir, LOCK_FILE).unlink(missing_ok=True)
             os.rmdir(out_dir)
         raise
-

@@ -22,6 +22,7 @@ trained.
 FSDP2 and torch's distributed state-dict functions are imported by the functions that use them:
 importing them costs about a second (DTensor), which every command would otherwise pay.
 """
+
 from __future__ import annotations
 
 import re
@@ -57,16 +58,22 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
     if parallel == "ddp":
         return DistributedDataParallel(raw, device_ids=[device.index] if device.type == "cuda" else None)
     if device.type != "cuda" and not FSDP2_ON_CPU:
-        raise ConfigError(f"train.parallel='fsdp' on {device.type} needs torch >= 2.9 (this is {torch.__version__}): "
-                          f"use train.parallel=ddp, or a newer torch")
+        raise ConfigError(
+            f"train.parallel='fsdp' on {device.type} needs torch >= 2.9 (this is {torch.__version__}): "
+            f"use train.parallel=ddp, or a newer torch"
+        )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
+
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6 keeps FSDP2 under its first name
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
+    policy = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if dtype != torch.float32
         else MixedPrecisionPolicy()
+    )
     whole = raw.state_dict() if dist.main else {}  # rank 0's tensors, kept until they are sent
     mesh = init_device_mesh(device.type, (dist.world,))  # train.device's, not whichever accelerator torch finds
     for block in raw.blocks:
@@ -86,6 +93,7 @@ def spread(raw: nn.Module, parallel: str, dist: Dist, device: torch.device, dtyp
 def _gathered():
     """State-dict options for whole tensors, on rank 0, on the CPU."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -95,6 +103,7 @@ def full_model_state(raw: nn.Module, sharded: bool) -> dict:
     if not sharded:
         return raw.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     return get_model_state_dict(raw, options=_gathered())
 
 
@@ -104,18 +113,22 @@ def _numbered(named: dict) -> dict:
     if not named:
         return named
     index = {name: i for i, name in enumerate(n for group in named["param_groups"] for n in group["params"])}
-    return {"state": {index[name]: value for name, value in named["state"].items()},
-            "param_groups": [{**group, "params": [index[n] for n in group["params"]]}
-                             for group in named["param_groups"]]}
+    return {
+        "state": {index[name]: value for name, value in named["state"].items()},
+        "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in named["param_groups"]],
+    }
 
 
 def _named(numbered: dict, part: torch.optim.Optimizer, raw: nn.Module) -> dict:
     """The inverse of ``_numbered`` for ``part``: numbers -> the names of its parameters."""
     name_of = {id(p): n for n, p in raw.named_parameters()}
     names = [name_of[id(p)] for group in part.param_groups for p in group["params"]]
-    return {"state": {names[i]: value for i, value in numbered["state"].items()},
-            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
-                             for group in numbered["param_groups"]]}
+    return {
+        "state": {names[i]: value for i, value in numbered["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[i] for i in group["params"]]} for group in numbered["param_groups"]
+        ],
+    }
 
 
 def full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, sharded: bool) -> dict:
@@ -124,6 +137,7 @@ def full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, sharded: b
     if not sharded:
         return part.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     return _numbered(get_optimizer_state_dict(raw, part, options=_gathered()))
 
 
@@ -133,8 +147,10 @@ def load_full_optimizer_state(raw: nn.Module, part: torch.optim.Optimizer, state
         part.load_state_dict(state)
         return
     if len(state["param_groups"]) != len(part.param_groups) or any(
-            len(a["params"]) != len(b["params"]) for a, b in zip(state["param_groups"], part.param_groups)):
+        len(a["params"]) != len(b["params"]) for a, b in zip(state["param_groups"], part.param_groups)
+    ):
         raise ValueError("another number or size of parameter groups")  # what torch's own load says
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     # whole tensors given on every rank, sharded as they load
     set_optimizer_state_dict(raw, part, _named(state, part, raw), options=StateDictOptions(full_state_dict=True))

@@ -1,6 +1,7 @@
 """What lets a training run stop and continue exactly: the stop flag set by Ctrl-C / SIGTERM,
 the RNG states saved with a checkpoint, the check that a resumed run fits its checkpoint,
 and trimming the metrics log back to the checkpoint's step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,8 +75,10 @@ def check_resumable(config: Config, state: dict) -> None:
         diff = _first_difference(ours.get(section), theirs.get(section), f"{section}.")
         if diff:
             key, now, before = diff
-            raise ConfigError(f"cannot resume {state['path']}: {key}={now!r} but the checkpoint has {before!r}; "
-                              f"use the same setting or start a new out_dir")
+            raise ConfigError(
+                f"cannot resume {state['path']}: {key}={now!r} but the checkpoint has {before!r}; "
+                f"use the same setting or start a new out_dir"
+            )
 
 
 TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}
@@ -90,8 +93,11 @@ def resumed_config(config: Config, state: dict) -> tuple:
     if overridden is None:
         return config, []
     before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
-    taken = {key: before[key] for key in fields_with(TrainConfig, TRAJECTORY)
-             if f"train.{key}" not in overridden and before[key] != getattr(config.train, key)}
+    taken = {
+        key: before[key]
+        for key in fields_with(TrainConfig, TRAJECTORY)
+        if f"train.{key}" not in overridden and before[key] != getattr(config.train, key)
+    }
     if not taken:
         return config, []
     resumed = dataclasses.replace(config, train=dataclasses.replace(config.train, **taken))
@@ -106,8 +112,11 @@ def trajectory_changes(config: Config, state: dict) -> list:
     checkpoint counts as its default there (``train.schedule``: cosine), which is what that
     run did."""
     before = {**TRAJECTORY_DEFAULTS, **state["config"].get("train", {})}
-    return [f"train.{key}={getattr(config.train, key)!r} (was {before[key]!r})"
-            for key in fields_with(TrainConfig, TRAJECTORY) if before[key] != getattr(config.train, key)]
+    return [
+        f"train.{key}={getattr(config.train, key)!r} (was {before[key]!r})"
+        for key in fields_with(TrainConfig, TRAJECTORY)
+        if before[key] != getattr(config.train, key)
+    ]
 
 
 def truncate_metrics(path: str, step: int) -> None:

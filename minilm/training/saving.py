@@ -19,6 +19,7 @@ included, which every command takes and ``--resume`` continues.
 DCP is imported by the functions that use it, as in ``minilm.training.parallel``: its import
 costs every command about a second otherwise.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,11 +52,17 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
     """Write ``run``'s checkpoint (a ``minilm.training.loop.TrainingRun``) as its
     train.checkpoint_format says; every rank calls it. Returns its path."""
     record = {  # everything but the weights and the optimiser's moments
-        "config": run.config.to_dict(), "tokenizer": run.prepared.tokenizer.to_bytes(),
-        "step": run.step, "rng": rng_state(run.device),
-        "data_state": {"generator": run.generator.get_state(), "world_size": run.dist.world,
-                       "tokens_seen": run.step * run.tokens_per_step},
-        "best_val_bpc": run.best_bpc, "val": val,
+        "config": run.config.to_dict(),
+        "tokenizer": run.prepared.tokenizer.to_bytes(),
+        "step": run.step,
+        "rng": rng_state(run.device),
+        "data_state": {
+            "generator": run.generator.get_state(),
+            "world_size": run.dist.world,
+            "tokens_seen": run.step * run.tokens_per_step,
+        },
+        "best_val_bpc": run.best_bpc,
+        "val": val,
         **({"scaler": run.scaler.state_dict(), "skipped_steps": run.skipped_steps} if run.scaler else {}),
     }
     if run.config.train.checkpoint_format == "sharded":
@@ -64,8 +71,11 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
         record["lora_base"] = run.lora_base
     model = trained_state(run.raw) if run.lora_base is not None else full_model_state(run.raw, run.sharded)
     optimizer = run.optimizer.state_dict(lambda part: full_optimizer_state(run.raw, part, run.sharded))
-    return on_rank_0(run.dist, run.ckpt_path,
-                     lambda: checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path))
+    return on_rank_0(
+        run.dist,
+        run.ckpt_path,
+        lambda: checkpoint.save({**record, "model": model, "optimizer": optimizer}, run.ckpt_path),
+    )
 
 
 def on_rank_0(dist: Dist, path: str, work):
@@ -113,11 +123,15 @@ def resume_state(config: Config, device: torch.device) -> dict:
     path, other = (checkpoint_path(config.out_dir, f) for f in (fmt, "sharded" if fmt == "file" else "file"))
     if not os.path.exists(path):
         if os.path.exists(other):
-            raise CheckpointError(f"cannot resume: train.checkpoint_format={fmt!r} but out_dir={config.out_dir!r} "
-                                  f"holds {os.path.basename(other)}: resume with train.checkpoint_format="
-                                  f"{'file' if fmt == 'sharded' else 'sharded'}")
-        raise CheckpointError(f"cannot resume: no checkpoint {path!r}; run without --resume to start "
-                              f"a new run in out_dir={config.out_dir!r}")
+            raise CheckpointError(
+                f"cannot resume: train.checkpoint_format={fmt!r} but out_dir={config.out_dir!r} "
+                f"holds {os.path.basename(other)}: resume with train.checkpoint_format="
+                f"{'file' if fmt == 'sharded' else 'sharded'}"
+            )
+        raise CheckpointError(
+            f"cannot resume: no checkpoint {path!r}; run without --resume to start "
+            f"a new run in out_dir={config.out_dir!r}"
+        )
     state = read_record(path) if fmt == "sharded" else checkpoint.load(path, map_location=str(device))
     check_resumable(config, state)
     for key in ("step", "rng", "data_state") + (("optimizer",) if fmt == "file" else ()):
@@ -148,17 +162,24 @@ def _shard_state(raw: torch.nn.Module, optimizer: Optimizers) -> dict:
     """What DCP writes and reads: the model's and every optimiser part's state dicts, keyed by
     parameter name (each rank's shards under FSDP, whole tensors in one process)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    return {"model": get_model_state_dict(raw),
-            "optimizer": {str(i): get_optimizer_state_dict(raw, part) for i, part in enumerate(optimizer.parts)}}
+
+    return {
+        "model": get_model_state_dict(raw),
+        "optimizer": {str(i): get_optimizer_state_dict(raw, part) for i, part in enumerate(optimizer.parts)},
+    }
 
 
 def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: Optimizers, dist: Dist) -> str:
     """Write a sharded checkpoint: called on every rank (DCP's save is collective); ``record``
     (rank 0's) is everything else the run needs to continue. The shards go to a new version
     directory beside ``directory``, which becomes a link to it once the version is complete."""
-    record = {"format": RECORD_FORMAT, "version": checkpoint.VERSION, "optimizer_kind": optimizer.kind,
-              "optimizer_groups": [[len(g["params"]) for g in part.param_groups] for part in optimizer.parts],
-              **record}
+    record = {
+        "format": RECORD_FORMAT,
+        "version": checkpoint.VERSION,
+        "optimizer_kind": optimizer.kind,
+        "optimizer_groups": [[len(g["params"]) for g in part.param_groups] for part in optimizer.parts],
+        **record,
+    }
     state = _shard_state(raw, optimizer)
     version = on_rank_0(dist, directory, lambda: _new_version(directory))
     if dist.enabled:
@@ -166,6 +187,7 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
         torch.distributed.broadcast_object_list(where, src=0)
         version = where[0]
     import torch.distributed.checkpoint as dcp
+
     try:
         with _quiet_dcp():
             dcp.save(state, checkpoint_id=version)  # collective: a failure on any rank is raised on every rank
@@ -174,6 +196,7 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
         def finish():
             atomic_write(os.path.join(version, RECORD), lambda f: torch.save(record, f))
             _point(directory, version)
+
         on_rank_0(dist, directory, finish)
     except BaseException as exc:
         if dist.main:
@@ -188,6 +211,7 @@ def save_sharded(directory: str, record: dict, raw: torch.nn.Module, optimizer: 
 def _first_failure(exc: BaseException) -> BaseException:
     """The exception behind DCP's ``CheckpointException`` (which gathers every rank's), else ``exc``."""
     from torch.distributed.checkpoint.api import CheckpointException
+
     if isinstance(exc, CheckpointException) and exc.failures:
         return next(iter(exc.failures.values()))[0]
     return exc
@@ -219,8 +243,10 @@ def read_record(directory: str) -> dict:
     """The run state of a sharded checkpoint (no weights), checked; ``path`` names it."""
     path = os.path.join(directory, RECORD)
     if not os.path.isfile(path) or not os.path.isfile(os.path.join(directory, ".metadata")):
-        raise CheckpointError(f"{directory!r} is not a complete sharded checkpoint: it lacks "
-                              f"{RECORD if not os.path.isfile(path) else '.metadata'}")
+        raise CheckpointError(
+            f"{directory!r} is not a complete sharded checkpoint: it lacks "
+            f"{RECORD if not os.path.isfile(path) else '.metadata'}"
+        )
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged file fails in many ways
@@ -228,30 +254,37 @@ def read_record(directory: str) -> dict:
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise CheckpointError(f"{path!r} is not the record of a minilm sharded checkpoint")
     if record.get("version") != checkpoint.VERSION:
-        raise CheckpointError(f"{path!r} has checkpoint version {record.get('version')!r}; this minilm reads "
-                              f"{checkpoint.VERSION}")
+        raise CheckpointError(
+            f"{path!r} has checkpoint version {record.get('version')!r}; this minilm reads {checkpoint.VERSION}"
+        )
     return {**record, "path": directory}
 
 
 def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> None:
     """Load a sharded checkpoint's weights and optimiser state into ``raw`` and ``optimizer``
     (built, and sharded if so, by the caller); on every rank: each reads the slices it holds."""
+
     def check_groups(part, sizes):  # the optimiser's own refusal of other parameter groups
         if [len(g["params"]) for g in part.param_groups] != sizes:
             raise ValueError("another number or size of parameter groups")
-    optimizer.load_state_dict({"kind": record["optimizer_kind"], "parts": record["optimizer_groups"]},
-                              load_part=check_groups)
+
+    optimizer.load_state_dict(
+        {"kind": record["optimizer_kind"], "parts": record["optimizer_groups"]}, load_part=check_groups
+    )
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
     state = _shard_state(raw, optimizer)
     try:
         with _quiet_dcp():
             dcp.load(state, checkpoint_id=record["path"])
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a damaged shard fails in many ways
         cause = _first_failure(exc)
-        raise CheckpointError(f"cannot read the shards of {record['path']!r}: {type(cause).__name__}: "
-                              f"{first_sentence(str(cause), 'damaged or incomplete')}") from None
+        raise CheckpointError(
+            f"cannot read the shards of {record['path']!r}: {type(cause).__name__}: "
+            f"{first_sentence(str(cause), 'damaged or incomplete')}"
+        ) from None
     set_model_state_dict(raw, state["model"])
     for i, part in enumerate(optimizer.parts):
         set_optimizer_state_dict(raw, part, state["optimizer"][str(i)])
@@ -265,8 +298,9 @@ def unshard(directory: str, out: Optional[str] = None, overwrite: bool = True) -
     if os.path.isdir(os.path.join(directory, checkpoint.SHARDED)):
         directory = os.path.join(directory, checkpoint.SHARDED)
     if not os.path.isdir(directory):
-        raise CheckpointError(f"{given!r} is not a sharded checkpoint: give an out_dir holding "
-                              f"{checkpoint.SHARDED}/ or that directory")
+        raise CheckpointError(
+            f"{given!r} is not a sharded checkpoint: give an out_dir holding {checkpoint.SHARDED}/ or that directory"
+        )
     out = out or os.path.join(os.path.dirname(os.path.abspath(directory)), checkpoint.FILENAME)
     if os.path.exists(out) and not overwrite:
         raise CheckpointError(f"{out!r} exists: give --overwrite to replace it, or another --out")
@@ -275,8 +309,9 @@ def unshard(directory: str, out: Optional[str] = None, overwrite: bool = True) -
     raw = GPT(config.model)
     optimizer = make_optimizer(raw, config.train, torch.device("cpu"))
     load_sharded(record, raw, optimizer)
-    kept = {k: v for k, v in record.items() if k not in ("format", "version", "path", "optimizer_kind",
-                                                          "optimizer_groups")}
+    kept = {
+        k: v for k, v in record.items() if k not in ("format", "version", "path", "optimizer_kind", "optimizer_groups")
+    }
     try:
         return checkpoint.save({**kept, "model": raw.state_dict(), "optimizer": optimizer.state_dict()}, out)
     except (OSError, WriteError) as exc:

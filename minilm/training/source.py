@@ -7,6 +7,7 @@ applies over the source's (a scaling, interpolation: ``minilm.checkpoints.extens
 kind, or another architecture, is an error naming both values. ``source_model`` also returns
 one line that says what was loaded and what the run takes from it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,16 +31,21 @@ def source_model(config: Config) -> tuple:
     # the position setting applies when the user set it (a config built in code: when not the default)
     explicit = was_given(config, "model.position") if knows_given else config.model.position != ModelConfig().position
     overrides = position_overrides(config.model.position) if explicit else []
-    overrides += [f"model.{name}={getattr(config.model, name)}" for name in ("block_size", "dropout")
-                  if was_given(config, f"model.{name}")]
+    overrides += [
+        f"model.{name}={getattr(config.model, name)}"
+        for name in ("block_size", "dropout")
+        if was_given(config, f"model.{name}")
+    ]
     source = load_model(path, overrides)
     trained, defaults = source.config.model, ModelConfig()
     for name in fields_with(ModelConfig, ARCHITECTURE):  # the source decides; another value is a mistake
         asked = getattr(config.model, name)
         chosen = was_given(config, f"model.{name}") if knows_given else asked != getattr(defaults, name)
         if chosen and asked != getattr(trained, name):
-            raise CheckpointError(f"train.init_from={path!r}: model.{name}={asked} but the source has "
-                                  f"{getattr(trained, name)}; an extended model keeps the source architecture")
+            raise CheckpointError(
+                f"train.init_from={path!r}: model.{name}={asked} but the source has "
+                f"{getattr(trained, name)}; an extended model keeps the source architecture"
+            )
     validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
     said = loaded_line(path, source, source.state["config"]["model"].get("block_size"))
     config = dataclasses.replace(config, model=source.config.model)
@@ -51,10 +57,15 @@ def loaded_line(path: str, source: Loaded, trained_length: Optional[int]) -> str
     m = source.config.model
     length = f"block_size {m.block_size}"
     if trained_length and trained_length != m.block_size:
-        scaled = unwrap_setting(m.position) is not m.position or \
-            (m.position.get("scaling") or {}).get("type", "none") != "none"  # a wrapper, or a rope scaling
-        length = (f"block_size {trained_length} -> {m.block_size}"
-                  + ("" if scaled else " with no position scaling (positions past the source's length extrapolate)"))
-    return (f"init_from: loaded {path} ({source.model.num_params() / 1e6:.2f}M parameters, {m.n_layer} layers x "
-            f"d_model {m.d_model}); positions {describe(m.position)}, {length}; the architecture and the tokenizer "
-            f"({m.vocab_size:,} tokens) are the source's")
+        scaled = (
+            unwrap_setting(m.position) is not m.position
+            or (m.position.get("scaling") or {}).get("type", "none") != "none"
+        )  # a wrapper, or a rope scaling
+        length = f"block_size {trained_length} -> {m.block_size}" + (
+            "" if scaled else " with no position scaling (positions past the source's length extrapolate)"
+        )
+    return (
+        f"init_from: loaded {path} ({source.model.num_params() / 1e6:.2f}M parameters, {m.n_layer} layers x "
+        f"d_model {m.d_model}); positions {describe(m.position)}, {length}; the architecture and the tokenizer "
+        f"({m.vocab_size:,} tokens) are the source's"
+    )
