@@ -43,7 +43,7 @@ def option(
 ):
     """A config field with what the code and its user need to know of it, kept beside its
     default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` and
-    a one-line ``help`` (what ``minilm train --help`` lists: ``minilm.cli.train.config_keys``)."""
+    a one-line ``help`` (what ``minilm train --help`` and the manual's config reference list: ``config_keys``)."""
     return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices, "help": help})
 
 
@@ -569,3 +569,29 @@ def resolve_config(config: Config, tokenizer=None) -> Config:
     )
     resolved.given, resolved.overridden = getattr(config, "given", None), getattr(config, "overridden", None)
     return resolved
+
+
+def config_keys() -> list:
+    """Every config key as ``(key, default as YAML, choices, help)``, in declaration order, from the
+    dataclasses' fields: the one source of ``minilm train --help``'s list and the manual's reference."""
+    keys = []
+    for section, cls in (
+        ("model", ModelConfig),
+        ("data", DataConfig),
+        ("train", TrainConfig),
+        ("train.lora", LoRAConfig),
+    ):
+        keys += _section_keys(section, cls)
+    return keys + _section_keys(None, Config)
+
+
+def _section_keys(section, cls) -> list:
+    keys = []
+    for f in dataclasses.fields(cls):
+        if f.name in ("model", "data", "train", "lora"):
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown_default = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        key = f"{section}.{f.name}" if section else f.name
+        keys.append((key, shown_default, tuple(f.metadata.get("choices", ())), f.metadata.get("help", "")))
+    return keys

@@ -2,6 +2,7 @@
 thread oversubscription when the suite shares the machine (subprocesses inherit it too)."""
 
 import os
+import sys
 
 import torch
 
@@ -14,7 +15,7 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # also through a link to tests/
 
 
 def tiny_text(n_lines: int = 2500, seed: int = 0) -> str:
@@ -140,3 +141,10 @@ def hf_tokenizer_dir(tmp_path_factory):
         tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>"
     ).save_pretrained(directory)
     return directory
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What tests/test_docs.py ran of README.md and the manual: its count of commands."""
+    docs = sys.modules.get("tests.test_docs") or sys.modules.get("test_docs")
+    for line in getattr(docs, "SUMMARY", []):
+        terminalreporter.write_line(line)

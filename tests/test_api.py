@@ -1,4 +1,4 @@
-"""The Python API as README.md shows it: its code block runs as written (against a tiny
+"""The Python API as the manual shows it (docs/getting-started.md): its code block runs as written (against a tiny
 checkpoint at out/rope), and the names it and the package faces offer import."""
 
 import os
@@ -22,20 +22,20 @@ from tests.conftest import REPO, tiny_text
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "main-7334668", "rope.pt")
 
 
-def readme_python_api() -> str:
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+def manual_python_api() -> str:
+    with open(os.path.join(REPO, "docs", "getting-started.md"), encoding="utf-8") as f:
         text = f.read()
-    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## The Python API", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
-def test_the_readme_python_api_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_the_manual_python_api_runs_as_written(tmp_path, monkeypatch, capsys):
     (tmp_path / "out" / "rope").mkdir(parents=True)
     shutil.copy(FIXTURE, tmp_path / "out" / "rope" / "ckpt.pt")
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     scope = {}
-    exec(compile(readme_python_api(), "README.md (Python API)", "exec"), scope)
+    exec(compile(manual_python_api(), "docs/getting-started.md (Python API)", "exec"), scope)
     assert scope["out"].shape == (1, 1, 4096) and scope["cache"].length == 21
     assert scope["config"].model.position["scaling"]["type"] == "dynamic"
     T, heads = scope["ids"].shape[1], scope["model"].config.n_head

@@ -291,6 +291,23 @@ def test_prepare_with_a_given_tokenizer(corpus_file, small_tokenizer, tmp_path, 
     assert len(calls) == 1 and changed.dir == other.dir and changed.val_text().endswith("A new last line.\n")
 
 
+def test_preparing_says_what_it_does_around_the_silent_tokenizer_training(
+    corpus_file, small_tokenizer, tmp_path, capsys
+):
+    cfg = DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"))
+    assert not data.holds_prepared(cfg.dir, cfg.corpus)
+    prepared = prepare(cfg)
+    err = capsys.readouterr().err
+    before = err.index(f"training a sentencepiece tokenizer of 400 tokens on {prepared.train_chars:,} characters")
+    assert re.search(r"trained the tokenizer in \d+\.\ds", err[before:])
+    assert data.holds_prepared(cfg.dir, cfg.corpus) and not data.holds_prepared(cfg.dir, str(tmp_path / "other.txt"))
+    prepare(cfg, quiet=True, tokenizer=small_tokenizer, announce=True)  # another tokenizer: prepared, and said
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("[data] preparing") and str(tmp_path / "data") in err
+    prepare(cfg, quiet=True, tokenizer=small_tokenizer, announce=True)  # reused: nothing to say
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("damage", ["no manifest", "bad manifest", "truncated bin", "swapped val", "crash"])
 def test_stale_or_half_written_dirs_are_rebuilt(damage, corpus_file, tmp_path, monkeypatch):
     cfg = DataConfig(corpus=str(corpus_file), vocab_size=400, dir=str(tmp_path / "data"))

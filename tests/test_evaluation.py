@@ -5,6 +5,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,12 +19,16 @@ from minilm import GPT
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
+from minilm.cli import evaluate as evaluate_command
 from minilm.cli import passkey as passkey_cli
-from minilm.config import ConfigError, build_config
+from minilm.config import ConfigError, build_config, resolve_config
+from minilm.configfile import load_config
 from minilm.data.corpus import prepare
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import passkey, scoring
 from minilm.positions import available
+from minilm.training.loop import train
+from tests.conftest import tiny_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "the grass is green sky blue sun yellow here we go there and back again king queen night 0 1 2 3 4 5 6 7 8 9"
@@ -415,6 +420,37 @@ def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = run_cli(str(tmp_path / "missing"))
     assert out.returncode == 2 and out.stderr.startswith("error: checkpoint")
+
+
+def test_evaluating_from_another_directory_reads_the_data_the_run_prepared(tiny_corpus, tmp_path, monkeypatch, capsys):
+    """A run with a relative data.dir and corpus, evaluated from elsewhere, scores the data the run prepared
+    and makes no ./data there; once the run's tree has moved, its corpus's new path is tokenized again in the
+    tree, said in one line."""
+    run_dir, elsewhere, moved = tmp_path / "A", tmp_path / "B", tmp_path / "moved"
+    run_dir.mkdir(), elsewhere.mkdir()
+    shutil.copy(tiny_corpus / "corpus.txt", run_dir / "corpus.txt")
+    monkeypatch.chdir(run_dir)
+    relative = ("data.corpus=corpus.txt", "data.dir=data", "train.max_steps=2", "train.sample_tokens=0")
+    train(resolve_config(load_config(None, tiny_overrides(tiny_corpus, "out/run", *relative))), quiet=True)
+    [result] = evaluation.evaluate_checkpoints(["out/run"], lengths=[32], max_tokens=256, quiet=True)
+    ppl = f"| {math.exp(result.nll):.2f} |"
+    options = ["--lengths", "32", "--max-tokens", "256", "--no-files", "--quiet"]
+    out = subprocess.run(  # a process of its own: nothing read in this one helps it
+        [sys.executable, "-m", "minilm", "evaluate", str(run_dir / "out/run"), *options],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert out.returncode == 0 and out.stderr == "" and ppl in out.stdout, out.stderr
+    assert os.listdir(elsewhere) == []
+    os.rename(run_dir, moved)  # the recorded run directory is gone: the relative out_dir places the tree
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert evaluate_command.main([str(moved / "out/run"), *options]) == 0
+    out = capsys.readouterr()
+    assert out.err.count("\n") == 1 and f"preparing '{moved / 'corpus.txt'}'" in out.err, out.err
+    assert f"into {moved / 'data'}" in out.err and ppl in out.out and os.listdir(elsewhere) == []
 
 
 # --------------------------------------------------------------------------- passkey

@@ -281,53 +281,6 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, 
     assert refused.returncode == 2 and "is not a LoRA run's checkpoint" in refused.stderr
 
 
-def test_the_readme_walk_extends_a_tiny_imported_model_with_the_shipped_recipe(tiny_corpus, gen_tokenizer, tmp_path):
-    """README's "Extending a model with LoRA", on a tiny random Llama-shaped base and the shipped
-    extend_yarn_lora.yaml (sizes and steps overridden): memory, longeval before, the LoRA run,
-    longeval after, both exports, and transformers generating minilm's greedy text."""
-    llama_base(gen_tokenizer, tmp_path / "base")
-    env = {**os.environ, "PYTHONPATH": REPO}
-    text = str(tiny_corpus / "corpus.txt")
-
-    def minilm(*args):
-        done = subprocess.run(
-            [sys.executable, "-m", "minilm", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout
-
-    base = str(tmp_path / "base")
-    memory = minilm(
-        "memory", "extend_yarn_lora.yaml", "--ranks", "1", f"train.init_from={base}", "model.block_size=128"
-    )
-    assert f"(the architecture of train.init_from={base})" in memory and "2 layers x d_model 128" in memory
-    probe = ["--lengths", "32,128", "--tasks", "single", "--trials", "2", "--text", text]
-    minilm("longeval", base, *probe, "--set", "model.position.scaling={type: yarn, factor: 4}")
-    minilm(
-        "train",
-        "--config",
-        "extend_yarn_lora.yaml",
-        f"train.init_from={base}",
-        f"data.corpus={text}",
-        f"data.dir={tmp_path / 'data'}",
-        "model.block_size=128",
-        "data.min_document_tokens=64",
-        "train.max_steps=4",
-        "train.grad_accum=1",
-        "train.eval_interval=4",
-        "train.eval_iters=1",
-        "train.final_eval_tokens=2000",
-        "train.device=cpu",
-        f"out_dir={tmp_path / 'run'}",
-    )
-    minilm("longeval", str(tmp_path / "run"), *probe)
-    minilm("export", str(tmp_path / "run"), str(tmp_path / "merged"))
-    note = minilm("export", str(tmp_path / "run"), str(tmp_path / "adapter"), "--adapter")
-    assert "the run changed the base's positions" in note
-    ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "merged", 12)
-    assert ours == theirs
-
-
 def test_adapters_train_alike_with_activation_checkpointing():
     """Recomputing each block in the backward pass gives the adapters the same gradients."""
     torch.manual_seed(0)

@@ -85,7 +85,7 @@ def test_weights_gradients_and_optimizer_follow_their_formulas():
 def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     env = {**os.environ, "PYTHONPATH": REPO}
     proc = subprocess.run(
-        [sys.executable, "-m", "minilm", "memory", "bench/llama3_8b_shape.yaml", "--ranks", "8"],
+        [sys.executable, "-m", "minilm", "memory", "llama3_8b_shape.yaml", "--ranks", "8"],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -3,7 +3,8 @@
 A checkpoint is one ``torch.save`` file (``<out_dir>/ckpt.pt``) holding a dict:
 ``format``/``version`` (to recognise foreign files), ``model`` (state dict of the raw,
 uncompiled module), ``config`` (the full run config as a plain dict), ``tokenizer``
-(the sentencepiece model proto, bytes) and, for resuming, ``optimizer``, ``step``,
+(the sentencepiece model proto, bytes), ``run_dir`` (the directory the run was started in: what
+its config's relative paths mean) and, for resuming, ``optimizer``, ``step``,
 ``rng`` and ``data_state``. Writes go to a temp file in the same directory, are fsynced,
 then renamed over the old file (``common.atomic_write``), so a crash mid-save never harms
 the last good checkpoint. Loads use ``torch.load(weights_only=True)`` and check what they read

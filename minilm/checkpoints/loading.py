@@ -10,6 +10,11 @@ before the model is built; only what can change after training may change:
 * ``model.block_size``: a new training length (a learned table is stretched to it).
 * ``model.dropout`` and ``data...``.
 
+The run's prepared data is found from anywhere: a relative ``data.dir`` (or ``data.corpus`` path)
+that the checkpoint keeps and the current directory lacks is taken from the directory the run was
+started in (``locate_data``), so an evaluation elsewhere reads what the run prepared rather than
+tokenizing the corpus again into ``./data``.
+
 How the weights move is ``minilm.checkpoints.extension``. Checkpoints written before ``interpolated``'s
 option ``base`` was renamed ``inner`` load through ``positions.canonical``. A mismatch is
 an error, never a partial load.
@@ -18,6 +23,8 @@ an error, never a partial load.
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -26,7 +33,9 @@ from minilm.checkpoints.extension import complete_position, load_source_weights
 from minilm.checkpoints.format import CheckpointError, load, weights_hash, with_defaults
 from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, build_config, fields_with
 from minilm.configfile import apply_overrides
+from minilm.data.corpus import holds_prepared
 from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
+from minilm.data.shakespeare import SHAKESPEARE
 from minilm.hf.reading import is_hf_source, read_hf
 from minilm.model.gpt import GPT
 from minilm.model.lora import add_adapters, merge_adapters
@@ -72,6 +81,7 @@ def model_of(
         allowed=CHANGEABLE,
         what="at evaluation time, in generation or for fine-tuning (after training)",
     )
+    tree["data"] = locate_data(tree["data"], state)
     model_tree = tree["model"]
     model_tree["position"] = complete_position(canonical(model_tree["position"]), trained, model_tree["block_size"])
     try:
@@ -94,6 +104,45 @@ def model_of(
         load_source_weights(model, state)
     model.to(device=device, dtype=dtype).eval()
     return Loaded(model, tokenizer_from_bytes(state["tokenizer"]), config, state)
+
+
+def run_directories(state: dict) -> list:
+    """Where the run that wrote ``state`` may have been started (its relative paths' base): the
+    directory it recorded (``run_dir``), and the one its relative out_dir places the checkpoint in
+    (``<base>/out/rope/ckpt.pt`` or ``.../snapshots/step-N.pt`` -> ``<base>``), which still holds after the
+    whole tree was moved. Existing directories only; none for a Hugging Face model."""
+    found = [state["run_dir"]] if isinstance(state.get("run_dir"), str) else []
+    out_dir, path = state["config"].get("out_dir"), state.get("path")
+    if isinstance(out_dir, str) and out_dir and not os.path.isabs(out_dir) and path and os.path.isfile(path):
+        out = Path(os.path.normpath(out_dir)).parts
+        here = Path(os.path.abspath(path)).parent
+        for place in (here, here.parent):  # the out_dir itself, or its snapshots/
+            if ".." not in out and place.parts[-len(out) :] == out:
+                found.append(str(Path(*place.parts[: -len(out)])))
+    return [d for d in dict.fromkeys(found) if os.path.isdir(d)]
+
+
+def locate_data(data: dict, state: dict) -> dict:
+    """``data`` (the data section, overrides applied) with the relative ``corpus`` path and ``dir``
+    that the checkpoint keeps (not overridden) and the current directory lacks made absolute
+    under the directory the run was started in (``run_directories``): the corpus file where it is,
+    the data dir where it holds a prepared copy of the corpus (``holds_prepared``), else beside the
+    corpus found there (a moved tree: the corpus's new path is prepared again, in the run's tree)."""
+    trained, data = state["config"].get("data", {}), dict(data)
+    bases, found = run_directories(state), []
+
+    def kept(key: str) -> bool:
+        value = data.get(key)
+        return isinstance(value, str) and value == trained.get(key) and bool(value) and not os.path.isabs(value)
+
+    if kept("corpus") and data["corpus"] != SHAKESPEARE and not os.path.exists(data["corpus"]):
+        found = [base for base in bases if os.path.exists(os.path.join(base, data["corpus"]))][:1]
+        data["corpus"] = os.path.abspath(os.path.join(found[0], data["corpus"])) if found else data["corpus"]
+    if kept("dir") and not holds_prepared(data["dir"], data["corpus"]):
+        there = [os.path.abspath(os.path.join(base, data["dir"])) for base in bases]
+        there = [p for p in there if holds_prepared(p, data["corpus"])]
+        data["dir"] = (there + [os.path.abspath(os.path.join(base, data["dir"])) for base in found] + [data["dir"]])[0]
+    return data
 
 
 def lora_base(state: dict) -> Loaded:

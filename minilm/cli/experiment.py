@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from minilm.cli import Parser, run_command
+from minilm.cli import Parser, run_command, smoke
 from minilm.common import keep_aside
 from minilm.study import plan as experiments
 from minilm.study import primary, provenance, report
@@ -37,7 +37,7 @@ def parse_args(argv):
     )
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
     parser.add_argument(
-        "--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 3 seeds; --quick: 2)"
+        "--seeds", type=seed_list, help="comma-separated seeds, e.g. 1,2,3 (default: 1 to 5; --quick: 1,2)"
     )
     parser.add_argument(
         "--workers",
@@ -74,6 +74,7 @@ def seed_list(text: str) -> list:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    args.quick = smoke.quick(args.quick)
     out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
     return run_command(
         lambda: run(args, argv, out),

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+from tqdm import tqdm
+
 from minilm.checkpoints.loading import load_model
-from minilm.cli import Parser, run_command
+from minilm.cli import Parser, run_command, smoke
 from minilm.common import atomic_write, markdown_table
 from minilm.config import DataConfig
 from minilm.data import corpus as data
@@ -61,7 +63,9 @@ def main(argv=None) -> int:
         metavar="KEY=VALUE",
         help="evaluation-time override, e.g. model.position.scaling.type=yarn",
     )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    args.trials = smoke.trials(args.trials)
     return run_command(lambda: run(args))
 
 
@@ -80,7 +84,7 @@ def run(args) -> int:
         _numbers(args.lengths, int, "--lengths") if args.lengths else [config.model.block_size * m for m in (1, 2, 4)]
     )
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
-    prepared = data.prepare(source, quiet=True, tokenizer=tokenizer)
+    prepared = data.prepare(source, quiet=True, tokenizer=tokenizer, announce=True)
     task = Task.from_tokens(prepared.train, config.model.vocab_size)
     if len(prepared.val) <= max(lengths):
         raise RetrievalError(
@@ -89,10 +93,26 @@ def run(args) -> int:
         )
     rows, panels = [], []
     for name in tasks:
-        print(f"longeval {name} ...", file=sys.stderr, flush=True)
-        cells = accuracy(
-            model, task, prepared.val, lengths, depths, trials=args.trials, seed=args.seed, name=name, items=args.items
-        )
+        with tqdm(
+            total=len(lengths) * len(depths),
+            desc=f"longeval {name}",
+            unit="cell",
+            file=sys.stderr,
+            disable=args.quiet,
+            leave=False,
+        ) as bar:
+            cells = accuracy(
+                model,
+                task,
+                prepared.val,
+                lengths,
+                depths,
+                trials=args.trials,
+                seed=args.seed,
+                name=name,
+                items=args.items,
+                progress=bar,
+            )
         rows += [{"task": name, **c} for c in cells]
         found = {
             (c["length"], c["depth"]): None if c["correct"] is None else wilson(c["correct"], c["trials"])

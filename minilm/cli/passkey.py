@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
-from minilm.cli import Parser, run_command
+from minilm.cli import Parser, run_command, smoke
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.data.sources import corpus_documents, join_documents
 from minilm.evaluation import passkey
@@ -92,6 +92,8 @@ def main(argv=None) -> int:
         "--overwrite", action="store_true", help="replace a non-empty out_dir (once the new corpus is whole)"
     )
     args = parser.parse_args(argv)
+    if getattr(args, "trials", None):
+        args.trials = smoke.trials(args.trials)
     return run_command(lambda: run(args))
 
 

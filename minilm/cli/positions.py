@@ -6,7 +6,7 @@ usage:
   python -m minilm positions plot [KIND] --checkpoint OUT_DIR_OR_CKPT --out FILE.png
 
 ``list`` prints every registered kind with its description and options (defaults).
-``plot`` draws the figure suited to a kind (see minilm/plots.py). Options are the kind's
+``plot`` draws the figure suited to a kind (the figures: minilm/figures/positions.py). Options are the kind's
 options from the registry, values parsed as YAML; nested ones take dots:
   plot rope --scaling.type yarn --scaling.factor 4 --out rope_yarn.png
   plot interpolated --inner.kind alibi --factor 2 --out alibi_pi.png

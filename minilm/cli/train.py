@@ -11,13 +11,10 @@ Everything else lives in minilm.training.loop.
 """
 
 import argparse
-import dataclasses
 import json
 
-import yaml
-
-from minilm.cli import Parser, run_command
-from minilm.config import Config, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.cli import Parser, run_command, smoke
+from minilm.config import config_keys, resolve_config
 from minilm.configfile import load_config
 from minilm.training.loop import train
 
@@ -28,7 +25,7 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: minilm train --config rope.yaml train.max_steps=200 model.position.kind=alibi\n\n"
-        "config keys (section.key = default: what it does), each settable as an override:\n" + config_keys(),
+        "config keys (section.key = default: what it does), each settable as an override:\n" + config_keys_text(),
     )
     parser.add_argument(
         "--config",
@@ -56,7 +53,10 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    config = resolve_config(load_config(args.config, args.overrides))
+    config = load_config(args.config, args.overrides)
+    if smoke.active():
+        config = load_config(args.config, args.overrides + smoke.training_overrides(config.train.init_from))
+    config = resolve_config(config)
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
@@ -68,25 +68,11 @@ def run(args) -> int:
     return 0
 
 
-def config_keys() -> str:
-    """Every config key with its default and its one-line help, one per line, from the
-    dataclasses' fields (what ``minilm train --help`` ends with)."""
+def config_keys_text() -> str:
+    """Every config key with its default and its one-line help, one per line (what ``minilm train
+    --help`` ends with; the manual's config reference reads the same ``minilm.config.config_keys``)."""
     lines = []
-    for section, cls in (
-        ("model", ModelConfig),
-        ("data", DataConfig),
-        ("train", TrainConfig),
-        ("train.lora", LoRAConfig),
-        (None, Config),
-    ):
-        for f in dataclasses.fields(cls):
-            if f.name in ("model", "data", "train", "lora"):
-                continue
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            key = f"{section}.{f.name}" if section else f.name
-            choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
-            lines.append(
-                f"  {key} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
-                f"{choices}: {f.metadata.get('help', '')}"
-            )
+    for key, default, choices, text in config_keys():
+        shown_choices = f" ({' | '.join(choices)})" if choices else ""
+        lines.append(f"  {key} = {default}{shown_choices}: {text}")
     return "\n".join(lines)

@@ -129,6 +129,23 @@ def prepared_dir(data_cfg) -> Path:
     return Path(data_cfg.dir) / f"{corpus_name(data_cfg.corpus)}-{data_cfg.vocab_size}{_eot_suffix(data_cfg)}"
 
 
+def holds_prepared(data_dir: str, corpus: str) -> bool:
+    """Whether ``data_dir`` holds a prepared copy of ``corpus`` as ``prepare`` names them (a manifest
+    in ``<corpus name>-<vocab_size>`` or ``<corpus name>-tok<hash>``, ``-eot`` or not)."""
+    if not isinstance(corpus, str) or not corpus:
+        return False
+    name, rest = corpus_name(corpus), re.compile(r"-(\d+|tok[0-9a-f]+)(-eot)?")
+    try:
+        return any(
+            entry.name.startswith(name)
+            and rest.fullmatch(entry.name[len(name) :])
+            and (entry / "manifest.json").is_file()
+            for entry in Path(data_dir).iterdir()
+        )
+    except OSError:  # no such directory, or not one
+        return False
+
+
 def _eot_suffix(data_cfg) -> str:
     return "-eot" if getattr(data_cfg, "end_of_text", False) else ""
 
@@ -325,7 +342,11 @@ def _load(directory: Path, manifest: dict, holdout: int = 0) -> Prepared:
 
 
 def prepare(
-    data_cfg, quiet: bool = False, tokenizer: Optional[AnyTokenizer] = None, reprepare: bool = False
+    data_cfg,
+    quiet: bool = False,
+    tokenizer: Optional[AnyTokenizer] = None,
+    reprepare: bool = False,
+    announce: bool = False,
 ) -> Prepared:
     """Tokenize ``data_cfg.corpus`` once (cached under ``prepared_dir(data_cfg)``) and load it.
 
@@ -334,7 +355,8 @@ def prepare(
     the tokenizer settings and ``end_of_text``; ``reprepare`` rebuilds them anyway. With
     ``tokenizer`` given, no tokenizer is trained: the corpus is encoded with that one
     (``data_cfg.vocab_size`` is then ignored), see the module docstring. Raises DataError
-    for a bad corpus or vocab size.
+    for a bad corpus or vocab size. ``announce``: preparing is said in one stderr line naming the
+    directory even when ``quiet`` (an evaluation that must tokenize again says so and where).
     """
     tokenizer_hash, holdout = None, getattr(data_cfg, "holdout_tokens", 0)  # configs from before the option: none
     if tokenizer is not None:
@@ -363,7 +385,7 @@ def prepare(
         if tokenizer is None
         else f"a given {tokenizer.vocab_size}-piece tokenizer"
     )
-    _log(f"preparing {data_cfg.corpus!r} with {how} into {directory}", quiet)
+    _log(f"preparing {data_cfg.corpus!r} with {how} into {directory.absolute()}", quiet and not announce)
     train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
     created = not directory.exists()
     try:
@@ -393,11 +415,17 @@ def _train_tokenizer(data_cfg, directory: Path, train: Split, quiet: bool) -> To
     try:
         with open(train_file, "xb") as f, _progress("tokenizer text", train.chars, quiet) as bar:
             chars = _read_split(train, text=f, bar=bar)
-        _log(f"training the tokenizer on {chars:,} characters", quiet)
+        _log(
+            f"training a sentencepiece tokenizer of {data_cfg.vocab_size:,} tokens on {chars:,} characters "
+            f"(no progress to show: seconds to minutes)...",
+            quiet,
+        )
+        started = time.time()
         try:
             tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size, name=f"the train split of {data_cfg.corpus!r}")
         except TokenizerError as exc:
             raise DataError(f"data.{exc}") from None
+        _log(f"trained the tokenizer in {time.time() - started:.1f}s", quiet)
     finally:
         if os.path.exists(train_file):
             os.unlink(train_file)

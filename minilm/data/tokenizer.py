@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 from typing import Optional, Sequence
 
 import numpy as np
@@ -99,7 +100,7 @@ class Tokenizer:
                     input=text_file_path,
                     model_writer=model,
                     vocab_size=vocab_size,
-                    logstream=devnull,
+                    logstream=devnull if _has_fileno(sys.stderr) else None,  # sentencepiece dup2s fd 2
                     minloglevel=2,
                     **TRAINER_SETTINGS,
                 )
@@ -290,3 +291,12 @@ class StreamEncoder:
             self.out.write(data.tobytes())
             self.tokens += len(data)
         self.ready, self.ready_chars = [], 0
+
+
+def _has_fileno(stream) -> bool:
+    """Whether ``stream`` is a real file (an in-process caller may have put a StringIO there)."""
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True

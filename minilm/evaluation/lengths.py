@@ -100,8 +100,8 @@ def validation_tokens(config, tokenizer, quiet: bool = False, split: str = "val"
     """The validation split of ``config.data`` (or ``split`` "holdout": the last
     ``data.holdout_tokens`` of the train split) as ids of ``tokenizer`` (memoised per process)."""
     key = (
-        config.data.corpus,
-        config.data.dir,
+        os.path.abspath(config.data.corpus),  # relative paths: one corpus and dir from wherever they are read
+        os.path.abspath(config.data.dir),
         config.data.vocab_size,
         config.data.end_of_text,
         config.data.text_field,
@@ -112,7 +112,7 @@ def validation_tokens(config, tokenizer, quiet: bool = False, split: str = "val"
     if key not in _VAL_CACHE:
         if split not in SPLITS:
             raise EvaluationError(f"split={split!r} is invalid: valid: {', '.join(SPLITS)}")
-        tokens = data.prepare(config.data, quiet=quiet, tokenizer=tokenizer).tokens(split)
+        tokens = data.prepare(config.data, quiet=quiet, tokenizer=tokenizer, announce=True).tokens(split)
         if not len(tokens):
             raise EvaluationError(
                 "the holdout split is empty: the model was trained with data.holdout_tokens=0; "

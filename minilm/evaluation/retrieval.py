@@ -36,10 +36,12 @@ def accuracy(
     dtype: Optional[torch.dtype] = None,
     name: Optional[str] = None,
     items: int = 4,
+    progress=None,
 ) -> list:
     """Rows {length, depth, correct, trials, logprob} of exact-match retrieval over ``tokens`` (the validation
     split): the study's ``probe`` of ``task``, or with ``name`` a task of the long-context suite
-    (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is)."""
+    (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is). ``progress`` (a tqdm
+    bar, or None): ``progress.update(1)`` after each (length, depth) cell."""
     device = next(model.parameters()).device
     limit = model.positions.position_limit()
     generator = torch.Generator().manual_seed(seed)
@@ -58,6 +60,8 @@ def accuracy(
                 prompts, positions, targets = suite_probe(haystacks, task, name, depth, generator, items)
             if limit is not None and length > limit:
                 rows.append(dict(length=length, depth=depth, correct=None, trials=trials, logprob=None))
+                if progress is not None:
+                    progress.update(1)
                 continue
             correct, logprob, per_batch = 0, 0.0, max(1, batch_tokens // length)
             for i in range(0, trials, per_batch):
@@ -69,4 +73,6 @@ def accuracy(
                 correct += int((logits.argmax(dim=-1) == want).all(dim=1).sum())
                 logprob += float(torch.log_softmax(logits, -1).gather(-1, want[..., None]).mean(dim=(1, 2)).sum())
             rows.append(dict(length=length, depth=depth, correct=correct, trials=trials, logprob=logprob / trials))
+            if progress is not None:
+                progress.update(1)
     return rows

@@ -33,11 +33,13 @@ validation split in non-overlapping segments).
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Optional
 
 import torch
 import torch.distributed
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from minilm.common import MinilmError, autocast
 from minilm.data.batches import get_batch
@@ -191,12 +193,15 @@ def score_many(
 
 
 @torch.no_grad()
-def heldout_loss(model, batches, device, dtype, dist, lockstep: bool = False, **forward) -> float:
+def heldout_loss(
+    model, batches, device, dtype, dist, lockstep: bool = False, progress: Optional[str] = None, **forward
+) -> float:
     """Mean next-token loss (nats) over ``batches`` [(x, y), ...] in ``dtype`` autocast; under DDP
     (``dist``: rank, world, enabled, see ``minilm.training.distributed``) each rank takes a share.
     ``lockstep``: every rank runs the same number of forward passes (a model sharded by FSDP
     gathers its weights in each, with every rank), a rank past the end scoring batch 0 uncounted.
-    ``forward`` goes to every forward pass (the documents of ``data.document_mask``)."""
+    ``forward`` goes to every forward pass (the documents of ``data.document_mask``). ``progress``: the
+    description of a progress bar over the batches on stderr (None: no bar)."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of losses, tokens)
@@ -205,7 +210,8 @@ def heldout_loss(model, batches, device, dtype, dist, lockstep: bool = False, **
         # every rank's number of passes (and of FSDP's gathers) the same
         batches = [(x[i : i + 1], y[i : i + 1]) for x, y in batches for i in range(len(x))]
     rounds = -(-len(batches) // dist.world) if lockstep else 0
-    for i in range(max(len(batches), rounds * dist.world)):
+    steps = range(max(len(batches), rounds * dist.world))
+    for i in tqdm(steps, desc=progress, unit="batch", disable=progress is None, file=sys.stderr, leave=False):
         if i % dist.world != dist.rank:
             continue
         counted = i < len(batches)

@@ -23,11 +23,13 @@ sinks at cache positions.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, autocast, markdown_table, resolve_device, resolve_dtype
@@ -104,7 +106,8 @@ def stream_checkpoint(
     quiet: bool = False,
 ) -> list:
     """Every set-up of SETUPS on one checkpoint (``load_model`` with ``overrides``): a list of
-    ``Stream``. ``tokens`` scored tokens (default 16 x block_size), ``window`` default block_size."""
+    ``Stream``. ``tokens`` scored tokens (default 16 x block_size), ``window`` default block_size.
+    A progress bar over the set-ups on stderr unless ``quiet``."""
     device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, device, setting="--dtype")
     model, tokenizer, config, state = load_model(path, overrides, device=device)
@@ -125,7 +128,7 @@ def stream_checkpoint(
     text = torch.from_numpy(np.asarray(val[: tokens + 1], dtype=np.int64))
     label = label or state["path"]
     out = []
-    for setup in SETUPS:
+    for setup in tqdm(SETUPS, desc=f"stream {label}", unit="set-up", disable=quiet, file=sys.stderr, leave=False):
         reason = unavailable(model, setup, tokens)
         losses = None if reason else stream_losses(model, text, setup, window=window, sinks=sinks, dtype=compute_dtype)
         out.append(Stream(label, setup, tokens, window, sinks, losses, reason))

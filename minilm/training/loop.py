@@ -198,6 +198,7 @@ class TrainingRun:
                     {
                         "model": weights,
                         "config": self.config.to_dict(),
+                        "run_dir": os.getcwd(),
                         "tokenizer": self.prepared.tokenizer.to_bytes(),
                         "step": self.step,
                     },
@@ -213,10 +214,18 @@ class TrainingRun:
         """What every forward pass of the run is given: the documents to mask (``data.document_mask``)."""
         return document_forward(self.config.data, self.prepared.eot_id)
 
-    def validate(self, batches) -> dict:
+    def validate(self, batches, progress: Optional[str] = None) -> dict:
+        """Validation metrics over ``batches``; ``progress``: a bar of that description while the run talks."""
         return val_metrics(
             heldout_loss(
-                self.raw, batches, self.device, self.dtype, self.dist, lockstep=self.sharded, **self.forward_options
+                self.raw,
+                batches,
+                self.device,
+                self.dtype,
+                self.dist,
+                lockstep=self.sharded,
+                progress=progress if self.talk else None,
+                **self.forward_options,
             ),
             self.prepared,
         )
@@ -496,13 +505,14 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
             if t.final_eval_tokens > 0
             else val_set
         )
-        final = run.validate(batches)
+        final = run.validate(batches, progress="final evaluation")
         run.best_bpc = final["val_bpc"] if run.best_bpc is None else min(run.best_bpc, final["val_bpc"])
         run.log({"event": "final", "step": step, "tokens": step * run.tokens_per_step, **final})
         run.save(final)
         whole = whole_model(run) if t.sample_tokens > 0 else None
-        if whole is not None:
-            sample = sample_text(whole, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
+        if whole is not None:  # a LoRA model's frozen weights are in the compute dtype: sample under its autocast
+            with autocast(run.device, run.dtype) if t.lora.r else contextlib.nullcontext():
+                sample = sample_text(whole, run.prepared.tokenizer, t.sample_tokens, run.config.seed)
     summary = {
         "checkpoint": run.ckpt_path,
         "steps": step,

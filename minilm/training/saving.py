@@ -53,6 +53,7 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
     train.checkpoint_format says; every rank calls it. Returns its path."""
     record = {  # everything but the weights and the optimiser's moments
         "config": run.config.to_dict(),
+        "run_dir": os.getcwd(),  # what the config's relative paths (data.dir) meant (checkpoints.loading.locate_data)
         "tokenizer": run.prepared.tokenizer.to_bytes(),
         "step": run.step,
         "rng": rng_state(run.device),

@@ -1,0 +1,150 @@
+"""README.md and the manual cannot rot: every shell command in them runs (with ``MINILM_SMOKE=1``, so
+training takes seconds), the site builds with ``mkdocs build --strict`` (a broken link or a page left
+out of the nav fails it), and README stays a front door of at most 200 lines."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.docs_commands import prepare_base, run_page, shell_commands, skip_reason
+
+SUMMARY = []  # printed at the end of the run by conftest's terminal summary
+
+
+def nav_pages() -> list:
+    """The manual's pages in the order of mkdocs.yml's nav."""
+    with open(os.path.join(REPO, "mkdocs.yml"), encoding="utf-8") as f:
+        nav = yaml.safe_load(f)["nav"]
+    pages = []
+
+    def walk(entry):
+        if isinstance(entry, str):
+            pages.append(entry)
+        elif isinstance(entry, list):
+            for item in entry:
+                walk(item)
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                walk(value)
+
+    walk(nav)
+    return pages
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The main job as a smoke run, which every page's sandbox starts from."""
+    path = str(tmp_path_factory.mktemp("docs") / "base")
+    prepare_base(path)
+    return path
+
+
+PAGES = ["README.md"] + [os.path.join("docs", page) for page in nav_pages()]
+
+
+def test_every_page_of_docs_is_in_the_nav():
+    on_disk = {
+        os.path.relpath(os.path.join(root, name), os.path.join(REPO, "docs"))
+        for root, _, files in os.walk(os.path.join(REPO, "docs"))
+        for name in files
+        if name.endswith(".md")
+    }
+    assert on_disk == set(nav_pages())
+
+
+def test_readme_is_a_front_door():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 200
+    first, second = [c for c in shell_commands(text) if "pip install" in c][:2]
+    assert first == "pip install -e . && python train.py --config rope.yaml"  # the main job
+    assert second == 'pip install -e ".[test]" && pytest'  # what .ci/run runs
+    with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as f:
+        assert f.read().rstrip().endswith(second)
+
+
+def test_every_shell_command_of_readme_and_the_manual_runs(base, tmp_path):
+    """Every page's commands in order, in a sandbox of its own, two pages at a time."""
+    started = time.time()
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    waiting, running, results = list(PAGES), [], {}
+    while waiting or running:
+        while waiting and len(running) < 2:
+            page = waiting.pop(0)
+            sandbox = str(tmp_path / re.sub(r"\W", "-", page))
+            command = [sys.executable, "-m", "tests.docs_commands", page, sandbox, base]
+            running.append((page, subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)))
+        page, process = running.pop(0)
+        out, _ = process.communicate(timeout=900)
+        assert process.returncode == 0, f"{page}: the runner failed"
+        results[page] = json.loads(out.strip().splitlines()[-1])
+    ran = sum(len(r["ran"]) for r in results.values())
+    skipped = [s for r in results.values() for s in r["skipped"]]
+    failed = [(page, *f) for page, r in results.items() for f in r["failed"]]
+    reasons = sorted({reason for _, reason in skipped})
+    SUMMARY.append(
+        f"docs commands: {ran + len(skipped) + len(failed)} in README.md and {len(PAGES) - 1} pages of docs/: "
+        f"{ran} ran, {len(failed)} failed, {len(skipped)} skipped ({time.time() - started:.0f} s)"
+    )
+    slowest = sorted(results, key=lambda page: -results[page]["seconds"])[:3]
+    SUMMARY.append("  slowest pages: " + ", ".join(f"{page} {results[page]['seconds']:.0f} s" for page in slowest))
+    SUMMARY.extend(f"  skipped, {reason}: {sum(r == reason for _, r in skipped)}" for reason in reasons)
+    assert not failed, "\n\n".join(
+        f"{page}: `{command}` exited {status}:\n{tail}" for page, command, status, tail in failed
+    )
+
+
+def test_the_runner_fails_on_a_broken_command_and_counts_what_it_skips(base, tmp_path):
+    """The check itself can fail: a command that exits non-zero is reported with its output."""
+    page = "\n".join(
+        [
+            "```bash",
+            "minilm positions list            # runs",
+            "pip install -e . && minilm evaluate out/rope --lengths 64 \\",
+            "    --quiet",
+            "minilm train --config no-such.yaml",
+            "python bench/bench_train.py",
+            "```",
+        ]
+    )
+    result = run_page(page, str(tmp_path / "page"), base)
+    assert result["ran"] == [
+        "minilm positions list",
+        "pip install -e . && minilm evaluate out/rope --lengths 64 --quiet",
+    ]
+    assert [c for c, _ in result["skipped"]] == ["python bench/bench_train.py"]
+    ((command, status, output),) = result["failed"]
+    assert command == "minilm train --config no-such.yaml" and status == 2 and "no-such.yaml" in output
+
+
+def test_commands_are_found_in_every_kind_of_shell_block():
+    page = (
+        "text\n\n  ```bash\n  a --x \\\n      --y  # note\n  # only a comment\n  ```\n"
+        "```python\nnot = 1\n```\n```sh\nb\n```\n"
+    )
+    assert shell_commands(page) == ["a --x --y", "b"]
+    assert skip_reason("pip install -e '.[hf]'") and not skip_reason("minilm train --config rope.yaml")
+
+
+def test_the_site_builds_strict(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    config_page = (tmp_path / "site" / "reference" / "config" / "index.html").read_text(encoding="utf-8")
+    from minilm.config import config_keys
+
+    assert all(f"<code>{key}</code>" in config_page for key, *_ in config_keys())  # generated: none left out
+    assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
