@@ -26,7 +26,7 @@ USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [
   passkey eval|make-corpus ...               passkey retrieval
   longeval CHECKPOINT                        the long-context suite (needles, queries, variable tracking)
   lmeval CHECKPOINT --tasks T                lm-evaluation-harness tasks (the eval extra)
-  experiment length-generalization ...       the length-generalization study
+  experiment length-generalization|ablation   the length-generalization study and its ablation
   export CHECKPOINT DIR                      a checkpoint as a Hugging Face model directory
   unshard OUT_DIR                            a sharded checkpoint (train.checkpoint_format: sharded) as one file
   memory [CONFIG] [--ranks N]                a training step's memory per process: DDP or FSDP, checkpointing

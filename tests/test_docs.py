@@ -63,11 +63,11 @@ def test_readme_is_a_front_door():
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         text = f.read()
     assert len(text.splitlines()) <= 200
-    first, second = [c for c in shell_commands(text) if "pip install" in c][:2]
-    assert first == "pip install -e . && python train.py --config rope.yaml"  # the main job
-    assert second == 'pip install -e ".[test]" && pytest'  # what .ci/run runs
+    commands = shell_commands(text)
+    main_job, tests = "pip install -e . && python train.py --config rope.yaml", 'pip install -e ".[test]" && pytest'
+    assert main_job in commands and tests in commands  # the two commands
     with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as f:
-        assert f.read().rstrip().endswith(second)
+        assert f.read().rstrip().endswith(tests)  # what CI runs
 
 
 def test_every_shell_command_of_readme_and_the_manual_runs(base, tmp_path):
@@ -148,3 +148,28 @@ def test_the_site_builds_strict(tmp_path):
 
     assert all(f"<code>{key}</code>" in config_page for key, *_ in config_keys())  # generated: none left out
     assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
+
+
+def test_the_reading_tour_counts_what_the_files_hold():
+    """Each stop's line count, the total and the package's size, within 5% of the files as they are."""
+    with open(os.path.join(REPO, "docs", "reading-tour.md"), encoding="utf-8") as f:
+        text = f.read()
+
+    def count(path):
+        with open(os.path.join(REPO, path), encoding="utf-8") as f:
+            return sum(1 for _ in f)
+
+    rows = re.findall(r"^\| \d* \| `(minilm/[^`]+\.py)`[^|]*\| (\d+) \|", text, flags=re.M)
+    assert len(rows) >= 10
+    for path, said in rows:
+        assert abs(int(said) - count(path)) <= 0.05 * count(path), (path, said, count(path))
+    total = int(re.search(r"^\| \| total \| (\d+) \|", text, flags=re.M).group(1))
+    assert total == sum(int(said) for _, said in rows)
+    package = sum(
+        count(os.path.relpath(os.path.join(root, name), REPO))
+        for root, _, files in os.walk(os.path.join(REPO, "minilm"))
+        for name in files
+        if name.endswith(".py")
+    )
+    said_package = int(re.search(r"about ([\d,]+) lines of Python", text).group(1).replace(",", ""))
+    assert abs(said_package - package) <= 0.05 * package

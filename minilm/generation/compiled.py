@@ -16,9 +16,9 @@ its logits agree with the eager step's to 1e-4 (tested), not bit for bit (the ea
 stays exactly equal to ``--no-cache``).
 
 On the CPU it does not pay off by default: the tokens it speeds up do not recover the compile
-time within the generations it serves (``bench/bench_generate.py --break-even``; README,
-"Benchmarks"), and a static cache is read whole at every step, so the longer the generation
-the less each step gains.
+time within the generations it serves (``bench/bench_generate.py --break-even``;
+docs/benchmarks.md, "Training step and decoding"), and a static cache is read whole at every
+step, so the longer the generation the less each step gains.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ layer as the same computation allows. ``generate`` decodes with it unless the st
 A bf16 decode step of the benchmark's model (6 layers x 384) on a 2-core CPU spends about 2.6 ms
 in its matrix products, which run at the floor, and through ``GPT.body`` about 1.5 ms more in
 Python between them: module calls (about 3 us each), submodule and parameter lookups (about
-0.6 us each) and layers of small calls (README, "Benchmarks"). ``lean_body(model)`` reads each
+0.6 us each) and layers of small calls (docs/benchmarks.md, "Training step and decoding").
+``lean_body(model)`` reads each
 layer's tensors and settings once per generation into plain tuples, then runs the layers in one
 loop that calls the same functions as the modules, in the same order: the model's own
 (``minilm.model.functional``, ``split_heads``), the position scheme's rotation, the cache's update and

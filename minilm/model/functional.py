@@ -13,7 +13,8 @@ from minilm.model.lora import LoRALinear
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` without ``nn.Module.__call__``, whose checks for hooks cost about 3 us a call
-    (README, "Benchmarks"). Nothing hooks these layers: hooks (FSDP's, the attention figure's, the
+    (docs/benchmarks.md, "Training step and decoding"). Nothing hooks these layers: hooks (FSDP's,
+    the attention figure's, the
     memory count's) go on blocks and on attention. A layer with low-rank adapters
     (``minilm.model.lora``) adds theirs."""
     out = F.linear(x, layer.weight, layer.bias)
