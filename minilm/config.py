@@ -244,8 +244,8 @@ class DataConfig:
             )
 
 
-LORA_TARGETS = ("q", "k", "v", "o", "mlp")  # minilm.model.lora.TARGETS
-LORA_ALSO_TRAIN = ("norms", "embeddings", "position", "head")  # minilm.model.lora.ALSO_TRAIN
+LORA_TARGETS = ("q", "k", "v", "o", "mlp")  # minilm.model.lora.adapted_rows maps them
+LORA_ALSO_TRAIN = ("norms", "embeddings", "position", "head")  # minilm.model.lora.trainable_names
 
 
 @dataclass

@@ -8,8 +8,8 @@ looks like a clone after the main job (``out/rope`` trained, the corpus prepared
 anything else (pipes, torchrun, ``python -c``) runs under bash. ``hf download NAME`` cannot reach the
 network here: it writes a random model of NAME's family into the sandbox's Hugging Face cache, so the
 commands after it run against that stand-in. What cannot run here is skipped with its reason
-(``SKIPS``), and counted. ``python -m tests.docs_commands PAGE SANDBOX BASE`` runs one page and
-prints its result as JSON on its last line (tests/test_docs.py runs the pages two at a time).
+(``SKIPS``), and counted. ``python -m tests.docs_commands BASE WORKDIR PAGE...`` runs pages one after
+the other and prints each one's result as a JSON line (tests/test_docs.py runs two such lists at once).
 """
 
 import contextlib
@@ -211,6 +211,8 @@ def prepare_base(base: str) -> None:
 
 
 if __name__ == "__main__":
-    page, sandbox, base = sys.argv[1:4]
-    with open(os.path.join(REPO, page), encoding="utf-8") as f:
-        print(json.dumps(run_page(f.read(), sandbox, base)))
+    base, workdir, *pages = sys.argv[1:]
+    for page in pages:  # one interpreter for several pages: torch is imported once
+        with open(os.path.join(REPO, page), encoding="utf-8") as f:
+            result = run_page(f.read(), os.path.join(workdir, re.sub(r"\W", "-", page)), base)
+        print("RESULT " + json.dumps({"page": page, **result}), flush=True)

@@ -49,6 +49,11 @@ def base(tmp_path_factory):
 PAGES = ["README.md"] + [os.path.join("docs", page) for page in nav_pages()]
 
 
+def page_commands(page: str) -> list:
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        return shell_commands(f.read())
+
+
 def test_every_page_of_docs_is_in_the_nav():
     on_disk = {
         os.path.relpath(os.path.join(root, name), os.path.join(REPO, "docs"))
@@ -71,20 +76,31 @@ def test_readme_is_a_front_door():
 
 
 def test_every_shell_command_of_readme_and_the_manual_runs(base, tmp_path):
-    """Every page's commands in order, in a sandbox of its own, two pages at a time."""
+    """Every page's commands in order, in a sandbox of its own, in two runners at once."""
     started = time.time()
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
-    waiting, running, results = list(PAGES), [], {}
-    while waiting or running:
-        while waiting and len(running) < 2:
-            page = waiting.pop(0)
-            sandbox = str(tmp_path / re.sub(r"\W", "-", page))
-            command = [sys.executable, "-m", "tests.docs_commands", page, sandbox, base]
-            running.append((page, subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)))
-        page, process = running.pop(0)
-        out, _ = process.communicate(timeout=900)
-        assert process.returncode == 0, f"{page}: the runner failed"
-        results[page] = json.loads(out.strip().splitlines()[-1])
+    lists = [[], []]  # two runners, balanced by their count of commands
+    for page in sorted(PAGES, key=lambda page: -len(page_commands(page))):
+        min(lists, key=lambda pages: sum(len(page_commands(p)) for p in pages)).append(page)
+    runners = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.docs_commands", base, str(tmp_path), *pages],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for pages in lists
+    ]
+    results = {}
+    for runner in runners:
+        out, _ = runner.communicate(timeout=1200)
+        assert runner.returncode == 0, "a runner failed:\n" + out[-3000:]
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT ") :])
+                results[result.pop("page")] = result
+    assert sorted(results) == sorted(PAGES)
     ran = sum(len(r["ran"]) for r in results.values())
     skipped = [s for r in results.values() for s in r["skipped"]]
     failed = [(page, *f) for page, r in results.items() for f in r["failed"]]

@@ -12,8 +12,8 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
 * ``ntk`` (NTK-aware, bloc97 2023): base' = base * s^(d/(d-2)).
 * ``dynamic`` (dynamic NTK, emozilla 2023): base' = base * (s*T/L - (s-1))^(d/(d-2)) when the
   current length T > L, else base. T is the length the sequence is processed at: the full
-  length without a cache, and the cache capacity with one, so the scale is fixed for a whole
-  cached generation and cached keys never go stale (docs/design.md, "Dynamic scaling and the cache").
+  length without a cache, and the generation's context (``max_context``) with one, so the scale is
+  fixed for a whole cached generation and cached keys never go stale (docs/design.md, "Dynamic scaling and the cache").
 * ``yarn`` (Peng et al. 2023): corr(r) = d ln(L / (2 pi r)) / (2 ln base); low = floor(corr(32)),
   high = ceil(corr(1)), clamped to [0, d-1]; ramp g_i = clamp((i-low)/(high-low), 0, 1);
   inv_i = inv_i/s * g_i + inv_i * (1 - g_i); cos and sin both scaled by 0.1 ln(s) + 1.

@@ -25,7 +25,7 @@ in-process. What it does, in order:
    ``eval_iters`` validation batches (the same each time). At the end: the same over the whole
    validation split in ``block_size`` segments (at most ``final_eval_tokens`` tokens). Bits per
    character = mean nats per token * val tokens / val characters / ln 2 (tokenizer-independent).
-6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.checkpoints.format.save``) every
+6. Checkpoint ``<out_dir>/ckpt.pt`` (atomic, ``minilm.training.saving.write_checkpoint``) every
    ``checkpoint_interval`` steps, at the end, and when Ctrl-C or SIGTERM stops the run.
    It always holds the latest state (what ``--resume`` needs); the final model is the
    last one. A NaN/inf loss or gradient stops the run before the optimizer step, without
