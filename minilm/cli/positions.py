@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import sys
 
+import torch
 import yaml
 
 from minilm.checkpoints.loading import load_model
@@ -150,7 +151,9 @@ def plot(argv) -> str:
         shape = {**DEFAULT_SHAPE, **args["shape"]}
         if shape["d_model"] % shape["n_head"]:
             raise UsageError(f"--d-model={shape['d_model']} is not divisible by --n-head={shape['n_head']}")
-        scheme = build(position, **shape).eval()  # as at evaluation: no dropout of any kind
+        with torch.random.fork_rng():  # learned values start from seed 0: the same figure every time
+            torch.manual_seed(0)
+            scheme = build(position, **shape).eval()  # as at evaluation: no dropout of any kind
     path = plots.plot_scheme(scheme, position, args["out"], source=source)
     return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
 
