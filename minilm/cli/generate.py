@@ -262,6 +262,26 @@ def parse_args(argv=None):
         'line, or in a .jsonl file a JSON string or {"prompt": ...} per line; the samples are '
         "printed in order, --num-samples of each",
     )
+    _sampling_options(p)
+    _decoding_options(p)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice); 1 is often fastest for batch-1 "
+        "decoding of small models, and on a busy machine",
+    )
+    p.add_argument(
+        "--attention-map",
+        metavar="FILE.png",
+        help="after generating, draw the last layer's attention over the first sample",
+    )
+    return p.parse_args(argv)
+
+
+def _sampling_options(p) -> None:
+    """How many tokens, drawn how: length, temperature and the filters, the seed and the batch."""
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")
@@ -280,6 +300,10 @@ def parse_args(argv=None):
     )
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations decoded together as one batch")
+
+
+def _decoding_options(p) -> None:
+    """Where a sample stops, the context and the cache, and what is printed beside the text."""
     p.add_argument(
         "--stop",
         action="append",
@@ -342,20 +366,6 @@ def parse_args(argv=None):
     p.add_argument(
         "--stats", action="store_true", help="print token counts, prefill and decode tokens/s and peak memory to stderr"
     )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads for torch (default: torch's choice); 1 is often fastest for batch-1 "
-        "decoding of small models, and on a busy machine",
-    )
-    p.add_argument(
-        "--attention-map",
-        metavar="FILE.png",
-        help="after generating, draw the last layer's attention over the first sample",
-    )
-    return p.parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -165,26 +165,11 @@ def evaluate_checkpoints(
     mean loss by position in the segment, averaged over bins of that many positions. ``split``
     "holdout" scores the train split's held-out text (``data.holdout_tokens``) instead."""
     modes = _checked_modes(mode, stride)
-    if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
-        raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
-    if lengths is None and (not multiples or any(m <= 0 for m in multiples)):
-        raise EvaluationError(f"multiples={list(multiples)} are invalid: expected positive numbers")
+    _check_lengths(lengths, multiples, labels, paths, dtype)
     _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin)
-    if labels is not None and len(labels) != len(paths):
-        raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
     device = resolve_device(device)
-    if dtype not in ("float32", "bfloat16"):
-        raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
     compute_dtype = resolve_dtype(dtype, device)
-
-    loaded = []
-    for path in paths:
-        model, tokenizer, config, state = load_model(path, overrides, device=device)
-        block = config.model.block_size
-        these = (
-            [int(t) for t in lengths] if lengths is not None else sorted({segment_length(m, block) for m in multiples})
-        )
-        loaded.append((state["path"], model, tokenizer, config, these))
+    loaded = _load_all(paths, overrides, device, lengths, multiples)
     longest = max(t for *_, these in loaded for t in these)
 
     results = []
@@ -259,6 +244,31 @@ def evaluate_checkpoints(
                 flush=True,
             )
     return results
+
+
+def _check_lengths(lengths, multiples, labels, paths, dtype) -> None:
+    if lengths is not None and (not lengths or any(int(t) != t or t < 1 for t in lengths)):
+        raise EvaluationError(f"lengths={list(lengths)} are invalid: expected positive integers")
+    if lengths is None and (not multiples or any(m <= 0 for m in multiples)):
+        raise EvaluationError(f"multiples={list(multiples)} are invalid: expected positive numbers")
+    if labels is not None and len(labels) != len(paths):
+        raise EvaluationError(f"{len(labels)} labels for {len(paths)} checkpoints")
+    if dtype not in ("float32", "bfloat16"):
+        raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
+
+
+def _load_all(paths, overrides, device, lengths, multiples) -> list:
+    """(path, model, tokenizer, config, its lengths) of every checkpoint, loaded before any is scored."""
+    loaded = []
+    for path in paths:
+        model, tokenizer, config, state = load_model(path, overrides, device=device)
+        block = config.model.block_size
+        if lengths is not None:
+            these = [int(t) for t in lengths]
+        else:
+            these = sorted({segment_length(m, block) for m in multiples})
+        loaded.append((state["path"], model, tokenizer, config, these))
+    return loaded
 
 
 def _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin) -> None:

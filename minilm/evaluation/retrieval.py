@@ -59,20 +59,28 @@ def accuracy(
             else:
                 prompts, positions, targets = suite_probe(haystacks, task, name, depth, generator, items)
             if limit is not None and length > limit:
-                rows.append(dict(length=length, depth=depth, correct=None, trials=trials, logprob=None))
-                if progress is not None:
-                    progress.update(1)
-                continue
-            correct, logprob, per_batch = 0, 0.0, max(1, batch_tokens // length)
-            for i in range(0, trials, per_batch):
-                x, at, want = (t[i : i + per_batch].to(device) for t in (prompts, positions, targets))
-                with autocast(device, dtype):
-                    hidden = model(x, return_hidden=True)
-                    hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
-                    logits = model.logits(hidden).float()
-                correct += int((logits.argmax(dim=-1) == want).all(dim=1).sum())
-                logprob += float(torch.log_softmax(logits, -1).gather(-1, want[..., None]).mean(dim=(1, 2)).sum())
-            rows.append(dict(length=length, depth=depth, correct=correct, trials=trials, logprob=logprob / trials))
+                row = dict(length=length, depth=depth, correct=None, trials=trials, logprob=None)
+            else:
+                per_batch = max(1, batch_tokens // length)
+                correct, logprob = _score_cell(model, (prompts, positions, targets), per_batch, device, dtype)
+                row = dict(length=length, depth=depth, correct=correct, trials=trials, logprob=logprob / trials)
+            rows.append(row)
             if progress is not None:
                 progress.update(1)
     return rows
+
+
+def _score_cell(model, probes: tuple, per_batch: int, device, dtype) -> tuple:
+    """(probes answered exactly, summed mean log-probability of the answers) of one cell's
+    ``probes`` (prompts, answer positions, answer ids), ``per_batch`` prompts at a time."""
+    prompts, positions, targets = probes
+    correct, logprob = 0, 0.0
+    for i in range(0, len(prompts), per_batch):
+        x, at, want = (t[i : i + per_batch].to(device) for t in (prompts, positions, targets))
+        with autocast(device, dtype):
+            hidden = model(x, return_hidden=True)
+            hidden = hidden.gather(1, at[:, :, None].expand(-1, -1, hidden.shape[-1]))
+            logits = model.logits(hidden).float()
+        correct += int((logits.argmax(dim=-1) == want).all(dim=1).sum())
+        logprob += float(torch.log_softmax(logits, -1).gather(-1, want[..., None]).mean(dim=(1, 2)).sum())
+    return correct, logprob
