@@ -18,7 +18,8 @@ import yaml
 
 from minilm.common import MinilmError, shown, suggest
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
-from minilm.positions import canonical, validate
+from minilm.positions import PositionError, canonical, validate
+from minilm.positions.layers import check_types, layer_types
 
 EMBEDDING_SCALE_NAMES = ("auto", "sqrt_d_model")  # model.embedding_scale, beside a number
 LOGGERS = ("jsonl", "csv", "tensorboard", "wandb")  # train.loggers (minilm.training.loggers)
@@ -97,6 +98,13 @@ class ModelConfig:
         factory=lambda: {"kind": "rope"},
         role=AFTER_TRAINING,
         help="the position scheme: {kind: ..., options} (minilm positions list)",
+    )
+    layers: Optional[dict] = option(
+        None,
+        role=ARCHITECTURE,
+        help="positions per layer: {pattern: [local, global], local: {window: 128}, global: {position: {kind: "
+        "none}}}, the pattern repeated over n_layer; a type sets position, window, chunk, sinks: learned, softcap, "
+        "query_scale {beta, floor, offset} (null: every layer model.position; docs/concepts/layers.md)",
     )
     embedding_scale: Union[float, str] = option(
         "auto",
@@ -182,6 +190,10 @@ class ModelConfig:
             self.position = canonical(self.position)  # old option names (interpolated's base) -> current
         except ValueError as exc:
             raise ConfigError(f"model.position: {exc}") from None
+        try:
+            layer_types(self.layers, self.position, self.n_layer)
+        except PositionError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_architecture(self):
         check_choices(self, "model")
@@ -549,6 +561,11 @@ def build_config(tree: dict) -> Config:
         validate(config.model.position, config.model, reach=not config.train.init_from)
     except ValueError as exc:
         raise ConfigError(f"model.position: {exc}") from None
+    model = config.model
+    try:
+        check_types(layer_types(model.layers, model.position, model.n_layer), model, reach=not config.train.init_from)
+    except PositionError as exc:
+        raise ConfigError(str(exc) if str(exc).startswith("model.layers") else f"model.layers: {exc}") from None
     return config
 
 

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from minilm.model.attention import attend
 from minilm.model.functional import activation, rms_norm
-from minilm.model.gpt import GPT, ForwardPass, RMSNorm, split_heads
+from minilm.model.gpt import GPT, ForwardPass, RMSNorm, scale_queries, split_heads
+from minilm.positions.layers import LayerType
 
 
 class Layer(NamedTuple):
@@ -43,6 +44,9 @@ class Layer(NamedTuple):
     k_norm: Optional[Callable]
     mlp: str  # model.mlp
     parallel: bool  # model.parallel_residual
+    plain: bool  # the layer's attention is plain softmax attention (``LayerType.plain``, no learned sinks)
+    layer_type: LayerType  # model.layers: the layer's window, chunk, sinks, soft-cap, query scale
+    sink_logits: Optional[torch.Tensor]  # learned sinks (``sinks: learned``), else None
 
 
 def norm_function(norm) -> Callable:
@@ -67,6 +71,9 @@ def read_layer(block) -> Layer:
         norm_function(attn.k_norm) if attn.qk_norm else None,
         mlp.kind,
         block.parallel,
+        attn.layer_type.plain,
+        attn.layer_type,
+        getattr(attn, "sink_logits", None),
     )
 
 
@@ -96,22 +103,36 @@ def lean_body(model: GPT) -> Callable:
         if not takes_step(model, idx, fp):
             return model.body(idx, fp, return_hidden)
         x, fp = model.inputs(idx, fp)
-        cache, scheme, pos = fp.cache, fp.scheme, fp.pos
+        cache, pos = fp.cache, fp.pos
         window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         B, T, C = x.shape
-        plain = not (scheme.has_bias or scheme.has_value_term)
         for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
+            scheme = fp.scheme_of(i)
             q, k, v = split_heads(
-                F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm, layer.k_norm, fp
+                F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm, layer.k_norm, fp, scheme
             )
             if fp.values is not None:
                 v = v + fp.values[i].view(B, T, -1, head_dim).transpose(1, 2)
+            q = scale_queries(q, pos, layer.layer_type)
             k, v, k_pos = cache.update(i, k, v)
             k, v = expand(k), expand(v)
-            if plain:  # what ``attend`` does for one query over a cache that holds only what it may see
+            if layer.plain and not (scheme.has_bias or scheme.has_value_term):
+                # what ``attend`` does for one query over a cache that holds only what it may see
                 y = F.scaled_dot_product_attention(q.to(k.dtype), k, v)
             else:
-                y = attend(q.to(k.dtype), k, v, pos, k_pos, scheme, cached=True, window=window, sinks=sinks)
+                y = attend(
+                    q.to(k.dtype),
+                    k,
+                    v,
+                    pos,
+                    k_pos,
+                    scheme,
+                    cached=True,
+                    window=window,
+                    sinks=sinks,
+                    layer=layer.layer_type,
+                    sink_logits=layer.sink_logits,
+                )
             attended = F.linear(y.to(q.dtype).transpose(1, 2).reshape(B, T, -1), *layer.proj)
             h = x + attended  # parallel_residual: the MLP reads the block's input, else this sum
             x = h + F.linear(

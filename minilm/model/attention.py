@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm.positions import PositionScheme
+from minilm.positions.layers import LayerType
 
 # Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
 # inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
@@ -23,14 +24,25 @@ MASK_BUDGET = 1 << 24
 QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
 
 
-def visible(q_pos: torch.Tensor, k_pos: torch.Tensor, window: Optional[int] = None, sinks: int = 0) -> torch.Tensor:
+def visible(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    window: Optional[int] = None,
+    sinks: int = 0,
+    layer: Optional[LayerType] = None,
+) -> torch.Tensor:
     """(Tq, Tk) True where a query may see a key: causal, and with a ``window`` W only the last
-    W - ``sinks`` positions plus the first ``sinks`` ones."""
+    W - ``sinks`` positions plus the first ``sinks`` ones (a pass's or a rolling cache's window);
+    and within the ``layer``'s own window and chunk (``minilm.positions.layers``)."""
     distance = q_pos[:, None] - k_pos[None, :]
     allowed = distance >= 0
     if window is not None:
         band = distance < window - sinks
         allowed &= (band | (k_pos[None, :] < sinks)) if sinks else band
+    if layer is not None and layer.window is not None:
+        allowed &= distance < layer.window
+    if layer is not None and layer.chunk is not None:
+        allowed &= torch.floor(q_pos[:, None] / layer.chunk) == torch.floor(k_pos[None, :] / layer.chunk)
     return allowed
 
 
@@ -49,6 +61,8 @@ def attend(
     padded: bool = False,
     need_weights: bool = False,
     documents: Optional[tuple] = None,
+    layer: Optional[LayerType] = None,
+    sink_logits: Optional[torch.Tensor] = None,
 ):
     """Causal scaled dot-product attention with the scheme's bias, for queries at ``q_pos``
     over keys at ``k_pos``. ``window`` W keeps only the keys of the last W - ``sinks``
@@ -56,15 +70,21 @@ def attend(
     ``padded``: the keys include a static cache's empty slots, which only the mask hides.
     ``need_weights``: (output, weights (B, heads, Tq, Tk)), written out (SDPA returns none).
     ``documents``: (document of each query, of each key), (Tq,) and (Tk,) for one row or
-    (B, Tq) and (B, Tk) for every row of the batch: a query sees only the keys of its own document."""
+    (B, Tq) and (B, Tk) for every row of the batch: a query sees only the keys of its own document.
+    ``layer``: the layer's own window, chunk and soft-cap (``minilm.positions.layers``; None: none);
+    ``sink_logits`` (heads,): its learned sinks."""
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if not scheme.has_bias and not need_weights and documents is None:
+    masked = layer is not None and layer.masked
+    fused = not (scheme.has_bias or scheme.has_value_term or need_weights or documents is not None)
+    if fused and sink_logits is None and not (layer is not None and layer.softcap):
         # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
         # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
-        if not cached and window is None and not (fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq):
+        compiled = fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq
+        if not cached and window is None and not masked and not compiled:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
-            mask = visible(q_pos, k_pos) if padded else None  # a static cache's empty slots are hidden
+            # a static cache's empty slots are hidden, and what the layer's window or chunk hides
+            mask = visible(q_pos, k_pos, window, sinks, layer) if padded or masked else None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     for start in range(0, Tq, chunk):
@@ -73,14 +93,14 @@ def attend(
         # without a cache the keys are the queries' own sequence: those after the chunk's last
         # query are never visible, so each chunk attends to a prefix (half the work overall)
         kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
-        allowed = visible(qp, kp, window, sinks)
+        allowed = visible(qp, kp, window, sinks, layer)
         if documents is not None:
             same = documents[0][..., start:end, None] == documents[1][..., None, : len(kp)]
             allowed = allowed & (same if same.dim() == 2 else same[:, None])  # (B, 1, queries, keys) for a batch
         mask = allowed
         if scheme.has_bias:
             mask = torch.where(allowed, scheme.bias(qp, kp, qc).to(q.dtype), float("-inf"))
-        out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p)
+        out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p, layer, sink_logits)
         outputs.append(out)
         if need_weights:  # keys after a chunk's last query were never visible: weight 0
             weights.append(F.pad(w, (0, Tk - w.shape[-1])))
@@ -101,6 +121,8 @@ def attend_in_cache(
     sinks: int,
     expand,
     dropout_p: float = 0.0,
+    layer: Optional[LayerType] = None,
+    sink_logits: Optional[torch.Tensor] = None,
 ):
     """Attention over a window with ``sinks`` at their positions within the cache, as StreamingLLM
     does it (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks",
@@ -134,6 +156,8 @@ def attend_in_cache(
                 window=window,
                 sinks=sinks,
                 dropout_p=dropout_p,
+                layer=layer,
+                sink_logits=sink_logits,
             )
         )
     for i in range(plain, len(q_pos)):
@@ -143,7 +167,19 @@ def attend_in_cache(
         qp = (p - s).view(1)
         qr, kr = rotate_apart(scheme, q[:, :, i : i + 1], qp, k[:, :, seen], kp, context_len)
         outputs.append(
-            attend(qr, expand(kr), expand(v[:, :, seen]), qp, kp, scheme, cached=True, window=None, dropout_p=dropout_p)
+            attend(
+                qr,
+                expand(kr),
+                expand(v[:, :, seen]),
+                qp,
+                kp,
+                scheme,
+                cached=True,
+                window=None,
+                dropout_p=dropout_p,
+                layer=layer,
+                sink_logits=sink_logits,
+            )
         )
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
@@ -175,14 +211,35 @@ def fused_by_compiler(q: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
 
-def attend_written_out(q, k, v, mask, q_pos, k_pos, scheme: PositionScheme, dropout_p: float) -> tuple:
+def attend_written_out(
+    q,
+    k,
+    v,
+    mask,
+    q_pos,
+    k_pos,
+    scheme: PositionScheme,
+    dropout_p: float,
+    layer: Optional[LayerType] = None,
+    sink_logits: Optional[torch.Tensor] = None,
+) -> tuple:
     """(softmax(q k^T / sqrt(d) + mask) v, plus the scheme's ``value_term(weights)`` where it has
     one (SDPA returns no weights); the weights). ``mask`` is boolean (True: visible) or additive (-inf: hidden).
+    The ``layer``'s soft-cap c makes the logits c tanh(z / c) before the mask and any bias is added
+    (Gemma 2); ``sink_logits`` s (heads,) join each softmax's denominator, their weight dropped:
+    exp(z_j) / (exp(s_h) + sum_i exp(z_i)) (GPT-OSS's learned sinks).
     Written out rather than SDPA with a mask, whose CPU fallback also checks every row for
     being fully masked (none is here: a query always sees itself) and is slower for it."""
     scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    if layer is not None and layer.softcap:
+        scores = torch.tanh(scores / layer.softcap).mul_(layer.softcap)
     scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
-    weights = F.dropout(torch.softmax(scores.float(), dim=-1).to(q.dtype), p=dropout_p)
+    if sink_logits is None:
+        weights = torch.softmax(scores.float(), dim=-1)
+    else:
+        sinks = sink_logits.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores.float(), sinks], dim=-1), dim=-1)[..., :-1]
+    weights = F.dropout(weights.to(q.dtype), p=dropout_p)
     out = weights @ v
     return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
 
@@ -233,6 +290,8 @@ def attend_rows(
     window: Optional[int],
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    layer: Optional[LayerType] = None,
+    sink_logits: Optional[torch.Tensor] = None,
 ):
     """``attend`` for rows that have positions and documents of their own (``row_layout``):
     each row alone, queries at its positions over its keys, a query seeing only the keys of its
@@ -254,6 +313,8 @@ def attend_rows(
             dropout_p=dropout_p,
             need_weights=need_weights,
             documents=(q_doc[b], k_doc[b]),
+            layer=layer,
+            sink_logits=sink_logits,
         )
         for b in range(q.shape[0])
     ]

@@ -31,6 +31,13 @@ it, at negative positions, is hidden from the row's tokens (``minilm.model.atten
 A ``static`` cache always hands attention all ``capacity`` slots, the empty ones at position
 ``EMPTY`` (after every query, so the causal mask hides them): every decode step then has the
 same shapes, which is what a compiled step needs (``minilm.generation.compiled``, as in gpt-fast).
+
+Per layer (``model.layers``, ``minilm.positions.layers``), a layer that can only see the last W
+keys (a sliding window W, or chunks of W) keeps a ring of its own of W slots in place of the
+cache's capacity, so a 5:1 local/global model holds about a sixth of the keys at a long context.
+Layers of one capacity share one ``Ring`` (the slots' positions and the pass in progress). A
+layer's own ring takes a chunk of any length: attention sees the keys held before the chunk with
+all of the chunk's, and the ring keeps the chunk's last W.
 """
 
 from __future__ import annotations
@@ -53,6 +60,57 @@ def cache_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
+class Ring:
+    """The token slots of one capacity that some layers share: each slot's position (``EMPTY`` until
+    written) and the slots of the forward pass in progress. ``own``: a layer's own window, which
+    takes a chunk of any length (the module docstring)."""
+
+    def __init__(self, capacity: int, *, rolling: bool, sinks: int, static: bool, own: bool, device):
+        self.capacity, self.rolling, self.sinks, self.static, self.own = capacity, rolling, sinks, static, own
+        self.slot_pos = torch.full((capacity,), EMPTY, dtype=torch.float32, device=device)
+        self.pending = None  # the slots of the forward pass in progress: an int for one token, else a tensor
+        self.before = None  # a chunk that wraps the ring: (held slots, their positions, the chunk's positions)
+
+    def rewind(self) -> None:
+        self.slot_pos.fill_(EMPTY)
+        self.pending = self.before = None
+
+    def begin(self, length: int, positions: torch.Tensor) -> None:
+        """Reserve the slots of the new tokens at ``positions`` (length, length + 1, ...)."""
+        num_new, end = len(positions), length + len(positions)
+        wraps = self.rolling and num_new > 1 and end > self.capacity
+        if wraps and not self.own and (self.sinks or self.static or num_new > self.capacity):
+            raise ValueError(
+                f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
+                f"or static one token at a time, once it wraps: got {num_new} tokens at position "
+                f"{length}"
+            )
+        if wraps:  # the keys held now stay visible to this chunk's queries (module docstring)
+            held = min(length, self.capacity)
+            self.before = (held, self.slot_pos[:held].clone(), positions)
+            positions = positions[-self.capacity :]  # what the ring keeps of the chunk
+        if num_new == 1 and not self.static:  # a decode step: its slot is a Python int (a compiled step takes tensors)
+            slot = self.slot_of(length)
+            self.slot_pos[slot] = length
+            self.pending = slot
+            return
+        index = positions.long()
+        if self.sinks:
+            ring = self.capacity - self.sinks
+            slots = torch.where(index < self.capacity, index, self.sinks + (index - self.sinks) % ring)
+        else:
+            slots = index % self.capacity
+        self.slot_pos[slots] = positions
+        self.pending = slots
+
+    def slot_of(self, position: int) -> int:
+        """The slot that holds ``position``: the position itself until the ring is full; then in a
+        rolling ring the oldest slot (after the sinks)."""
+        if position < self.capacity:
+            return position
+        return self.sinks + (position - self.sinks) % (self.capacity - self.sinks)
+
+
 class KVCache:
     def __init__(
         self,
@@ -69,7 +127,9 @@ class KVCache:
         offsets=None,
         dtype=torch.float32,
         device=None,
+        spans=None,
     ):
+        """``spans``: per layer, the most recent keys it can see (``LayerType.cache_span``; None: all)."""
         if capacity < 1:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
@@ -90,21 +150,42 @@ class KVCache:
             if static or sinks:
                 raise ValueError("left-padded rows (offsets) take neither a static cache nor attention sinks")
             self.offsets = offsets
-        shape = (batch_size, n_head, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.slot_pos = torch.full((capacity,), EMPTY, dtype=torch.float32, device=device)
         self.capacity, self.rolling, self.batch_size, self.sinks = capacity, rolling, batch_size, sinks
         self.sink_positions = sink_positions
         self.static = static
+        main = Ring(capacity, rolling=rolling, sinks=sinks, static=static, own=False, device=device)
+        self.rings = {capacity: main}
+        self.layer_rings = []
+        for span in spans or [None] * n_layer:
+            size = capacity if span is None else min(span, capacity)
+            if size not in self.rings:
+                self.rings[size] = Ring(size, rolling=True, sinks=0, static=static, own=True, device=device)
+            self.layer_rings.append(self.rings[size])
+        self.keys = [
+            torch.zeros((batch_size, n_head, ring.capacity, head_dim), dtype=dtype, device=device)
+            for ring in self.layer_rings
+        ]
+        self.values = [torch.zeros_like(keys) for keys in self.keys]
         self.length = 0  # tokens seen = position of the next token
-        self._pending = None  # the slots of the forward pass in progress: an int for one token, else a tensor
-        self._before = None  # a chunk that wraps the ring: (held slots, their positions, the chunk's positions)
+
+    @property
+    def slot_pos(self) -> torch.Tensor:
+        """The positions of the cache's own slots (capacity): those of every layer without a ring of its own."""
+        return self.rings[self.capacity].slot_pos
+
+    def capacity_of(self, layer: int) -> int:
+        """The slots ``layer`` keeps: the cache's capacity, or its own window's."""
+        return self.layer_rings[layer].capacity
+
+    def nbytes(self) -> int:
+        """The bytes of every layer's keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def rewind(self) -> None:
         """Empty the cache (its memory kept), to be filled again from position 0."""
-        self.slot_pos.fill_(EMPTY)
-        self.length, self._pending, self._before = 0, None, None
+        for ring in self.rings.values():
+            ring.rewind()
+        self.length = 0
 
     def begin(self, num_new: int) -> torch.Tensor:
         """Reserve slots for ``num_new`` tokens at positions length..length+num_new-1; return them."""
@@ -114,65 +195,45 @@ class KVCache:
                 f"KV cache full: it holds {self.length} of {self.capacity} positions and cannot take "
                 f"{num_new} more; allocate new_cache(..., capacity>={end}) or a rolling cache"
             )
-        wraps = self.rolling and num_new > 1 and end > self.capacity
-        if wraps and (self.sinks or self.static or num_new > self.capacity):
-            raise ValueError(
-                f"a rolling cache takes chunks of at most its capacity ({self.capacity}), and with sinks "
-                f"or static one token at a time, once it wraps: got {num_new} tokens at position "
-                f"{self.length}"
-            )
         positions = torch.arange(self.length, end, device=self.slot_pos.device, dtype=torch.float32)
-        if wraps:  # the keys held now stay visible to this chunk's queries (module docstring)
-            held = min(self.length, self.capacity)
-            self._before = (held, self.slot_pos[:held].clone(), positions)
-        if num_new == 1 and not self.static:  # a decode step: its slot is a Python int (a compiled step takes tensors)
-            slot = self.slot_of(self.length)
-            self.slot_pos[slot] = self.length
-            self._pending = slot
-            return positions
-        index = positions.long()
-        if self.sinks:
-            ring = self.capacity - self.sinks
-            slots = torch.where(index < self.capacity, index, self.sinks + (index - self.sinks) % ring)
-        else:
-            slots = index % self.capacity
-        self.slot_pos[slots] = positions
-        self._pending = slots
+        for ring in self.rings.values():
+            ring.begin(self.length, positions)
         return positions
 
     def slot_of(self, position: int) -> int:
-        """The slot that holds ``position``: the position itself until the cache is full; then in a
-        rolling cache the oldest slot of the ring (after the sinks)."""
-        if position < self.capacity:
-            return position
-        return self.sinks + (position - self.sinks) % (self.capacity - self.sinks)
+        """The slot of the cache's own ring that holds ``position`` (``Ring.slot_of``)."""
+        return self.rings[self.capacity].slot_of(position)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write this layer's new keys/values; return all held keys, values and their positions."""
-        slots = self._pending
-        if self.static:  # every slot, the empty ones included; tensors only, nothing for a compiler to guard on
-            self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
-            self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
-            return self.keys[layer], self.values[layer], self.slot_pos
+        ring = self.layer_rings[layer]
+        slots, keys, values = ring.pending, self.keys[layer], self.values[layer]
+        if (
+            ring.static and ring.before is None
+        ):  # every slot, the empty ones included: nothing for a compiler to guard on
+            keys.index_copy_(2, slots, k.to(keys.dtype))
+            values.index_copy_(2, slots, v.to(values.dtype))
+            return keys, values, ring.slot_pos
         if isinstance(slots, int):  # a decode step: a plain slice write is cheapest
-            self.keys[layer][:, :, slots] = k[:, :, 0]
-            self.values[layer][:, :, slots] = v[:, :, 0]
-            n = min(self.length + 1, self.capacity)
-        elif self._before is not None:  # held keys and the chunk's, before the chunk overwrites the oldest
-            held, held_pos, positions = self._before
-            keys, values = self.keys[layer], self.values[layer]
+            keys[:, :, slots] = k[:, :, 0]
+            values[:, :, slots] = v[:, :, 0]
+            n = min(self.length + 1, ring.capacity)
+        elif ring.before is not None:  # held keys and the chunk's, before the chunk overwrites the oldest
+            held, held_pos, positions = ring.before
             k, v = k.to(keys.dtype), v.to(values.dtype)
             out = torch.cat([keys[:, :, :held], k], 2), torch.cat([values[:, :, :held], v], 2)
-            keys.index_copy_(2, slots, k)
-            values.index_copy_(2, slots, v)
+            keys.index_copy_(2, slots, k[:, :, -len(slots) :])
+            values.index_copy_(2, slots, v[:, :, -len(slots) :])
             return (*out, torch.cat([held_pos, positions]))
         else:
-            self.keys[layer].index_copy_(2, slots, k.to(self.keys[layer].dtype))
-            self.values[layer].index_copy_(2, slots, v.to(self.values[layer].dtype))
-            n = min(self.length + len(slots), self.capacity)
-        return self.keys[layer][:, :, :n], self.values[layer][:, :, :n], self.slot_pos[:n]
+            keys.index_copy_(2, slots, k.to(keys.dtype))
+            values.index_copy_(2, slots, v.to(values.dtype))
+            n = min(self.length + len(slots), ring.capacity)
+        return keys[:, :, :n], values[:, :, :n], ring.slot_pos[:n]
 
     def commit(self) -> None:
         """Advance the length once every layer has written its keys."""
-        self.length += 1 if isinstance(self._pending, int) else len(self._pending)
-        self._pending = self._before = None
+        pending = self.rings[self.capacity].pending
+        self.length += 1 if isinstance(pending, int) else len(pending)
+        for ring in self.rings.values():
+            ring.pending = ring.before = None

@@ -39,6 +39,7 @@ from minilm.model.attention import attend, attend_in_cache, attend_rows, documen
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.model.functional import activation, linear, rms_norm
 from minilm.positions import PositionError, PositionScheme, build, describe
+from minilm.positions.layers import LayerType, layer_types, query_scale_factor
 
 
 class ForwardPass(NamedTuple):
@@ -57,6 +58,11 @@ class ForwardPass(NamedTuple):
     renumbered: bool = False  # attention sinks at their positions within the cache (``attend_in_cache``)
     documents: Optional[torch.Tensor] = None  # (B, T): the document of each token (``data.document_mask``)
     values: Optional[list] = None  # model.value_embeddings: per layer, (B, T, n_kv_head * head_dim) added to v
+    schemes: tuple = ()  # model.layers: each layer's position scheme (empty: ``scheme`` in every layer)
+
+    def scheme_of(self, layer: int) -> PositionScheme:
+        """The position scheme of ``layer``'s attention."""
+        return self.schemes[layer] if self.schemes else self.scheme
 
     @property
     def per_row(self) -> bool:
@@ -101,10 +107,12 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def split_heads(projected, n_head: int, n_kv_head: int, head_dim: int, q_norm, k_norm, fp: ForwardPass):
+def split_heads(
+    projected, n_head: int, n_kv_head: int, head_dim: int, q_norm, k_norm, fp: ForwardPass, scheme: PositionScheme
+):
     """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of the q/k/v projection's output
     (B, T, (n_head + 2 n_kv_head) head_dim); with ``qk_norm`` (``q_norm``, ``k_norm``; else None) q and
-    k normalised. q and k are rotated by the position scheme at the pass's positions, except where rows
+    k normalised. q and k are rotated by ``scheme`` (the layer's) at the pass's positions, except where rows
     have positions of their own (``forward`` rotates them row by row) or sinks are renumbered
     (``attend_in_cache`` rotates the keys at every step). Without qk-norm they are rotated as the one
     stack the projection makes of them (``rotate_stacked``: half the calls of two rotations for rope)."""
@@ -114,10 +122,19 @@ def split_heads(projected, n_head: int, n_kv_head: int, head_dim: int, q_norm, k
     rotated = not (fp.per_row or fp.renumbered)
     if q_norm is not None:
         q, k = q_norm(qk[:, :n_head]), k_norm(qk[:, n_head:])
-        return (*fp.scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
+        return (*scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
     if rotated:
-        return (*fp.scheme.rotate_stacked(qk, n_head, fp.pos, fp.context_len), v)
+        return (*scheme.rotate_stacked(qk, n_head, fp.pos, fp.context_len), v)
     return qk[:, :n_head], qk[:, n_head:], v
+
+
+def scale_queries(q: torch.Tensor, pos: torch.Tensor, layer_type: LayerType) -> torch.Tensor:
+    """q (B, heads, T, head_dim) times the layer's query scale at positions ``pos`` ((T,), or (B, T)
+    for rows of their own; ``minilm.positions.layers.query_scale_factor``); q itself without one."""
+    if layer_type.query_scale is None:
+        return q
+    factor = query_scale_factor(pos, layer_type.query_scale)
+    return (q * (factor[:, None, :, None] if factor.dim() == 2 else factor[:, None])).to(q.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -127,10 +144,15 @@ class CausalSelfAttention(nn.Module):
     Keys are rotated and cached with n_kv_head heads and repeated g times just before attention.
     With ``qk_norm`` each head's q and k go through an RMSNorm over head_dim (weights shared by the
     heads, as Qwen3 has it; Henry et al. 2020, "Query-Key Normalization for Transformers")
-    before the position scheme rotates them, so the cache holds normalised keys."""
+    before the position scheme rotates them, so the cache holds normalised keys. Its ``layer_type``
+    (``minilm.positions.layers``) adds the layer's window, chunk, learned sinks (``sink_logits``),
+    soft-cap and query scaling; its position scheme is the forward pass's for its layer."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_type: Optional[LayerType] = None):
         super().__init__()
+        self.layer_type = layer_type or LayerType("all", config.position)  # window, chunk, sinks, soft-cap, q scale
+        if self.layer_type.sinks:  # one logit per head in the softmax's denominator (GPT-OSS)
+            self.sink_logits = nn.Parameter(torch.zeros(config.n_head))
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.n_kv_head = config.n_kv_head or config.n_head  # None: one key/value head per query head
         width = (self.n_head + 2 * self.n_kv_head) * config.head_dim
@@ -142,10 +164,10 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.qk_norm = config.qk_norm
 
-    def project(self, x, fp: ForwardPass):
+    def project(self, x, fp: ForwardPass, scheme: PositionScheme):
         """q, k and v of x (B, T, d_model): ``split_heads`` of the q/k/v projection."""
         norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
-        return split_heads(linear(self.qkv, x), self.n_head, self.n_kv_head, self.head_dim, *norms, fp)
+        return split_heads(linear(self.qkv, x), self.n_head, self.n_kv_head, self.head_dim, *norms, fp, scheme)
 
     def expand(self, kv):
         """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
@@ -156,17 +178,20 @@ class CausalSelfAttention(nn.Module):
         """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
-        q, k, v = self.project(x, fp)
+        scheme = fp.scheme_of(layer)
+        q, k, v = self.project(x, fp, scheme)
         if fp.values is not None:  # before the cache write: the cache holds the values attention reads
             v = v + fp.values[layer].view(B, T, -1, self.head_dim).transpose(1, 2)
         if fp.per_row:
-            q, k = rotate_rows(fp.scheme, q, k, fp.pos, fp.context_len)
+            q, k = rotate_rows(scheme, q, k, fp.pos, fp.context_len)
+        q = scale_queries(q, fp.pos, self.layer_type)
         k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
         if cache is not None:
             k, v, k_pos = cache.update(layer, k, v)
             window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         need_weights = fp.weights_of == layer
         dropout_p = self.dropout if self.training else 0.0
+        settings = {"layer": self.layer_type, "sink_logits": getattr(self, "sink_logits", None)}
         # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
         if fp.per_row:
             layout = row_layout(fp.pos, fp.documents, k_pos, None if cache is None else cache.offsets)
@@ -175,11 +200,12 @@ class CausalSelfAttention(nn.Module):
                 self.expand(k),
                 self.expand(v),
                 layout,
-                fp.scheme,
+                scheme,
                 cached=cache is not None,
                 window=window,
                 dropout_p=dropout_p,
                 need_weights=need_weights,
+                **settings,
             )
         elif fp.renumbered:
             y = attend_in_cache(
@@ -188,12 +214,13 @@ class CausalSelfAttention(nn.Module):
                 v,
                 fp.pos,
                 k_pos,
-                fp.scheme,
+                scheme,
                 context_len=fp.context_len,
                 window=window,
                 sinks=sinks,
                 expand=self.expand,
                 dropout_p=dropout_p,
+                **settings,
             )
         else:
             y = attend(
@@ -202,7 +229,7 @@ class CausalSelfAttention(nn.Module):
                 self.expand(v),
                 fp.pos,
                 k_pos,
-                fp.scheme,
+                scheme,
                 cached=cache is not None,
                 window=window,
                 sinks=sinks,
@@ -210,6 +237,7 @@ class CausalSelfAttention(nn.Module):
                 padded=cache is not None and cache.static,
                 need_weights=need_weights,
                 documents=None if fp.documents is None else (fp.documents, fp.documents),
+                **settings,
             )
         y, weights = y if need_weights else (y, None)
         out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, -1))
@@ -254,10 +282,10 @@ class Block(nn.Module):
     """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel_residual``
     (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer_type: Optional[LayerType] = None):
         super().__init__()
         self.ln_1 = make_norm(config)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_type)
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
@@ -289,9 +317,36 @@ class GPT(nn.Module):
             block_size=config.block_size,
             head_dim=config.head_dim,
         )
+        self.layer_types = layer_types(config.layers, config.position, config.n_layer)
+        # one scheme per distinct setting of a layer type other than model.position's (a uniform model has none)
+        own = {}
+        for layer_type in self.layer_types:
+            if layer_type.position != config.position and layer_type.position not in own.values():
+                own[layer_type.name] = layer_type.position
+        self.layer_positions = (
+            nn.ModuleDict(
+                {
+                    name: build(
+                        position,
+                        d_model=config.d_model,
+                        n_head=config.n_head,
+                        block_size=config.block_size,
+                        head_dim=config.head_dim,
+                    )
+                    for name, position in own.items()
+                }
+            )
+            if own
+            else None
+        )
+        names = {str(position): name for name, position in own.items()}
+        self.layer_schemes = [
+            self.layer_positions[names[str(t.position)]] if t.position != config.position else self.positions
+            for t in self.layer_types
+        ]  # a plain list: the modules are registered once, under positions and layer_positions
         self.wte = nn.Embedding(config.vocab_size, config.d_model - concat)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, layer_type) for layer_type in self.layer_types)
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         kv_width = (config.n_kv_head or config.n_head) * config.head_dim
@@ -313,7 +368,7 @@ class GPT(nn.Module):
         multiplies it by sqrt(d_model), so a token's embedding has unit-scale entries beside the
         unit-amplitude sin/cos table). The position scheme initialises its own parameters."""
         for name, module in self.named_modules():
-            if name.startswith("positions"):
+            if name.startswith(("positions", "layer_positions")):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(
@@ -328,6 +383,10 @@ class GPT(nn.Module):
             # the tied head's 0.02 draw above overwrote the embedding's: draw it again, last, so that at
             # the default every weight of a tied model is what it was before the option existed
             nn.init.normal_(self.wte.weight, mean=0.0, std=self.config.embedding_init_std)
+
+    def schemes(self) -> list:
+        """Every position scheme of the model once: ``positions`` and each layer type's own."""
+        return [self.positions, *(self.layer_positions.values() if self.layer_positions is not None else ())]
 
     def num_params(self) -> int:
         """Trainable parameters, a tied LM head counted once (with the embedding)."""
@@ -350,7 +409,7 @@ class GPT(nn.Module):
         ``minilm.model.cache``). It holds the n_kv_head k/v heads.
         ``static``: attention always sees every slot (fixed shapes, for a compiled step).
         ``offsets`` (batch_size,): left-padded rows, row b's first token in slot offsets[b]."""
-        if self.positions.draws_at_evaluation:
+        if any(scheme.draws_at_evaluation for scheme in self.schemes()):
             raise PositionError(
                 f"{describe(self.config.position)} draws its positions at random at evaluation "
                 f"(eval_positions: sampled), which a KV cache cannot follow: load the model with "
@@ -370,13 +429,20 @@ class GPT(nn.Module):
             offsets=offsets,
             dtype=cache_dtype(ref),
             device=ref.device,
+            spans=[layer_type.cache_span() for layer_type in self.layer_types],
         )
         self.check_renumbering(cache.renumbered)
         return cache
 
     def check_renumbering(self, renumbered: bool) -> None:
         """ValueError for sinks at cache positions under a scheme that adds positions to the
-        embeddings (sinusoidal): those are in every cached key and value and cannot be moved."""
+        embeddings (sinusoidal): those are in every cached key and value and cannot be moved; and
+        under layers with windows or chunks of their own, whose keys are not renumbered."""
+        if renumbered and any(layer_type.masked for layer_type in self.layer_types):
+            raise ValueError(
+                "sink_positions='cache' renumbers the positions of one window, but this model's layers have "
+                "windows or chunks of their own (model.layers): use sink_positions='absolute'"
+            )
         if renumbered and self.positions.embeds:
             raise ValueError(
                 f"sink_positions='cache' renumbers positions inside attention, but {self.positions.kind} "
@@ -423,7 +489,7 @@ class GPT(nn.Module):
         FSDP the head's weight is whole only inside a forward pass, so losses are taken this way.
         """
         B, T = idx.shape
-        if self.positions.draws_at_evaluation and not self.training and B > 1:
+        if any(scheme.draws_at_evaluation for scheme in self.schemes()) and not self.training and B > 1:
             # positions drawn at evaluation (randomized, eval_positions: sampled): one draw per row, so that
             # the rows of a batch are independent samples and no score depends on how rows were batched
             rows = [
@@ -445,7 +511,8 @@ class GPT(nn.Module):
             if weights_of is not None:
                 return tuple(torch.cat(part) for part in zip(*rows))
             return torch.cat(rows) if head is None else self.head_of(torch.cat(rows), head)
-        self.positions.check_positions((cache.length if cache is not None else 0) + T - 1)
+        for scheme in self.schemes():
+            scheme.check_positions((cache.length if cache is not None else 0) + T - 1)
         if cache is not None:
             if cache.batch_size != B:
                 raise ValueError(f"batch of {B} sequences does not match the cache's batch size {cache.batch_size}")
@@ -454,7 +521,8 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(T, device=idx.device, dtype=torch.float32)
             context_len = context_len or T
-        self.positions.start(pos)  # the positions of the sequence's slots (rows of their own differ below)
+        for scheme in self.schemes():
+            scheme.start(pos)  # the positions of the sequence's slots (rows of their own differ below)
         documents = None
         if restart_positions and end_of_text is None:
             raise ValueError("restart_positions restarts them at each end_of_text id: give end_of_text too")
@@ -484,6 +552,8 @@ class GPT(nn.Module):
         if renumbered and weights_of is not None:
             raise ValueError("attention weights are not written out for sinks at cache positions")
         fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered, documents)
+        if self.layer_positions is not None:
+            fp = fp._replace(schemes=tuple(self.layer_schemes))
         out = (body or self.body)(idx, fp, return_hidden or head is not None)
         if cache is not None:
             cache.commit()

@@ -36,6 +36,11 @@ Scalings, with s = factor and L = original_max_positions (the ORIGINAL training 
   that passes L recomputes its cache once, so every key is rotated with the long factors from
   then on: what transformers' Phi-3 ``generate`` does (its ``prepare_inputs_for_generation``
   drops the cache at that step), and what models imported from Phi-3 take.
+* ``proportional`` (p-RoPE: Barbero et al. 2025, "Round and Round We Go! What makes Rotary Positional
+  Encodings useful?"; Gemma 4's global layers; HF ``_compute_proportional_rope_parameters``): the first
+  int(F * d // 2) pairs keep inv_i / s, the rest get 0 (never rotated), F = ``fraction`` in [0, 1]
+  (default 1), s = ``factor`` (default 1); no attention factor. HF's F (its partial_rotary_factor) spans
+  head_dim, as here with ``rotary_fraction`` 1; with a smaller one p-RoPE acts within the ``rot`` dims.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from minilm.positions.base import (
     register,
 )
 
-SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
 SCALING_KEYS = (
     "type",
     "factor",
@@ -67,10 +72,12 @@ SCALING_KEYS = (
     "long_factor",
     "attention_factor",
     "switch",
+    "fraction",
 )
 EXTRA_KEYS = {
     "llama3": ("low_freq_factor", "high_freq_factor"),
     "longrope": ("short_factor", "long_factor", "attention_factor", "switch"),
+    "proportional": ("fraction",),
 }  # keys only these types take
 LONGROPE_SWITCHES = ("context", "positions", "refill")  # what picks the long factors (module docstring)
 
@@ -142,7 +149,8 @@ def longrope_attention_factor(factor: float, original: int) -> float:
 @register("rope")
 class RoPE(PositionScheme):
     description = (
-        "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn/llama3/longrope"
+        "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn/llama3/longrope/"
+        "proportional"
     )
     options = {"base": 10000.0, "rotary_fraction": 1.0, "scaling": None}
 
@@ -182,7 +190,8 @@ class RoPE(PositionScheme):
             raise PositionError(f"rope: scaling.type={kind!r} is unknown: {suggest(kind, SCALING_TYPES)}")
         for key in scaling:
             if any(key in keys for keys in EXTRA_KEYS.values()) and key not in EXTRA_KEYS.get(kind, ()):
-                raise PositionError(f"rope: scaling.{key} is not an option of scaling.type={kind}")
+                owner = ", ".join(t for t, keys in EXTRA_KEYS.items() if key in keys)
+                raise PositionError(f"rope: scaling.{key} is not an option of scaling.type={kind}, only of {owner}")
         if kind == "none" and scaling.get("factor") not in (None, 1, 1.0):
             raise PositionError(
                 f"rope: scaling.factor={scaling['factor']!r} has no effect without a scaling.type: "
@@ -206,6 +215,10 @@ class RoPE(PositionScheme):
             out.update(self._check_llama3(scaling))
         if kind == "longrope":
             out.update(self._check_longrope(scaling, out["factor"], out["original_max_positions"]))
+        if kind == "proportional":
+            fraction = 1.0 if scaling.get("fraction") is None else scaling["fraction"]  # None: unset, as factor
+            check_number("rope", "scaling.fraction", fraction, low=0, low_open=False, high=1)
+            out["fraction"] = float(fraction)
         return out
 
     @staticmethod
@@ -261,6 +274,9 @@ class RoPE(PositionScheme):
         if kind == "longrope":
             factors = self.scaling["long_factor" if (context_len or L) > L else "short_factor"]
             return rope_inv_freq(d, self.base) / torch.tensor(factors, dtype=torch.float64)
+        if kind == "proportional":  # as HF: pairs from int(F * d // 2) on at frequency 0, the exponent over all d
+            kept = torch.arange(d // 2) < int(self.scaling["fraction"] * d // 2)
+            return torch.where(kept, rope_inv_freq(d, self.base) / s, 0.0)
         return rope_inv_freq(d, self.base)
 
     def refill_length(self) -> Optional[int]:
