@@ -336,6 +336,7 @@ SHIPPED = sorted(
     if not name.startswith("extend") and not name.endswith("_shape.yaml")
 )
 EXPORTS = {"rope.yaml": "qwen3", "learned.yaml": "gpt2", "alibi.yaml": "mpt"}
+PER_LAYER = ("rnope_swa.yaml", "smollm3_nope.yaml")  # model.layers
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -373,6 +374,9 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
     if name not in EXPORTS:
         assert result.returncode == 2 and not (tmp_path / "hf").exists()
         lines = result.stderr.strip().splitlines()
+        if name in PER_LAYER:  # positions per layer: no family exports them yet (Gemma, Cohere2, ... to come)
+            assert len(lines) == 1 and "model.layers=" in lines[0] and "has no Llama equivalent" in lines[0], lines
+            return
         assert len(lines) == 1 and "exportable: rope" in lines[0] and "alibi (MPT)" in lines[0], result.stderr
         return
     assert result.returncode == 0, result.stderr[-2000:]

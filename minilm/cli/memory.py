@@ -12,6 +12,7 @@ from minilm.common import MinilmError, markdown_table
 from minilm.config import ConfigError, ModelConfig
 from minilm.configfile import load_config, was_given
 from minilm.hf.reading import is_hf_source, read_model_tree
+from minilm.positions.layers import cache_slots, layer_types
 from minilm.training.memory import ROWS, lora_counts, step_memory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -34,6 +35,13 @@ def main(argv=None) -> int:
         default="bfloat16",
         help="the compute dtype of weights and activations (default: bfloat16); the master weights, "
         "gradients and optimiser state are float32",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="also the KV cache of one sequence at this many tokens, per layer type (model.layers), "
+        "beside the same model with every layer global (default: block_size)",
     )
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
@@ -83,7 +91,30 @@ def run(args) -> int:
         )
     if config.train.optimizer == "muon":
         print("optimizer: Muon under ddp; fsdp refuses Muon, so its rows count AdamW")
+    print_cache(model, args.context if args.context is not None else model.block_size, DTYPES[args.dtype])
     return 0
+
+
+def print_cache(model: ModelConfig, context: int, dtype: torch.dtype) -> None:
+    """The KV cache of one sequence of ``context`` tokens, by layer type: each layer keeps its window or
+    chunk where that is shorter (``minilm.positions.layers.cache_slots``); float32 on the CPU for a
+    bf16/fp16 model (``minilm.model.cache.cache_dtype``), counted here in ``dtype`` as on an accelerator."""
+    if context < 1:
+        raise ConfigError(f"--context {context} is invalid: expected a number of tokens >= 1")
+    types = layer_types(model.layers, model.position, model.n_layer)
+    per_slot = 2 * (model.n_kv_head or model.n_head) * model.head_dim * dtype.itemsize  # a key and a value
+    slots = cache_slots(types, context)
+    rows = []
+    for name in dict.fromkeys(t.name for t in types):
+        held = [n for t, n in zip(types, slots) if t.name == name]
+        rows.append((name, len(held), f"{held[0]:,}", f"{sum(held) * per_slot / 2**20:.2f}"))
+    total, uniform = sum(slots) * per_slot, len(types) * context * per_slot
+    print(f"KV cache of one sequence at a context of {context:,} tokens ({str(dtype).split('.')[-1]}), MiB:")
+    print(markdown_table(("layer type", "layers", "key slots each", "MiB"), rows, align="lrrr"))
+    print(
+        f"total {total / 2**20:.2f} MiB against {uniform / 2**20:.2f} MiB with every layer global "
+        f"({total / uniform:.3f} of it)"
+    )
 
 
 def counted_model(config) -> tuple:

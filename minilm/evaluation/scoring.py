@@ -162,7 +162,7 @@ def score_many(
     sums = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     counts = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     device = next(model.parameters()).device
-    runs = _runs(n, requests, shared=model.positions.prefix_invariant)
+    runs = _runs(n, requests, shared=all(scheme.prefix_invariant for scheme in model.schemes()))
     groups: dict = {}
     for begin, end in runs:  # stretches of one length go through the model together
         groups.setdefault(end - begin, []).append((begin, end))

@@ -57,6 +57,7 @@ from minilm.common import MinilmError, available_memory, peak_memory, shown
 from minilm.generation.compiled import compiled_body
 from minilm.generation.lean import lean_body
 from minilm.model.cache import SINK_POSITIONS, cache_dtype
+from minilm.positions.layers import cache_slots
 
 PROGRESS_CHUNKS = 16  # a prompt prefilled in at least this many chunks past the window shows a progress bar
 
@@ -174,7 +175,8 @@ def check_cache_memory(
     c = model.config
     ref = model.wte.weight
     heads = model.blocks[0].attn.n_kv_head
-    need = 2 * c.n_layer * batch_size * heads * capacity * c.head_dim * cache_dtype(ref).itemsize  # k and v
+    slots = sum(cache_slots(model.layer_types, capacity))  # each layer's window, or the capacity
+    need = 2 * batch_size * heads * slots * c.head_dim * cache_dtype(ref).itemsize  # k and v
     need += batch_size * prefill * (c.vocab_size + 2 * c.d_ff + 4 * c.d_model) * ref.element_size()
     free = available_memory(ref.device)
     if free is not None and need > free:

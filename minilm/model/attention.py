@@ -239,7 +239,7 @@ def attend_written_out(
     else:
         sinks = sink_logits.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         weights = torch.softmax(torch.cat([scores.float(), sinks], dim=-1), dim=-1)[..., :-1]
-    weights = F.dropout(weights.to(q.dtype), p=dropout_p)
+    weights = F.dropout(weights.to(v.dtype), p=dropout_p)
     out = weights @ v
     return (out + scheme.value_term(weights, q_pos, k_pos).to(v.dtype) if scheme.has_value_term else out), weights
 

@@ -107,7 +107,7 @@ def trainable_names(model: nn.Module, also_train: Sequence[str]) -> set:
             or "embeddings" in also_train
             and (name.startswith("wte.") or name.startswith("value_embeds."))
             or "position" in also_train
-            and name.startswith("positions.")
+            and name.startswith(("positions.", "layer_positions."))
             or "head" in also_train
             and name.startswith("lm_head.")
         ):

@@ -167,6 +167,12 @@ def layer_types(layers, position: dict, n_layer: int) -> list:
     return [types[pattern[i % len(pattern)]] for i in range(n_layer)]
 
 
+def cache_slots(types: list, capacity: int) -> list:
+    """The key slots each layer keeps in a KV cache of ``capacity`` tokens: its window or chunk where
+    that is shorter (``LayerType.cache_span``), else the capacity."""
+    return [capacity if t.cache_span() is None else min(t.cache_span(), capacity) for t in types]
+
+
 def query_scale_factor(pos: torch.Tensor, scale: dict) -> torch.Tensor:
     """1 + beta ln(1 + floor((p + offset) / floor)) at positions ``pos`` (any shape; negative
     positions, padding, count as 0): the query scaling of Llama 4 (offset 1) and Ministral 3

@@ -244,10 +244,12 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
             continue
         if muon and is_hidden_matrix(name, param):
             matrices.append(param)
-        elif own_group and name.startswith("positions."):
+        elif own_group and name.startswith(("positions.", "layer_positions.")):
             positions.append(param)
         else:
-            (decay if param.dim() >= 2 and not name.startswith("positions.") else no_decay).append(param)
+            (
+                decay if param.dim() >= 2 and not name.startswith(("positions.", "layer_positions.")) else no_decay
+            ).append(param)
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if positions:
         groups.append({"params": positions, "weight_decay": 0.0, "lr_scale": t.position_lr_scale})
