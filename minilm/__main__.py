@@ -22,7 +22,7 @@ USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [
   train --config rope.yaml [key=value ...]   train a model (the shipped configs: rope.yaml, alibi.yaml, ...)
   generate --checkpoint DIR "PROMPT"         stream a continuation from a checkpoint
   evaluate CHECKPOINT ...                    perplexity and bits/char by length; --stream for StreamingLLM
-  positions list|plot ...                    the position registry: list it, draw a scheme
+  positions list|plot|layers ...             the position registry: list it, draw a scheme, a config's layers
   passkey eval|make-corpus ...               passkey retrieval
   longeval CHECKPOINT                        the long-context suite (needles, queries, variable tracking)
   lmeval CHECKPOINT --tasks T                lm-evaluation-harness tasks (the eval extra)

@@ -244,7 +244,10 @@ def test_a_rolling_cache_with_sinks_and_layer_windows():
 BAD = [
     ({"pattern": "local"}, "model.layers.pattern='local' is invalid: expected a list of layer type names"),
     ({"local": {"window": 4}}, "expected a mapping with a 'pattern'"),
-    ({"pattern": ["local", "globl"], "local": {}, "global": {}}, "names 'globl', which model.layers does not define: did you mean global"),
+    (
+        {"pattern": ["local", "globl"], "local": {}, "global": {}},
+        "names 'globl', which model.layers does not define: did you mean global",
+    ),
     ({"pattern": ["local"], "local": {}, "global": {}}, "model.layers.global is not in model.layers.pattern"),
     ({"pattern": ["a"], "a": {"windows": 4}}, "model.layers.a: unknown key 'windows'.*window"),
     ({"pattern": ["a"], "a": {"window": 0}}, "model.layers.a.window=0 is invalid: expected an integer from 1"),
@@ -270,3 +273,21 @@ def test_a_layer_type_cannot_embed_positions():
     tree = {"model": {"layers": {"pattern": ["a"], "a": {"position": {"kind": "rope", "base": 0.5}}}}}
     with pytest.raises(ConfigError, match="model.layers: rope: base=0.5 is invalid"):
         build_config(tree)
+
+
+def test_a_scheme_with_only_a_value_term_is_not_skipped():
+    """``attend`` takes the written-out path for a value term without a bias (it looked at the bias alone)."""
+
+    class ValuesOnly(scheme_class("none")):
+        has_value_term = True
+
+        def value_term(self, weights, q_pos, k_pos):
+            return torch.ones(*weights.shape[:3], 4)
+
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    pos = torch.arange(5.0)
+    plain = attend(
+        q, k, v, pos, pos, scheme_class("none")(d_model=8, n_head=2, block_size=8), cached=False, window=None
+    )
+    added = attend(q, k, v, pos, pos, ValuesOnly(d_model=8, n_head=2, block_size=8), cached=False, window=None)
+    torch.testing.assert_close(added, plain + 1)

@@ -4,6 +4,7 @@ usage:
   python -m minilm positions list
   python -m minilm positions plot KIND [--OPTION VALUE ...] [--d-model N] [--n-head N] [--block-size N] --out FILE.png
   python -m minilm positions plot [KIND] --checkpoint OUT_DIR_OR_CKPT --out FILE.png
+  python -m minilm positions layers [CONFIG] [key=value ...] [--out FILE.png] [--length N]
 
 ``list`` prints every registered kind with its description and options (defaults).
 ``plot`` draws the figure suited to a kind (the figures: minilm/figures/positions.py). Options are the kind's
@@ -12,6 +13,12 @@ options from the registry, values parsed as YAML; nested ones take dots:
   plot interpolated --inner.kind alibi --factor 2 --out alibi_pi.png
 With --checkpoint the kind, options and model shape come from the checkpoint and the
 figure shows its trained values (a KIND that disagrees is an error).
+``layers`` prints a config's layer design (model.layers; default config rope.yaml) as a table, one row
+per layer: its type, position, window, chunk, learned sinks, soft-cap and query scale. With --out it
+draws one panel per layer type: the keys each query sees over N positions (--length, default 3 x the
+largest window or chunk, else 32), as the model's attention mask computes them (minilm/figures/layers.py):
+  layers rnope_swa.yaml --out layers.png
+  layers 'model.layers={pattern: [local, global], local: {window: 8}, global: {}}' --out mine.png
 """
 
 from __future__ import annotations
@@ -24,16 +31,20 @@ import yaml
 
 from minilm.checkpoints.loading import load_model
 from minilm.cli import run_command
-from minilm.common import MinilmError
+from minilm.common import MinilmError, markdown_table
 from minilm.config import ModelConfig
-from minilm.configfile import apply_overrides
+from minilm.configfile import apply_overrides, load_config
 from minilm.figures import positions as plots
-from minilm.figures.canvas import require_matplotlib
-from minilm.positions import available, build, canonical, scheme_class
+from minilm.figures.canvas import check_figure_path, require_matplotlib
+from minilm.figures.layers import plot_layers, query_scale_text
+from minilm.positions import available, build, canonical, describe, scheme_class
+from minilm.positions.layers import layer_types
 
 SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
 MAX_SHAPE = {"d-model": 16384, "n-head": 1024, "block-size": 16384}  # what a figure can draw in memory
 DEFAULT_SHAPE = {name: getattr(ModelConfig(), name) for name in SHAPE.values()}  # the model's own defaults
+LENGTH = (2, 4096)  # the positions a layers figure may draw: every one against every other
+UNSET = "\u2014"  # a table cell for a setting a layer type leaves unset
 
 
 class UsageError(MinilmError):
@@ -158,13 +169,100 @@ def plot(argv) -> str:
     return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
 
 
+def parse_layers_args(argv) -> dict:
+    """Split ``layers`` arguments into the config file, its ``key=value`` overrides, --out and --length."""
+    parsed = {"config": None, "overrides": [], "out": None, "length": None}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            if "=" in token:
+                parsed["overrides"].append(token)
+            elif parsed["config"] is None:
+                parsed["config"] = token
+            else:
+                raise UsageError(f"unexpected argument {token!r}: give one CONFIG, then key=value overrides")
+            continue
+        name, eq, value = token[2:].partition("=")
+        if name not in ("out", "length"):
+            raise UsageError(f"unknown option --{name} for layers: valid: --out FILE.png, --length N")
+        if not eq:
+            if i >= len(argv) or argv[i].startswith("--"):
+                raise UsageError(f"--{name} needs a value (--{name} VALUE or --{name}=VALUE)")
+            value, i = argv[i], i + 1
+        parsed[name] = value
+    if parsed["length"] is not None:
+        number = _yaml("length", parsed["length"])
+        if not isinstance(number, int) or isinstance(number, bool) or not LENGTH[0] <= number <= LENGTH[1]:
+            raise UsageError(
+                f"--length={parsed['length']!r} is invalid: expected an integer from {LENGTH[0]} to {LENGTH[1]:,} "
+                f"(the figure draws every position against every other)"
+            )
+        if parsed["out"] is None:
+            raise UsageError("--length sets the positions of the figure: give --out FILE.png too")
+        parsed["length"] = number
+    return parsed
+
+
+def layer_rows(types: list, uniform: bool) -> list:
+    """The rows of the layer design table: one per layer, or, when every layer is ``model.position``
+    (``uniform``: no model.layers), one row for them all."""
+
+    def cells(t):
+        return (
+            t.name,
+            describe(t.position),
+            UNSET if t.window is None else t.window,
+            UNSET if t.chunk is None else t.chunk,
+            "yes" if t.sinks else UNSET,
+            f"{t.softcap:g}" if t.softcap else UNSET,
+            UNSET if t.query_scale is None else query_scale_text(t.query_scale),
+        )
+
+    if uniform:
+        return [(f"0-{len(types) - 1}" if len(types) > 1 else "0", "all (model.position)", *cells(types[0])[1:])]
+    return [(index, *cells(t)) for index, t in enumerate(types)]
+
+
+def default_length(types: list) -> int:
+    """3 x the largest window or chunk of the layer types (at most LENGTH's top), else 32."""
+    spans = [s for t in types for s in (t.window, t.chunk) if s is not None]
+    return min(LENGTH[1], 3 * max(spans)) if spans else 32
+
+
+def layers(argv) -> str:
+    """The config's layer design as a markdown table, and with --out its figure."""
+    args = parse_layers_args(argv)
+    if args["out"] is not None:
+        check_figure_path(args["out"])  # matplotlib and the image format, before any work
+    name = args["config"] or "rope.yaml"
+    model = load_config(name, args["overrides"]).model
+    types = layer_types(model.layers, model.position, model.n_layer)
+    if model.layers is None:
+        head = f"{name}: {model.n_layer} layers; model.layers unset: every layer is model.position"
+    else:
+        head = f"{name}: {model.n_layer} layers, model.layers.pattern [{', '.join(model.layers['pattern'])}] repeated"
+    table = markdown_table(
+        ("layer", "type", "position", "window", "chunk", "learned sinks", "softcap", "query scale"),
+        layer_rows(types, uniform=model.layers is None),
+        align="lllrrlrl",
+    )
+    lines = [head, table]
+    if args["out"] is not None:
+        length = args["length"] or default_length(types)
+        drawn = plot_layers(types, args["out"], length=length, source=name)
+        lines.append(f"wrote {drawn.path}: the keys each query sees over {length} positions, one panel per layer type")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and (argv[0] in ("-h", "--help") or "--help" in argv or "-h" in argv):
         print(__doc__.strip())
         return 0
     if not argv:
-        print("error: give a command: list or plot (see python -m minilm positions --help)", file=sys.stderr)
+        print("error: give a command: list, plot or layers (see python -m minilm positions --help)", file=sys.stderr)
         return 2
     return run_command(lambda: _run(argv[0], argv[1:]))
 
@@ -176,6 +274,8 @@ def _run(command: str, rest: list) -> int:
         print(list_schemes())
     elif command == "plot":
         print(plot(rest))
+    elif command == "layers":
+        print(layers(rest))
     else:
-        raise UsageError(f"unknown command {command!r}: valid: list, plot")
+        raise UsageError(f"unknown command {command!r}: valid: list, plot, layers")
     return 0

@@ -66,6 +66,8 @@ def unavailable(model, setup: str, length: int) -> str:
         return f"n/a ({model.positions.kind} positions are bounded)"
     if setup == "sinks-cache" and model.positions.embeds:
         return f"n/a ({model.positions.kind} positions are in the embeddings)"
+    if setup == "sinks-cache" and any(layer_type.masked for layer_type in model.layer_types):
+        return "n/a (layers with windows of their own: sinks at absolute positions only)"
     return ""
 
 

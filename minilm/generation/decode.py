@@ -205,6 +205,11 @@ def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: st
             f"sink_positions=cache renumbers positions inside attention, but "
             f"{model.positions.kind} positions are added to the embeddings: use sink_positions=absolute"
         )
+    if sinks and sink_positions == "cache" and any(layer_type.masked for layer_type in model.layer_types):
+        raise GenerationError(
+            "sink_positions=cache renumbers the positions of one window, but this model's layers have windows "
+            "or chunks of their own (model.layers): use sink_positions=absolute"
+        )
     if sinks and sink_positions == "cache" and compile:
         raise GenerationError(
             "the compiled step keeps absolute positions: with sink_tokens use "

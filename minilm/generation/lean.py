@@ -25,9 +25,9 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from minilm.model.attention import attend
+from minilm.model.attention import attend, scale_queries
 from minilm.model.functional import activation, rms_norm
-from minilm.model.gpt import GPT, ForwardPass, RMSNorm, scale_queries, split_heads
+from minilm.model.gpt import GPT, ForwardPass, RMSNorm, split_heads
 from minilm.positions.layers import LayerType
 
 
@@ -107,7 +107,7 @@ def lean_body(model: GPT) -> Callable:
         window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
         B, T, C = x.shape
         for i, layer in enumerate(layers):  # CausalSelfAttention.forward, MLP.forward and Block.forward
-            scheme = fp.scheme_of(i)
+            scheme = fp.schemes[i] if fp.schemes else fp.scheme
             q, k, v = split_heads(
                 F.linear(layer.ln_1(x), *layer.qkv), heads, kv_heads, head_dim, layer.q_norm, layer.k_norm, fp, scheme
             )

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm.positions import PositionScheme
-from minilm.positions.layers import LayerType
+from minilm.positions.layers import LayerType, query_scale_factor
 
 # Largest number of bias/mask entries (batch x heads x queries x keys) built at once; longer
 # inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
@@ -321,3 +321,12 @@ def attend_rows(
     if need_weights:
         return torch.cat([out for out, _ in results]), torch.cat([w for _, w in results])
     return torch.cat(results)
+
+
+def scale_queries(q: torch.Tensor, pos: torch.Tensor, layer_type: LayerType) -> torch.Tensor:
+    """q (B, heads, T, head_dim) times the layer's query scale at positions ``pos`` ((T,), or (B, T)
+    for rows of their own; ``minilm.positions.layers.query_scale_factor``); q itself without one."""
+    if layer_type.query_scale is None:
+        return q
+    factor = query_scale_factor(pos, layer_type.query_scale)
+    return (q * (factor[:, None, :, None] if factor.dim() == 2 else factor[:, None])).to(q.dtype)

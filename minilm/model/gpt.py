@@ -14,15 +14,14 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
 * ``tie_embeddings: false``: an LM head of its own.
 
-The position scheme is a plug-in from ``minilm.positions`` and acts through its hooks:
-``start`` once per forward pass, ``embed`` after the token embedding, ``rotate`` on q and k
-in every layer (before the cache write; after it, at cache positions, for sinks placed there:
-``attend_in_cache``), ``bias`` on the attention logits and
-``value_term`` on the attention output. Each block's attention reads one ``ForwardPass``. Positions are explicit
-tensors:
-``cache.length .. cache.length+T-1`` with a cache, ``0..T-1`` without; rows of their own
-(left-padded prompts, documents that restart at each end-of-text id) hold one row of positions
-each (``minilm.model.attention.attend_rows``).
+The position scheme is a plug-in from ``minilm.positions`` and acts through its hooks: ``start`` once per
+forward pass, ``embed`` after the token embedding, ``rotate`` on q and k in every layer (before the cache
+write; after it, at cache positions, for sinks placed there: ``attend_in_cache``), ``bias`` on the attention
+logits and ``value_term`` on the attention output; ``model.layers`` gives each layer a scheme, window, chunk,
+learned sinks, soft-cap and query scale of its own (``minilm.positions.layers``). Each block's attention reads
+one ``ForwardPass``. Positions are explicit tensors: ``cache.length .. cache.length+T-1`` with a cache,
+``0..T-1`` without; rows of their own (left-padded prompts, documents that restart at each end-of-text id)
+hold one row of positions each (``minilm.model.attention.attend_rows``).
 """
 
 from __future__ import annotations
@@ -35,11 +34,19 @@ import torch.utils.checkpoint
 from torch import nn
 
 from minilm.config import ModelConfig
-from minilm.model.attention import attend, attend_in_cache, attend_rows, document_layout, rotate_rows, row_layout
+from minilm.model.attention import (
+    attend,
+    attend_in_cache,
+    attend_rows,
+    document_layout,
+    rotate_rows,
+    row_layout,
+    scale_queries,
+)
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.model.functional import activation, linear, rms_norm
 from minilm.positions import PositionError, PositionScheme, build, describe
-from minilm.positions.layers import LayerType, layer_types, query_scale_factor
+from minilm.positions.layers import LayerType, layer_types, own_settings
 
 
 class ForwardPass(NamedTuple):
@@ -59,10 +66,6 @@ class ForwardPass(NamedTuple):
     documents: Optional[torch.Tensor] = None  # (B, T): the document of each token (``data.document_mask``)
     values: Optional[list] = None  # model.value_embeddings: per layer, (B, T, n_kv_head * head_dim) added to v
     schemes: tuple = ()  # model.layers: each layer's position scheme (empty: ``scheme`` in every layer)
-
-    def scheme_of(self, layer: int) -> PositionScheme:
-        """The position scheme of ``layer``'s attention."""
-        return self.schemes[layer] if self.schemes else self.scheme
 
     @property
     def per_row(self) -> bool:
@@ -128,15 +131,6 @@ def split_heads(
     return qk[:, :n_head], qk[:, n_head:], v
 
 
-def scale_queries(q: torch.Tensor, pos: torch.Tensor, layer_type: LayerType) -> torch.Tensor:
-    """q (B, heads, T, head_dim) times the layer's query scale at positions ``pos`` ((T,), or (B, T)
-    for rows of their own; ``minilm.positions.layers.query_scale_factor``); q itself without one."""
-    if layer_type.query_scale is None:
-        return q
-    factor = query_scale_factor(pos, layer_type.query_scale)
-    return (q * (factor[:, None, :, None] if factor.dim() == 2 else factor[:, None])).to(q.dtype)
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
     "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
@@ -144,9 +138,8 @@ class CausalSelfAttention(nn.Module):
     Keys are rotated and cached with n_kv_head heads and repeated g times just before attention.
     With ``qk_norm`` each head's q and k go through an RMSNorm over head_dim (weights shared by the
     heads, as Qwen3 has it; Henry et al. 2020, "Query-Key Normalization for Transformers")
-    before the position scheme rotates them, so the cache holds normalised keys. Its ``layer_type``
-    (``minilm.positions.layers``) adds the layer's window, chunk, learned sinks (``sink_logits``),
-    soft-cap and query scaling; its position scheme is the forward pass's for its layer."""
+    before the position scheme rotates them, so the cache holds normalised keys. Its ``layer_type`` adds the
+    layer's window, chunk, learned sinks (``sink_logits``), soft-cap and query scale (``minilm.positions.layers``)."""
 
     def __init__(self, config: ModelConfig, layer_type: Optional[LayerType] = None):
         super().__init__()
@@ -178,7 +171,7 @@ class CausalSelfAttention(nn.Module):
         """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
         (output, attention weights (B, n_head, T, keys))."""
         B, T, C = x.shape
-        scheme = fp.scheme_of(layer)
+        scheme = fp.schemes[layer] if fp.schemes else fp.scheme
         q, k, v = self.project(x, fp, scheme)
         if fp.values is not None:  # before the cache write: the cache holds the values attention reads
             v = v + fp.values[layer].view(B, T, -1, self.head_dim).transpose(1, 2)
@@ -318,32 +311,13 @@ class GPT(nn.Module):
             head_dim=config.head_dim,
         )
         self.layer_types = layer_types(config.layers, config.position, config.n_layer)
-        # one scheme per distinct setting of a layer type other than model.position's (a uniform model has none)
-        own = {}
-        for layer_type in self.layer_types:
-            if layer_type.position != config.position and layer_type.position not in own.values():
-                own[layer_type.name] = layer_type.position
-        self.layer_positions = (
-            nn.ModuleDict(
-                {
-                    name: build(
-                        position,
-                        d_model=config.d_model,
-                        n_head=config.n_head,
-                        block_size=config.block_size,
-                        head_dim=config.head_dim,
-                    )
-                    for name, position in own.items()
-                }
-            )
-            if own
-            else None
-        )
-        names = {str(position): name for name, position in own.items()}
-        self.layer_schemes = [
-            self.layer_positions[names[str(t.position)]] if t.position != config.position else self.positions
-            for t in self.layer_types
-        ]  # a plain list: the modules are registered once, under positions and layer_positions
+        own = own_settings(self.layer_types, config.position)  # a uniform model has none
+        shape = {"d_model": config.d_model, "n_head": config.n_head, "block_size": config.block_size}
+        built = {name: build(position, head_dim=config.head_dim, **shape) for name, position in own.items()}
+        self.layer_positions = nn.ModuleDict(built) if built else None
+        self.layer_schemes = [  # a plain list: the modules are registered once, under positions and layer_positions
+            next((built[n] for n, p in own.items() if p == t.position), self.positions) for t in self.layer_types
+        ]
         self.wte = nn.Embedding(config.vocab_size, config.d_model - concat)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, layer_type) for layer_type in self.layer_types)
@@ -467,26 +441,22 @@ class GPT(nn.Module):
     ):
         """Logits (B, T, vocab) for tokens ``idx`` (B, T).
 
-        Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each
-        query to the last ``window`` positions (sliding-window attention, what a rolling cache
-        computes), and ``sinks`` keeps the first positions in it too (what a rolling cache with
-        sinks computes, with the sinks placed by ``sink_positions`` as in ``minilm.model.cache``,
-        default the first of SINK_POSITIONS; a cache has its own placement, which
-        ``sink_positions`` may only repeat). With a cache they sit at cache.length.., attend to everything cached, and
-        the cache advances. ``context_len`` is the length dynamic RoPE scaling sees (default:
-        T without a cache, the cache capacity with one). ``return_hidden`` returns the final
-        normalised hidden states instead of logits (for memory-friendly chunked losses).
-        ``body`` replaces ``self.body`` (a compiled one: ``minilm.generation.compiled``; the lean
-        decode step: ``minilm.generation.lean``).
-        ``weights_of`` (a layer index) returns (logits, that layer's attention weights (B,
-        n_head, T, keys)), computed by the written-out attention (``minilm.figures.attention``).
-        ``end_of_text`` (an id; no cache, no window): rows hold documents that each end with
-        that id and attention stops at their boundaries; ``restart_positions`` also numbers
-        each document from 0 (``data.document_mask``). A cache made with ``offsets`` holds
-        left-padded rows, each at its own positions (``new_cache``).
-        ``head(hidden, lm_head_weight, logit_softcap)``: what to return instead of the logits, computed
-        inside the forward pass from the final hidden states (a loss that never forms the logits). Under
-        FSDP the head's weight is whole only inside a forward pass, so losses are taken this way.
+        Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each query to the
+        last ``window`` positions (what a rolling cache computes), and ``sinks`` keeps the first positions in
+        it too, placed by ``sink_positions`` as in ``minilm.model.cache`` (default the first of SINK_POSITIONS;
+        a cache has its own placement, which ``sink_positions`` may only repeat). With a cache they sit at
+        cache.length.., attend to everything cached, and the cache advances. ``context_len`` is the length
+        dynamic RoPE scaling sees (default: T without a cache, the cache capacity with one).
+        ``return_hidden``: the final normalised hidden states instead of logits. ``body`` replaces
+        ``self.body`` (a compiled one: ``minilm.generation.compiled``; the lean decode step:
+        ``minilm.generation.lean``). ``weights_of`` (a layer index): (logits, that layer's attention weights
+        (B, n_head, T, keys)), written out (``minilm.figures.attention``). ``end_of_text`` (an id; no cache,
+        no window): rows hold documents that each end with that id and attention stops at their boundaries;
+        ``restart_positions`` also numbers each document from 0 (``data.document_mask``). A cache made with
+        ``offsets`` holds left-padded rows, each at its own positions (``new_cache``).
+        ``head(hidden, lm_head_weight, logit_softcap)``: what to return instead of the logits, computed inside
+        the forward pass (a loss that never forms the logits; under FSDP the head's weight is whole only
+        inside a forward pass, so losses are taken this way).
         """
         B, T = idx.shape
         if any(scheme.draws_at_evaluation for scheme in self.schemes()) and not self.training and B > 1:

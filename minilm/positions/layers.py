@@ -167,6 +167,16 @@ def layer_types(layers, position: dict, n_layer: int) -> list:
     return [types[pattern[i % len(pattern)]] for i in range(n_layer)]
 
 
+def own_settings(types: list, position: dict) -> dict:
+    """{type name: setting} for each distinct position setting of ``types`` other than ``position``
+    (``model.position``), named by the first type that has it: the schemes a model builds apart."""
+    own = {}
+    for layer_type in types:
+        if layer_type.position != position and layer_type.position not in own.values():
+            own[layer_type.name] = layer_type.position
+    return own
+
+
 def cache_slots(types: list, capacity: int) -> list:
     """The key slots each layer keeps in a KV cache of ``capacity`` tokens: its window or chunk where
     that is shorter (``LayerType.cache_span``), else the capacity."""
