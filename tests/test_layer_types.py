@@ -291,3 +291,18 @@ def test_a_scheme_with_only_a_value_term_is_not_skipped():
     )
     added = attend(q, k, v, pos, pos, ValuesOnly(d_model=8, n_head=2, block_size=8), cached=False, window=None)
     torch.testing.assert_close(added, plain + 1)
+
+
+@pytest.mark.parametrize("pattern", ["3local-1global-none", "sliding-full-learned-sinks", "rope-bases"])
+def test_windows_in_chunks_of_queries_over_their_bands(pattern, monkeypatch):
+    """A windowed layer's queries in chunks as wide as its window, each over its band of keys, give the
+    logits and the attention weights of one chunk over every key; documents (end-of-text) too."""
+    model = hybrid(PATTERNS[pattern], {"kind": "alibi"})
+    ids = torch.randint(0, 53, (2, 22))
+    ids[:, 9] = 0
+    with torch.no_grad():
+        whole = [model(ids, weights_of=0), model(ids, end_of_text=0, restart_positions=True)]
+        monkeypatch.setattr("minilm.model.attention.WINDOW_CHUNK", 1)
+        banded = [model(ids, weights_of=0), model(ids, end_of_text=0, restart_positions=True)]
+    for a, b in zip((*whole[0], whole[1]), (*banded[0], banded[1])):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)

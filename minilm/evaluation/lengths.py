@@ -48,6 +48,7 @@ from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES, document_forward, score_many, segments
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.positions import describe
+from minilm.positions.layers import describe_design
 
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
 DEFAULT_MAX_TOKENS = 65536
@@ -223,7 +224,7 @@ def evaluate_checkpoints(
                 common = dict(
                     label=label,
                     checkpoint=path,
-                    position=describe(position),
+                    position=describe_design(position, config.model.layers),
                     train_length=config.model.block_size,
                     length=t,
                     mode=m,

@@ -22,6 +22,7 @@ from minilm.positions.layers import LayerType, query_scale_factor
 # inputs are processed in chunks of queries so that the masks' memory grows linearly with length.
 MASK_BUDGET = 1 << 24
 QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
+WINDOW_CHUNK = 64  # at least this many queries per chunk under a layer's window (each over its band of keys)
 
 
 def visible(
@@ -84,26 +85,34 @@ def attend(
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
             # a static cache's empty slots are hidden, and what the layer's window or chunk hides
-            mask = visible(q_pos, k_pos, window, sinks, layer) if padded or masked else None
+            # (the keys a cache of at most W slots holds without stream sinks are all within a window of W)
+            held = layer is not None and layer.chunk is None and not sinks and Tk <= (layer.window or 0)
+            mask = visible(q_pos, k_pos, window, sinks, layer) if padded or (masked and not held) else None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
+    reach = layer.window if layer is not None and layer.window is not None and not cached else None
+    if reach is not None:  # a window's queries in chunks of about its width, each over its own band of keys
+        chunk = min(chunk, max(reach, WINDOW_CHUNK))
     for start in range(0, Tq, chunk):
         end = min(start + chunk, Tq)
         qp, qc = q_pos[start:end], q[:, :, start:end]
         # without a cache the keys are the queries' own sequence: those after the chunk's last
-        # query are never visible, so each chunk attends to a prefix (half the work overall)
-        kp, kc, vc = (k_pos, k, v) if cached else (k_pos[:end], k[:, :, :end], v[:, :, :end])
+        # query are never visible, so each chunk attends to a prefix (half the work overall); under a
+        # layer's window W, those W or more tokens before its first query are not either (positions never
+        # come closer than the tokens' order: rows restart them only at a document, which is masked)
+        low = 0 if reach is None else max(0, start - reach + 1)
+        kp, kc, vc = (k_pos, k, v) if cached else (k_pos[low:end], k[:, :, low:end], v[:, :, low:end])
         allowed = visible(qp, kp, window, sinks, layer)
         if documents is not None:
-            same = documents[0][..., start:end, None] == documents[1][..., None, : len(kp)]
+            same = documents[0][..., start:end, None] == documents[1][..., None, low : low + len(kp)]
             allowed = allowed & (same if same.dim() == 2 else same[:, None])  # (B, 1, queries, keys) for a batch
         mask = allowed
         if scheme.has_bias:
             mask = torch.where(allowed, scheme.bias(qp, kp, qc).to(q.dtype), float("-inf"))
         out, w = attend_written_out(qc, kc, vc, mask, qp, kp, scheme, dropout_p, layer, sink_logits)
         outputs.append(out)
-        if need_weights:  # keys after a chunk's last query were never visible: weight 0
-            weights.append(F.pad(w, (0, Tk - w.shape[-1])))
+        if need_weights:  # keys outside a chunk's band were never visible: weight 0
+            weights.append(F.pad(w, (low, Tk - low - w.shape[-1])))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return (out, torch.cat(weights, dim=2)) if need_weights else out
 

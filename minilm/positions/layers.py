@@ -167,6 +167,23 @@ def layer_types(layers, position: dict, n_layer: int) -> list:
     return [types[pattern[i % len(pattern)]] for i in range(n_layer)]
 
 
+def describe_design(position: dict, layers) -> str:
+    """A short label of a model's positions: ``describe(position)``, and with ``layers`` each type's
+    differences in pattern order, e.g. 'rope; local x3 window=64, global none'."""
+    if layers is None:
+        return describe(position)
+    parts = []
+    for name in dict.fromkeys(layers["pattern"]):
+        t = read_type(name, layers[name], position)
+        settings = [describe(t.position)] if t.position != position else []
+        settings += [f"{key}={getattr(t, key)}" for key in ("window", "chunk") if getattr(t, key) is not None]
+        settings += ["learned sinks"] * t.sinks + [f"softcap={t.softcap:g}"] * bool(t.softcap)
+        settings += ["query scale"] * (t.query_scale is not None)
+        count = layers["pattern"].count(name)
+        parts.append(f"{name}{f' x{count}' if count > 1 else ''} {' '.join(settings) or 'as model.position'}")
+    return f"{describe(position)}; {', '.join(parts)}"
+
+
 def own_settings(types: list, position: dict) -> dict:
     """{type name: setting} for each distinct position setting of ``types`` other than ``position``
     (``model.position``), named by the first type that has it: the schemes a model builds apart."""
