@@ -241,7 +241,7 @@ def attend_written_out(
     being fully masked (none is here: a query always sees itself) and is slower for it."""
     scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
     if layer is not None and layer.softcap:
-        scores = torch.tanh(scores / layer.softcap).mul_(layer.softcap)
+        scores = torch.tanh(scores / layer.softcap) * layer.softcap  # not in place: tanh keeps its output
     scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
     if sink_logits is None:
         weights = torch.softmax(scores.float(), dim=-1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from minilm.positions.layers import describe_design
 from minilm.training.adapters import count_parameters
 from minilm.training.loggers import open_loggers
 from minilm.training.optim import lr_at
@@ -26,9 +27,10 @@ def start_metrics(run, state: Optional[dict], taken: list = ()) -> None:
         )
     m = config.model
     trainable, frozen = count_parameters(run.raw)
+    position = m.position if m.layers is None else describe_design(m.position, m.layers)
     run.say(
         f"model: {run.raw.num_params() / 1e6:.2f}M "
-        f"parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {m.position}, "
+        f"parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {position}, "
         f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
         f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
         f"{f', {dist.world} processes' if dist.enabled else ''}; "
