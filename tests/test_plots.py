@@ -62,6 +62,13 @@ def test_every_registered_kind_plots_a_png(kind, tmp_path):
     assert_png(path)
 
 
+def test_p_rope_plots_with_its_pairs_at_frequency_zero(tmp_path):
+    """p-RoPE (``scaling.type: proportional``) zeroes the lowest frequencies: they never turn, so they
+    are left off the log axes instead of breaking them."""
+    settings = {"kind": "rope", "scaling": {"type": "proportional", "fraction": 0.25}}
+    assert_png(plots.plot_scheme(build(settings, **SHAPE), settings, str(tmp_path / "p-rope.png")))
+
+
 @pytest.mark.parametrize("kind", ["fire", "kerple", "t5", "learned", "shaw"])
 def test_a_learned_schemes_figure_is_the_same_every_time(kind, tmp_path):
     """Initial values from seed 0, whatever the caller's random state: the manual's figures redraw

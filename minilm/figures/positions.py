@@ -245,6 +245,7 @@ def _draw_frequencies(fig, ax_wave, ax_ratio, c: RopeCurves) -> None:
         ylabel="\u03b8\u1d62 scaled / \u03b8\u1d62 original (log scale)",
     )
     ratios = torch.cat([inv / c.reference for _, _, inv in c.curves] + [c.selected / c.reference])
+    ratios = ratios[ratios > 0]  # p-RoPE's pairs at frequency 0 never turn: off the log axis
     low, high = min(float(ratios.min()), 1 / c.factor) * 0.8, max(float(ratios.max()), 1 / c.factor) * 1.6
     ax_ratio.set_ylim(low, high)
     powers = range(math.floor(math.log2(low)) + 1, math.ceil(math.log2(high)))

@@ -1,10 +1,17 @@
-"""The Llama family both ways (``llama``, ``mistral`` without a sliding window, ``qwen2``,
-``qwen3``): q/k/v projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
+"""The Llama family both ways (``llama``, ``mistral``, ``qwen2``, ``qwen3``; ``smollm3`` in): q/k/v
+projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
 (``mlp: swiglu``), RMSNorm, Qwen2's q/k/v bias as ``qkv_bias``, Qwen3's RMSNorm on each head's
 q and k (``q_norm``, ``k_norm``: one weight of head_dim shared by the heads) as ``qk_norm``,
 and a ``head_dim`` apart from hidden_size / heads (Qwen3's 128). minilm's Llama-style
 ``rope`` models (rmsnorm, swiglu, no biases, a sequential residual) are written as Llama, as
-Qwen2 when they have ``qkv_bias``, and as Qwen3 when they have ``qk_norm``."""
+Qwen2 when they have ``qkv_bias``, and as Qwen3 when they have ``qk_norm``.
+
+Positions per layer come in as ``model.layers`` (``read_layers``), as transformers 5.24's configs
+decide them: Mistral's ``sliding_window`` on every layer; Qwen2/3's ``layer_types`` (by default the
+layers from ``max_window_layers`` on slide, and only with ``use_sliding_window``); SmolLM3's
+``no_rope_layers`` (by default every ``no_rope_layer_interval``-th layer without RoPE), its sliding
+layers being the NoPE ones when ``use_sliding_window`` is set. transformers' window W lets a query
+at p see the keys j > p - W, which is minilm's ``window``. Qwen2 and Qwen3 go out with theirs."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import torch
 
 from minilm.hf.family import Family, Weights, refuse, require, take_head, take_norm
 from minilm.hf.rope import rope_parameters, rope_position
+from minilm.positions.layers import layer_types
 
 
 def llama_style(m) -> bool:
@@ -24,8 +32,6 @@ def read_config(hf: dict, path: str) -> dict:
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for {hf['model_type']}; supported: silu")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
-    if hf.get("sliding_window") and (hf["model_type"] == "mistral" or hf.get("use_sliding_window")):
-        refuse(path, f"sliding_window={hf['sliding_window']} is not supported (Mistral without a sliding window is)")
     return dict(
         vocab_size=hf["vocab_size"],
         n_layer=hf["num_hidden_layers"],
@@ -44,7 +50,63 @@ def read_config(hf: dict, path: str) -> dict:
         tie_embeddings=hf.get("tie_word_embeddings", False),
         position=rope_position(hf, path),
         embedding_scale=1.0,
+        layers=read_layers(hf, path),
     )
+
+
+def read_layers(hf: dict, path: str):
+    """``model.layers`` of a config (None: every layer full attention with RoPE; the module docstring)."""
+    n, kind = hf["num_hidden_layers"], hf["model_type"]
+    window = hf.get("sliding_window")
+    if kind != "mistral" and not hf.get("use_sliding_window"):
+        window = None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        refuse(path, f"sliding_window={window!r} is invalid: expected a number of keys >= 1 or null")
+    rope = [True] * n
+    if kind == "smollm3":
+        rope = hf.get("no_rope_layers") or [int((i + 1) % hf.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
+        if len(rope) != n:
+            refuse(path, f"no_rope_layers has {len(rope)} entries for {n} layers")
+    if kind == "mistral":
+        sliding = [window is not None] * n
+    else:
+        types = hf.get("layer_types")
+        if types is None and kind == "smollm3":
+            types = ["sliding_attention" if window is not None and not r else "full_attention" for r in rope]
+        elif types is None:
+            first = hf.get("max_window_layers", n)
+            types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
+        if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
+            refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
+        sliding = [t == "sliding_attention" and window is not None for t in types]
+    if all(rope) and not any(sliding):
+        return None
+    names = [("sliding" if s else "full") + ("" if r else "_nope") for s, r in zip(sliding, rope)]
+    settings = {"sliding": {"window": window}, "full": {}, "sliding_nope": {"window": window}, "full_nope": {}}
+    layers = {"pattern": names}
+    for name in dict.fromkeys(names):
+        layers[name] = dict(settings[name])
+        if name.endswith("_nope"):
+            layers[name]["position"] = {"kind": "none"}
+    return layers
+
+
+def write_layers(m, family: str) -> dict:
+    """The config keys of ``m.layers`` for Qwen2/3: every type full attention or one sliding window."""
+    if m.layers is None:
+        return {"use_sliding_window": False}
+    types = layer_types(m.layers, m.position, m.n_layer)
+    windows = {t.window for t in types if t.window is not None}
+    require(
+        family in ("qwen2", "qwen3")
+        and len(windows) == 1
+        and all(t.position == m.position and not (t.chunk or t.sinks or t.softcap or t.query_scale) for t in types),
+        {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family],
+        "its model.layers is more than layers of one sliding window beside full ones, which Qwen2 and Qwen3 "
+        "hold (a layer type's own position, chunk, sinks, soft-cap or query scale have no Llama equivalent)",
+    )
+    kinds = ["sliding_attention" if t.window is not None else "full_attention" for t in types]
+    return {"use_sliding_window": True, "sliding_window": windows.pop(), "layer_types": kinds, "max_window_layers": 0}
 
 
 def read_weights(tensors: dict, model: dict) -> dict:
@@ -118,16 +180,16 @@ def write(m, sd: dict) -> tuple:
         mlp_bias=False,
         rope_parameters=params,
         attention_dropout=0.0,
-        use_sliding_window=False,
     )
-    if family == "qwen3":  # every layer full attention (Qwen3's sliding window is off)
+    config.update(write_layers(m, family))
+    if family == "qwen3" and m.layers is None:  # every layer full attention (Qwen3's sliding window is off)
         config.update(sliding_window=None, max_window_layers=m.n_layer, layer_types=["full_attention"] * m.n_layer)
     return family, config, out
 
 
 LLAMA = Family(
     name="Llama",
-    model_types=("llama", "mistral", "qwen2", "qwen3"),
+    model_types=("llama", "mistral", "qwen2", "qwen3", "smollm3"),
     read_config=read_config,
     read_weights=read_weights,
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
@@ -145,6 +207,7 @@ LLAMA = Family(
             "qkv_bias",
             "qk_norm",
             "head_dim",
+            "layers",
         }
     ),
 )

@@ -106,6 +106,8 @@ def describe(position: dict) -> str:
             text += f"+{scaling['type']}"
             if scaling.get("factor") is not None:
                 text += f" x{float(scaling['factor']):.3g}"
+            if scaling.get("fraction") is not None:
+                text += f" fraction={float(scaling['fraction']):g}"
     extras = {k: v for k, v in position.items() if k not in shown}
     if extras:
         text += " " + ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in extras.items())
