@@ -225,7 +225,20 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
         ({"hidden_act": "relu"}, "supported: silu"),
-        ({"sliding_window": 16, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, "sliding_window=16"),
+        (
+            {"sliding_window": 0, "model_type": "mistral", "architectures": ["MistralForCausalLM"]},
+            "sliding_window=0 is invalid",
+        ),
+        (
+            {
+                "model_type": "qwen2",
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "sliding_window": 8,
+                "layer_types": ["x"],
+            },
+            "layer_types=",
+        ),
         ({"architectures": ["GPT2LMHeadModel"]}, "contradict model_type='llama'"),
     ],
 )

@@ -416,8 +416,14 @@ SHIPPED = sorted(
     for name in os.listdir(os.path.join(REPO, "minilm", "configs"))
     if not name.startswith("extend") and not name.endswith("_shape.yaml")
 )
-EXPORTS = {"rope.yaml": "qwen3", "learned.yaml": "gpt2", "alibi.yaml": "mpt"}
-PER_LAYER = ("rnope_swa.yaml", "smollm3_nope.yaml")  # model.layers
+# at the tiny size's 2 layers, rnope_swa's are both sliding (Qwen3's layer_types) and smollm3_nope's both RoPE
+EXPORTS = {
+    "rope.yaml": "qwen3",
+    "learned.yaml": "gpt2",
+    "alibi.yaml": "mpt",
+    "rnope_swa.yaml": "qwen3",
+    "smollm3_nope.yaml": "qwen3",
+}
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -455,9 +461,6 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
     if name not in EXPORTS:
         assert result.returncode == 2 and not (tmp_path / "hf").exists()
         lines = result.stderr.strip().splitlines()
-        if name in PER_LAYER:  # positions per layer: no family exports them yet (Gemma, Cohere2, ... to come)
-            assert len(lines) == 1 and "model.layers" in lines[0] and "cannot export as" in lines[0], lines
-            return
         assert len(lines) == 1 and "exportable: rope" in lines[0] and "alibi (MPT)" in lines[0], result.stderr
         return
     assert result.returncode == 0, result.stderr[-2000:]

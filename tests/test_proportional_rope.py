@@ -99,8 +99,8 @@ def test_model_builds_and_cached_decoding_equals_the_full_forward():
         cache = model.new_cache(2, 16)
         steps = [model(idx[:, :P], cache)] + [model(idx[:, t : t + 1], cache) for t in range(P, 16)]
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-5
-    assert describe(position) == "rope+proportional"
-    assert describe(proportional(0.25, factor=2)) == "rope+proportional x2"
+    assert describe(position) == "rope+proportional fraction=0.5"
+    assert describe(proportional(0.25, factor=2)) == "rope+proportional x2 fraction=0.25"
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,8 @@ def write_layers(m, family: str) -> dict:
         return {"use_sliding_window": False}
     types = layer_types(m.layers, m.position, m.n_layer)
     windows = {t.window for t in types if t.window is not None}
+    if not windows and all(t.position == m.position and t.plain and not t.query_scale for t in types):
+        return {"use_sliding_window": False}  # the layers' types, as many as the model has, say nothing new
     require(
         family in ("qwen2", "qwen3")
         and len(windows) == 1
@@ -182,7 +184,9 @@ def write(m, sd: dict) -> tuple:
         attention_dropout=0.0,
     )
     config.update(write_layers(m, family))
-    if family == "qwen3" and m.layers is None:  # every layer full attention (Qwen3's sliding window is off)
+    if (
+        family == "qwen3" and not config["use_sliding_window"]
+    ):  # every layer full attention (Qwen3's sliding window is off)
         config.update(sliding_window=None, max_window_layers=m.n_layer, layer_types=["full_attention"] * m.n_layer)
     return family, config, out
 

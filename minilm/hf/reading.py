@@ -170,6 +170,7 @@ ARCHITECTURES = {
     "mistral": "Mistral",
     "qwen2": "Qwen2",
     "qwen3": "Qwen3",
+    "smollm3": "SmolLM3",
     "phi3": "Phi3",
     "mpt": "Mpt",
 }  # model_type -> transformers' class prefix
