@@ -102,9 +102,13 @@ def attend(
         # come closer than the tokens' order: rows restart them only at a document, which is masked)
         low = 0 if reach is None else max(0, start - reach + 1)
         kp, kc, vc = (k_pos, k, v) if cached else (k_pos[low:end], k[:, :, low:end], v[:, :, low:end])
+        k_doc = None if documents is None else documents[1][..., low : low + len(kp)]
+        if cached and not need_weights:  # a cache's slots are in no order: keep those the chunk can see
+            held = held_for(qp, kp, layer)
+            kp, kc, vc, k_doc = kp[held], kc[:, :, held], vc[:, :, held], None if k_doc is None else k_doc[..., held]
         allowed = visible(qp, kp, window, sinks, layer)
         if documents is not None:
-            same = documents[0][..., start:end, None] == documents[1][..., None, low : low + len(kp)]
+            same = documents[0][..., start:end, None] == k_doc[..., None, :]
             allowed = allowed & (same if same.dim() == 2 else same[:, None])  # (B, 1, queries, keys) for a batch
         mask = allowed
         if scheme.has_bias:
@@ -115,6 +119,18 @@ def attend(
             weights.append(F.pad(w, (low, Tk - low - w.shape[-1])))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return (out, torch.cat(weights, dim=2)) if need_weights else out
+
+
+def held_for(q_pos: torch.Tensor, k_pos: torch.Tensor, layer: Optional[LayerType]) -> torch.Tensor:
+    """(Tk,) True for the cached keys that some query at ``q_pos`` can see: none after the last query,
+    and under the ``layer``'s window W none W or more before the first, under its chunks none before
+    the first query's chunk. ``visible`` decides the rest; this only spares the scores of the others."""
+    held = k_pos <= q_pos.max()
+    if layer is not None and layer.window is not None:
+        held &= k_pos > q_pos.min() - layer.window
+    if layer is not None and layer.chunk is not None:
+        held &= k_pos >= torch.floor(q_pos.min() / layer.chunk) * layer.chunk
+    return held
 
 
 def attend_in_cache(
