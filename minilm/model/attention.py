@@ -103,7 +103,7 @@ def attend(
         low = 0 if reach is None else max(0, start - reach + 1)
         kp, kc, vc = (k_pos, k, v) if cached else (k_pos[low:end], k[:, :, low:end], v[:, :, low:end])
         k_doc = None if documents is None else documents[1][..., low : low + len(kp)]
-        if cached and not need_weights:  # a cache's slots are in no order: keep those the chunk can see
+        if cached and not need_weights and not kp.is_meta:  # slots in no order: keep those the chunk can see
             held = held_for(qp, kp, layer)
             kp, kc, vc, k_doc = kp[held], kc[:, :, held], vc[:, :, held], None if k_doc is None else k_doc[..., held]
         allowed = visible(qp, kp, window, sinks, layer)
