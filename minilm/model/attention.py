@@ -86,8 +86,10 @@ def attend(
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
             # a static cache's empty slots are hidden, and what the layer's window or chunk hides
             # (the keys a cache of at most W slots holds without stream sinks are all within a window of W)
-            held = layer is not None and layer.chunk is None and not sinks and Tk <= (layer.window or 0)
-            mask = visible(q_pos, k_pos, window, sinks, layer) if padded or (masked and not held) else None
+            if padded or (masked and (layer.chunk is not None or sinks or Tk > layer.window)):
+                mask = visible(q_pos, k_pos, window, sinks, layer)
+            else:
+                mask = None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None

@@ -208,9 +208,8 @@ class KVCache:
         """Write this layer's new keys/values; return all held keys, values and their positions."""
         ring = self.layer_rings[layer]
         slots, keys, values = ring.pending, self.keys[layer], self.values[layer]
-        if (
-            ring.static and ring.before is None
-        ):  # every slot, the empty ones included: nothing for a compiler to guard on
+        if ring.static and ring.before is None:
+            # every slot, the empty ones included: nothing for a compiler to guard on
             keys.index_copy_(2, slots, k.to(keys.dtype))
             values.index_copy_(2, slots, v.to(values.dtype))
             return keys, values, ring.slot_pos
