@@ -496,8 +496,9 @@ def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_
     longest = max(plan["eval"]["multiples"] + plan["retrieval"]["multiples"]) * L
     assert configs["randomized"].model.position["max_positions"] >= 4 * longest
     model = GPT(configs["randomized"].model).eval()  # eval_positions: sampled, as the study evaluates
-    seen = []
-    model.positions.inner.start = seen.append  # the positions the wrapped rope is given
+    seen, inner = [], model.positions.inner
+    start = inner.start
+    inner.start = lambda pos, context_len: seen.append(pos) or start(pos, context_len)  # what the wrapped rope is given
     for _ in range(3):  # a draw at the longest length is a sample of the range, never every position
         model(torch.zeros(1, longest, dtype=torch.long))
     for drawn in seen:

@@ -19,6 +19,7 @@ from minilm.generation.decode import (
 from minilm.generation.lean import lean_body
 from minilm.generation.text import TextStream, generate, generate_text
 from minilm.model.gpt import GPT
+from minilm.model.lora import add_adapters
 from minilm.positions import available
 
 GREEDY = Sampling(temperature=0)
@@ -602,8 +603,8 @@ CACHES = {
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=[name for name, _ in ARCHITECTURES])
 @pytest.mark.parametrize("position", LEAN_POSITIONS, ids=scheme_id)
 def test_the_lean_decode_step_equals_the_model_bit_for_bit(position, arch, cache_kind, dtype):
-    """``lean_body``'s decode steps give exactly ``GPT.body``'s logits, past a rolling cache's wrap too,
-    and the steps do not go through ``GPT.body``."""
+    """``lean_body``'s decode steps give exactly the modules' logits, past a rolling cache's wrap too,
+    and the steps do not go through the modules (their parts are read once)."""
     torch.manual_seed(0)
     model = (
         GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, position=position, **arch[1]))
@@ -618,8 +619,7 @@ def test_the_lean_decode_step_equals_the_model_bit_for_bit(position, arch, cache
         model(ids[:, :6], cache)
         expected = [model(ids[:, t : t + 1], cache) for t in range(6, 30)]
         lean, calls = lean_body(model), []
-        general = model.body
-        model.body = lambda *args: calls.append(args[0].shape) or general(*args)
+        model.blocks[0].register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[:2]))
         cache = model.new_cache(2, capacity, **settings)
         model(ids[:, :6], cache, body=lean)  # a prefill of 6 tokens: the general path
         got = [model(ids[:, t : t + 1], cache, body=lean) for t in range(6, 30)]
@@ -631,10 +631,33 @@ def test_generation_decodes_with_the_lean_step():
     """Every cached step of ``generate_ids`` after the prefill runs through the lean loop."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24)).eval()
-    calls, general = [], model.body
-    model.body = lambda *args: calls.append(args[0].shape) or general(*args)
+    calls = []
+    model.blocks[0].register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[:2]))
     assert len(list(generate_ids(model, [1, 2, 3], max_new_tokens=20, sampling=GREEDY))) == 20
     assert calls == [(1, 3)]
+
+
+def test_the_lean_decode_step_adds_a_models_adapters():
+    """A model with LoRA adapters not yet merged (``add_adapters``, adapters trained away from zero)
+    decodes through the lean step to the modules' logits: its parts keep the adapters."""
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=61, n_layer=2, n_head=2, d_model=16, block_size=24, mlp="swiglu")).eval()
+    ids = torch.randint(0, 61, (1, 16))
+    with torch.no_grad():
+        base = model(ids)
+    add_adapters(model, ["q", "v", "o", "mlp"], r=4, alpha=8)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_b" in name:
+                param.normal_()
+    model.eval()
+    with torch.no_grad():
+        full = model(ids)
+        cache, lean = model.new_cache(1, 16), lean_body(model)
+        model(ids[:, :6], cache, body=lean)
+        got = torch.cat([model(ids[:, t : t + 1], cache, body=lean) for t in range(6, 16)], dim=1)
+    assert (full - base).abs().max() > 0.1  # the adapters change what the model says
+    torch.testing.assert_close(got, full[:, 6:], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(

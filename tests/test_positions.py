@@ -197,9 +197,9 @@ def test_rope_rotation_is_bit_for_bit_the_rotate_half_formula(fraction):
 
 
 def test_rope_tables_follow_positions_changed_in_place():
-    """The cos/sin tables are shared by the layers of a forward pass; positions changed in place
-    (here under inference mode, where tensors keep no version counter) between passes, or
-    outside any pass, get tables of their own."""
+    """The cos/sin tables are computed once per forward pass (``start``) and shared by its layers;
+    they travel with the pass, so positions changed in place (here under inference mode, where
+    tensors keep no version counter) between passes, or outside any pass, get tables of their own."""
     scheme = make({"kind": "rope"}, d_model=16, n_head=1)
     q = torch.randn(1, 1, 3, 16)
     with torch.inference_mode():
@@ -212,11 +212,31 @@ def test_rope_tables_follow_positions_changed_in_place():
         pos.add_(10)
         assert torch.equal(scheme.rotate(q, q, pos, 64)[0], fresh(10))
         for shift in (15, 20):  # a pass of its own each time
-            scheme.start(pos)
-            scheme.rotate(q, q, pos, 64)
+            first = scheme.start(pos, 64)
+            assert torch.equal(first.rotate(q, q, pos, 64)[0], first.rotate(q, q, pos, 64)[0])
             pos.add_(5)
-            scheme.start(pos)
-            assert torch.equal(scheme.rotate(q, q, pos, 64)[0], fresh(shift))
+            assert torch.equal(scheme.start(pos, 64).rotate(q, q, pos, 64)[0], fresh(shift))
+
+
+@pytest.mark.parametrize("kind", sorted(set(available()) - {"randomized"}))
+def test_a_pass_asks_the_schemes_own_hooks(kind):
+    """What ``start`` returns answers every hook as the scheme itself does (it only computes what it
+    can once per pass): the same rotation, bias, value term and embedding, at the pass's own
+    positions and at others, and every other attribute is the scheme's."""
+    torch.manual_seed(0)
+    scheme = make({"kind": kind}, d_model=16, n_head=2).eval()
+    pos, other = torch.arange(6.0), torch.arange(6.0) + 3
+    q, k, x = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 6, 16)
+    weights = torch.softmax(torch.randn(1, 2, 6, 6), dim=-1)
+    run = scheme.start(pos, 12)
+    assert run.kind == scheme.kind and run.has_bias == scheme.has_bias and run.embeds == scheme.embeds
+    for at in (pos, other):
+        assert all(torch.equal(a, b) for a, b in zip(run.rotate(q, k, at, 12), scheme.rotate(q, k, at, 12)))
+        assert torch.equal(run.embed(x, at), scheme.embed(x, at))
+        if scheme.has_bias:
+            assert torch.equal(run.bias(at, pos, q), scheme.bias(at, pos, q))
+        if scheme.has_value_term:
+            assert torch.equal(run.value_term(weights, at, pos), scheme.value_term(weights, at, pos))
 
 
 # ----------------------------------------------------------------------------- t5 / learned / interpolated
@@ -507,7 +527,7 @@ def test_kerple_starts_and_stays_where_the_reference_code_keeps_it():
         assert float(param.mean()) == pytest.approx(high / 2, rel=0.1)
     with torch.no_grad():
         power.r2[:2] = torch.tensor([-1.0, 3.0])
-    power.start(torch.arange(4.0))  # what every forward pass calls first
+    power.start(torch.arange(4.0), 4)  # what every forward pass calls first
     assert power.r2[:2].tolist() == pytest.approx([0.01, 2.0]) and float(power.r1.min()) >= 0.01 - 1e-9
     default = make({"kind": "kerple"}, d_model=8, n_head=2)  # minilm's clamp before the option: saved models load alike
     assert default.floor == 1e-4 and "floor=0.0001" in repr(default)
@@ -606,16 +626,18 @@ def test_randomized_positions_are_random_in_training_and_plain_in_evaluation():
     scheme.train()
     samples = []
     for _ in range(3):
-        scheme.start(pos)
-        drawn = scheme._map(pos)
+        run = scheme.start(pos, 10)
+        drawn = run._map(pos)
         assert len(set(drawn.tolist())) == 10 and torch.all(drawn[1:] > drawn[:-1])  # distinct, sorted
         assert 0 <= float(drawn.min()) and float(drawn.max()) < 100 and drawn.tolist() == [int(p) for p in drawn]
-        assert torch.equal(scheme.embed(x, pos), plain.embed(x, drawn))
+        assert torch.equal(run.embed(x, pos), plain.embed(x, drawn))
+        # every position of the pass is mapped by its one draw
+        assert torch.equal(run.embed(x[:, :4], pos[:4]), plain.embed(x[:, :4], drawn[:4]))
+        assert torch.equal(scheme.embed(x, pos), plain.embed(x, pos))  # the module keeps no draw
         samples.append(drawn.tolist())
     assert samples[0] != samples[1] != samples[2]  # a fresh draw every forward pass
     scheme.eval()
-    scheme.start(pos)
-    assert torch.equal(scheme.embed(x, pos), plain.embed(x, pos))
+    assert torch.equal(scheme.start(pos, 10).embed(x, pos), plain.embed(x, pos))
     with pytest.raises(ValueError, match="max_positions=5 is smaller than block_size=10"):
         make({"kind": "randomized", "max_positions": 5}, d_model=8, block_size=10)
 
@@ -667,7 +689,9 @@ def test_randomized_sampled_at_evaluation_draws_as_in_training_and_refuses_a_cac
     with torch.no_grad():
         torch.manual_seed(1)
         first = model(idx)
-        drawn = model.positions._map(torch.arange(16, dtype=torch.float32))
+        torch.manual_seed(1)  # the pass's draw, as the forward pass made it
+        plain = torch.arange(16, dtype=torch.float32)
+        drawn = model.positions.start(plain, 16)._map(plain)
         assert len(set(drawn.tolist())) == 16 and torch.all(drawn[1:] > drawn[:-1]) and float(drawn.max()) < 128
         assert float(drawn.max()) > 15  # not the plain positions
         assert not torch.equal(first, model(idx))  # a fresh draw

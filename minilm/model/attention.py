@@ -78,11 +78,6 @@ def attend(
     masked = layer is not None and layer.masked
     fused = not (scheme.has_bias or scheme.has_value_term or need_weights or documents is not None)
     if fused and sink_logits is None and not (layer is not None and layer.softcap):
-        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
-        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
-        compiled = fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq
-        if not cached and window is None and not masked and not compiled:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         if cached and Tq == 1:  # one new token sees every held key (a rolling cache holds only its window)
             # a static cache's empty slots are hidden, and what the layer's window or chunk hides
             # (the keys a cache of at most W slots holds without stream sinks are all within a window of W)
@@ -91,6 +86,11 @@ def attend(
             else:
                 mask = None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
+        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
+        compiled = fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq
+        if not cached and window is None and not masked and not compiled:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None
     if reach is not None:  # a window's queries in chunks of about its width, each over its own band of keys

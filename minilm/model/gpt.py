@@ -27,51 +27,30 @@ hold one row of positions each (``minilm.model.attention.attend_rows``).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Optional
+from functools import partial
+from typing import Callable, Optional
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
 
 from minilm.config import ModelConfig
-from minilm.model.attention import (
-    attend,
-    attend_in_cache,
-    attend_rows,
-    document_layout,
-    rotate_rows,
-    row_layout,
-    scale_queries,
-)
+from minilm.model.attention import document_layout
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
-from minilm.model.functional import activation, linear, rms_norm
+from minilm.model.functional import linear, rms_norm
+from minilm.model.layer import (
+    AttentionParts,
+    BlockParts,
+    ForwardPass,
+    block,
+    dropout,
+    dropped,
+    expand_heads,
+    feed_forward,
+    self_attention,
+)
 from minilm.positions import PositionError, PositionScheme, build, describe
 from minilm.positions.layers import LayerType, layer_types, own_settings
-
-
-class ForwardPass(NamedTuple):
-    """What every block's attention needs to know of one forward pass: the new tokens'
-    positions, the position scheme, the KV cache (or None), the attention window and sinks,
-    the context length (what dynamic scaling reads) and the layer whose attention weights to
-    hand back (None: no layer's)."""
-
-    pos: torch.Tensor
-    scheme: PositionScheme
-    cache: Optional[KVCache]
-    window: Optional[int]
-    sinks: int
-    context_len: int
-    weights_of: Optional[int] = None
-    renumbered: bool = False  # attention sinks at their positions within the cache (``attend_in_cache``)
-    documents: Optional[torch.Tensor] = None  # (B, T): the document of each token (``data.document_mask``)
-    values: Optional[list] = None  # model.value_embeddings: per layer, (B, T, n_kv_head * head_dim) added to v
-    schemes: tuple = ()  # model.layers: each layer's position scheme (empty: ``scheme`` in every layer)
-
-    @property
-    def per_row(self) -> bool:
-        """Whether rows have positions of their own (``attend_rows``); documents under shared
-        positions are masked for the whole batch at once."""
-        return self.pos.dim() == 2
 
 
 def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
@@ -110,27 +89,6 @@ def make_norm(config: ModelConfig) -> nn.Module:
     return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
 
 
-def split_heads(
-    projected, n_head: int, n_kv_head: int, head_dim: int, q_norm, k_norm, fp: ForwardPass, scheme: PositionScheme
-):
-    """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of the q/k/v projection's output
-    (B, T, (n_head + 2 n_kv_head) head_dim); with ``qk_norm`` (``q_norm``, ``k_norm``; else None) q and
-    k normalised. q and k are rotated by ``scheme`` (the layer's) at the pass's positions, except where rows
-    have positions of their own (``forward`` rotates them row by row) or sinks are renumbered
-    (``attend_in_cache`` rotates the keys at every step). Without qk-norm they are rotated as the one
-    stack the projection makes of them (``rotate_stacked``: half the calls of two rotations for rope)."""
-    B, T, _ = projected.shape
-    heads = projected.view(B, T, -1, head_dim).transpose(1, 2)
-    qk, v = heads[:, :-n_kv_head], heads[:, -n_kv_head:]
-    rotated = not (fp.per_row or fp.renumbered)
-    if q_norm is not None:
-        q, k = q_norm(qk[:, :n_head]), k_norm(qk[:, n_head:])
-        return (*scheme.rotate(q, k, fp.pos, fp.context_len), v) if rotated else (q, k, v)
-    if rotated:
-        return (*scheme.rotate_stacked(qk, n_head, fp.pos, fp.context_len), v)
-    return qk[:, :n_head], qk[:, n_head:], v
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head attention; with n_kv_head < n_head grouped-query attention (Ainslie et al. 2023,
     "GQA"): ``qkv`` projects to [q (n_head heads) ; k (n_kv_head) ; v (n_kv_head)], each head
@@ -157,84 +115,30 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.qk_norm = config.qk_norm
 
-    def project(self, x, fp: ForwardPass, scheme: PositionScheme):
-        """q, k and v of x (B, T, d_model): ``split_heads`` of the q/k/v projection."""
+    def parts(self) -> AttentionParts:
+        """This layer's weights and settings as ``self_attention`` reads them, at this call (the
+        linears through ``functional.linear``: their adapters included, no module call)."""
         norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
-        return split_heads(linear(self.qkv, x), self.n_head, self.n_kv_head, self.head_dim, *norms, fp, scheme)
+        return AttentionParts(
+            partial(linear, self.qkv),
+            partial(linear, self.proj),
+            *norms,
+            self.n_head,
+            self.n_kv_head,
+            self.head_dim,
+            self.layer_type,
+            getattr(self, "sink_logits", None),
+            self.dropout if self.training else 0.0,
+        )
 
     def expand(self, kv):
         """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
-        groups = self.n_head // self.n_kv_head
-        return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
+        return expand_heads(kv, self.n_head)
 
     def forward(self, x, layer: int, fp: ForwardPass):
         """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
-        (output, attention weights (B, n_head, T, keys))."""
-        B, T, C = x.shape
-        scheme = fp.schemes[layer] if fp.schemes else fp.scheme
-        q, k, v = self.project(x, fp, scheme)
-        if fp.values is not None:  # before the cache write: the cache holds the values attention reads
-            v = v + fp.values[layer].view(B, T, -1, self.head_dim).transpose(1, 2)
-        if fp.per_row:
-            q, k = rotate_rows(scheme, q, k, fp.pos, fp.context_len)
-        q = scale_queries(q, fp.pos, self.layer_type)
-        k_pos, window, sinks, cache = fp.pos, fp.window, fp.sinks, fp.cache
-        if cache is not None:
-            k, v, k_pos = cache.update(layer, k, v)
-            window, sinks = (cache.capacity, cache.sinks) if cache.rolling else (None, 0)
-        need_weights = fp.weights_of == layer
-        dropout_p = self.dropout if self.training else 0.0
-        settings = {"layer": self.layer_type, "sink_logits": getattr(self, "sink_logits", None)}
-        # a float32 cache under a half-precision model (cache_dtype): attention runs in float32
-        if fp.per_row:
-            layout = row_layout(fp.pos, fp.documents, k_pos, None if cache is None else cache.offsets)
-            y = attend_rows(
-                q.to(k.dtype),
-                self.expand(k),
-                self.expand(v),
-                layout,
-                scheme,
-                cached=cache is not None,
-                window=window,
-                dropout_p=dropout_p,
-                need_weights=need_weights,
-                **settings,
-            )
-        elif fp.renumbered:
-            y = attend_in_cache(
-                q.to(k.dtype),
-                k,
-                v,
-                fp.pos,
-                k_pos,
-                scheme,
-                context_len=fp.context_len,
-                window=window,
-                sinks=sinks,
-                expand=self.expand,
-                dropout_p=dropout_p,
-                **settings,
-            )
-        else:
-            y = attend(
-                q.to(k.dtype),
-                self.expand(k),
-                self.expand(v),
-                fp.pos,
-                k_pos,
-                scheme,
-                cached=cache is not None,
-                window=window,
-                sinks=sinks,
-                dropout_p=dropout_p,
-                padded=cache is not None and cache.static,
-                need_weights=need_weights,
-                documents=None if fp.documents is None else (fp.documents, fp.documents),
-                **settings,
-            )
-        y, weights = y if need_weights else (y, None)
-        out = linear(self.proj, y.to(q.dtype).transpose(1, 2).reshape(B, T, -1))
-        return (out, weights) if need_weights else out
+        (output, attention weights (B, n_head, T, keys)): ``minilm.model.layer.self_attention``."""
+        return self_attention(x, layer, fp, self.parts())
 
 
 class MLP(nn.Module):
@@ -251,7 +155,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
 
     def forward(self, x):
-        return linear(self.proj, activation(self.kind, linear(self.fc, x)))
+        return feed_forward(x, partial(linear, self.fc), partial(linear, self.proj), self.kind)
 
 
 def value_table(layer: int, n_layer: int) -> int:
@@ -259,16 +163,6 @@ def value_table(layer: int, n_layer: int) -> int:
     the U-shaped pairing of the modded-nanogpt speedrun (Jordan et al. 2024), which adds
     ``v += E_j[token]`` so that every layer's values can carry the token's identity directly."""
     return min(layer, n_layer - 1 - layer)
-
-
-def unchanged(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-def dropout(module: nn.Dropout) -> Callable:
-    """``module``, or where it would do nothing (evaluation, or p = 0) ``unchanged``: a decode step
-    saves the calls into torch."""
-    return module if module.training and module.p else unchanged
 
 
 class Block(nn.Module):
@@ -284,18 +178,14 @@ class Block(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.parallel = config.parallel_residual
 
+    def parts(self) -> BlockParts:
+        """This block's sublayers as ``minilm.model.layer.block`` calls them (the attention and the
+        MLP as modules: their hooks run)."""
+        return BlockParts(self.ln_1, self.attn, self.ln_2, self.mlp, dropout(self.drop), self.parallel)
+
     def forward(self, x, layer: int, fp: ForwardPass):
         """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""
-        attended = self.attn(self.ln_1(x), layer, fp)
-        attended, weights = attended if fp.weights_of == layer else (attended, None)
-        drop = dropout(self.drop)
-        attended = drop(attended)
-        if self.parallel:
-            out = x + attended + drop(self.mlp(self.ln_2(x)))
-        else:
-            x = x + attended
-            out = x + drop(self.mlp(self.ln_2(x)))
-        return (out, weights) if fp.weights_of == layer else out
+        return block(x, layer, fp, self.parts())
 
 
 class GPT(nn.Module):
@@ -491,8 +381,8 @@ class GPT(nn.Module):
         else:
             pos = torch.arange(T, device=idx.device, dtype=torch.float32)
             context_len = context_len or T
-        for scheme in self.schemes():
-            scheme.start(pos)  # the positions of the sequence's slots (rows of their own differ below)
+        # each scheme as this pass asks it, what it computes once per pass held there (rows of their own differ below)
+        passes = {id(scheme): scheme.start(pos, context_len) for scheme in self.schemes()}
         documents = None
         if restart_positions and end_of_text is None:
             raise ValueError("restart_positions restarts them at each end_of_text id: give end_of_text too")
@@ -521,9 +411,10 @@ class GPT(nn.Module):
             self.check_renumbering(renumbered)
         if renumbered and weights_of is not None:
             raise ValueError("attention weights are not written out for sinks at cache positions")
-        fp = ForwardPass(pos, self.positions, cache, window, sinks, context_len, weights_of, renumbered, documents)
+        scheme = passes[id(self.positions)]
+        fp = ForwardPass(pos, scheme, cache, window, sinks, context_len, weights_of, renumbered, documents)
         if self.layer_positions is not None:
-            fp = fp._replace(schemes=tuple(self.layer_schemes))
+            fp = fp._replace(schemes=tuple(passes[id(scheme)] for scheme in self.layer_schemes))
         out = (body or self.body)(idx, fp, return_hidden or head is not None)
         if cache is not None:
             cache.commit()
@@ -544,9 +435,9 @@ class GPT(nn.Module):
         if concat:
             tokens, x = x, x.new_zeros(*x.shape[:-1], concat)
         if not fp.per_row:
-            x = self.positions.embed(x, fp.pos)
+            x = fp.scheme.embed(x, fp.pos)
         else:  # each row at its own positions; padding (negative positions) takes position 0's
-            x = torch.cat([self.positions.embed(x[b : b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
+            x = torch.cat([fp.scheme.embed(x[b : b + 1], fp.pos[b].clamp(min=0)) for b in range(len(x))])
         return torch.cat([tokens, x], dim=-1) if concat else x
 
     def inputs(self, idx, fp: ForwardPass) -> tuple:
@@ -555,7 +446,7 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.embedding_scale != 1.0:
             x = x * self.embedding_scale
-        x = dropout(self.drop)(self.embed_positions(x, fp))
+        x = dropped(self.embed_positions(x, fp), dropout(self.drop))
         if self.value_embeds is not None:
             tables = [table(idx) for table in self.value_embeds]
             fp = fp._replace(values=[tables[value_table(i, len(self.blocks))] for i in range(len(self.blocks))])
@@ -566,17 +457,18 @@ class GPT(nn.Module):
         x = self.ln_f(x)
         return x if return_hidden else self.logits(x)
 
-    def body(self, idx, fp: ForwardPass, return_hidden: bool):
+    def body(self, idx, fp: ForwardPass, return_hidden: bool, blocks: Optional[list] = None):
         """The computation of ``forward`` once positions are known: ``inputs``, the blocks,
-        ``outputs``. No Python state changes here, so that a compiler can take it whole."""
+        ``outputs``. No Python state changes here, so that a compiler can take it whole. ``blocks``:
+        what runs in the blocks' place, each called as a block is, (x, layer, fp) (the lean decode step's)."""
         x, fp = self.inputs(idx, fp)
         weights = None
-        for layer, block in enumerate(self.blocks):
+        for layer, step in enumerate(self.blocks if blocks is None else blocks):
             if self.checkpoint_blocks and self.training and torch.is_grad_enabled():
                 # only the block's input is kept; its dropout masks are drawn again alike (the RNG state is kept)
-                x = torch.utils.checkpoint.checkpoint(block, x, layer, fp, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(step, x, layer, fp, use_reentrant=False)
                 continue
-            x = block(x, layer, fp)
+            x = step(x, layer, fp)
             if fp.weights_of == layer:
                 x, weights = x
         out = self.outputs(x, return_hidden)

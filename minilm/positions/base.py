@@ -2,7 +2,9 @@
 
 Every scheme acts through five hooks; the base class answers each with "nothing":
 
-* ``start(pos)`` once per forward pass, before the others (randomized draws its positions)
+* ``start(pos, context_len)`` once per forward pass, before the others: the scheme this pass's
+  hooks are asked of (``SchemePass``: rope's cos/sin tables, interpolation's divided positions and
+  randomized's drawn ones are computed once per pass and travel with it, never kept on the module)
 * ``embed(x, pos)``            -> x + PE(pos), once after the token embedding (sinusoidal, learned)
 * ``rotate(q, k, pos, context_len)`` -> q', k' in every attention layer, before the cache
   write (rope and its scalings); ``rotate_stacked`` takes q and k stacked on the head dimension
@@ -253,9 +255,12 @@ class PositionScheme(nn.Module):
         inner, _ = self.unwrap()
         return type(inner).embed is not PositionScheme.embed
 
-    def start(self, pos: torch.Tensor) -> None:
-        """Called once at the start of every forward pass with the new tokens' positions, before
-        any other hook (``randomized`` draws its training positions here)."""
+    def start(self, pos: torch.Tensor, context_len: int) -> "PositionScheme":
+        """Called once at the start of every forward pass with the new tokens' positions and the
+        pass's context length, before any other hook; returns what the pass asks its hooks of:
+        the scheme itself, or where it computes something once per pass a ``SchemePass`` that
+        holds it (the forward pass carries it: ``ForwardPass.scheme``)."""
+        return self
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
@@ -282,3 +287,36 @@ class PositionScheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}"
+
+
+class SchemePass:
+    """One forward pass of a scheme: what ``start`` returns where the scheme computes something
+    once per pass (rope's cos/sin tables, interpolation's divided positions, randomized's drawn
+    ones). It runs the scheme's own hooks with itself in the scheme's place, so that the methods a
+    subclass defines here (``tables``, ``_scaled``, ``_map``) answer from this pass, and answers
+    every other attribute from the scheme. The pass's state lives here and ends with the pass:
+    nothing of one pass is kept on the module for the next."""
+
+    def __init__(self, scheme: PositionScheme, pos: torch.Tensor, context_len: int):
+        self.has_bias, self.has_value_term = scheme.has_bias, scheme.has_value_term  # read in every layer
+        self.scheme, self.pos, self.context_len = scheme, pos, context_len
+
+    def __getattr__(self, name: str):  # called only for names not set here: the scheme's
+        if name == "scheme":
+            raise AttributeError(name)
+        return getattr(self.scheme, name)
+
+    def embed(self, x, pos):
+        return type(self.scheme).embed(self, x, pos)
+
+    def rotate(self, q, k, pos, context_len):
+        return type(self.scheme).rotate(self, q, k, pos, context_len)
+
+    def rotate_stacked(self, qk, n_q, pos, context_len):
+        return type(self.scheme).rotate_stacked(self, qk, n_q, pos, context_len)
+
+    def bias(self, q_pos, k_pos, q=None):
+        return type(self.scheme).bias(self, q_pos, k_pos, q)
+
+    def value_term(self, weights, q_pos, k_pos):
+        return type(self.scheme).value_term(self, weights, q_pos, k_pos)

@@ -10,9 +10,7 @@ like rope's base frequency; old settings are translated by ``positions.canonical
 
 from typing import Optional
 
-import torch
-
-from minilm.positions.base import MAX_FACTOR, PositionScheme, build, check_number, register
+from minilm.positions.base import MAX_FACTOR, PositionScheme, SchemePass, build, check_number, register
 
 
 @register("interpolated")
@@ -33,7 +31,6 @@ class Interpolated(PositionScheme):
         self.inner = build(inner, d_model=d_model, n_head=n_head, block_size=inner_block, head_dim=head_dim)
         self.has_bias, self.has_value_term = self.inner.has_bias, self.inner.has_value_term
         self.scaled_embedding = self.inner.scaled_embedding
-        self._memo = None
 
     @property
     def prefix_invariant(self):
@@ -48,17 +45,19 @@ class Interpolated(PositionScheme):
         return inner, factor * self.factor
 
     def _scaled(self, pos):
-        if torch.compiler.is_compiling():  # a compiled graph computes it once anyway; comparing breaks the graph
-            return pos / self.factor
-        memo = self._memo  # one division per forward pass, shared by every layer: the pass hands each the same
-        if memo is not None and memo[0] is pos:  # tensor (by identity: comparing values would wait on a GPU)
-            return memo[1]
-        scaled = pos / self.factor
-        self._memo = (pos, scaled)
-        return scaled
+        return pos / self.factor
 
-    def start(self, pos):
-        self.inner.start(self._scaled(pos))
+    def inner_length(self, context_len: int) -> int:
+        """The context length the wrapped scheme sees: ``context_len`` in its own positions."""
+        return max(1, int(round(context_len / self.factor)))
+
+    def start(self, pos, context_len):
+        """The pass's scheme: an ``InterpolatedPass`` that divides the pass's positions once for
+        every layer and holds the wrapped scheme's own pass at them."""
+        scaled = self._scaled(pos)
+        return InterpolatedPass(
+            self, pos, context_len, scaled, self.inner.start(scaled, self.inner_length(context_len))
+        )
 
     def embed(self, x, pos):
         scaled, limit = self._scaled(pos), self.inner.position_limit()
@@ -67,7 +66,7 @@ class Interpolated(PositionScheme):
         return self.inner.embed(x, scaled)
 
     def rotate(self, q, k, pos, context_len):
-        return self.inner.rotate(q, k, self._scaled(pos), max(1, int(round(context_len / self.factor))))
+        return self.inner.rotate(q, k, self._scaled(pos), self.inner_length(context_len))
 
     def bias(self, q_pos, k_pos, q=None):
         return self.inner.bias(q_pos / self.factor, k_pos / self.factor, q)
@@ -77,3 +76,15 @@ class Interpolated(PositionScheme):
 
     def extra_repr(self):
         return f"factor={self.factor}"
+
+
+class InterpolatedPass(SchemePass):
+    """An interpolated scheme over one forward pass: its positions divided once (``scaled``), and
+    ``inner`` the wrapped scheme's pass at them."""
+
+    def __init__(self, scheme: Interpolated, pos, context_len: int, scaled, inner):
+        super().__init__(scheme, pos, context_len)
+        self.scaled, self.inner = scaled, inner
+
+    def _scaled(self, pos):
+        return self.scaled if pos is self.pos else pos / self.scheme.factor

@@ -41,11 +41,12 @@ class Kerple(PositionScheme):
         self.r1 = nn.Parameter(torch.rand(self.n_head) * multiplier)
         self.r2 = nn.Parameter(torch.rand(self.n_head) * inner)
 
-    def start(self, pos):
+    def start(self, pos, context_len):
         if self.training:  # the reference's projection, once per forward pass and before any use
             with torch.no_grad():
                 self.r1.clamp_(min=self.floor)
                 self.r2.clamp_(min=self.floor, max=None if self.variant == "log" else 2.0)
+        return self
 
     def bias(self, q_pos, k_pos, q=None):
         top = None if self.variant == "log" else 2.0

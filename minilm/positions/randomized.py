@@ -26,7 +26,15 @@ from typing import Optional
 
 import torch
 
-from minilm.positions.base import MAX_POSITIONS, PositionError, PositionScheme, build, check_number, register
+from minilm.positions.base import (
+    MAX_POSITIONS,
+    PositionError,
+    PositionScheme,
+    SchemePass,
+    build,
+    check_number,
+    register,
+)
 
 EVAL_POSITIONS = ("plain", "sampled")  # what a model in eval mode is handed (module docstring)
 
@@ -74,7 +82,6 @@ class Randomized(PositionScheme):
         self.scaled_embedding = self.inner.scaled_embedding
         self.eval_positions = eval_positions
         self.draws_at_evaluation = eval_positions == "sampled"
-        self._table = None  # when drawn: the sampled position of each position 0..T-1
 
     @property
     def prefix_invariant(self):
@@ -86,21 +93,26 @@ class Randomized(PositionScheme):
     def unwrap(self):
         return self.inner.unwrap()  # at evaluation the wrapped scheme sees the plain positions
 
-    def start(self, pos):
-        self._table = None
-        if self.training or self.draws_at_evaluation:
-            if len(pos) > self.max_positions:
-                raise PositionError(
-                    f"randomized: {len(pos)} positions cannot be drawn from max_positions="
-                    f"{self.max_positions}: keep sequences within {self.max_positions} tokens or "
-                    f"evaluate with eval_positions=plain"
-                )
-            sample = torch.randperm(self.max_positions)[: len(pos)].sort().values
-            self._table = sample.to(device=pos.device, dtype=torch.float32)
-        self.inner.start(self._map(pos))
+    def start(self, pos, context_len):
+        """The pass's scheme: in training (or with ``eval_positions: sampled``) a ``RandomizedPass``
+        that holds this pass's draw, T distinct positions of 0..max_positions-1 in order, for every
+        layer; else the scheme itself, which hands the wrapped scheme the plain positions."""
+        if not (self.training or self.draws_at_evaluation):
+            inner = self.inner.start(pos, context_len)
+            return self if inner is self.inner else RandomizedPass(self, pos, context_len, None, inner)
+        if len(pos) > self.max_positions:
+            raise PositionError(
+                f"randomized: {len(pos)} positions cannot be drawn from max_positions="
+                f"{self.max_positions}: keep sequences within {self.max_positions} tokens or "
+                f"evaluate with eval_positions=plain"
+            )
+        table = torch.randperm(self.max_positions)[: len(pos)].sort().values.to(device=pos.device, dtype=torch.float32)
+        drawn = table[pos.long()]
+        return RandomizedPass(self, pos, context_len, table, self.inner.start(drawn, context_len), drawn)
 
     def _map(self, pos):
-        return pos if self._table is None else self._table[pos.long()]
+        """The positions the wrapped scheme sees: the module's own are the plain ones."""
+        return pos
 
     def embed(self, x, pos):
         return self.inner.embed(x, self._map(pos))
@@ -116,3 +128,18 @@ class Randomized(PositionScheme):
 
     def extra_repr(self):
         return f"max_positions={self.max_positions}, eval_positions={self.eval_positions}"
+
+
+class RandomizedPass(SchemePass):
+    """A randomized scheme over one forward pass: ``table`` (the drawn position of each position
+    0..T-1, or None: plain positions), the pass's own positions mapped once (``drawn``), and
+    ``inner`` the wrapped scheme's pass at them."""
+
+    def __init__(self, scheme: Randomized, pos, context_len: int, table, inner, drawn=None):
+        super().__init__(scheme, pos, context_len)
+        self.table, self.inner, self.drawn = table, inner, drawn
+
+    def _map(self, pos):
+        if self.table is None:
+            return pos
+        return self.drawn if pos is self.pos else self.table[pos.long()]

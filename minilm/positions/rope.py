@@ -57,6 +57,7 @@ from minilm.positions.base import (
     MAX_POSITIONS,
     PositionError,
     PositionScheme,
+    SchemePass,
     check_number,
     register,
 )
@@ -173,9 +174,7 @@ class RoPE(PositionScheme):
         self.base = float(base)
         self.scaling = self._check_scaling(scaling)
         self._by_positions = self.scaling.get("switch") in ("positions", "refill")  # transformers' LongRoPE
-        self._memo = None
         self._frequencies = None  # (context_len, device, float32 inverse frequencies): ``frequencies``
-        self._passes = 0  # forward passes started (``start``): a memo is trusted by identity within one
 
     def _check_scaling(self, scaling) -> dict:
         if scaling is None:
@@ -300,13 +299,15 @@ class RoPE(PositionScheme):
         half = signed_sin.shape[-1] // 2
         return cos, torch.cat((-signed_sin[..., :half], signed_sin[..., half:]), dim=-1)
 
-    def start(self, pos: torch.Tensor) -> None:
-        """A new forward pass: positions from the last one are no longer trusted by identity."""
-        self._passes += 1
+    def start(self, pos: torch.Tensor, context_len: int):
+        """The pass's scheme: a ``RopePass`` that computes the cos/sin tables of its positions once
+        for every layer; under ``torch.compile`` the scheme itself (the graph computes them once)."""
+        return self if torch.compiler.is_compiling() else RopePass(self, pos, context_len)
 
     def frequencies(self, context_len: int, device: torch.device) -> torch.Tensor:
         """``inv_freq(context_len)`` in float32 on ``device``, kept for the passes that follow at the
-        same length (every decode step of a generation)."""
+        same length (every decode step of a generation): a function of the settings and these two
+        arguments only, so keeping it carries nothing from one pass to another."""
         held = self._frequencies
         if held is not None and held[0] == context_len and held[1] == device and not torch.compiler.is_compiling():
             return held[2]
@@ -318,33 +319,15 @@ class RoPE(PositionScheme):
     def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(cos, signed sin): ``cos_sin``'s cos and its sin table with the first half negated, which
         ``_rotate`` multiplies by x rolled by half the rotated dims: rotate_half(x) * sin is then
-        ``x.roll(rot/2) * signed_sin``, the same products without a negation and a concatenation.
-        Memoised for the layers of one forward pass: the very positions tensor of the pass that
-        computed them (layers share it; nothing changes positions within a pass), else equal values."""
-        compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway: no memo
+        ``x.roll(rot/2) * signed_sin``, the same products without a negation and a concatenation."""
         if self._by_positions and pos.numel() and not pos.is_meta:
             context_len = int(pos.max()) + 1  # transformers' longrope: this pass's own length picks the factors
-        memo = None if compiling else self._memo
-        same = memo is not None and (
-            (memo[0] is pos and memo[2] == self._passes > 0)
-            or (  # rows: views of their own
-                memo[1].shape == pos.shape
-                and memo[1].device == pos.device
-                and not pos.is_meta
-                and torch.equal(memo[1], pos)
-            )
-        )
-        if same and memo[3] == context_len and memo[4] == dtype:
-            return memo[5]
         angles = pos.to(torch.float32)[:, None] * self.frequencies(context_len, pos.device)[None, :]
         scale = self.attention_scale()
         cos, sin = angles.cos(), angles.sin()
         if scale != 1.0:  # x * 1.0 is x: two operations fewer per pass where nothing scales
             cos, sin = cos * scale, sin * scale
-        tables = torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
-        if not compiling:
-            self._memo = (pos, pos.clone(), self._passes, context_len, dtype, tables)
-        return tables
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
     def rotate(self, q, k, pos, context_len):
         cos, signed_sin = self.tables(pos, context_len, q.dtype)
@@ -363,3 +346,21 @@ class RoPE(PositionScheme):
             return x * cos + x.roll(self.rot // 2, dims=-1) * signed_sin
         head, tail = x[..., : self.rot], x[..., self.rot :]
         return torch.cat((head * cos + head.roll(self.rot // 2, dims=-1) * signed_sin, tail), dim=-1)
+
+
+class RopePass(SchemePass):
+    """A RoPE scheme (or xPos) over one forward pass: the tables of the pass's own positions
+    (``start``'s tensor, which every layer is handed) computed once per context length and dtype and
+    shared by the layers; other positions (rows of their own, renumbered keys) get tables of their own."""
+
+    def __init__(self, scheme: RoPE, pos: torch.Tensor, context_len: int):
+        super().__init__(scheme, pos, context_len)
+        self.held, self._rotate = {}, scheme._rotate
+
+    def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
+        if pos is not self.pos:
+            return self.scheme.tables(pos, context_len, dtype)
+        key = (context_len, dtype)
+        if key not in self.held:
+            self.held[key] = self.scheme.tables(pos, context_len, dtype)
+        return self.held[key]
