@@ -2,13 +2,17 @@
 minilm's ``rope`` setting (``rope_position``), and minilm's setting as ``rope_parameters``
 (``rope_parameters``).
 
-Reading: scalings of type linear, dynamic, yarn (its default betas and attention factor
-only), llama3 and longrope (Phi-3: ``short_factor``, ``long_factor``, the attention factor,
-and transformers' switch between them by each pass's largest position, ``switch:
-positions``); ``original_max_positions`` is the config's ``original_max_position_embeddings``,
-else ``max_position_embeddings`` (always the latter for dynamic), as in transformers.
-Writing: linear, dynamic, yarn, llama3 and longrope as ``rope_parameters``; static NTK as its
-changed base, theta * s^(d/(d-2)) (Bloc97 2023), the same rotation with no scaling at all.
+Reading: scalings of type linear, dynamic, yarn (every key: ``beta_fast``, ``beta_slow``,
+``truncate``, ``attention_factor``, ``mscale``, ``mscale_all_dim``, read as transformers reads
+them: a beta of 0 is its default, ``mscale`` counts only beside ``mscale_all_dim``), llama3,
+longrope (Phi-3: ``short_factor``, ``long_factor``, the attention factor, and transformers'
+switch between them by each pass's largest position, ``switch: positions``) and proportional
+(p-RoPE: ``partial_rotary_factor`` is the share of frequency pairs kept, over a head rotated
+whole); ``original_max_positions`` is the config's ``original_max_position_embeddings``, else
+``max_position_embeddings`` (always the latter for dynamic), as in transformers.
+Writing: linear, dynamic, yarn (every key), llama3, longrope and proportional as
+``rope_parameters``; static NTK as its changed base, theta * s^(d/(d-2)) (Bloc97 2023), the
+same rotation with no scaling at all.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from minilm.hf.family import refuse, require
 from minilm.positions import build
 from minilm.positions.rope import ntk_base
 
-SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")  # rope_type values read
-YARN_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "truncate": True}
+SCALINGS = ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional")  # rope_type values read
+YARN_KEYS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim")
 ROPE_TYPES = {
     "none": "default",
     "linear": "linear",
@@ -26,6 +30,7 @@ ROPE_TYPES = {
     "yarn": "yarn",
     "llama3": "llama3",
     "longrope": "longrope",
+    "proportional": "proportional",
 }
 
 
@@ -41,6 +46,10 @@ def rope_position(hf: dict, path: str) -> dict:
     position = {"kind": "rope", "base": float(base), "rotary_fraction": float(fraction), "scaling": None}
     if kind == "default":
         return position
+    if kind == "proportional":  # the whole head turns; partial_rotary_factor is the share of pairs at a frequency
+        factor = float(params.get("factor") or 1.0)
+        scaling = {"type": "proportional", "fraction": float(fraction), "factor": factor}
+        return {**position, "rotary_fraction": 1.0, "scaling": scaling}
     maximum = hf["max_position_embeddings"]
     original = params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings") or maximum
     if kind == "dynamic":  # transformers' dynamic NTK measures lengths against max_position_embeddings
@@ -65,14 +74,10 @@ def rope_position(hf: dict, path: str) -> dict:
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         )
     if kind == "yarn":
-        odd = {k: params[k] for k, v in YARN_DEFAULTS.items() if params.get(k) not in (None, v)}
-        odd.update({k: params[k] for k in ("attention_factor", "mscale", "mscale_all_dim") if params.get(k)})
-        if odd:
-            refuse(
-                path,
-                f"yarn settings {odd} are not supported; minilm's yarn has beta_fast 32, beta_slow 1 "
-                f"and attention factor 0.1 ln(factor) + 1",
-            )
+        scaling.update({key: params[key] for key in YARN_KEYS if params.get(key) is not None})
+        for key in ("beta_fast", "beta_slow"):  # transformers: ``params.get(key) or default``
+            if not scaling.get(key, 1):
+                del scaling[key]
     position["scaling"] = scaling
     return position
 
@@ -101,12 +106,20 @@ def rope_parameters(m) -> tuple:
     if kind == "none":
         return params, m.block_size
     params.update(rope_type=ROPE_TYPES[kind], factor=float(scaling["factor"]))
+    if kind == "proportional":  # transformers turns the whole head and reads the kept share as partial_rotary_factor
+        require(
+            fraction == 1.0, "rope", f"proportional with rotary_fraction={fraction}: transformers turns the whole head"
+        )
+        params["partial_rotary_factor"] = scaling["fraction"]
+        return params, m.block_size
     original = scaling["original_max_positions"]
     if kind == "dynamic":  # transformers measures dynamic lengths against max_position_embeddings
         return params, original
     params["original_max_position_embeddings"] = original
     if kind == "llama3":
         params.update(low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"])
+    if kind == "yarn":  # the attention factor resolved (mscale and mscale_all_dim already in it)
+        params.update({key: scaling[key] for key in ("beta_fast", "beta_slow", "truncate", "attention_factor")})
     if kind == "longrope":  # transformers then switches by each pass's positions, as ``switch: positions``
         params.update(
             short_factor=list(scaling["short_factor"]),

@@ -74,8 +74,14 @@ SCALING_KEYS = (
     "attention_factor",
     "switch",
     "fraction",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+    "mscale",
+    "mscale_all_dim",
 )
 EXTRA_KEYS = {
+    "yarn": ("beta_fast", "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"),
     "llama3": ("low_freq_factor", "high_freq_factor"),
     "longrope": ("short_factor", "long_factor", "attention_factor", "switch"),
     "proportional": ("fraction",),
@@ -101,27 +107,51 @@ def dynamic_ntk_base(base: float, factor: float, dim: int, length: int, original
 
 
 def yarn_bounds(
-    dim: int, base: float, original: int, beta_fast: float = 32.0, beta_slow: float = 1.0
-) -> Tuple[int, int]:
-    """YaRN correction range [low, high] of dimension-pair indices."""
+    dim: int, base: float, original: int, beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True
+) -> Tuple[float, float]:
+    """YaRN correction range [low, high] of dimension-pair indices: the pair that turns ``beta_fast``
+    times over the original length L, and the one that turns ``beta_slow`` times, d ln(L / (2 pi b)) /
+    (2 ln base) (Peng et al. 2023, eq. 17); with ``truncate`` rounded outwards to whole pairs (the
+    paper's code; GPT-OSS sets it false), clipped to [0, dim - 1]."""
 
     def corr(rotations):
         return dim * math.log(original / (2 * math.pi * rotations)) / (2 * math.log(base))
 
-    low = max(math.floor(corr(beta_fast)), 0)
-    high = min(math.ceil(corr(beta_slow)), dim - 1)
-    return low, high
+    low, high = corr(beta_fast), corr(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
 
 
-def yarn_mscale(factor: float) -> float:
-    """YaRN attention temperature applied to both cos and sin: 0.1 ln(s) + 1 (1 when s <= 1)."""
-    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN attention temperature applied to both cos and sin: 0.1 m ln(s) + 1 (1 when s <= 1), m = 1 in
+    the paper (eq. 22) and DeepSeek's ``mscale`` otherwise."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def yarn_inv_freq(dim: int, base: float, factor: float, original: int) -> torch.Tensor:
-    """YaRN "NTK-by-parts": interpolate low frequencies, keep high ones, ramp between."""
+def yarn_attention_factor(
+    factor: float, mscale: Optional[float] = None, mscale_all_dim: Optional[float] = None
+) -> float:
+    """YaRN's default factor on cos and sin, as transformers computes it: where both ``mscale`` and
+    ``mscale_all_dim`` are set and non-zero (DeepSeek-V2/V3), yarn_mscale(s, mscale) /
+    yarn_mscale(s, mscale_all_dim); else yarn_mscale(s) (``mscale`` alone is ignored, as there)."""
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
+
+
+def yarn_inv_freq(
+    dim: int,
+    base: float,
+    factor: float,
+    original: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
+    """YaRN "NTK-by-parts": interpolate low frequencies, keep high ones, ramp between (``yarn_bounds``)."""
     inv = rope_inv_freq(dim, base)
-    low, high = yarn_bounds(dim, base, original)
+    low, high = yarn_bounds(dim, base, original, beta_fast, beta_slow, truncate)
     span = (high - low) if high != low else 1e-3
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / span).clamp(0, 1)
     return inv / factor * ramp + inv * (1 - ramp)
@@ -210,6 +240,8 @@ class RoPE(PositionScheme):
             factor = self.block_size / original if kind == "longrope" else 1.0
         check_number("rope", "scaling.factor", factor, low=0, high=MAX_FACTOR)
         out = {"type": kind, "factor": float(factor), "original_max_positions": int(original)}
+        if kind == "yarn":
+            out.update(self._check_yarn(scaling, out["factor"]))
         if kind == "llama3":
             out.update(self._check_llama3(scaling))
         if kind == "longrope":
@@ -218,6 +250,29 @@ class RoPE(PositionScheme):
             fraction = 1.0 if scaling.get("fraction") is None else scaling["fraction"]  # None: unset, as factor
             check_number("rope", "scaling.fraction", fraction, low=0, low_open=False, high=1)
             out["fraction"] = float(fraction)
+        return out
+
+    @staticmethod
+    def _check_yarn(scaling: dict, factor: float) -> dict:
+        """beta_fast (32), beta_slow (1), truncate (true) and the attention factor: given, or from
+        factor, mscale and mscale_all_dim (``yarn_attention_factor``)."""
+        out = {}
+        for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            value = default if scaling.get(key) is None else scaling[key]
+            check_number("rope", f"scaling.{key}", value, low=0, high=MAX_POSITIONS)
+            out[key] = float(value)
+        truncate = scaling.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise PositionError(f"rope: scaling.truncate={truncate!r} is invalid: expected true or false")
+        out["truncate"] = truncate
+        for key in ("mscale", "mscale_all_dim"):
+            if scaling.get(key) is not None:
+                check_number("rope", f"scaling.{key}", scaling[key], low=0, low_open=False, high=MAX_FACTOR)
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = yarn_attention_factor(factor, scaling.get("mscale"), scaling.get("mscale_all_dim"))
+        check_number("rope", "scaling.attention_factor", attention, low=0, high=100)
+        out["attention_factor"] = float(attention)
         return out
 
     @staticmethod
@@ -265,7 +320,8 @@ class RoPE(PositionScheme):
         if kind == "dynamic":
             return rope_inv_freq(d, dynamic_ntk_base(self.base, s, d, context_len or L, L))
         if kind == "yarn":
-            return yarn_inv_freq(d, self.base, s, L)
+            sc = self.scaling
+            return yarn_inv_freq(d, self.base, s, L, sc["beta_fast"], sc["beta_slow"], sc["truncate"])
         if kind == "llama3":
             return llama3_inv_freq(
                 d, self.base, s, L, self.scaling["low_freq_factor"], self.scaling["high_freq_factor"]
@@ -289,8 +345,6 @@ class RoPE(PositionScheme):
 
     def attention_scale(self) -> float:
         """Factor on cos and sin (YaRN's mscale, LongRoPE's attention factor; 1 otherwise)."""
-        if self.scaling["type"] == "yarn":
-            return yarn_mscale(self.scaling["factor"])
         return self.scaling.get("attention_factor", 1.0)
 
     def cos_sin(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
