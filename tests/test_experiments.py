@@ -310,7 +310,7 @@ def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_pat
     ]
     assert experiment_cli.main(args) == 0
     first = (out / "results.csv").read_text()
-    journal = sorted((out / "journal").glob("*.pkl"))
+    journal = sorted(p for p in (out / "journal").glob("*.json") if p.name != "meta.json")  # the jobs' entries
     kept = {p: p.stat().st_mtime_ns for p in journal[::2]}
     for path in journal[1::2]:  # as if the run had been killed before these jobs finished
         path.unlink()
@@ -319,9 +319,10 @@ def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_pat
     assert "--resume to continue it" in capsys.readouterr().err
     assert experiment_cli.main([*args, "--resume"]) == 0
     assert (out / "results.csv").read_text() == first  # the jobs run again give the same cells
-    assert all(p.stat().st_mtime_ns == t for p, t in kept.items()) and len(
-        list((out / "journal").glob("*.pkl"))
-    ) == len(journal)
+    assert (
+        all(p.stat().st_mtime_ns == t for p, t in kept.items())
+        and len(list((out / "journal").glob("*.json"))) == len(journal) + 1
+    )
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "the last of 2 invocations" in text and "--resume" not in text.split("\n")[2]  # the command as first given
     assert experiment_cli.main([*args[:-1], "train.max_steps=6", "--resume"]) == 2

@@ -1,12 +1,16 @@
 """minilm.study.jobs: a graph of jobs in worker processes: order, values, times and errors; the journal
 that lets an interrupted study resume (minilm.study.journal)."""
 
+import json
 import math
 import operator
+import pickle
+import shutil
 import time
 
 import pytest
 
+from minilm.evaluation.lengths import Result
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.journal import Journal, JournalError
 from minilm.study.provenance import busy_seconds
@@ -81,6 +85,91 @@ def test_a_journal_belongs_to_one_commit_and_plan(tmp_path):
     run_jobs([Job("a", operator.add, (1, 0))], quiet=True, journal=journal)
     journal.start("abc", {"seeds": [1]}, resume=False)  # a fresh start forgets the finished jobs
     assert journal.read("a", (1, 0)) is None
+
+
+class Payload:
+    """What a crafted pickle would run on loading: here it only leaves a file behind."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_journal_entry_runs_nothing_and_its_job_runs_again(tmp_path):
+    """The journal is plain JSON: an entry someone else wrote as a pickle (under the old .pkl name or the
+    new .json one) is never unpickled; its job runs again."""
+    journal = Journal(str(tmp_path / "study" / "journal"))
+    journal.start("abc", {"seeds": [1]}, resume=False)
+    run_jobs([Job("a", operator.add, (1, 2))], quiet=True, journal=journal)
+    entry = journal._path("a", (1, 2))
+    marker = tmp_path / "ran"
+    crafted = pickle.dumps(("a", Payload(str(marker))))
+    for path in (entry, entry[: -len(".json")] + ".pkl"):
+        with open(path, "wb") as f:
+            f.write(crafted)
+    journal.start("abc", {"seeds": [1]}, resume=True)
+    again = run_jobs([Job("a", operator.add, (1, 2))], quiet=True, journal=journal)
+    assert again["a"].value == 3 and not marker.exists()
+    assert journal.read("a", (1, 2)).value == 3  # rewritten as data
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        42,
+        [1, 2, 3],
+        "text",
+        {"key": "a", "value": 3},
+        {"key": "a", "value": {"object": 3}, "started": 0, "ended": 1, "phase": ""},
+        {"key": "a", "value": {"Result": {"nope": 1}}, "started": 0, "ended": 1, "phase": ""},
+        {"key": "a", "value": 3, "started": "soon", "ended": 1, "phase": ""},
+        {"key": "a", "value": 3, "started": float("nan"), "ended": 1, "phase": ""},
+        {"key": "b", "value": 3, "started": 0, "ended": 1, "phase": ""},
+    ],
+    ids=["number", "list", "text", "no times", "unknown tag", "bad cell", "text time", "nan time", "other key"],
+)
+def test_a_malformed_journal_entry_is_not_trusted(entry, tmp_path):
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {}, resume=False)
+    with open(journal._path("a", (1, 2)), "w", encoding="utf-8") as f:
+        json.dump(entry, f)
+    assert journal.read("a", (1, 2)) is None
+
+
+@pytest.mark.parametrize("meta", [[1, 2], {"commit": "abc", "plan": {}, "invocations": "two"}, "x"])
+def test_a_malformed_meta_json_is_one_line(meta, tmp_path):
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {}, resume=False)
+    (tmp_path / "journal" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(JournalError, match="is not a journal's meta.json") as info:
+        journal.start("abc", {}, resume=True)
+    assert "\n" not in str(info.value)
+
+
+def test_values_read_back_as_they_were_and_a_moved_study_resumes_where_it_is(tmp_path):
+    """Tuples, lists, mappings, evaluation cells, NaN and paths under the study's directory read back
+    as written; copied elsewhere, the study finds its jobs (paths are stored relative to it) and reads
+    their paths back under the new place."""
+    old = tmp_path / "old"
+    cell = Result("-", str(old / "runs" / "rope" / "ckpt.pt"), "rope", 16, 32, "sliding", 8, 100, 400, 1.5)
+    value = {"cells": [cell], "pair": (1, 2.5), "nan": float("nan"), "where": str(old / "runs"), "other": "/etc"}
+    journal = Journal(str(old / "journal"))
+    journal.start("abc", {}, resume=False)
+    args = (str(old / "runs" / "rope"), [32], {"seed": 1})
+    journal.record("evaluate rope", args, Done(value, 1.0, 2.0, "eval"))
+    back = journal.read("evaluate rope", args).value
+    assert back["cells"] == [cell] and back["pair"] == (1, 2.5) and math.isnan(back["nan"])
+    assert (back["where"], back["other"]) == (str(old / "runs"), "/etc")
+    shutil.copytree(old, tmp_path / "new")
+    moved = Journal(str(tmp_path / "new" / "journal"))
+    assert moved.start("abc", {}, resume=True) == 2
+    found = moved.read("evaluate rope", (str(tmp_path / "new" / "runs" / "rope"), [32], {"seed": 1}))
+    assert found.value["cells"][0].checkpoint == str(tmp_path / "new" / "runs" / "rope" / "ckpt.pt")
+    assert found.value["where"] == str(tmp_path / "new" / "runs")
+    with pytest.raises(JournalError, match="holds a set"):
+        journal.record("b", (), Done({1, 2}, 1.0, 2.0))
 
 
 def test_busy_time_is_the_union_of_the_jobs_intervals():
