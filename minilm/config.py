@@ -79,6 +79,9 @@ MODEL_SIZES = {
 }
 
 
+GATED_MLPS = ("swiglu", "geglu_tanh")  # model.mlp kinds whose first linear holds [gate; up]
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = option(4096, help="set from the tokenizer (data.vocab_size); not given by hand")
@@ -132,14 +135,18 @@ class ModelConfig:
     mlp: str = option(
         "gelu",
         role=ARCHITECTURE,
-        choices=("gelu", "gelu_tanh", "swiglu", "relu2"),
-        help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama; relu2: relu(x)^2 (Primer)",
+        choices=("gelu", "gelu_tanh", "swiglu", "geglu_tanh", "relu2"),
+        help="gelu_tanh is GPT-2's gelu_new; swiglu as Llama; geglu_tanh: gelu_tanh(gate) * up (Gemma); "
+        "relu2: relu(x)^2 (Primer)",
     )
     n_kv_head: Optional[int] = option(
         None, role=ARCHITECTURE, help="key/value heads, grouped-query attention (null: n_head)"
     )
     qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
     qk_norm: bool = option(False, role=ARCHITECTURE, help="RMSNorm on each head's q and k before positions (Qwen3)")
+    post_norms: bool = option(
+        False, role=ARCHITECTURE, help="a norm on each sublayer's output too, before the residual add (Gemma 2/3)"
+    )
     value_embeddings: bool = option(
         False,
         role=ARCHITECTURE,
@@ -197,7 +204,7 @@ class ModelConfig:
 
     def _check_architecture(self):
         check_choices(self, "model")
-        for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "value_embeddings"):
+        for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "post_norms", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={shown(getattr(self, name))} is invalid: expected true or false")
         check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")

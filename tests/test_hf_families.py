@@ -188,6 +188,44 @@ FAMILY_CASES = {
         bos_token_id=None,
         eos_token_id=None,
     ),
+    "gemma2-softcaps-gqa": lambda v: transformers.Gemma2Config(  # window 4: the prompts are 10 tokens or more
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=4,
+        query_pre_attn_scalar=12,  # not head_dim: the scale folded into the queries
+        attn_logit_softcapping=3.0,
+        final_logit_softcapping=4.0,
+        tie_word_embeddings=False,  # tied, a random model's greedy text repeats its input (below: tied logits)
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    "gemma3-text-two-bases-untied": lambda v: transformers.Gemma3TextConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        },
+        tie_word_embeddings=False,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
     "mpt-tied": lambda v: transformers.MptConfig(
         vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4, tie_word_embeddings=True
     ),
@@ -223,6 +261,26 @@ def test_imported_family_matches_transformers_cached_and_uncached(case, hf_token
     assert (m.n_kv_head or m.n_head) == getattr(cfg, "num_key_value_heads", None) or cfg.model_type == "mpt"
     if cfg.model_type == "qwen3":
         assert m.qk_norm and m.head_dim == cfg.head_dim
+
+
+def test_a_tied_gemma_with_transformers_defaults_matches(hf_tokenizer_dir, tmp_path, monkeypatch):
+    """Gemma 2 as its config class leaves it: tied embeddings, soft-caps 50 and 30, query_pre_attn_scalar
+    256, alternating layers (a tied random Gemma's greedy text only repeats its input: logits alone)."""
+    case = lambda v: transformers.Gemma2Config(  # noqa: E731
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        sliding_window=6,
+    )
+    monkeypatch.setitem(test_hf.HF_CASES, "gemma2-defaults", case)
+    _, loaded = import_matches("gemma2-defaults", hf_tokenizer_dir, tmp_path)
+    m = loaded.config.model
+    assert m.tie_embeddings and m.logit_softcap == 30.0 and m.layers["sliding"] == {"window": 6, "softcap": 50.0}
 
 
 @pytest.mark.parametrize("case", sorted(FAMILY_CASES))
@@ -282,6 +340,7 @@ def test_phi3_generation_refills_its_cache_past_the_original_context(case, hf_to
         assert [int(t) for t in generate_ids(stale, prompt, **greedy)] != ours
 
 
+GEMMA = dict(post_norms=True, mlp="geglu_tanh", norm="rmsnorm", embedding_scale="sqrt_d_model")
 EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: the first that takes it) -> model_type
     "rope-qwen3-gqa-head-dim": (
         dict(
@@ -324,6 +383,29 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
     ),
     "rope-phi3-tied": (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu"), "phi3", "phi3"),
     "alibi-mpt-untied": (dict(position={"kind": "alibi"}, tie_embeddings=False), None, "mpt"),
+    "rope-gemma3-two-bases": (
+        dict(
+            GEMMA,
+            position={"kind": "rope", "base": 1e6, "scaling": {"type": "linear", "factor": 4}},
+            qk_norm=True,
+            n_kv_head=2,
+            tie_embeddings=False,
+            layers={"pattern": ["local", "global"], "local": {"window": 5, "position": {"kind": "rope"}}, "global": {}},
+        ),
+        None,
+        "gemma3_text",
+    ),
+    "rope-gemma2-softcaps-untied": (
+        dict(
+            GEMMA,
+            position={"kind": "rope"},
+            logit_softcap=5.0,
+            tie_embeddings=False,
+            layers={"pattern": ["sliding", "full"], "sliding": {"window": 4, "softcap": 8.0}, "full": {"softcap": 8.0}},
+        ),
+        None,
+        "gemma2",
+    ),
     "rope-qwen3-sliding-layers": (
         dict(
             position={"kind": "rope"},
@@ -375,7 +457,18 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
             "phi3",
             "cannot be written as Phi-3: it exports as llama",
         ),
-        (dict(position={"kind": "rope"}), "gpt5", "family 'gpt5' is unknown: valid: llama, gpt_neox, gpt2, mpt, phi3"),
+        (
+            dict(position={"kind": "rope"}),
+            "gpt5",
+            "family 'gpt5' is unknown: valid: llama, gemma2, gpt_neox, gpt2, mpt, phi3",
+        ),
+        (
+            dict(
+                GEMMA, position={"kind": "rope"}, layers={"pattern": ["a", "b"], "a": {"window": 4}, "b": {"window": 6}}
+            ),
+            None,
+            "cannot export as Gemma 2: its model.layers is more than sliding layers of one window",
+        ),
         (dict(position={"kind": "rope"}, head_dim=16), None, "model.head_dim=16 has no GPT-NeoX equivalent"),
     ],
 )
@@ -393,12 +486,20 @@ def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, messag
         ({"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
         ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
         ({"sliding_window": 8, "model_type": "phi3"}, "sliding_window=8 is not supported"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not supported"),
+        ({"hidden_activation": "relu"}, "hidden_activation='relu' is not supported for gemma2"),
+        ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types="),
     ],
 )
 def test_unsupported_family_settings_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
     import json
 
     case = "phi3-gqa-untied" if change.get("model_type") == "phi3" else "mpt-tied"
+    case = (
+        "gemma2-softcaps-gqa"
+        if {"use_bidirectional_attention", "hidden_activation", "layer_types"} & set(change)
+        else case
+    )
     _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
     config = json.loads((directory / "config.json").read_text())
     for key, value in change.items():

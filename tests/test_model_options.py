@@ -36,8 +36,10 @@ OPTIONS = {
     "speedrun": dict(mlp="relu2", qk_norm=True, logit_softcap=3.0, tie_embeddings=False, value_embeddings=True),
     "value-embeddings-gqa-odd": dict(value_embeddings=True, n_kv_head=2, n_layer=3),
     "qknorm-gqa-rms": dict(qk_norm=True, n_kv_head=1, norm="rmsnorm", norm_eps=0.5),
+    "gemma": dict(post_norms=True, mlp="geglu_tanh", norm="rmsnorm", qk_norm=True, n_kv_head=2, logit_softcap=5.0),
+    "post-norms-parallel-layernorm": dict(post_norms=True, parallel_residual=True, bias=True),
 }
-NORMS = ("ln_1", "ln_2", "ln_f", "q_norm", "k_norm")
+NORMS = ("ln_1", "ln_2", "ln_f", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
 
 
 def make(position="rope", *, n_head=4, d_model=32, n_layer=2, vocab_size=61, block_size=64, seed=0, **options):
@@ -88,6 +90,9 @@ def mlp_ref(h, sd, prefix, c):
     if c.mlp == "swiglu":  # Shazeer 2020: silu(gate) * up, gate the first d_ff outputs of fc
         gate, up = a[..., : c.d_ff], a[..., c.d_ff :]
         a = gate * torch.sigmoid(gate) * up
+    elif c.mlp == "geglu_tanh":  # the same paper's GEGLU with GELU's tanh approximation (Gemma)
+        gate, up = a[..., : c.d_ff], a[..., c.d_ff :]
+        a = 0.5 * gate * (1 + torch.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3))) * up
     elif c.mlp == "relu2":  # So et al. 2021 (Primer): squared ReLU
         a = torch.where(a > 0, a * a, torch.zeros_like(a))
     elif c.mlp == "gelu_tanh":
@@ -133,11 +138,18 @@ def reference_logits(model, idx):
         table = next(j for j in range(c.n_layer) if layer in (j, c.n_layer - 1 - j)) if c.value_embeddings else None
         added = 0.0 if table is None else sd[f"value_embeds.{table}.weight"][idx]
         attended = attention_ref(norm_ref(x, sd, p + "ln_1", c), sd, p + "attn", c, added)
+        if c.post_norms:  # Gemma 2: each sublayer's output normalised before it is added
+            attended = norm_ref(attended, sd, p + "post_attn_norm", c)
+
+        def fed(h):
+            out = mlp_ref(norm_ref(h, sd, p + "ln_2", c), sd, p + "mlp", c)
+            return norm_ref(out, sd, p + "post_mlp_norm", c) if c.post_norms else out
+
         if c.parallel_residual:  # GPT-NeoX: both branches read the block input
-            x = x + attended + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
+            x = x + attended + fed(x)
         else:
             x = x + attended
-            x = x + mlp_ref(norm_ref(x, sd, p + "ln_2", c), sd, p + "mlp", c)
+            x = x + fed(x)
     logits = norm_ref(x, sd, "ln_f", c) @ sd["lm_head.weight"].T
     return c.logit_softcap * torch.tanh(logits / c.logit_softcap) if c.logit_softcap else logits
 
@@ -232,6 +244,7 @@ CACHED = {
         "speedrun",
         "qknorm-gqa-rms",
         "value-embeddings-gqa-odd",
+        "gemma",
     )
 }
 
@@ -479,7 +492,7 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
     "options, message",
     [
         (dict(norm="batchnorm"), "model.norm='batchnorm' is invalid: valid: layernorm, rmsnorm"),
-        (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu, relu2"),
+        (dict(mlp="relu"), "model.mlp='relu' is invalid: valid: gelu, gelu_tanh, swiglu, geglu_tanh, relu2"),
         (dict(logit_softcap=-1.0), "model.logit_softcap=-1.0 is invalid: expected 0 (no cap) or a number > 0"),
         (dict(logit_softcap=float("inf")), "model.logit_softcap=inf is invalid"),
         (dict(qk_norm="yes"), "model.qk_norm='yes' is invalid: expected true or false"),

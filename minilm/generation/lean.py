@@ -71,6 +71,11 @@ def read_block(module) -> BlockParts:
         partial(feed_forward, fc=linear_function(mlp.fc), proj=linear_function(mlp.proj), kind=mlp.kind),
         None,
         module.parallel,
+        *(
+            (norm_function(module.post_attn_norm), norm_function(module.post_mlp_norm))
+            if hasattr(module, "post_attn_norm")
+            else ()
+        ),
     )
 
 

@@ -32,6 +32,7 @@ from minilm.common import staged_directory
 from minilm.data.hf_tokenizer import save_pretrained_tokenizer
 from minilm.hf.families import BY_NAME, FAMILIES
 from minilm.hf.family import HFError, refuse_unhandled
+from minilm.hf.gemma import GEMMA
 
 EXPORTABLE = "rope (GPT-NeoX, Llama, Qwen2, Qwen3 or Phi-3), learned (GPT-2), alibi (MPT)"
 
@@ -70,9 +71,10 @@ def export_model(model, tokenizer, config, directory: str, family: str = None) -
 def convert(m, sd: dict, family: str = None) -> tuple:
     """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict,
     as the named ``family`` or the first that exports ``m``."""
-    if m.embedding_scale not in (1, 1.0, "auto"):
+    if m.embedding_scale not in (1, 1.0, "auto") and not GEMMA.exports(m):
         raise HFError(
-            f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the token embedding"
+            f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the token embedding, "
+            f"except Gemma's by sqrt_d_model (with post_norms, mlp geglu_tanh and rmsnorm)"
         )
     if family is not None:
         if family not in BY_NAME:

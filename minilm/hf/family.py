@@ -50,7 +50,7 @@ class Family(NamedTuple):
     exports: Callable  # (ModelConfig) -> bool: is a minilm model written as this family?
     write: Callable  # (ModelConfig, state dict) -> (model_type, config.json dict, HF tensors)
     read_config: Optional[Callable] = None  # (config.json dict, path) -> minilm model settings
-    read_weights: Optional[Callable] = None  # (HF tensors, minilm model settings) -> minilm state dict
+    read_weights: Optional[Callable] = None  # (HF tensors, minilm model settings, config.json) -> minilm state dict
 
 
 def refuse(path: str, what: str) -> None:

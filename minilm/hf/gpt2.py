@@ -46,7 +46,7 @@ def read_config(hf: dict, path: str) -> dict:
     )
 
 
-def read_weights(tensors: dict, model: dict) -> dict:
+def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     w = Weights(tensors, "transformer.", ignore=(".attn.bias", ".attn.masked_bias"))
     out = {"wte.weight": w.take("wte.weight"), "positions.table.weight": w.take("wpe.weight")}
     for i in range(model["n_layer"]):

@@ -111,7 +111,7 @@ def write_layers(m, family: str) -> dict:
     return {"use_sliding_window": True, "sliding_window": windows.pop(), "layer_types": kinds, "max_window_layers": 0}
 
 
-def read_weights(tensors: dict, model: dict) -> dict:
+def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
     out = {"wte.weight": w.take("embed_tokens.weight")}
     for i in range(model["n_layer"]):

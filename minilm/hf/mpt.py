@@ -61,7 +61,7 @@ def read_config(hf: dict, path: str) -> dict:
     )
 
 
-def read_weights(tensors: dict, model: dict) -> dict:
+def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     w = Weights(tensors, "transformer.")
     out = {"wte.weight": w.take("wte.weight")}
     for i in range(model["n_layer"]):

@@ -48,7 +48,7 @@ def read_config(hf: dict, path: str) -> dict:
     )
 
 
-def read_weights(tensors: dict, model: dict) -> dict:
+def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     w = Weights(tensors, "gpt_neox.", ignore=(".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq"))
     heads, width = model["n_head"], model["d_model"]
     out = {"wte.weight": w.take("embed_in.weight")}

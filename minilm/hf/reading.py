@@ -79,10 +79,10 @@ def cached_snapshot(name: str) -> str:
 
 def read_hf(path: str) -> dict:
     """The minilm checkpoint dict of a Hugging Face model directory or ``hf:NAME``."""
-    directory, family, model_tree = read_model_tree(path)
+    directory, family, model_tree, hf = read_model_tree(path)
     expected = expected_shapes(model_tree, path)
     try:
-        state_dict = family.read_weights(read_weights(directory), model_tree)
+        state_dict = family.read_weights(read_weights(directory), model_tree, hf)
     except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
         if isinstance(exc, HFError):
             raise
@@ -103,8 +103,8 @@ def read_hf(path: str) -> dict:
 
 
 def read_model_tree(path: str) -> tuple:
-    """(directory, family, minilm model settings) of a Hugging Face model directory or ``hf:NAME``,
-    from its config.json alone (no weights read: what ``minilm memory`` counts)."""
+    """(directory, family, minilm model settings, config.json's mapping) of a Hugging Face model
+    directory or ``hf:NAME``, from its config.json alone (no weights read: what ``minilm memory`` counts)."""
     directory = cached_snapshot(path[len(PREFIX) :]) if str(path).startswith(PREFIX) else path
     try:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -128,7 +128,7 @@ def read_model_tree(path: str) -> tuple:
             f"{path}: config.json lacks or garbles {exc}: it does not describe a {family.name} model"
         ) from None
     check_sizes(model_tree, path)
-    return directory, family, model_tree
+    return directory, family, model_tree, hf
 
 
 def read_weights(directory: str) -> dict:
@@ -171,6 +171,8 @@ ARCHITECTURES = {
     "qwen2": "Qwen2",
     "qwen3": "Qwen3",
     "smollm3": "SmolLM3",
+    "gemma2": "Gemma2",
+    "gemma3_text": "Gemma3",
     "phi3": "Phi3",
     "mpt": "Mpt",
 }  # model_type -> transformers' class prefix

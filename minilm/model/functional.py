@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minilm.config import GATED_MLPS
 from minilm.model.lora import LoRALinear
 
 
@@ -33,10 +34,10 @@ def activation(kind: str, h: torch.Tensor) -> torch.Tensor:
     """The MLP's nonlinearity of its first layer's output ``h``, by ``model.mlp``: GELU (``gelu``),
     its tanh approximation (``gelu_tanh``, GPT-2's gelu_new), relu(h)^2 (``relu2``; So et al. 2021,
     "Primer") or silu(gate) * up of h = [gate; up] (``swiglu``; Shazeer 2020, "GLU Variants Improve
-    Transformer")."""
-    if kind == "swiglu":
+    Transformer"), or gelu_tanh(gate) * up (``geglu_tanh``, the same paper's GEGLU as Gemma has it)."""
+    if kind in GATED_MLPS:
         gate, up = h.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return (F.silu(gate) if kind == "swiglu" else F.gelu(gate, approximate="tanh")) * up
     if kind == "relu2":
         return F.relu(h).square()
     return F.gelu(h, approximate="tanh" if kind == "gelu_tanh" else "none")

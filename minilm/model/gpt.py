@@ -9,6 +9,8 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
 * ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
 * ``qk_norm``: RMSNorm on every head's queries and keys (Qwen3);
+* ``post_norms``: a norm on each sublayer's output before the residual add (Gemma 2's sandwich);
+* ``mlp: geglu_tanh``: gelu_tanh(gate) * up (Gemma; ``fc`` holds gate and up as for swiglu);
 * ``mlp: relu2``: relu(x)^2 (Primer); ``logit_softcap`` c: logits c * tanh(z / c) (Gemma 2);
 * ``value_embeddings``: a token embedding added to the values of each layer (``value_table``);
 * ``parallel_residual``: x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX);
@@ -34,7 +36,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from minilm.config import ModelConfig
+from minilm.config import GATED_MLPS, ModelConfig
 from minilm.model.attention import document_layout
 from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
 from minilm.model.functional import linear, rms_norm
@@ -150,7 +152,7 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.kind = config.mlp
-        width = 2 * config.d_ff if self.kind == "swiglu" else config.d_ff
+        width = 2 * config.d_ff if self.kind in GATED_MLPS else config.d_ff
         self.fc = nn.Linear(config.d_model, width, bias=config.bias)
         self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
 
@@ -167,7 +169,9 @@ def value_table(layer: int, n_layer: int) -> int:
 
 class Block(nn.Module):
     """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel_residual``
-    (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x))."""
+    (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x)); with
+    ``post_norms`` (Gemma 2) each sublayer's output goes through a norm of its own (``post_attn_norm``,
+    ``post_mlp_norm``) before it is added."""
 
     def __init__(self, config: ModelConfig, layer_type: Optional[LayerType] = None):
         super().__init__()
@@ -177,11 +181,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
         self.parallel = config.parallel_residual
+        if config.post_norms:
+            self.post_attn_norm, self.post_mlp_norm = make_norm(config), make_norm(config)
 
     def parts(self) -> BlockParts:
         """This block's sublayers as ``minilm.model.layer.block`` calls them (the attention and the
         MLP as modules: their hooks run)."""
-        return BlockParts(self.ln_1, self.attn, self.ln_2, self.mlp, dropout(self.drop), self.parallel)
+        posts = (self.post_attn_norm, self.post_mlp_norm) if hasattr(self, "post_attn_norm") else (None, None)
+        return BlockParts(self.ln_1, self.attn, self.ln_2, self.mlp, dropout(self.drop), self.parallel, *posts)
 
     def forward(self, x, layer: int, fp: ForwardPass):
         """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""

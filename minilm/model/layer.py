@@ -73,6 +73,8 @@ class BlockParts(NamedTuple):
     mlp: Callable
     drop: Optional[Callable]  # the residual dropout (None where it does nothing: evaluation, or p = 0)
     parallel: bool  # model.parallel_residual
+    post_attn_norm: Optional[Callable] = None  # model.post_norms: the norm on the attention's output, else None
+    post_mlp_norm: Optional[Callable] = None  # and on the MLP's
 
 
 def split_heads(projected, parts: AttentionParts, fp: ForwardPass, scheme: PositionScheme, rotated: bool):
@@ -172,17 +174,20 @@ def feed_forward(x, fc: Callable, proj: Callable, kind: str):
 
 def block(x, layer: int, fp: ForwardPass, parts: BlockParts):
     """A pre-norm block's output: x + attention(ln_1(x)), then + mlp(ln_2(.)) of that sum; with
-    ``parallel`` both read the block input. With ``fp.weights_of == layer`` the pair (output, the
-    attention's weights)."""
+    ``parallel`` both read the block input; with post-norms each sublayer's output is normalised
+    before it is added (Gemma 2). With ``fp.weights_of == layer`` the pair (output, the attention's
+    weights)."""
     attended = parts.attention(parts.ln_1(x), layer, fp)
     need_weights = fp.weights_of == layer
     attended, weights = attended if need_weights else (attended, None)
+    if parts.post_attn_norm is not None:
+        attended = parts.post_attn_norm(attended)
     attended = dropped(attended, parts.drop)
-    if parts.parallel:
-        out = x + attended + dropped(parts.mlp(parts.ln_2(x)), parts.drop)
-    else:
-        x = x + attended
-        out = x + dropped(parts.mlp(parts.ln_2(x)), parts.drop)
+    h = x if parts.parallel else x + attended
+    fed = parts.mlp(parts.ln_2(h))
+    if parts.post_mlp_norm is not None:
+        fed = parts.post_mlp_norm(fed)
+    out = (x + attended if parts.parallel else h) + dropped(fed, parts.drop)
     return (out, weights) if need_weights else out
 
 

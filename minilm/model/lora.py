@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minilm.config import GATED_MLPS
+
 
 class LoRALinear(nn.Linear):
     """A frozen linear with adapters on named row ranges of its output: ``lora_a[name]`` (r x d_in)
@@ -78,7 +80,7 @@ def adapted_rows(model: nn.Module, targets: Sequence[str]) -> dict:
     layout = {
         "attn.qkv": {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)},
         "attn.proj": {"o": (0, c.d_model)},
-        "mlp.fc": ({"gate": (0, c.d_ff), "up": (c.d_ff, 2 * c.d_ff)} if c.mlp == "swiglu" else {"up": (0, c.d_ff)}),
+        "mlp.fc": ({"gate": (0, c.d_ff), "up": (c.d_ff, 2 * c.d_ff)} if c.mlp in GATED_MLPS else {"up": (0, c.d_ff)}),
         "mlp.proj": {"down": (0, c.d_model)},
     }
     found = {}
