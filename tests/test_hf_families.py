@@ -383,6 +383,29 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
     ),
     "rope-phi3-tied": (dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu"), "phi3", "phi3"),
     "alibi-mpt-untied": (dict(position={"kind": "alibi"}, tie_embeddings=False), None, "mpt"),
+    "rope-smollm3-nope-layers": (
+        dict(
+            position={"kind": "rope"},
+            norm="rmsnorm",
+            mlp="swiglu",
+            n_kv_head=2,
+            tie_embeddings=False,
+            layers={"pattern": ["rope", "nope"], "rope": {}, "nope": {"position": {"kind": "none"}}},
+        ),
+        None,
+        "smollm3",
+    ),
+    "rope-smollm3-sliding-nope": (
+        dict(
+            position={"kind": "rope"},
+            norm="rmsnorm",
+            mlp="swiglu",
+            tie_embeddings=False,
+            layers={"pattern": ["rope", "nope"], "rope": {}, "nope": {"position": {"kind": "none"}, "window": 4}},
+        ),
+        None,
+        "smollm3",
+    ),
     "rope-gemma3-two-bases": (
         dict(
             GEMMA,

@@ -137,3 +137,50 @@ def test_yarn_keys_belong_to_yarn():
             n_head=1,
             block_size=8,
         )
+
+
+PER_TYPE = [  # Gemma 3's rope_parameters by layer type: a scaling on the full layers only, two bases
+    {"rope_type": "linear", "factor": 8.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 16},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "truncate": False},
+    {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "original_max_position_embeddings": 1024,
+        "low_freq_factor": 1,
+        "high_freq_factor": 4,
+    },
+    {"rope_type": "default"},
+]
+
+
+@pytest.mark.parametrize("full", PER_TYPE, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_rope_parameters_per_layer_type_are_read_as_transformers_computes_them(full):
+    """Each layer type's frequencies and attention factor against transformers' (with ``layer_type``).
+    yarn's ``truncate: false`` inside a type is not seen by transformers, which looks for it beside the
+    types: such a type truncates, there and here."""
+    from minilm.hf.gemma import type_positions
+
+    config = transformers.Gemma3TextConfig(
+        hidden_size=2 * HEAD_DIM,
+        num_attention_heads=2,
+        head_dim=HEAD_DIM,
+        num_hidden_layers=2,
+        max_position_embeddings=MAXIMUM,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_theta": 1e6, **full},
+        },
+    )
+    positions = type_positions(config.to_dict(), "config.json")
+    for layer_type in ("sliding_attention", "full_attention"):
+        kind = config.rope_parameters[layer_type]["rope_type"]
+        init = ROPE_INIT_FUNCTIONS.get(kind)
+        if init is None:  # the default type: base^(-2i/d)
+            hf_inv = 1.0 / config.rope_parameters[layer_type]["rope_theta"] ** (torch.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+            hf_attention = 1.0
+        else:
+            hf_inv, hf_attention = init(config, "cpu", layer_type=layer_type)
+        scheme = build(positions[layer_type], d_model=2 * HEAD_DIM, n_head=2, block_size=MAXIMUM, head_dim=HEAD_DIM)
+        torch.testing.assert_close(scheme.inv_freq(MAXIMUM).float(), hf_inv.float(), rtol=2e-6, atol=0)
+        assert scheme.attention_scale() == pytest.approx(hf_attention, rel=1e-12)

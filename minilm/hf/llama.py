@@ -1,4 +1,4 @@
-"""The Llama family both ways (``llama``, ``mistral``, ``qwen2``, ``qwen3``; ``smollm3`` in): q/k/v
+"""The Llama family both ways (``llama``, ``qwen2``, ``qwen3``, ``smollm3``; ``mistral`` in): q/k/v
 projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
 (``mlp: swiglu``), RMSNorm, Qwen2's q/k/v bias as ``qkv_bias``, Qwen3's RMSNorm on each head's
 q and k (``q_norm``, ``k_norm``: one weight of head_dim shared by the heads) as ``qk_norm``,
@@ -11,7 +11,9 @@ decide them: Mistral's ``sliding_window`` on every layer; Qwen2/3's ``layer_type
 layers from ``max_window_layers`` on slide, and only with ``use_sliding_window``); SmolLM3's
 ``no_rope_layers`` (by default every ``no_rope_layer_interval``-th layer without RoPE), its sliding
 layers being the NoPE ones when ``use_sliding_window`` is set. transformers' window W lets a query
-at p see the keys j > p - W, which is minilm's ``window``. Qwen2 and Qwen3 go out with theirs."""
+at p see the keys j > p - W, which is minilm's ``window``. Qwen2 and Qwen3 go out with theirs, and a
+Llama-layout model with NoPE layers (a layer type's ``position: {kind: none}``) goes out as SmolLM3,
+its NoPE layers as ``no_rope_layers``, with at most one sliding window."""
 
 from __future__ import annotations
 
@@ -91,24 +93,42 @@ def read_layers(hf: dict, path: str):
     return layers
 
 
+NOPE = {"kind": "none"}
+
+
+def layer_family(m, family: str) -> str:
+    """The family ``m`` is written as: SmolLM3 for a Llama-layout model whose ``model.layers`` have
+    NoPE layers beside RoPE ones (``model.position``), else ``family``."""
+    if family != "llama" or m.layers is None:
+        return family
+    types = layer_types(m.layers, m.position, m.n_layer)
+    return "smollm3" if any(t.position == NOPE for t in types) else family
+
+
 def write_layers(m, family: str) -> dict:
-    """The config keys of ``m.layers`` for Qwen2/3: every type full attention or one sliding window."""
+    """The config keys of ``m.layers``: for Qwen2/3 and SmolLM3 every type full attention or one sliding
+    window, and for SmolLM3 the NoPE layers as ``no_rope_layers``."""
     if m.layers is None:
         return {"use_sliding_window": False}
     types = layer_types(m.layers, m.position, m.n_layer)
     windows = {t.window for t in types if t.window is not None}
     if not windows and all(t.position == m.position and t.plain and not t.query_scale for t in types):
         return {"use_sliding_window": False}  # the layers' types, as many as the model has, say nothing new
+    positions = (m.position, NOPE) if family == "smollm3" else (m.position,)
     require(
-        family in ("qwen2", "qwen3")
-        and len(windows) == 1
-        and all(t.position == m.position and not (t.chunk or t.sinks or t.softcap or t.query_scale) for t in types),
-        {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family],
+        (family in ("qwen2", "qwen3") and len(windows) == 1 or family == "smollm3" and len(windows) <= 1)
+        and all(t.position in positions and not (t.chunk or t.sinks or t.softcap or t.query_scale) for t in types),
+        {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "smollm3": "SmolLM3"}[family],
         "its model.layers is more than layers of one sliding window beside full ones, which Qwen2 and Qwen3 "
-        "hold (a layer type's own position, chunk, sinks, soft-cap or query scale have no Llama equivalent)",
+        "hold, and NoPE layers, which SmolLM3 holds (a layer type's other position, chunk, sinks, soft-cap or "
+        "query scale have no Llama equivalent)",
     )
     kinds = ["sliding_attention" if t.window is not None else "full_attention" for t in types]
-    return {"use_sliding_window": True, "sliding_window": windows.pop(), "layer_types": kinds, "max_window_layers": 0}
+    config = {"use_sliding_window": bool(windows), "sliding_window": min(windows) if windows else None}
+    config["layer_types"] = kinds
+    if family == "smollm3":
+        return {**config, "no_rope_layers": [int(t.position != NOPE) for t in types]}
+    return {**config, "max_window_layers": 0}
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
@@ -131,7 +151,12 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+}
 
 
 def write(m, sd: dict) -> tuple:
@@ -140,7 +165,12 @@ def write(m, sd: dict) -> tuple:
         "Qwen3",
         "it has q/k norms without q/k/v-only biases (Qwen2 has the biases without the norms)",
     )
-    family = "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama"
+    family = layer_family(m, "qwen3" if m.qk_norm else "qwen2" if m.qkv_bias else "llama")
+    require(
+        family != "smollm3" or m.head_dim == m.d_model // m.n_head,
+        "SmolLM3",
+        f"model.head_dim={m.head_dim}: SmolLM3's heads are d_model / n_head wide",
+    )
     params, positions = rope_parameters(m)
     kv = m.n_kv_head or m.n_head
     sizes = [m.n_head * m.head_dim, kv * m.head_dim, kv * m.head_dim]
@@ -184,6 +214,8 @@ def write(m, sd: dict) -> tuple:
         attention_dropout=0.0,
     )
     config.update(write_layers(m, family))
+    if family == "smollm3":  # its config class would otherwise take SmolLM3's own pad id, 128004
+        config["pad_token_id"] = None
     if (
         family == "qwen3" and not config["use_sliding_window"]
     ):  # every layer full attention (Qwen3's sliding window is off)

@@ -74,7 +74,7 @@ def unfused(tensors: dict, model: dict) -> dict:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    return read_llama_weights(unfused(tensors, model), {**model, "qkv_bias": False, "qk_norm": False})
+    return read_llama_weights(unfused(tensors, model), {**model, "qkv_bias": False, "qk_norm": False}, hf)
 
 
 def write(m, sd: dict) -> tuple:
