@@ -80,6 +80,7 @@ MODEL_SIZES = {
 
 
 GATED_MLPS = ("swiglu", "geglu_tanh")  # model.mlp kinds whose first linear holds [gate; up]
+SUBLAYER_NORMS = ("pre", "sandwich", "post")  # model.sublayer_norms: a norm before each sublayer, after it, or both
 
 
 @dataclass
@@ -144,8 +145,12 @@ class ModelConfig:
     )
     qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
     qk_norm: bool = option(False, role=ARCHITECTURE, help="RMSNorm on each head's q and k before positions (Qwen3)")
-    post_norms: bool = option(
-        False, role=ARCHITECTURE, help="a norm on each sublayer's output too, before the residual add (Gemma 2/3)"
+    sublayer_norms: str = option(
+        "pre",
+        role=ARCHITECTURE,
+        choices=SUBLAYER_NORMS,
+        help="where each sublayer's norms sit: pre (on its input), sandwich (on its input and on its output "
+        "before the residual add: Gemma 2/3), post (on its output only: OLMo 2, EXAONE 4)",
     )
     value_embeddings: bool = option(
         False,
@@ -204,7 +209,7 @@ class ModelConfig:
 
     def _check_architecture(self):
         check_choices(self, "model")
-        for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "post_norms", "value_embeddings"):
+        for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={shown(getattr(self, name))} is invalid: expected true or false")
         check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")

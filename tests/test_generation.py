@@ -586,7 +586,8 @@ ARCHITECTURES = [  # (name, ModelConfig options): every option the lean step rea
     ("qk_norm-gqa", {"qk_norm": True, "n_kv_head": 1}),
     ("rmsnorm-swiglu-parallel", {"norm": "rmsnorm", "mlp": "swiglu", "parallel_residual": True}),
     ("values-relu2-softcap-bias", {"value_embeddings": True, "mlp": "relu2", "logit_softcap": 15.0, "bias": True}),
-    ("post_norms-geglu-parallel", {"post_norms": True, "mlp": "geglu_tanh", "parallel_residual": True}),
+    ("sandwich-geglu-parallel", {"sublayer_norms": "sandwich", "mlp": "geglu_tanh", "parallel_residual": True}),
+    ("post-norms-qknorm", {"sublayer_norms": "post", "qk_norm": True}),
 ]
 LEAN_POSITIONS = [
     {"kind": kind} for kind in ("rope", "xpos", "alibi", "t5", "shaw", "fire", "kerple", "sinusoidal", "none")

@@ -226,6 +226,35 @@ FAMILY_CASES = {
         bos_token_id=None,
         eos_token_id=None,
     ),
+    "exaone4-lllg-gqa": lambda v: transformers.Exaone4Config(  # 3 local RoPE layers in a window of 4, 1 global NoPE
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=4,
+        sliding_window_pattern=4,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    "exaone4-no-window-tied": lambda v: transformers.Exaone4Config(  # no window: RoPE and full attention everywhere
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        sliding_window=None,  # (with a sliding_attention layer transformers' own cache cannot be made)
+        layer_types=["full_attention", "full_attention"],
+        tie_word_embeddings=True,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
     "mpt-tied": lambda v: transformers.MptConfig(
         vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4, tie_word_embeddings=True
     ),
@@ -340,7 +369,10 @@ def test_phi3_generation_refills_its_cache_past_the_original_context(case, hf_to
         assert [int(t) for t in generate_ids(stale, prompt, **greedy)] != ours
 
 
-GEMMA = dict(post_norms=True, mlp="geglu_tanh", norm="rmsnorm", embedding_scale="sqrt_d_model")
+GEMMA = dict(sublayer_norms="sandwich", mlp="geglu_tanh", norm="rmsnorm", embedding_scale="sqrt_d_model")
+EXAONE = dict(
+    position={"kind": "rope"}, sublayer_norms="post", qk_norm=True, norm="rmsnorm", mlp="swiglu", tie_embeddings=False
+)
 EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: the first that takes it) -> model_type
     "rope-qwen3-gqa-head-dim": (
         dict(
@@ -406,6 +438,16 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
         None,
         "smollm3",
     ),
+    "rope-exaone4-local-global-nope": (
+        dict(
+            EXAONE,
+            n_kv_head=2,
+            layers={"pattern": ["local", "global"], "local": {"window": 4}, "global": {"position": {"kind": "none"}}},
+        ),
+        None,
+        "exaone4",
+    ),
+    "rope-exaone4-uniform": (dict(EXAONE, tie_embeddings=True), None, "exaone4"),
     "rope-gemma3-two-bases": (
         dict(
             GEMMA,
@@ -483,7 +525,7 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
         (
             dict(position={"kind": "rope"}),
             "gpt5",
-            "family 'gpt5' is unknown: valid: llama, gemma2, gpt_neox, gpt2, mpt, phi3",
+            "family 'gpt5' is unknown: valid: llama, gemma2, exaone4, gpt_neox, gpt2, mpt, phi3",
         ),
         (
             dict(
@@ -591,3 +633,17 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
     assert transformers.AutoConfig.from_pretrained(tmp_path / "hf").model_type == EXPORTS[name]
     ours, theirs = greedy_both(load_model(str(tmp_path / "run")), tmp_path / "hf")
     assert ours == theirs
+
+
+def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir, tmp_path):
+    """``minilm memory`` reads a family's layer design from config.json alone (``train.init_from``):
+    EXAONE 4's three local layers keep their window of keys, its global one the whole context."""
+    _, directory = hf_model_dir("exaone4-lllg-gqa", hf_tokenizer_dir, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "minilm", "memory", "rope.yaml", f"train.init_from={directory}", "--context", "64"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| local | 3 | 4 |" in done.stdout and "| global | 1 | 64 |" in done.stdout

@@ -36,8 +36,11 @@ OPTIONS = {
     "speedrun": dict(mlp="relu2", qk_norm=True, logit_softcap=3.0, tie_embeddings=False, value_embeddings=True),
     "value-embeddings-gqa-odd": dict(value_embeddings=True, n_kv_head=2, n_layer=3),
     "qknorm-gqa-rms": dict(qk_norm=True, n_kv_head=1, norm="rmsnorm", norm_eps=0.5),
-    "gemma": dict(post_norms=True, mlp="geglu_tanh", norm="rmsnorm", qk_norm=True, n_kv_head=2, logit_softcap=5.0),
-    "post-norms-parallel-layernorm": dict(post_norms=True, parallel_residual=True, bias=True),
+    "gemma": dict(
+        sublayer_norms="sandwich", mlp="geglu_tanh", norm="rmsnorm", qk_norm=True, n_kv_head=2, logit_softcap=5.0
+    ),
+    "sandwich-parallel-layernorm": dict(sublayer_norms="sandwich", parallel_residual=True, bias=True),
+    "post-norms-qknorm-gqa": dict(sublayer_norms="post", norm="rmsnorm", mlp="swiglu", qk_norm=True, n_kv_head=2),
 }
 NORMS = ("ln_1", "ln_2", "ln_f", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
 
@@ -137,13 +140,14 @@ def reference_logits(model, idx):
         # value embeddings: table j serves layers j and n_layer - 1 - j (0 and 2 of 3 layers share table 0)
         table = next(j for j in range(c.n_layer) if layer in (j, c.n_layer - 1 - j)) if c.value_embeddings else None
         added = 0.0 if table is None else sd[f"value_embeds.{table}.weight"][idx]
-        attended = attention_ref(norm_ref(x, sd, p + "ln_1", c), sd, p + "attn", c, added)
-        if c.post_norms:  # Gemma 2: each sublayer's output normalised before it is added
+        pre = (lambda h, name: h) if c.sublayer_norms == "post" else (lambda h, name: norm_ref(h, sd, p + name, c))
+        attended = attention_ref(pre(x, "ln_1"), sd, p + "attn", c, added)
+        if c.sublayer_norms != "pre":  # Gemma 2, OLMo 2: each sublayer's output normalised before it is added
             attended = norm_ref(attended, sd, p + "post_attn_norm", c)
 
         def fed(h):
-            out = mlp_ref(norm_ref(h, sd, p + "ln_2", c), sd, p + "mlp", c)
-            return norm_ref(out, sd, p + "post_mlp_norm", c) if c.post_norms else out
+            out = mlp_ref(pre(h, "ln_2"), sd, p + "mlp", c)
+            return out if c.sublayer_norms == "pre" else norm_ref(out, sd, p + "post_mlp_norm", c)
 
         if c.parallel_residual:  # GPT-NeoX: both branches read the block input
             x = x + attended + fed(x)
@@ -245,6 +249,7 @@ CACHED = {
         "qknorm-gqa-rms",
         "value-embeddings-gqa-odd",
         "gemma",
+        "post-norms-qknorm-gqa",
     )
 }
 

@@ -48,6 +48,9 @@ def linear_function(layer: nn.Linear) -> Callable:
     return partial(linear, layer)
 
 
+NORMS = ("ln_1", "ln_2", "post_attn_norm", "post_mlp_norm")  # a block's norms, as its sublayer_norms give them
+
+
 def read_block(module) -> BlockParts:
     """A block's parts, read once: the modules' own computation (``minilm.model.layer``) in functions
     of x that need no module lookups (evaluation: no dropout)."""
@@ -64,18 +67,16 @@ def read_block(module) -> BlockParts:
         getattr(attn, "sink_logits", None),
         0.0,
     )
+    block_norms = {name: norm_function(getattr(module, name)) if hasattr(module, name) else None for name in NORMS}
     return BlockParts(
-        norm_function(module.ln_1),
+        block_norms["ln_1"],
         partial(self_attention, parts=attention),
-        norm_function(module.ln_2),
+        block_norms["ln_2"],
         partial(feed_forward, fc=linear_function(mlp.fc), proj=linear_function(mlp.proj), kind=mlp.kind),
         None,
         module.parallel,
-        *(
-            (norm_function(module.post_attn_norm), norm_function(module.post_mlp_norm))
-            if hasattr(module, "post_attn_norm")
-            else ()
-        ),
+        block_norms["post_attn_norm"],
+        block_norms["post_mlp_norm"],
     )
 
 

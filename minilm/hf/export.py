@@ -74,7 +74,7 @@ def convert(m, sd: dict, family: str = None) -> tuple:
     if m.embedding_scale not in (1, 1.0, "auto") and not GEMMA.exports(m):
         raise HFError(
             f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the token embedding, "
-            f"except Gemma's by sqrt_d_model (with post_norms, mlp geglu_tanh and rmsnorm)"
+            f"except Gemma's by sqrt_d_model (with sublayer_norms sandwich, mlp geglu_tanh and rmsnorm)"
         )
     if family is not None:
         if family not in BY_NAME:

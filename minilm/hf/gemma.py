@@ -1,7 +1,7 @@
 """The Gemma family both ways: Gemma 2 (``gemma2``) and Gemma 3's text model (``gemma3_text``,
 ``Gemma3ForCausalLM``), as transformers 5.24 computes them.
 
-A Gemma block is minilm's with ``post_norms`` (a norm before each sublayer and one on its output,
+A Gemma block is minilm's with ``sublayer_norms: sandwich`` (a norm before each sublayer and one on its output,
 before the residual add), ``mlp: geglu_tanh`` (gelu_tanh(gate) * up), RMSNorm, the token embedding
 multiplied by sqrt(d_model) (``embedding_scale: sqrt_d_model``) and, in Gemma 3, an RMSNorm on each
 head's q and k (``qk_norm``). Gemma's RMSNorm multiplies by (1 + w) where minilm's multiplies by w:
@@ -64,7 +64,7 @@ def read_config(hf: dict, path: str) -> dict:
         bias=False,
         head_dim=hf.get("head_dim") or width // heads,
         qk_norm=kind == "gemma3_text",
-        post_norms=True,
+        sublayer_norms="sandwich",
         mlp="geglu_tanh",
         norm="rmsnorm",
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -161,7 +161,7 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
 
 def gemma_style(m) -> bool:
     return (
-        m.post_norms
+        m.sublayer_norms == "sandwich"
         and m.mlp == "geglu_tanh"
         and m.norm == "rmsnorm"
         and m.embedding_scale == "sqrt_d_model"
@@ -209,7 +209,11 @@ def write_layers(m, family: str) -> dict:
 
 
 def write(m, sd: dict) -> tuple:
-    require(gemma_style(m), "Gemma", "it needs post_norms, mlp geglu_tanh, rmsnorm, embedding_scale sqrt_d_model, rope")
+    require(
+        gemma_style(m),
+        "Gemma",
+        "it needs sublayer_norms sandwich, mlp geglu_tanh, rmsnorm, embedding_scale sqrt_d_model, rope",
+    )
     family = "gemma3_text" if m.qk_norm else "gemma2"
     params, positions = rope_parameters(m)
     kv = m.n_kv_head or m.n_head
@@ -285,7 +289,7 @@ GEMMA = Family(
             "qk_norm",
             "head_dim",
             "layers",
-            "post_norms",
+            "sublayer_norms",
             "logit_softcap",
             "embedding_scale",
         }

@@ -25,7 +25,13 @@ from minilm.positions.layers import layer_types
 
 
 def llama_style(m) -> bool:
-    return m.norm == "rmsnorm" and m.mlp == "swiglu" and not m.bias and not m.parallel_residual
+    return (
+        m.norm == "rmsnorm"
+        and m.mlp == "swiglu"
+        and not m.bias
+        and not m.parallel_residual
+        and m.sublayer_norms == "pre"  # the others: Gemma's (sandwich) and EXAONE 4's (post)
+    )
 
 
 def read_config(hf: dict, path: str) -> dict:

@@ -173,6 +173,7 @@ ARCHITECTURES = {
     "smollm3": "SmolLM3",
     "gemma2": "Gemma2",
     "gemma3_text": "Gemma3",
+    "exaone4": "Exaone4",
     "phi3": "Phi3",
     "mpt": "Mpt",
 }  # model_type -> transformers' class prefix

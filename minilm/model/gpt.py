@@ -9,7 +9,8 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
 * ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
 * ``qk_norm``: RMSNorm on every head's queries and keys (Qwen3);
-* ``post_norms``: a norm on each sublayer's output before the residual add (Gemma 2's sandwich);
+* ``sublayer_norms``: norms on each sublayer's output before the residual add too (``sandwich``: Gemma 2),
+  or there only (``post``: OLMo 2, EXAONE 4);
 * ``mlp: geglu_tanh``: gelu_tanh(gate) * up (Gemma; ``fc`` holds gate and up as for swiglu);
 * ``mlp: relu2``: relu(x)^2 (Primer); ``logit_softcap`` c: logits c * tanh(z / c) (Gemma 2);
 * ``value_embeddings``: a token embedding added to the values of each layer (``value_table``);
@@ -170,25 +171,28 @@ def value_table(layer: int, n_layer: int) -> int:
 class Block(nn.Module):
     """Pre-norm block: x + attn(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel_residual``
     (GPT-NeoX, Black et al. 2022) both read the block input: x + attn(ln_1(x)) + mlp(ln_2(x)); with
-    ``post_norms`` (Gemma 2) each sublayer's output goes through a norm of its own (``post_attn_norm``,
-    ``post_mlp_norm``) before it is added."""
+    ``sublayer_norms`` sandwich (Gemma 2) each sublayer's output goes through a norm of its own
+    (``post_attn_norm``, ``post_mlp_norm``) before it is added, and with post (OLMo 2) only those
+    (no ``ln_1``, ``ln_2``)."""
 
     def __init__(self, config: ModelConfig, layer_type: Optional[LayerType] = None):
         super().__init__()
-        self.ln_1 = make_norm(config)
+        if config.sublayer_norms != "post":
+            self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer_type)
-        self.ln_2 = make_norm(config)
+        if config.sublayer_norms != "post":
+            self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
         self.parallel = config.parallel_residual
-        if config.post_norms:
+        if config.sublayer_norms != "pre":
             self.post_attn_norm, self.post_mlp_norm = make_norm(config), make_norm(config)
 
     def parts(self) -> BlockParts:
         """This block's sublayers as ``minilm.model.layer.block`` calls them (the attention and the
         MLP as modules: their hooks run)."""
-        posts = (self.post_attn_norm, self.post_mlp_norm) if hasattr(self, "post_attn_norm") else (None, None)
-        return BlockParts(self.ln_1, self.attn, self.ln_2, self.mlp, dropout(self.drop), self.parallel, *posts)
+        norms = [getattr(self, name, None) for name in ("ln_1", "ln_2", "post_attn_norm", "post_mlp_norm")]
+        return BlockParts(norms[0], self.attn, norms[1], self.mlp, dropout(self.drop), self.parallel, *norms[2:])
 
     def forward(self, x, layer: int, fp: ForwardPass):
         """The block's output; with ``fp.weights_of == layer`` the pair (output, attention weights)."""

@@ -67,13 +67,13 @@ class AttentionParts(NamedTuple):
 class BlockParts(NamedTuple):
     """What one block computes with (``Block.parts``)."""
 
-    ln_1: Callable
+    ln_1: Optional[Callable]  # the norm on the attention's input (None: ``sublayer_norms: post``)
     attention: Callable  # (x, layer, fp) -> the attention output, or (output, weights) for fp.weights_of
-    ln_2: Callable
+    ln_2: Optional[Callable]  # and on the MLP's
     mlp: Callable
     drop: Optional[Callable]  # the residual dropout (None where it does nothing: evaluation, or p = 0)
     parallel: bool  # model.parallel_residual
-    post_attn_norm: Optional[Callable] = None  # model.post_norms: the norm on the attention's output, else None
+    post_attn_norm: Optional[Callable] = None  # the norm on the attention's output (``sandwich``, ``post``), else None
     post_mlp_norm: Optional[Callable] = None  # and on the MLP's
 
 
@@ -173,18 +173,18 @@ def feed_forward(x, fc: Callable, proj: Callable, kind: str):
 
 
 def block(x, layer: int, fp: ForwardPass, parts: BlockParts):
-    """A pre-norm block's output: x + attention(ln_1(x)), then + mlp(ln_2(.)) of that sum; with
-    ``parallel`` both read the block input; with post-norms each sublayer's output is normalised
-    before it is added (Gemma 2). With ``fp.weights_of == layer`` the pair (output, the attention's
-    weights)."""
-    attended = parts.attention(parts.ln_1(x), layer, fp)
+    """A block's output: x + attention(ln_1(x)), then + mlp(ln_2(.)) of that sum; with ``parallel``
+    both read the block input; with post-norms each sublayer's output is normalised before it is
+    added (``sublayer_norms``: sandwich, Gemma 2, beside the pre-norms; post, OLMo 2, without them).
+    With ``fp.weights_of == layer`` the pair (output, the attention's weights)."""
+    attended = parts.attention(x if parts.ln_1 is None else parts.ln_1(x), layer, fp)
     need_weights = fp.weights_of == layer
     attended, weights = attended if need_weights else (attended, None)
     if parts.post_attn_norm is not None:
         attended = parts.post_attn_norm(attended)
     attended = dropped(attended, parts.drop)
     h = x if parts.parallel else x + attended
-    fed = parts.mlp(parts.ln_2(h))
+    fed = parts.mlp(h if parts.ln_2 is None else parts.ln_2(h))
     if parts.post_mlp_norm is not None:
         fed = parts.post_mlp_norm(fed)
     out = (x + attended if parts.parallel else h) + dropped(fed, parts.drop)
