@@ -643,7 +643,7 @@ def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir
         [sys.executable, "-m", "minilm", "memory", "rope.yaml", f"train.init_from={directory}", "--context", "64"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     assert "| local | 3 | 4 |" in done.stdout and "| global | 1 | 64 |" in done.stdout
