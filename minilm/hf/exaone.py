@@ -7,8 +7,8 @@ Positions per layer: with a ``sliding_window``, the ``sliding_attention`` layers
 (by default every layer but each ``sliding_window_pattern``-th: 3 local, 1 global) attend within the
 window with RoPE and the ``full_attention`` layers attend to everything with no positions at all
 (global NoPE); without one, every layer is full attention with RoPE, as transformers' attention decides
-it (whose cache cannot be made for a sliding layer without a window). A pattern written as text (``"LLLG"``) with no ``layer_types`` is
-refused, as transformers cannot build it either.
+it (whose cache cannot be made for a sliding layer without a window). A pattern written as text
+(``"LLLG"``) with no ``layer_types`` is refused, as transformers cannot build it either.
 """
 
 from __future__ import annotations
