@@ -13,9 +13,18 @@ it (whose cache cannot be made for a sliding layer without a window). A pattern 
 
 from __future__ import annotations
 
-import torch
-
-from minilm.hf.family import Family, Weights, refuse, require, take_head
+from minilm.hf.family import (
+    LLAMA_LAYOUT,
+    Family,
+    Weights,
+    llama_config,
+    llama_shape,
+    put_projections,
+    refuse,
+    require,
+    take_head,
+    take_projections,
+)
 from minilm.hf.rope import rope_parameters, rope_position
 from minilm.positions.layers import layer_types
 
@@ -24,27 +33,15 @@ NOPE = {"kind": "none"}
 
 
 def read_config(hf: dict, path: str) -> dict:
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("hidden_act", "silu") != "silu":
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for exaone4; supported: silu")
     return dict(
-        vocab_size=hf["vocab_size"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=heads,
-        d_model=width,
-        block_size=hf["max_position_embeddings"],
-        d_ff=hf["intermediate_size"],
-        bias=False,
-        head_dim=hf.get("head_dim") or width // heads,
+        llama_shape(hf, 1e-5),
         qk_norm=True,
         sublayer_norms="post",
         mlp="swiglu",
-        norm="rmsnorm",
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        n_kv_head=hf.get("num_key_value_heads") or heads,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         position=rope_position(hf, path),
-        embedding_scale=1.0,
         layers=read_layers(hf, path),
     )
 
@@ -78,12 +75,9 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
         h, b = f"layers.{i}", f"blocks.{i}"
         out[f"{b}.post_attn_norm.weight"] = w.take(f"{h}.post_attention_layernorm.weight")
         out[f"{b}.post_mlp_norm.weight"] = w.take(f"{h}.post_feedforward_layernorm.weight")
-        out[f"{b}.attn.qkv.weight"] = torch.cat([w.take(f"{h}.self_attn.{p}_proj.weight") for p in "qkv"])
+        take_projections(out, w, h, b)
         for name in ("q_norm", "k_norm"):
             out[f"{b}.attn.{name}.weight"] = w.take(f"{h}.self_attn.{name}.weight")
-        out[f"{b}.attn.proj.weight"] = w.take(f"{h}.self_attn.o_proj.weight")
-        out[f"{b}.mlp.fc.weight"] = torch.cat([w.take(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
-        out[f"{b}.mlp.proj.weight"] = w.take(f"{h}.mlp.down_proj.weight")
     out["ln_f.weight"] = w.take("norm.weight")
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
@@ -121,41 +115,22 @@ def write_layers(m) -> dict:
 
 
 def write(m, sd: dict) -> tuple:
-    params, positions = rope_parameters(m)
-    kv = m.n_kv_head or m.n_head
-    sizes = [m.n_head * m.head_dim, kv * m.head_dim, kv * m.head_dim]
     out = {"model.embed_tokens.weight": sd["wte.weight"]}
     for i in range(m.n_layer):
         b, h = f"blocks.{i}", f"model.layers.{i}"
         out[f"{h}.post_attention_layernorm.weight"] = sd[f"{b}.post_attn_norm.weight"]
         out[f"{h}.post_feedforward_layernorm.weight"] = sd[f"{b}.post_mlp_norm.weight"]
-        for name, part in zip("qkv", sd[f"{b}.attn.qkv.weight"].split(sizes)):
-            out[f"{h}.self_attn.{name}_proj.weight"] = part
+        put_projections(out, sd, b, h, m)
         for name in ("q_norm", "k_norm"):
             out[f"{h}.self_attn.{name}.weight"] = sd[f"{b}.attn.{name}.weight"]
-        out[f"{h}.self_attn.o_proj.weight"] = sd[f"{b}.attn.proj.weight"]
-        gate, up = sd[f"{b}.mlp.fc.weight"].chunk(2)
-        out[f"{h}.mlp.gate_proj.weight"], out[f"{h}.mlp.up_proj.weight"] = gate, up
-        out[f"{h}.mlp.down_proj.weight"] = sd[f"{b}.mlp.proj.weight"]
     out["model.norm.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
     config = dict(
+        llama_config(m, *rope_parameters(m)),
         architectures=["Exaone4ForCausalLM"],
         model_type="exaone4",
-        vocab_size=m.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=m.d_ff,
-        num_hidden_layers=m.n_layer,
-        num_attention_heads=m.n_head,
-        num_key_value_heads=kv,
-        head_dim=m.head_dim,
         hidden_act="silu",
-        max_position_embeddings=positions,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
-        rope_parameters=params,
-        attention_dropout=0.0,
         pad_token_id=None,
     )
     config.update(write_layers(m))
@@ -169,20 +144,5 @@ EXAONE = Family(
     read_weights=read_weights,
     exports=exaone_style,
     write=write,
-    handles=frozenset(
-        {
-            "d_ff",
-            "bias",
-            "norm",
-            "norm_eps",
-            "mlp",
-            "parallel_residual",
-            "tie_embeddings",
-            "n_kv_head",
-            "qk_norm",
-            "head_dim",
-            "layers",
-            "sublayer_norms",
-        }
-    ),
+    handles=LLAMA_LAYOUT | {"qk_norm", "layers", "sublayer_norms"},
 )

@@ -143,3 +143,68 @@ def require_classic_layout(m, family: str, tied: bool = True) -> None:
         f"parallel_residual={m.parallel_residual}, tie_embeddings={m.tie_embeddings})",
     )
     require(m.n_kv_head in (None, m.n_head) and not m.qkv_bias, family, "it has neither GQA nor q/k/v-only bias")
+
+
+LLAMA_LAYOUT = frozenset(
+    {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "head_dim"}
+)  # the fields every family of Llama's layout (separate q, k, v, o; gate, up, down) writes or checks
+
+
+def llama_shape(hf: dict, eps: float) -> dict:
+    """The model settings a config.json of Llama's layout gives in its own keys: sizes, heads
+    (``num_key_value_heads`` absent: one per query head), RMSNorm with ``rms_norm_eps`` (``eps``
+    where absent), no biases, no embedding scale."""
+    width, heads = hf["hidden_size"], hf["num_attention_heads"]
+    return dict(
+        vocab_size=hf["vocab_size"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=heads,
+        d_model=width,
+        block_size=hf["max_position_embeddings"],
+        d_ff=hf["intermediate_size"],
+        bias=False,
+        head_dim=hf.get("head_dim") or width // heads,
+        norm="rmsnorm",
+        norm_eps=float(hf.get("rms_norm_eps", eps)),
+        n_kv_head=hf.get("num_key_value_heads") or heads,
+        embedding_scale=1.0,
+    )
+
+
+def take_projections(out: dict, w: Weights, source: str, target: str) -> None:
+    """A Llama-layout layer's linears into minilm's: q, k, v into ``attn.qkv``, o into ``attn.proj``,
+    gate and up into ``mlp.fc``, down into ``mlp.proj`` (weights only)."""
+    out[f"{target}.attn.qkv.weight"] = torch.cat([w.take(f"{source}.self_attn.{p}_proj.weight") for p in "qkv"])
+    out[f"{target}.attn.proj.weight"] = w.take(f"{source}.self_attn.o_proj.weight")
+    out[f"{target}.mlp.fc.weight"] = torch.cat([w.take(f"{source}.mlp.{p}_proj.weight") for p in ("gate", "up")])
+    out[f"{target}.mlp.proj.weight"] = w.take(f"{source}.mlp.down_proj.weight")
+
+
+def put_projections(out: dict, sd: dict, source: str, target: str, m) -> None:
+    """``take_projections`` the other way, for ModelConfig ``m``."""
+    kv = (m.n_kv_head or m.n_head) * m.head_dim
+    for name, part in zip("qkv", sd[f"{source}.attn.qkv.weight"].split([m.n_head * m.head_dim, kv, kv])):
+        out[f"{target}.self_attn.{name}_proj.weight"] = part
+    out[f"{target}.self_attn.o_proj.weight"] = sd[f"{source}.attn.proj.weight"]
+    gate, up = sd[f"{source}.mlp.fc.weight"].chunk(2)
+    out[f"{target}.mlp.gate_proj.weight"], out[f"{target}.mlp.up_proj.weight"] = gate, up
+    out[f"{target}.mlp.down_proj.weight"] = sd[f"{source}.mlp.proj.weight"]
+
+
+def llama_config(m, params: dict, positions: int) -> dict:
+    """The config.json keys every family of Llama's layout writes alike for ModelConfig ``m``, with
+    its ``rope_parameters`` and ``max_position_embeddings`` (``minilm.hf.rope.rope_parameters``)."""
+    return dict(
+        vocab_size=m.vocab_size,
+        hidden_size=m.d_model,
+        intermediate_size=m.d_ff,
+        num_hidden_layers=m.n_layer,
+        num_attention_heads=m.n_head,
+        num_key_value_heads=m.n_kv_head or m.n_head,
+        head_dim=m.head_dim,
+        max_position_embeddings=positions,
+        rms_norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings,
+        rope_parameters=params,
+        attention_dropout=0.0,
+    )

@@ -30,7 +30,18 @@ import math
 
 import torch
 
-from minilm.hf.family import Family, Weights, refuse, require, take_head
+from minilm.hf.family import (
+    LLAMA_LAYOUT,
+    Family,
+    Weights,
+    llama_config,
+    llama_shape,
+    put_projections,
+    refuse,
+    require,
+    take_head,
+    take_projections,
+)
 from minilm.hf.rope import rope_parameters, rope_position
 from minilm.positions.layers import layer_types
 
@@ -43,7 +54,7 @@ ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalL
 
 
 def read_config(hf: dict, path: str) -> dict:
-    kind, width, heads = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
+    kind = hf["model_type"]
     activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if activation != "gelu_pytorch_tanh":
         refuse(path, f"hidden_activation={activation!r} is not supported for {kind}; supported: gelu_pytorch_tanh")
@@ -55,20 +66,10 @@ def read_config(hf: dict, path: str) -> dict:
     final = hf.get("final_logit_softcapping", defaults["final_logit_softcapping"])
     full, layers = read_layers(hf, path)
     return dict(
-        vocab_size=hf["vocab_size"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=heads,
-        d_model=width,
-        block_size=hf["max_position_embeddings"],
-        d_ff=hf["intermediate_size"],
-        bias=False,
-        head_dim=hf.get("head_dim") or width // heads,
+        llama_shape(hf, 1e-6),
         qk_norm=kind == "gemma3_text",
         sublayer_norms="sandwich",
         mlp="geglu_tanh",
-        norm="rmsnorm",
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        n_kv_head=hf.get("num_key_value_heads") or heads,
         tie_embeddings=hf.get("tie_word_embeddings", True),
         position=full,
         embedding_scale="sqrt_d_model",
@@ -145,16 +146,13 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
         out[f"{b}.post_attn_norm.weight"] = norm(f"{h}.post_attention_layernorm")
         out[f"{b}.ln_2.weight"] = norm(f"{h}.pre_feedforward_layernorm")
         out[f"{b}.post_mlp_norm.weight"] = norm(f"{h}.post_feedforward_layernorm")
-        q, k, v = (w.take(f"{h}.self_attn.{p}_proj.weight") for p in "qkv")
+        take_projections(out, w, h, b)
         if model["qk_norm"]:  # the factor goes on the norm that follows the projection
             out[f"{b}.attn.q_norm.weight"] = norm(f"{h}.self_attn.q_norm") * factor
             out[f"{b}.attn.k_norm.weight"] = norm(f"{h}.self_attn.k_norm")
-        else:
-            q = q * factor
-        out[f"{b}.attn.qkv.weight"] = torch.cat([q, k, v])
-        out[f"{b}.attn.proj.weight"] = w.take(f"{h}.self_attn.o_proj.weight")
-        out[f"{b}.mlp.fc.weight"] = torch.cat([w.take(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
-        out[f"{b}.mlp.proj.weight"] = w.take(f"{h}.mlp.down_proj.weight")
+        else:  # or on the query rows of the projection
+            queries = model["n_head"] * model["head_dim"]
+            out[f"{b}.attn.qkv.weight"][:queries] *= factor
     out["ln_f.weight"] = norm("norm")
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
@@ -215,9 +213,6 @@ def write(m, sd: dict) -> tuple:
         "it needs sublayer_norms sandwich, mlp geglu_tanh, rmsnorm, embedding_scale sqrt_d_model, rope",
     )
     family = "gemma3_text" if m.qk_norm else "gemma2"
-    params, positions = rope_parameters(m)
-    kv = m.n_kv_head or m.n_head
-    sizes = [m.n_head * m.head_dim, kv * m.head_dim, kv * m.head_dim]
 
     def norm(name: str) -> torch.Tensor:  # minilm's weight as Gemma's (1 + w)
         weight = sd[f"{name}.weight"]
@@ -230,37 +225,21 @@ def write(m, sd: dict) -> tuple:
         out[f"{h}.post_attention_layernorm.weight"] = norm(f"{b}.post_attn_norm")
         out[f"{h}.pre_feedforward_layernorm.weight"] = norm(f"{b}.ln_2")
         out[f"{h}.post_feedforward_layernorm.weight"] = norm(f"{b}.post_mlp_norm")
-        for name, part in zip("qkv", sd[f"{b}.attn.qkv.weight"].split(sizes)):
-            out[f"{h}.self_attn.{name}_proj.weight"] = part
+        put_projections(out, sd, b, h, m)
         if m.qk_norm:
             for name in ("q_norm", "k_norm"):
                 out[f"{h}.self_attn.{name}.weight"] = norm(f"{b}.attn.{name}")
-        out[f"{h}.self_attn.o_proj.weight"] = sd[f"{b}.attn.proj.weight"]
-        gate, up = sd[f"{b}.mlp.fc.weight"].chunk(2)
-        out[f"{h}.mlp.gate_proj.weight"], out[f"{h}.mlp.up_proj.weight"] = gate, up
-        out[f"{h}.mlp.down_proj.weight"] = sd[f"{b}.mlp.proj.weight"]
     out["model.norm.weight"] = norm("ln_f")
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
     config = dict(
+        llama_config(m, *rope_parameters(m)),
         architectures=[ARCHITECTURES[family]],
         model_type=family,
-        vocab_size=m.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=m.d_ff,
-        num_hidden_layers=m.n_layer,
-        num_attention_heads=m.n_head,
-        num_key_value_heads=kv,
-        head_dim=m.head_dim,
         hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=positions,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
         attention_bias=False,
-        attention_dropout=0.0,
         query_pre_attn_scalar=m.head_dim,
         final_logit_softcapping=m.logit_softcap or None,
-        rope_parameters=params,
     )
     if m.layers is None:
         config.update(layer_types=["full_attention"] * m.n_layer, sliding_window=None, attn_logit_softcapping=None)
@@ -276,22 +255,5 @@ GEMMA = Family(
     read_weights=read_weights,
     exports=gemma_style,
     write=write,
-    handles=frozenset(
-        {
-            "d_ff",
-            "bias",
-            "norm",
-            "norm_eps",
-            "mlp",
-            "parallel_residual",
-            "tie_embeddings",
-            "n_kv_head",
-            "qk_norm",
-            "head_dim",
-            "layers",
-            "sublayer_norms",
-            "logit_softcap",
-            "embedding_scale",
-        }
-    ),
+    handles=LLAMA_LAYOUT | {"qk_norm", "layers", "sublayer_norms", "logit_softcap", "embedding_scale"},
 )

@@ -19,7 +19,19 @@ from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import Family, Weights, refuse, require, take_head, take_norm
+from minilm.hf.family import (
+    LLAMA_LAYOUT,
+    Family,
+    Weights,
+    llama_config,
+    llama_shape,
+    put_projections,
+    refuse,
+    require,
+    take_head,
+    take_norm,
+    take_projections,
+)
 from minilm.hf.rope import rope_parameters, rope_position
 from minilm.positions.layers import layer_types
 
@@ -35,29 +47,17 @@ def llama_style(m) -> bool:
 
 
 def read_config(hf: dict, path: str) -> dict:
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("hidden_act", "silu") != "silu":
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for {hf['model_type']}; supported: silu")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
     return dict(
-        vocab_size=hf["vocab_size"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=heads,
-        d_model=width,
-        block_size=hf["max_position_embeddings"],
-        d_ff=hf["intermediate_size"],
-        bias=False,
-        head_dim=hf.get("head_dim") or width // heads,
+        llama_shape(hf, 1e-6),
         qk_norm=hf["model_type"] == "qwen3",
         qkv_bias=hf["model_type"] == "qwen2",
         mlp="swiglu",
-        norm="rmsnorm",
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        n_kv_head=hf.get("num_key_value_heads") or heads,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         position=rope_position(hf, path),
-        embedding_scale=1.0,
         layers=read_layers(hf, path),
     )
 
@@ -144,15 +144,12 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
         h, b = f"layers.{i}", f"blocks.{i}"
         take_norm(out, w, f"{h}.input_layernorm", f"{b}.ln_1", bias=False)
         take_norm(out, w, f"{h}.post_attention_layernorm", f"{b}.ln_2", bias=False)
-        out[f"{b}.attn.qkv.weight"] = torch.cat([w.take(f"{h}.self_attn.{p}_proj.weight") for p in "qkv"])
+        take_projections(out, w, h, b)
         if model["qkv_bias"]:
             out[f"{b}.attn.qkv.bias"] = torch.cat([w.take(f"{h}.self_attn.{p}_proj.bias") for p in "qkv"])
         if model["qk_norm"]:
             for name in ("q_norm", "k_norm"):
                 out[f"{b}.attn.{name}.weight"] = w.take(f"{h}.self_attn.{name}.weight")
-        out[f"{b}.attn.proj.weight"] = w.take(f"{h}.self_attn.o_proj.weight")
-        out[f"{b}.mlp.fc.weight"] = torch.cat([w.take(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
-        out[f"{b}.mlp.proj.weight"] = w.take(f"{h}.mlp.down_proj.weight")
     take_norm(out, w, "norm", "ln_f", bias=False)
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
@@ -177,7 +174,6 @@ def write(m, sd: dict) -> tuple:
         "SmolLM3",
         f"model.head_dim={m.head_dim}: SmolLM3's heads are d_model / n_head wide",
     )
-    params, positions = rope_parameters(m)
     kv = m.n_kv_head or m.n_head
     sizes = [m.n_head * m.head_dim, kv * m.head_dim, kv * m.head_dim]
     out = {"model.embed_tokens.weight": sd["wte.weight"]}
@@ -185,39 +181,23 @@ def write(m, sd: dict) -> tuple:
         b, h = f"blocks.{i}", f"model.layers.{i}"
         out[f"{h}.input_layernorm.weight"] = sd[f"{b}.ln_1.weight"]
         out[f"{h}.post_attention_layernorm.weight"] = sd[f"{b}.ln_2.weight"]
-        for name, part in zip("qkv", sd[f"{b}.attn.qkv.weight"].split(sizes)):
-            out[f"{h}.self_attn.{name}_proj.weight"] = part
+        put_projections(out, sd, b, h, m)
         if m.qkv_bias:
             for name, part in zip("qkv", sd[f"{b}.attn.qkv.bias"].split(sizes)):
                 out[f"{h}.self_attn.{name}_proj.bias"] = part
         if m.qk_norm:
             for name in ("q_norm", "k_norm"):
                 out[f"{h}.self_attn.{name}.weight"] = sd[f"{b}.attn.{name}.weight"]
-        out[f"{h}.self_attn.o_proj.weight"] = sd[f"{b}.attn.proj.weight"]
-        gate, up = sd[f"{b}.mlp.fc.weight"].chunk(2)
-        out[f"{h}.mlp.gate_proj.weight"], out[f"{h}.mlp.up_proj.weight"] = gate, up
-        out[f"{h}.mlp.down_proj.weight"] = sd[f"{b}.mlp.proj.weight"]
     out["model.norm.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
     config = dict(
+        llama_config(m, *rope_parameters(m)),
         architectures=[ARCHITECTURES[family]],
         model_type=family,
-        vocab_size=m.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=m.d_ff,
-        num_hidden_layers=m.n_layer,
-        num_attention_heads=m.n_head,
-        num_key_value_heads=kv,
-        head_dim=m.head_dim,
         hidden_act="silu",
-        max_position_embeddings=positions,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
         attention_bias=False,
         mlp_bias=False,
-        rope_parameters=params,
-        attention_dropout=0.0,
     )
     config.update(write_layers(m, family))
     if family == "smollm3":  # its config class would otherwise take SmolLM3's own pad id, 128004
@@ -236,20 +216,5 @@ LLAMA = Family(
     read_weights=read_weights,
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
     write=write,
-    handles=frozenset(
-        {
-            "d_ff",
-            "bias",
-            "norm",
-            "norm_eps",
-            "mlp",
-            "parallel_residual",
-            "tie_embeddings",
-            "n_kv_head",
-            "qkv_bias",
-            "qk_norm",
-            "head_dim",
-            "layers",
-        }
-    ),
+    handles=LLAMA_LAYOUT | {"qkv_bias", "qk_norm", "layers"},
 )

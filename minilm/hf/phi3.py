@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import Family, refuse, require
+from minilm.hf.family import LLAMA_LAYOUT, Family, refuse, require
 from minilm.hf.llama import llama_style
 from minilm.hf.llama import read_weights as read_llama_weights
 from minilm.hf.llama import write as write_llama
@@ -123,19 +123,5 @@ PHI3 = Family(
     read_weights=read_weights,
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m) and not (m.qkv_bias or m.qk_norm),
     write=write,
-    handles=frozenset(
-        {
-            "d_ff",
-            "bias",
-            "norm",
-            "norm_eps",
-            "mlp",
-            "parallel_residual",
-            "tie_embeddings",
-            "n_kv_head",
-            "qkv_bias",
-            "qk_norm",
-            "head_dim",
-        }
-    ),
+    handles=LLAMA_LAYOUT | {"qkv_bias", "qk_norm"},
 )
