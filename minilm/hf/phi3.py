@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import LLAMA_LAYOUT, Family, refuse, require
+from minilm.hf.family import LLAMA_LAYOUT, Family, llama_config, refuse, require
 from minilm.hf.llama import llama_style
 from minilm.hf.llama import read_weights as read_llama_weights
 from minilm.hf.llama import write as write_llama
@@ -83,31 +83,19 @@ def write(m, sd: dict) -> tuple:
         "Phi-3",
         f"it has neither q/k/v biases nor q/k norms (qkv_bias={m.qkv_bias}, qk_norm={m.qk_norm})",
     )
-    _, llama_config, out = write_llama(m, sd)  # Llama's tensors, then q/k/v and gate/up fused again
+    _, written, out = write_llama(m, sd)  # Llama's tensors, then q/k/v and gate/up fused again
     for i in range(m.n_layer):
         h = f"model.layers.{i}"
         out[f"{h}.self_attn.qkv_proj.weight"] = torch.cat([out.pop(f"{h}.self_attn.{p}_proj.weight") for p in "qkv"])
         out[f"{h}.mlp.gate_up_proj.weight"] = torch.cat([out.pop(f"{h}.mlp.{p}_proj.weight") for p in ("gate", "up")])
-    params, positions = llama_config["rope_parameters"], llama_config["max_position_embeddings"]
-    original = params.get("original_max_position_embeddings", positions)
+    params, positions = written["rope_parameters"], written["max_position_embeddings"]
     config = dict(
+        llama_config(m, params, positions),
         architectures=["Phi3ForCausalLM"],
         model_type="phi3",
-        vocab_size=m.vocab_size,
-        hidden_size=m.d_model,
-        intermediate_size=m.d_ff,
-        num_hidden_layers=m.n_layer,
-        num_attention_heads=m.n_head,
-        num_key_value_heads=m.n_kv_head or m.n_head,
-        head_dim=m.head_dim,
         hidden_act="silu",
-        max_position_embeddings=positions,
-        original_max_position_embeddings=original,
-        rms_norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings,
-        rope_parameters=params,
+        original_max_position_embeddings=params.get("original_max_position_embeddings", positions),
         partial_rotary_factor=params["partial_rotary_factor"],
-        attention_dropout=0.0,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         sliding_window=None,
