@@ -145,6 +145,12 @@ class ModelConfig:
     )
     qkv_bias: bool = option(False, role=ARCHITECTURE, help="a bias on the q/k/v projection only (Qwen2)")
     qk_norm: bool = option(False, role=ARCHITECTURE, help="RMSNorm on each head's q and k before positions (Qwen3)")
+    qk_norm_span: str = option(
+        "head",
+        role=ARCHITECTURE,
+        choices=("head", "projection"),
+        help="what qk_norm normalises over: each head's dims (Qwen3, Gemma 3) or all heads' at once (OLMo 2/3)",
+    )
     sublayer_norms: str = option(
         "pre",
         role=ARCHITECTURE,

@@ -588,6 +588,7 @@ ARCHITECTURES = [  # (name, ModelConfig options): every option the lean step rea
     ("values-relu2-softcap-bias", {"value_embeddings": True, "mlp": "relu2", "logit_softcap": 15.0, "bias": True}),
     ("sandwich-geglu-parallel", {"sublayer_norms": "sandwich", "mlp": "geglu_tanh", "parallel_residual": True}),
     ("post-norms-qknorm", {"sublayer_norms": "post", "qk_norm": True}),
+    ("qknorm-projection-gqa", {"qk_norm": True, "qk_norm_span": "projection", "n_kv_head": 1}),
 ]
 LEAN_POSITIONS = [
     {"kind": kind} for kind in ("rope", "xpos", "alibi", "t5", "shaw", "fire", "kerple", "sinusoidal", "none")

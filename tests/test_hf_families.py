@@ -255,6 +255,28 @@ FAMILY_CASES = {
         bos_token_id=None,
         eos_token_id=None,
     ),
+    "olmo3-yarn-on-full-layers": lambda v: transformers.Olmo3Config(  # 3 sliding : 1 full, YaRN on the full
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=4,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
     "mpt-tied": lambda v: transformers.MptConfig(
         vocab_size=v, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=4, tie_word_embeddings=True
     ),
@@ -448,6 +470,21 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
         "exaone4",
     ),
     "rope-exaone4-uniform": (dict(EXAONE, tie_embeddings=True), None, "exaone4"),
+    "rope-olmo3-sliding-yarn-full": (
+        dict(
+            EXAONE,
+            qk_norm_span="projection",
+            n_kv_head=2,
+            position={"kind": "rope", "scaling": {"type": "yarn", "factor": 4, "original_max_positions": 16}},
+            layers={
+                "pattern": ["local", "local", "global"],
+                "local": {"window": 4, "position": {"kind": "rope"}},
+                "global": {},
+            },
+        ),
+        None,
+        "olmo3",
+    ),
     "rope-gemma3-two-bases": (
         dict(
             GEMMA,
@@ -525,7 +562,7 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
         (
             dict(position={"kind": "rope"}),
             "gpt5",
-            "family 'gpt5' is unknown: valid: llama, gemma2, exaone4, gpt_neox, gpt2, mpt, phi3",
+            "family 'gpt5' is unknown: valid: llama, gemma2, exaone4, olmo3, gpt_neox, gpt2, mpt, phi3",
         ),
         (
             dict(

@@ -41,6 +41,9 @@ OPTIONS = {
     ),
     "sandwich-parallel-layernorm": dict(sublayer_norms="sandwich", parallel_residual=True, bias=True),
     "post-norms-qknorm-gqa": dict(sublayer_norms="post", norm="rmsnorm", mlp="swiglu", qk_norm=True, n_kv_head=2),
+    "olmo": dict(
+        sublayer_norms="post", norm="rmsnorm", mlp="swiglu", qk_norm=True, qk_norm_span="projection", n_kv_head=2
+    ),
 }
 NORMS = ("ln_1", "ln_2", "ln_f", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
 
@@ -118,8 +121,11 @@ def attention_ref(h, sd, prefix, c, added_values=0.0):
         def rms(x, name):
             return x / torch.sqrt((x * x).mean(-1, keepdim=True) + c.norm_eps) * sd[f"{prefix}.{name}.weight"]
 
-        q = torch.cat([rms(q[..., i * D : (i + 1) * D], "q_norm") for i in range(H)], dim=-1)
-        k = torch.cat([rms(k[..., j * D : (j + 1) * D], "k_norm") for j in range(kv)], dim=-1)
+        if c.qk_norm_span == "projection":  # OLMo 2/3: all heads' q at once, all heads' k at once
+            q, k = rms(q, "q_norm"), rms(k, "k_norm")
+        else:
+            q = torch.cat([rms(q[..., i * D : (i + 1) * D], "q_norm") for i in range(H)], dim=-1)
+            k = torch.cat([rms(k[..., j * D : (j + 1) * D], "k_norm") for j in range(kv)], dim=-1)
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     heads = []
     for i in range(H):
@@ -250,6 +256,7 @@ CACHED = {
         "value-embeddings-gqa-odd",
         "gemma",
         "post-norms-qknorm-gqa",
+        "olmo",
     )
 }
 

@@ -66,6 +66,7 @@ def read_block(module) -> BlockParts:
         attn.layer_type,
         getattr(attn, "sink_logits", None),
         0.0,
+        attn.norm_span,
     )
     block_norms = {name: norm_function(getattr(module, name)) if hasattr(module, name) else None for name in NORMS}
     return BlockParts(

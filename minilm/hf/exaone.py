@@ -86,6 +86,7 @@ def exaone_style(m) -> bool:
     return (
         m.sublayer_norms == "post"
         and m.qk_norm
+        and m.qk_norm_span == "head"
         and m.mlp == "swiglu"
         and m.norm == "rmsnorm"
         and not m.bias

@@ -8,8 +8,9 @@ from minilm.hf.gpt2 import GPT2
 from minilm.hf.llama import LLAMA
 from minilm.hf.mpt import MPT
 from minilm.hf.neox import NEOX
+from minilm.hf.olmo import OLMO
 from minilm.hf.phi3 import PHI3
 
-FAMILIES = (LLAMA, GEMMA, EXAONE, NEOX, GPT2, MPT, PHI3)
+FAMILIES = (LLAMA, GEMMA, EXAONE, OLMO, NEOX, GPT2, MPT, PHI3)
 READERS = {model_type: family for family in FAMILIES for model_type in family.model_types}
 BY_NAME = {family.model_types[0]: family for family in FAMILIES}  # what ``export --family`` takes

@@ -39,10 +39,11 @@ from minilm.hf.family import (
     put_projections,
     refuse,
     require,
+    sliding_layers,
     take_head,
     take_projections,
 )
-from minilm.hf.rope import rope_parameters, rope_position
+from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_position
 from minilm.positions.layers import layer_types
 
 TYPES = ("sliding_attention", "full_attention")
@@ -83,45 +84,20 @@ def type_positions(hf: dict, path: str) -> dict:
     if hf["model_type"] == "gemma2":
         position = rope_position(hf, path)
         return {t: position for t in TYPES}
-    params = hf.get("rope_parameters")
-    if isinstance(params, dict) and set(params) <= set(TYPES) and params:
-        by_type = {t: dict(params.get(t) or {"rope_type": "default"}) for t in TYPES}
-    else:  # the older keys: rope_theta and rope_scaling on the full layers, rope_local_base_freq on the sliding
-        by_type = {
-            "full_attention": {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1e6)},
-            "sliding_attention": {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)},
-        }
-    out = {}
-    for t, settings in by_type.items():
-        settings.setdefault("rope_theta", 1e6 if t == "full_attention" else 1e4)
-        settings.pop("truncate", None)  # transformers looks for it beside the types, where it is never found
-        out[t] = rope_position({**hf, "rope_parameters": settings, "rope_scaling": None}, path)
-    return out
+    legacy = {  # the older keys: rope_theta and rope_scaling on the full layers, rope_local_base_freq on the sliding
+        "full_attention": {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1e6)},
+        "sliding_attention": {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)},
+    }
+    return rope_by_layer_type(hf, path, legacy)
 
 
 def read_layers(hf: dict, path: str) -> tuple:
     """(the full layers' rope setting, ``model.layers``) of a config."""
-    n, kind = hf["num_hidden_layers"], hf["model_type"]
+    kind = hf["model_type"]
     every = hf.get("sliding_window_pattern") or DEFAULTS[kind]["pattern"]
-    types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    if len(types) != n or any(t not in TYPES for t in types):
-        refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
-    window = hf.get("sliding_window")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        refuse(path, f"sliding_window={window!r} is invalid: expected a number of keys >= 1 or null")
     softcap = hf.get("attn_logit_softcapping", DEFAULTS[kind]["attn_logit_softcapping"])
-    positions = type_positions(hf, path)
-    names = ["sliding" if t == "sliding_attention" and window is not None else "full" for t in types]
-    layers = {"pattern": names}
-    for name in dict.fromkeys(names):
-        setting = {"window": window} if name == "sliding" else {}
-        if name == "sliding" and positions["sliding_attention"] != positions["full_attention"]:
-            setting["position"] = positions["sliding_attention"]
-        if softcap:
-            setting["softcap"] = float(softcap)
-        layers[name] = setting
-    plain = all(not setting for name, setting in layers.items() if name != "pattern")
-    return positions["full_attention"], None if plain else layers
+    extra = {"softcap": float(softcap)} if softcap else None
+    return sliding_layers(hf, path, every, type_positions(hf, path), extra)
 
 
 def query_factor(hf: dict) -> float:

@@ -174,6 +174,7 @@ ARCHITECTURES = {
     "gemma2": "Gemma2",
     "gemma3_text": "Gemma3",
     "exaone4": "Exaone4",
+    "olmo3": "Olmo3",
     "phi3": "Phi3",
     "mpt": "Mpt",
 }  # model_type -> transformers' class prefix

@@ -127,3 +127,24 @@ def rope_parameters(m) -> tuple:
             attention_factor=float(scaling["attention_factor"]),
         )
     return params, m.block_size
+
+
+LAYER_TYPES = ("sliding_attention", "full_attention")  # the keys of rope_parameters kept per layer type
+
+
+def rope_by_layer_type(hf: dict, path: str, legacy: dict) -> dict:
+    """{layer type: minilm's rope setting} of a config whose ``rope_parameters`` are kept per layer type
+    (Gemma 3, OLMo 3); ``legacy`` is the family's reading of its older keys, {layer type: parameters}.
+    A type's missing ``rope_theta`` is the legacy one's. yarn's ``truncate`` inside a type is dropped:
+    transformers looks for it beside the types, where it is never found, so such a yarn truncates."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and params and set(params) <= set(LAYER_TYPES):
+        by_type = {t: dict(params.get(t) or {"rope_type": "default"}) for t in LAYER_TYPES}
+    else:
+        by_type = {t: dict(legacy[t]) for t in LAYER_TYPES}
+    out = {}
+    for t, settings in by_type.items():
+        settings.setdefault("rope_theta", legacy[t]["rope_theta"])
+        settings.pop("truncate", None)
+        out[t] = rope_position({**hf, "rope_parameters": settings, "rope_scaling": None}, path)
+    return out

@@ -8,7 +8,8 @@ That is the default; ``ModelConfig`` options give the variants that other model 
 * ``mlp: gelu_tanh`` (GPT-2's gelu_new) or ``swiglu`` (Llama: ``fc`` holds gate and up);
 * ``n_kv_head`` < n_head: grouped-query attention (the cache holds only the k/v heads);
 * ``qkv_bias``: a bias on the q/k/v projection only (Qwen2);
-* ``qk_norm``: RMSNorm on every head's queries and keys (Qwen3);
+* ``qk_norm``: RMSNorm on every head's queries and keys (Qwen3), or with ``qk_norm_span: projection`` on all
+  heads' queries at once and all keys at once (OLMo 2/3);
 * ``sublayer_norms``: norms on each sublayer's output before the residual add too (``sandwich``: Gemma 2),
   or there only (``post``: OLMo 2, EXAONE 4);
 * ``mlp: geglu_tanh``: gelu_tanh(gate) * up (Gemma; ``fc`` holds gate and up as for swiglu);
@@ -113,10 +114,11 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, width, bias=config.bias or config.qkv_bias)
         self.proj = nn.Linear(self.n_head * config.head_dim, config.d_model, bias=config.bias)
         self.dropout = config.dropout
-        if config.qk_norm:
-            self.q_norm = RMSNorm(config.head_dim, config.norm_eps)
-            self.k_norm = RMSNorm(config.head_dim, config.norm_eps)
-        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # over each head's dims, or (qk_norm_span: projection) over all heads' at once
+            whole = config.qk_norm_span == "projection"
+            self.q_norm = RMSNorm(config.head_dim * (self.n_head if whole else 1), config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim * (self.n_kv_head if whole else 1), config.norm_eps)
+        self.qk_norm, self.norm_span = config.qk_norm, config.qk_norm_span
 
     def parts(self) -> AttentionParts:
         """This layer's weights and settings as ``self_attention`` reads them, at this call (the
@@ -132,6 +134,7 @@ class CausalSelfAttention(nn.Module):
             self.layer_type,
             getattr(self, "sink_logits", None),
             self.dropout if self.training else 0.0,
+            self.norm_span,
         )
 
     def expand(self, kv):

@@ -62,6 +62,7 @@ class AttentionParts(NamedTuple):
     layer_type: LayerType  # the layer's window, chunk, sinks, soft-cap and query scale
     sink_logits: Optional[torch.Tensor]  # learned sinks (``sinks: learned``), else None
     dropout_p: float  # attention dropout of this pass (0 in evaluation)
+    norm_span: str = "head"  # model.qk_norm_span: q_norm and k_norm over each head, or over the whole projection
 
 
 class BlockParts(NamedTuple):
@@ -79,12 +80,18 @@ class BlockParts(NamedTuple):
 
 def split_heads(projected, parts: AttentionParts, fp: ForwardPass, scheme: PositionScheme, rotated: bool):
     """q (B, n_head, T, head_dim) and k, v (B, n_kv_head, T, head_dim) of the q/k/v projection's output
-    (B, T, (n_head + 2 n_kv_head) head_dim); with ``qk_norm`` q and k normalised. q and k are rotated by
+    (B, T, (n_head + 2 n_kv_head) head_dim); with ``qk_norm`` q and k normalised (each head's, or with
+    ``norm_span`` projection all of q's and all of k's at once, before the split). q and k are rotated by
     ``scheme`` (the layer's) at the pass's positions where ``rotated``; not where rows have positions of
     their own (``self_attention`` rotates them row by row) or sinks are renumbered (``attend_in_cache``
     rotates the keys at every step). Without qk-norm they are rotated as the one stack the projection makes of them
     (``rotate_stacked``: half the calls of two rotations for rope)."""
     B, T, _ = projected.shape
+    if parts.q_norm is not None and parts.norm_span == "projection":  # normalised before the heads are split
+        q_width, k_width = parts.n_head * parts.head_dim, parts.n_kv_head * parts.head_dim
+        q, k, v = projected.split([q_width, k_width, k_width], dim=-1)
+        projected = torch.cat([parts.q_norm(q), parts.k_norm(k), v], dim=-1)
+        parts = parts._replace(q_norm=None, k_norm=None)
     heads = projected.view(B, T, -1, parts.head_dim).transpose(1, 2)
     qk, v = heads[:, : -parts.n_kv_head], heads[:, -parts.n_kv_head :]
     n_head = parts.n_head
