@@ -477,7 +477,7 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
             n_kv_head=2,
             position={"kind": "rope", "scaling": {"type": "yarn", "factor": 4, "original_max_positions": 16}},
             layers={
-                "pattern": ["local", "local", "global"],
+                "pattern": ["local", "global"],
                 "local": {"window": 4, "position": {"kind": "rope"}},
                 "global": {},
             },
