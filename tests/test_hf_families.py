@@ -485,6 +485,12 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
         None,
         "olmo3",
     ),
+    "rope-gemma3-uniform": (
+        dict(GEMMA, position={"kind": "rope", "base": 5e5}, qk_norm=True, tie_embeddings=False),
+        None,
+        "gemma3_text",
+    ),
+    "rope-olmo3-uniform": (dict(EXAONE, qk_norm_span="projection"), None, "olmo3"),
     "rope-gemma3-two-bases": (
         dict(
             GEMMA,
@@ -566,6 +572,16 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
         ),
         (
             dict(
+                EXAONE,
+                qk_norm_span="projection",
+                position={"kind": "rope", "scaling": {"type": "yarn", "factor": 2, "truncate": False}},
+                layers={"pattern": ["local", "global"], "local": {"window": 4}, "global": {}},
+            ),
+            None,
+            "cannot export as OLMo 3: the sliding_attention layers' yarn has truncate: false",
+        ),
+        (
+            dict(
                 GEMMA, position={"kind": "rope"}, layers={"pattern": ["a", "b"], "a": {"window": 4}, "b": {"window": 6}}
             ),
             None,
@@ -591,17 +607,15 @@ def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, messag
         ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not supported"),
         ({"hidden_activation": "relu"}, "hidden_activation='relu' is not supported for gemma2"),
         ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types="),
+        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar=0 is invalid: expected a number > 0"),
     ],
 )
 def test_unsupported_family_settings_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
     import json
 
     case = "phi3-gqa-untied" if change.get("model_type") == "phi3" else "mpt-tied"
-    case = (
-        "gemma2-softcaps-gqa"
-        if {"use_bidirectional_attention", "hidden_activation", "layer_types"} & set(change)
-        else case
-    )
+    gemma = {"use_bidirectional_attention", "hidden_activation", "layer_types", "query_pre_attn_scalar"}
+    case = "gemma2-softcaps-gqa" if gemma & set(change) else case
     _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
     config = json.loads((directory / "config.json").read_text())
     for key, value in change.items():
@@ -684,3 +698,20 @@ def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir
     )
     assert done.returncode == 0, done.stderr
     assert "| local | 3 | 4 |" in done.stdout and "| global | 1 | 64 |" in done.stdout
+
+
+def test_a_missing_sliding_window_is_transformers_default(hf_tokenizer_dir, tmp_path):
+    """Gemma 3's config.json without ``sliding_window``: transformers' default, 4096, so its sliding
+    layers keep their own RoPE base (here every layer sees the whole short prompt)."""
+    import json
+
+    _, directory = hf_model_dir("gemma3-text-two-bases-untied", hf_tokenizer_dir, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    del config["sliding_window"]
+    (directory / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    loaded = load_model(str(directory))
+    assert loaded.config.model.layers["sliding"]["window"] == reference.config.sliding_window == 4096
+    ids = tokens()
+    with torch.no_grad():
+        assert (loaded.model(ids) - reference(ids).logits).abs().max() < TOLERANCE

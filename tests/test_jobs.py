@@ -138,6 +138,14 @@ def test_a_malformed_journal_entry_is_not_trusted(entry, tmp_path):
     assert journal.read("a", (1, 2)) is None
 
 
+def test_a_journal_entry_nested_past_any_depth_is_not_trusted(tmp_path):
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {}, resume=False)
+    with open(journal._path("a", (1, 2)), "w", encoding="utf-8") as f:
+        f.write("[" * 100000)
+    assert journal.read("a", (1, 2)) is None
+
+
 @pytest.mark.parametrize("meta", [[1, 2], {"commit": "abc", "plan": {}, "invocations": "two"}, "x"])
 def test_a_malformed_meta_json_is_one_line(meta, tmp_path):
     journal = Journal(str(tmp_path / "journal"))

@@ -213,13 +213,14 @@ def llama_config(m, params: dict, positions: int) -> dict:
 def sliding_layers(hf: dict, path: str, every: int, positions: dict, extra: Optional[dict] = None) -> tuple:
     """(the full layers' rope setting, ``model.layers``: None where every layer is alike) of a config with
     ``layer_types`` of sliding and full attention (absent: every ``every``-th layer full, the others
-    sliding), one ``sliding_window`` (null: no window) and ``positions``, {layer type: rope setting};
+    sliding), one ``sliding_window`` (null: no window; absent: 4096, transformers' default for Gemma 2/3
+    and OLMo 3) and ``positions``, {layer type: rope setting};
     ``extra`` joins every type's settings (Gemma 2's soft-cap)."""
     n = hf["num_hidden_layers"]
     types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
     if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
         refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
-    window = hf.get("sliding_window")
+    window = hf.get("sliding_window", 4096)  # where config.json has none, transformers' default for these families
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         refuse(path, f"sliding_window={window!r} is invalid: expected a number of keys >= 1 or null")
     names = ["sliding" if t == "sliding_attention" and window is not None else "full" for t in types]

@@ -43,7 +43,7 @@ from minilm.hf.family import (
     take_head,
     take_projections,
 )
-from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_position
+from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_parameters_by_layer_type, rope_position
 from minilm.positions.layers import layer_types
 
 TYPES = ("sliding_attention", "full_attention")
@@ -63,6 +63,7 @@ def read_config(hf: dict, path: str) -> dict:
         refuse(path, "attention_bias=true is not supported for Gemma")
     if hf.get("use_bidirectional_attention"):
         refuse(path, "use_bidirectional_attention=true is not supported: minilm's attention is causal")
+    check_scalar(hf, path)
     defaults = DEFAULTS[kind]
     final = hf.get("final_logit_softcapping", defaults["final_logit_softcapping"])
     full, layers = read_layers(hf, path)
@@ -107,12 +108,17 @@ def query_factor(hf: dict) -> float:
     return math.sqrt(head_dim / hf.get("query_pre_attn_scalar", 256))
 
 
+def check_scalar(hf: dict, path: str) -> None:
+    scalar = hf.get("query_pre_attn_scalar", 256)
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < math.inf:
+        refuse(path, f"query_pre_attn_scalar={scalar!r} is invalid: expected a number > 0")
+
+
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
 
     def norm(name: str) -> torch.Tensor:  # Gemma's (1 + w) as minilm's weight
-        weight = w.take(f"{name}.weight")
-        return (1.0 + weight.float()).to(weight.dtype)
+        return 1.0 + w.take(f"{name}.weight").float()  # in float32, as transformers computes it
 
     factor = query_factor(hf)
     out = {"wte.weight": w.take("embed_tokens.weight")}
@@ -126,9 +132,10 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
         if model["qk_norm"]:  # the factor goes on the norm that follows the projection
             out[f"{b}.attn.q_norm.weight"] = norm(f"{h}.self_attn.q_norm") * factor
             out[f"{b}.attn.k_norm.weight"] = norm(f"{h}.self_attn.k_norm")
-        else:  # or on the query rows of the projection
-            queries = model["n_head"] * model["head_dim"]
-            out[f"{b}.attn.qkv.weight"][:queries] *= factor
+        else:  # or on the query rows of the projection (in float32)
+            queries, qkv = model["n_head"] * model["head_dim"], out[f"{b}.attn.qkv.weight"].float()
+            qkv[:queries] *= factor
+            out[f"{b}.attn.qkv.weight"] = qkv
     out["ln_f.weight"] = norm("norm")
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
@@ -171,14 +178,12 @@ def write_layers(m, family: str) -> dict:
     cap = caps.pop() or None
     config = {
         "layer_types": ["sliding_attention" if t.window is not None else "full_attention" for t in types],
-        "sliding_window": windows.pop() if windows else None,
+        # transformers makes the sliding mask in every model, so a window is written even where no layer slides
+        "sliding_window": windows.pop() if windows else m.block_size,
         "attn_logit_softcapping": cap,
     }
     if family == "gemma3_text":
-        config["rope_parameters"] = {
-            "sliding_attention": rope_parameters(dataclasses.replace(m, position=sliding, layers=None))[0],
-            "full_attention": rope_parameters(m)[0],
-        }
+        config["rope_parameters"] = rope_parameters_by_layer_type(m, name, sliding)
     return config
 
 
@@ -217,10 +222,7 @@ def write(m, sd: dict) -> tuple:
         query_pre_attn_scalar=m.head_dim,
         final_logit_softcapping=m.logit_softcap or None,
     )
-    if m.layers is None:
-        config.update(layer_types=["full_attention"] * m.n_layer, sliding_window=None, attn_logit_softcapping=None)
-    else:
-        config.update(write_layers(m, family))
+    config.update(write_layers(dataclasses.replace(m, layers=m.layers or {"pattern": ["all"], "all": {}}), family))
     return family, config, out
 
 

@@ -13,8 +13,6 @@ default base, 500,000, as here.
 
 from __future__ import annotations
 
-import dataclasses
-
 from minilm.hf.family import (
     LLAMA_LAYOUT,
     Family,
@@ -28,7 +26,7 @@ from minilm.hf.family import (
     take_head,
     take_projections,
 )
-from minilm.hf.rope import rope_by_layer_type, rope_parameters
+from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_parameters_by_layer_type
 from minilm.positions.layers import layer_types
 
 THETA = 500000.0  # transformers' default base for both layer types
@@ -86,7 +84,6 @@ def olmo_style(m) -> bool:
 def write_layers(m) -> dict:
     """layer_types, sliding_window and rope_parameters per layer type (the sliding layers' own, or
     ``model.position``), for a ``model.layers`` of sliding layers of one window beside full ones."""
-    as_rope = lambda position: rope_parameters(dataclasses.replace(m, position=position, layers=None))[0]  # noqa: E731
     if m.layers is None:
         kinds, windows, sliding = ["full_attention"] * m.n_layer, set(), m.position
     else:
@@ -107,8 +104,9 @@ def write_layers(m) -> dict:
         sliding = next((t.position for t in types if t.window is not None), m.position)
     return {
         "layer_types": kinds,
-        "sliding_window": min(windows) if windows else None,
-        "rope_parameters": {"sliding_attention": as_rope(sliding), "full_attention": as_rope(m.position)},
+        # transformers makes the sliding mask in every model, so a window is written even where no layer slides
+        "sliding_window": min(windows) if windows else m.block_size,
+        "rope_parameters": rope_parameters_by_layer_type(m, "OLMo 3", sliding),
     }
 
 

@@ -17,6 +17,8 @@ same rotation with no scaling at all.
 
 from __future__ import annotations
 
+import dataclasses
+
 from minilm.hf.family import refuse, require
 from minilm.positions import build
 from minilm.positions.rope import ntk_base
@@ -147,4 +149,20 @@ def rope_by_layer_type(hf: dict, path: str, legacy: dict) -> dict:
         settings.setdefault("rope_theta", legacy[t]["rope_theta"])
         settings.pop("truncate", None)
         out[t] = rope_position({**hf, "rope_parameters": settings, "rope_scaling": None}, path)
+    return out
+
+
+def rope_parameters_by_layer_type(m, family: str, sliding: dict) -> dict:
+    """``rope_parameters`` keyed by layer type for ModelConfig ``m``: the sliding layers' rope setting
+    ``sliding``, the full layers' ``m.position``. yarn's ``truncate: false`` is refused: transformers
+    reads it beside the types, never inside one (``rope_by_layer_type``)."""
+    out = {}
+    for layer_type, position in (("sliding_attention", sliding), ("full_attention", m.position)):
+        params = rope_parameters(dataclasses.replace(m, position=position, layers=None))[0]
+        require(
+            params.get("truncate", True),
+            family,
+            f"the {layer_type} layers' yarn has truncate: false, which transformers does not read per layer type",
+        )
+        out[layer_type] = params
     return out

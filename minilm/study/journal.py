@@ -163,7 +163,7 @@ class Journal:
                 entry = json.load(f)
             stored_key, value, started, ended, phase = (entry[k] for k in ("key", "value", "started", "ended", "phase"))
             done = Done(from_plain(value, self.absolute), float(started), float(ended), str(phase))
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, RecursionError):
             return None
         return done if stored_key == key and math.isfinite(done.started) and math.isfinite(done.ended) else None
 
