@@ -69,6 +69,7 @@ def read_layers(hf: dict, path: str):
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
+    """minilm's state dict of EXAONE 4's tensors, or OLMo 3's (the same names, q/k norms of their own widths)."""
     w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
     out = {"wte.weight": w.take("embed_tokens.weight")}
     for i in range(model["n_layer"]):
@@ -115,7 +116,9 @@ def write_layers(m) -> dict:
     return {"sliding_window": windows.pop(), "layer_types": kinds}
 
 
-def write(m, sd: dict) -> tuple:
+def post_norm_tensors(m, sd: dict) -> dict:
+    """The HF tensors of a minilm model with norms after each sublayer and q/k norms (EXAONE 4, OLMo 3:
+    the same names): ``read_weights`` the other way."""
     out = {"model.embed_tokens.weight": sd["wte.weight"]}
     for i in range(m.n_layer):
         b, h = f"blocks.{i}", f"model.layers.{i}"
@@ -127,6 +130,11 @@ def write(m, sd: dict) -> tuple:
     out["model.norm.weight"] = sd["ln_f.weight"]
     if not m.tie_embeddings:
         out["lm_head.weight"] = sd["lm_head.weight"]
+    return out
+
+
+def write(m, sd: dict) -> tuple:
+    out = post_norm_tensors(m, sd)
     config = dict(
         llama_config(m, *rope_parameters(m)),
         architectures=["Exaone4ForCausalLM"],

@@ -13,18 +13,15 @@ default base, 500,000, as here.
 
 from __future__ import annotations
 
+from minilm.hf.exaone import post_norm_tensors, read_weights
 from minilm.hf.family import (
     LLAMA_LAYOUT,
     Family,
-    Weights,
     llama_config,
     llama_shape,
-    put_projections,
     refuse,
     require,
     sliding_layers,
-    take_head,
-    take_projections,
 )
 from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_parameters_by_layer_type
 from minilm.positions.layers import layer_types
@@ -52,20 +49,6 @@ def read_config(hf: dict, path: str) -> dict:
         position=full,
         layers=layers,
     )
-
-
-def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
-    out = {"wte.weight": w.take("embed_tokens.weight")}
-    for i in range(model["n_layer"]):
-        h, b = f"layers.{i}", f"blocks.{i}"
-        out[f"{b}.post_attn_norm.weight"] = w.take(f"{h}.post_attention_layernorm.weight")
-        out[f"{b}.post_mlp_norm.weight"] = w.take(f"{h}.post_feedforward_layernorm.weight")
-        take_projections(out, w, h, b)
-        for name in ("q_norm", "k_norm"):
-            out[f"{b}.attn.{name}.weight"] = w.take(f"{h}.self_attn.{name}.weight")
-    out["ln_f.weight"] = w.take("norm.weight")
-    return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
 
 def olmo_style(m) -> bool:
@@ -111,17 +94,7 @@ def write_layers(m) -> dict:
 
 
 def write(m, sd: dict) -> tuple:
-    out = {"model.embed_tokens.weight": sd["wte.weight"]}
-    for i in range(m.n_layer):
-        b, h = f"blocks.{i}", f"model.layers.{i}"
-        out[f"{h}.post_attention_layernorm.weight"] = sd[f"{b}.post_attn_norm.weight"]
-        out[f"{h}.post_feedforward_layernorm.weight"] = sd[f"{b}.post_mlp_norm.weight"]
-        put_projections(out, sd, b, h, m)
-        for name in ("q_norm", "k_norm"):
-            out[f"{h}.self_attn.{name}.weight"] = sd[f"{b}.attn.{name}.weight"]
-    out["model.norm.weight"] = sd["ln_f.weight"]
-    if not m.tie_embeddings:
-        out["lm_head.weight"] = sd["lm_head.weight"]
+    out = post_norm_tensors(m, sd)
     config = dict(
         llama_config(m, *rope_parameters(m)),
         architectures=["Olmo3ForCausalLM"],
