@@ -1,4 +1,4 @@
-"""The Llama family both ways (``llama``, ``qwen2``, ``qwen3``, ``smollm3``; ``mistral`` in): q/k/v
+"""The Llama family both ways (``llama``, ``qwen2``, ``qwen3``, ``smollm3``; ``mistral``, ``ministral3`` in): q/k/v
 projections concatenated (GQA: ``n_kv_head``), gate and up concatenated
 (``mlp: swiglu``), RMSNorm, Qwen2's q/k/v bias as ``qkv_bias``, Qwen3's RMSNorm on each head's
 q and k (``q_norm``, ``k_norm``: one weight of head_dim shared by the heads) as ``qk_norm``,
@@ -7,7 +7,8 @@ and a ``head_dim`` apart from hidden_size / heads (Qwen3's 128). minilm's Llama-
 Qwen2 when they have ``qkv_bias``, and as Qwen3 when they have ``qk_norm``.
 
 Positions per layer come in as ``model.layers`` (``read_layers``), as transformers 5.24's configs
-decide them: Mistral's ``sliding_window`` on every layer; Qwen2/3's ``layer_types`` (by default the
+decide them: Mistral's ``sliding_window`` on every layer (Ministral 3's too, and its query scale on
+every layer, ``query_scale``); Qwen2/3's ``layer_types`` (by default the
 layers from ``max_window_layers`` on slide, and only with ``use_sliding_window``); SmolLM3's
 ``no_rope_layers`` (by default every ``no_rope_layer_interval``-th layer without RoPE), its sliding
 layers being the NoPE ones when ``use_sliding_window`` is set. transformers' window W lets a query
@@ -66,7 +67,7 @@ def read_layers(hf: dict, path: str):
     """``model.layers`` of a config (None: every layer full attention with RoPE; the module docstring)."""
     n, kind = hf["num_hidden_layers"], hf["model_type"]
     window = hf.get("sliding_window")
-    if kind != "mistral" and not hf.get("use_sliding_window"):
+    if kind not in ("mistral", "ministral3") and not hf.get("use_sliding_window"):
         window = None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         refuse(path, f"sliding_window={window!r} is invalid: expected a number of keys >= 1 or null")
@@ -75,7 +76,7 @@ def read_layers(hf: dict, path: str):
         rope = hf.get("no_rope_layers") or [int((i + 1) % hf.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
         if len(rope) != n:
             refuse(path, f"no_rope_layers has {len(rope)} entries for {n} layers")
-    if kind == "mistral":
+    if kind in ("mistral", "ministral3"):
         sliding = [window is not None] * n
     else:
         types = hf.get("layer_types")
@@ -87,16 +88,29 @@ def read_layers(hf: dict, path: str):
         if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
             refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
         sliding = [t == "sliding_attention" and window is not None for t in types]
-    if all(rope) and not any(sliding):
+    scale = query_scale(hf) if kind == "ministral3" else None
+    if all(rope) and not any(sliding) and scale is None:
         return None
     names = [("sliding" if s else "full") + ("" if r else "_nope") for s, r in zip(sliding, rope)]
     settings = {"sliding": {"window": window}, "full": {}, "sliding_nope": {"window": window}, "full_nope": {}}
     layers = {"pattern": names}
     for name in dict.fromkeys(names):
-        layers[name] = dict(settings[name])
+        layers[name] = dict(settings[name], **({"query_scale": scale} if scale else {}))
         if name.endswith("_nope"):
             layers[name]["position"] = {"kind": "none"}
     return layers
+
+
+def query_scale(hf: dict):
+    """Ministral 3's query scale, 1 + beta ln(1 + floor(p / L)) with ``llama_4_scaling_beta`` beta and the
+    rope's ``original_max_position_embeddings`` L (transformers' ``get_llama_4_attn_scale``), as a layer
+    type's ``query_scale``; None without a beta."""
+    params = {**(hf.get("rope_parameters") or {}), **(hf.get("rope_scaling") or {})}
+    beta = params.get("llama_4_scaling_beta")
+    if beta is None:
+        return None
+    floor = params.get("original_max_position_embeddings") or hf["max_position_embeddings"]
+    return {"beta": float(beta), "floor": int(floor), "offset": 0}
 
 
 NOPE = {"kind": "none"}
@@ -211,7 +225,7 @@ def write(m, sd: dict) -> tuple:
 
 LLAMA = Family(
     name="Llama",
-    model_types=("llama", "mistral", "qwen2", "qwen3", "smollm3"),
+    model_types=("llama", "mistral", "ministral3", "qwen2", "qwen3", "smollm3"),
     read_config=read_config,
     read_weights=read_weights,
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m),

@@ -168,6 +168,7 @@ ARCHITECTURES = {
     "gpt_neox": "GPTNeoX",
     "llama": "Llama",
     "mistral": "Mistral",
+    "ministral3": "Ministral3",
     "qwen2": "Qwen2",
     "qwen3": "Qwen3",
     "smollm3": "SmolLM3",
