@@ -14,7 +14,9 @@ it (whose cache cannot be made for a sliding layer without a window). A pattern 
 from __future__ import annotations
 
 from minilm.hf.family import (
+    LAYER_TYPES,
     LLAMA_LAYOUT,
+    NOPE,
     Family,
     Weights,
     llama_config,
@@ -27,9 +29,6 @@ from minilm.hf.family import (
 )
 from minilm.hf.rope import rope_parameters, rope_position
 from minilm.positions.layers import layer_types
-
-TYPES = ("sliding_attention", "full_attention")
-NOPE = {"kind": "none"}
 
 
 def read_config(hf: dict, path: str) -> dict:
@@ -59,7 +58,7 @@ def read_layers(hf: dict, path: str):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             refuse(path, f"sliding_window_pattern={every!r} without layer_types: expected a number of layers >= 1")
         types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    if len(types) != n or any(t not in TYPES for t in types):
+    if len(types) != n or any(t not in LAYER_TYPES for t in types):
         refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
     names = ["local" if t == "sliding_attention" else "global" for t in types]
     layers = {"pattern": names}
@@ -83,11 +82,13 @@ def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     return w.done(take_head(out, w, model["tie_embeddings"], "lm_head.weight"))
 
 
-def exaone_style(m) -> bool:
+def post_norm_style(m, span: str) -> bool:
+    """A Llama-layout rope model with norms after each sublayer only and q/k norms over ``span``:
+    EXAONE 4's (each head) or OLMo 3's (the whole projection)."""
     return (
         m.sublayer_norms == "post"
         and m.qk_norm
-        and m.qk_norm_span == "head"
+        and m.qk_norm_span == span
         and m.mlp == "swiglu"
         and m.norm == "rmsnorm"
         and not m.bias
@@ -151,7 +152,7 @@ EXAONE = Family(
     model_types=("exaone4",),
     read_config=read_config,
     read_weights=read_weights,
-    exports=exaone_style,
+    exports=lambda m: post_norm_style(m, "head"),
     write=write,
     handles=LLAMA_LAYOUT | {"qk_norm", "layers", "sublayer_norms"},
 )

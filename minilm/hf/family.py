@@ -145,6 +145,9 @@ def require_classic_layout(m, family: str, tied: bool = True) -> None:
     require(m.n_kv_head in (None, m.n_head) and not m.qkv_bias, family, "it has neither GQA nor q/k/v-only bias")
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")  # transformers' layer_types (and per-type rope) names
+NOPE = {"kind": "none"}  # a layer without positions, as model.layers says it
+
 LLAMA_LAYOUT = frozenset(
     {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "head_dim"}
 )  # the fields every family of Llama's layout (separate q, k, v, o; gate, up, down) writes or checks
@@ -218,7 +221,7 @@ def sliding_layers(hf: dict, path: str, every: int, positions: dict, extra: Opti
     ``extra`` joins every type's settings (Gemma 2's soft-cap)."""
     n = hf["num_hidden_layers"]
     types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
-    if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
+    if len(types) != n or any(t not in LAYER_TYPES for t in types):
         refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
     window = hf.get("sliding_window", 4096)  # where config.json has none, transformers' default for these families
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):

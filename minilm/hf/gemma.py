@@ -31,6 +31,7 @@ import math
 import torch
 
 from minilm.hf.family import (
+    LAYER_TYPES,
     LLAMA_LAYOUT,
     Family,
     Weights,
@@ -46,7 +47,6 @@ from minilm.hf.family import (
 from minilm.hf.rope import rope_by_layer_type, rope_parameters, rope_parameters_by_layer_type, rope_position
 from minilm.positions.layers import layer_types
 
-TYPES = ("sliding_attention", "full_attention")
 DEFAULTS = {  # what transformers takes where config.json says nothing
     "gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "pattern": 2},
     "gemma3_text": {"attn_logit_softcapping": None, "final_logit_softcapping": None, "pattern": 6},
@@ -84,7 +84,7 @@ def type_positions(hf: dict, path: str) -> dict:
     """{layer type: minilm's rope setting} of a config (the module docstring)."""
     if hf["model_type"] == "gemma2":
         position = rope_position(hf, path)
-        return {t: position for t in TYPES}
+        return {t: position for t in LAYER_TYPES}
     legacy = {  # the older keys: rope_theta and rope_scaling on the full layers, rope_local_base_freq on the sliding
         "full_attention": {**(hf.get("rope_scaling") or {}), "rope_theta": hf.get("rope_theta", 1e6)},
         "sliding_attention": {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 1e4)},

@@ -22,6 +22,7 @@ import torch
 
 from minilm.hf.family import (
     LLAMA_LAYOUT,
+    NOPE,
     Family,
     Weights,
     llama_config,
@@ -111,9 +112,6 @@ def query_scale(hf: dict):
         return None
     floor = params.get("original_max_position_embeddings") or hf["max_position_embeddings"]
     return {"beta": float(beta), "floor": int(floor), "offset": 0}
-
-
-NOPE = {"kind": "none"}
 
 
 def layer_family(m, family: str) -> str:

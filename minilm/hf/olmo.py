@@ -13,7 +13,7 @@ default base, 500,000, as here.
 
 from __future__ import annotations
 
-from minilm.hf.exaone import post_norm_tensors, read_weights
+from minilm.hf.exaone import post_norm_style, post_norm_tensors, read_weights
 from minilm.hf.family import (
     LLAMA_LAYOUT,
     Family,
@@ -48,19 +48,6 @@ def read_config(hf: dict, path: str) -> dict:
         tie_embeddings=hf.get("tie_word_embeddings", False),
         position=full,
         layers=layers,
-    )
-
-
-def olmo_style(m) -> bool:
-    return (
-        m.sublayer_norms == "post"
-        and m.qk_norm
-        and m.qk_norm_span == "projection"
-        and m.mlp == "swiglu"
-        and m.norm == "rmsnorm"
-        and not m.bias
-        and not m.parallel_residual
-        and m.position["kind"] == "rope"
     )
 
 
@@ -112,7 +99,7 @@ OLMO = Family(
     model_types=("olmo3",),
     read_config=read_config,
     read_weights=read_weights,
-    exports=olmo_style,
+    exports=lambda m: post_norm_style(m, "projection"),
     write=write,
     handles=LLAMA_LAYOUT | {"qk_norm", "qk_norm_span", "layers", "sublayer_norms"},
 )

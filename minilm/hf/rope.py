@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from minilm.hf.family import refuse, require
+from minilm.hf.family import LAYER_TYPES, refuse, require
 from minilm.positions import build
 from minilm.positions.rope import ntk_base
 
@@ -129,9 +129,6 @@ def rope_parameters(m) -> tuple:
             attention_factor=float(scaling["attention_factor"]),
         )
     return params, m.block_size
-
-
-LAYER_TYPES = ("sliding_attention", "full_attention")  # the keys of rope_parameters kept per layer type
 
 
 def rope_by_layer_type(hf: dict, path: str, legacy: dict) -> dict:

@@ -49,7 +49,6 @@ from minilm.model.layer import (
     block,
     dropout,
     dropped,
-    expand_heads,
     feed_forward,
     self_attention,
 )
@@ -136,10 +135,6 @@ class CausalSelfAttention(nn.Module):
             self.dropout if self.training else 0.0,
             self.norm_span,
         )
-
-    def expand(self, kv):
-        """(B, n_kv_head, T, d) -> (B, n_head, T, d): each k/v head repeated for its group of queries."""
-        return expand_heads(kv, self.n_head)
 
     def forward(self, x, layer: int, fp: ForwardPass):
         """The attention output of x (B, T, d_model); with ``fp.weights_of == layer`` the pair
