@@ -251,7 +251,7 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
     [
         (
             {"model_type": "bloom"},
-            "supported: exaone4, gemma2, gemma3_text, gpt2, gpt_neox, llama, ministral3, mistral, mpt, olmo3",
+            "supported: cohere2, exaone4, gemma2, gemma3_text, gpt2, gpt_neox, llama, ministral3, mistral, mpt, olmo3",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "truncate": "no"}},

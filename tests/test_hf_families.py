@@ -1,6 +1,7 @@
 """The families people extend today, both ways: Qwen3 (q/k norms, head_dim apart from the
 width; sliding layers by layer_types, as Qwen2's from max_window_layers and Mistral's on every layer),
-SmolLM3 in (NoPE layers, its sliding ones), Phi-3 (fused projections, partial rotary, LongRoPE with
+SmolLM3 in (NoPE layers, its sliding ones), Cohere2 in (a parallel block, interleaved RoPE
+beside global NoPE layers, logit_scale), Phi-3 (fused projections, partial rotary, LongRoPE with
 transformers' switch between its factors) and MPT (ALiBi), random weights in temporary directories. Logits must equal
 transformers' to 1e-4 in float32 with and without the KV cache, and greedy text 20 tokens
 past the original context must be transformers'. Every shipped config trains and exports, or
@@ -154,7 +155,7 @@ FAMILY_CASES = {
         head_dim=8,
         max_position_embeddings=64,
         use_sliding_window=True,
-        sliding_window=6,
+        sliding_window=5,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         tie_word_embeddings=False,
     ),
@@ -298,6 +299,36 @@ FAMILY_CASES = {
             "mscale_all_dim": 1.0,
             "llama_4_scaling_beta": 0.5,
         },
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    "cohere2-lllg-gqa-tied": lambda v: transformers.Cohere2Config(  # 3 local RoPE (interleaved) : 1 global NoPE
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=4,
+        logit_scale=0.25,
+        pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    "cohere2-untied-base": lambda v: transformers.Cohere2Config(  # untied, another base, layer_types given
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        tie_word_embeddings=False,
         pad_token_id=None,
         bos_token_id=None,
         eos_token_id=None,
@@ -624,23 +655,23 @@ def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, messag
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    "case, change, message",
     [
-        ({"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
-        ({"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
-        ({"sliding_window": 8, "model_type": "phi3"}, "sliding_window=8 is not supported"),
-        ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not supported"),
-        ({"hidden_activation": "relu"}, "hidden_activation='relu' is not supported for gemma2"),
-        ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types="),
-        ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar=0 is invalid: expected a number > 0"),
+        ("mpt-tied", {"attn_config": {"clip_qkv": 6.0}}, "MPT attention settings {'clip_qkv': 6.0} are not supported"),
+        ("mpt-tied", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+        ("phi3-gqa-untied", {"sliding_window": 8}, "sliding_window=8 is not supported"),
+        ("gemma2-softcaps-gqa", {"use_bidirectional_attention": True}, "use_bidirectional_attention=true is not"),
+        ("gemma2-softcaps-gqa", {"hidden_activation": "relu"}, "hidden_activation='relu' is not supported for gemma2"),
+        ("gemma2-softcaps-gqa", {"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types="),
+        ("gemma2-softcaps-gqa", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar=0 is invalid: expected a number"),
+        ("cohere2-untied-base", {"sliding_window": None}, "sliding_window=null is not supported for cohere2"),
+        ("cohere2-untied-base", {"attention_bias": True}, "attention_bias=true is not supported for Cohere2"),
+        ("cohere2-untied-base", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported for cohere2"),
     ],
 )
-def test_unsupported_family_settings_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
+def test_unsupported_family_settings_are_one_line_errors(case, change, message, hf_tokenizer_dir, tmp_path):
     import json
 
-    case = "phi3-gqa-untied" if change.get("model_type") == "phi3" else "mpt-tied"
-    gemma = {"use_bidirectional_attention", "hidden_activation", "layer_types", "query_pre_attn_scalar"}
-    case = "gemma2-softcaps-gqa" if gemma & set(change) else case
     _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
     config = json.loads((directory / "config.json").read_text())
     for key, value in change.items():
@@ -723,6 +754,17 @@ def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir
     )
     assert done.returncode == 0, done.stderr
     assert "| local | 3 | 4 |" in done.stdout and "| global | 1 | 64 |" in done.stdout
+
+
+def test_an_imported_cohere2_is_not_written_back(hf_tokenizer_dir, tmp_path):
+    """Cohere2 is read only: asked for by name it says so; a parallel LayerNorm SwiGLU block with
+    NoPE layers is held by no family, and the export says which setting in one line."""
+    _, directory = hf_model_dir("cohere2-untied-base", hf_tokenizer_dir, tmp_path)
+    loaded = load_model(str(directory))
+    for family, message in ((None, "model.layers="), ("cohere2", "family 'cohere2' is read only: valid: llama")):
+        with pytest.raises(HFError, match=message) as info:
+            export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "hf"), family=family)
+        assert "\n" not in str(info.value) and not (tmp_path / "hf").exists()
 
 
 def test_a_missing_sliding_window_is_transformers_default(hf_tokenizer_dir, tmp_path):

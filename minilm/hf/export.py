@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - reported by export_model()
 
 from minilm.common import staged_directory
 from minilm.data.hf_tokenizer import save_pretrained_tokenizer
-from minilm.hf.families import BY_NAME, FAMILIES
+from minilm.hf.families import BY_NAME, FAMILIES, READERS
 from minilm.hf.family import HFError, refuse_unhandled
 from minilm.hf.gemma import GEMMA
 
@@ -78,7 +78,8 @@ def convert(m, sd: dict, family: str = None) -> tuple:
         )
     if family is not None:
         if family not in BY_NAME:
-            raise HFError(f"family {family!r} is unknown: valid: {', '.join(BY_NAME)}")
+            known = "is read only" if family in READERS else "is unknown"
+            raise HFError(f"family {family!r} {known}: valid: {', '.join(BY_NAME)}")
         chosen = BY_NAME[family]
         takers = [f.model_types[0] for f in FAMILIES if f.exports(m)]
         if not chosen.exports(m):

@@ -178,6 +178,7 @@ ARCHITECTURES = {
     "olmo3": "Olmo3",
     "phi3": "Phi3",
     "mpt": "Mpt",
+    "cohere2": "Cohere2",
 }  # model_type -> transformers' class prefix
 
 
