@@ -318,6 +318,14 @@ class LoRAConfig:
                     f"train.lora.{key}={shown(values)} is invalid: expected a list of distinct names "
                     f"among {', '.join(valid)}"
                 )
+        if not self.r:  # settings of adapters that are not there would silently make a full fine-tune
+            for f in dataclasses.fields(self):
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                if f.name != "r" and getattr(self, f.name) != default:
+                    raise ConfigError(
+                        f"train.lora.{f.name}={shown(getattr(self, f.name))} has no effect without adapters: "
+                        f"set train.lora.r > 0 (a LoRA run), or leave it at {shown(default)} (every weight trains)"
+                    )
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """YAML read safely: the loader of config files and overrides (``config`` reads through it).
 
-PyYAML's safe loader, with YAML 1.2's floats (``1e-3``), a key given twice refused, and a
+PyYAML's safe loader, with YAML 1.2's floats (``1e-3``) and integers (``010`` is ten), a key given
+twice refused, and a
 document measured before it is built: aliases that would expand past ``YAML_MAX_VALUES``
 values (a "billion laughs"), an alias inside the structure it names, or nesting deeper than
 ``YAML_MAX_DEPTH`` is a ``YAMLBoundError`` naming the line, never a MemoryError or a
@@ -33,6 +34,25 @@ class YAMLLoader(yaml.SafeLoader):
 YAMLLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
+
+INT = "tag:yaml.org,2002:int"
+for _first, _resolvers in YAMLLoader.yaml_implicit_resolvers.items():  # YAML 1.1's ints out (010 is 8 there)
+    _resolvers[:] = [(tag, regexp) for tag, regexp in _resolvers if tag != INT]
+YAMLLoader.add_implicit_resolver(
+    INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789")
+)
+
+
+def construct_int(loader, node) -> int:
+    """YAML 1.2's integers: decimal even with leading zeros (``010`` is 10), ``0o17`` octal, ``0x1f``
+    hexadecimal (YAML 1.1 reads ``010`` as 8 and ``1:20`` as 80); ``_`` between digits is allowed."""
+    text = loader.construct_scalar(node).replace("_", "")
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    return sign * int(digits[2:] if base != 10 else digits, base)
+
+
+YAMLLoader.add_constructor(INT, construct_int)
 
 
 class YAMLBoundError(yaml.composer.ComposerError):

@@ -44,6 +44,15 @@ def test_overrides_are_typed_as_yaml():
     assert nested.model.position["scaling"] == {"type": "yarn", "factor": 4}
 
 
+def test_integers_read_as_yaml_1_2_in_files_and_overrides(tmp_path):
+    """``010`` is ten (YAML 1.1: eight), ``0o17`` fifteen, ``0x10`` sixteen; ``1:20`` is text, not 80."""
+    (tmp_path / "ints.yaml").write_text("train:\n  max_steps: 010\n  eval_interval: 0o17\n")
+    config = load_config(str(tmp_path / "ints.yaml"), ["train.log_interval=0x10"])
+    assert (config.train.max_steps, config.train.eval_interval, config.train.log_interval) == (10, 15, 16)
+    with pytest.raises(ConfigError, match="train.max_steps='1:20' has the wrong type"):
+        load_config("rope.yaml", ["train.max_steps=1:20"])
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [

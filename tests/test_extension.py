@@ -183,6 +183,21 @@ def test_shipped_extension_configs_load_their_source(tmp_path, name, source_conf
     assert same_weights(src_model, new) or position["kind"] == "interpolated"
 
 
+def test_a_scaling_factor_sets_the_length_from_any_source(tmp_path):
+    """extend_yarn_lora.yaml names no block_size: from a source of 16 positions its factor 4 trains at
+    64, not at a length written for another base; a block_size set apart from the factor is said."""
+    path, _ = source(tmp_path, "rope", block_size=16)
+    config = load_config(
+        "extend_yarn_lora.yaml", [f"train.init_from={path}", "train.lora.r=0", "train.lora.also_train=[]"]
+    )
+    config, _, said = source_model(config)
+    assert config.model.block_size == 64 and config.model.position["scaling"]["factor"] == 4
+    assert "block_size 16 -> 64" in said and "note" not in said
+    config = load_config("extend_yarn_lora.yaml", [f"train.init_from={path}", "model.block_size=512"])
+    config, _, said = source_model(config)
+    assert config.model.block_size == 512 and "model.block_size=512 is not the scaling's factor x" in said
+
+
 def test_old_checkpoints_and_configs_with_interpolated_base_still_load(tmp_path):
     """Before 'inner', interpolated called its wrapped scheme 'base': both keep loading."""
 

@@ -231,7 +231,7 @@ def test_attention_map(checkpoints, capsys, tmp_path):
         (("--temperature", "-1", "hi"), "temperature=-1.0"),
         (("--top-p", "0", "hi"), "top_p=0.0"),
         (("--top-p", "1.5", "hi"), "top_p=1.5"),
-        (("--top-k", "0", "hi"), "top_k=0"),
+        (("--top-k", "-1", "hi"), "top_k=-1"),
         (("--max-new-tokens", "-1", "hi"), "--max-new-tokens=-1"),
         (("--num-samples", "0", "hi"), "--num-samples=0"),
         (("--max-context", "33", "hi"), "at most 32 positions"),
@@ -241,6 +241,8 @@ def test_attention_map(checkpoints, capsys, tmp_path):
         (("--max-new-tokens", "ten", "hi"), "invalid int value"),
         (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),
         (("--dtype", "float16", "hi"), "--dtype 'float16' is unknown"),
+        (("--threads", "1000000000", "hi"), "--threads 1000000000 is invalid: expected 1 to"),
+        (("--seed", str(2**64), "hi"), "expected a seed, an integer from 0 to 2**63 - 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):

@@ -236,7 +236,7 @@ def test_stats_count_tokens_and_time(random_gpt):
         (dict(sampling=Sampling(temperature=-0.5)), "temperature=-0.5"),
         (dict(sampling=Sampling(top_p=0.0)), r"top_p=0.0 .*\(0, 1\]"),
         (dict(sampling=Sampling(top_p=1.5)), "top_p=1.5"),
-        (dict(sampling=Sampling(top_k=0)), "top_k=0"),
+        (dict(sampling=Sampling(top_k=-1)), "top_k=-1"),
         (dict(sampling=Sampling(repetition_penalty=0)), "repetition_penalty=0"),
         (dict(max_context=64), "at most 32 positions"),
     ],
@@ -271,6 +271,13 @@ def test_top_k_keeps_only_the_k_most_likely():
     logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(1)).expand(4000, -1)
     got = set(sample(logits, Sampling(temperature=3.0, top_k=4), torch.Generator().manual_seed(0)).tolist())
     assert got == set(logits[0].topk(4).indices.tolist())
+
+
+def test_top_k_0_keeps_every_token_as_transformers_reads_it():
+    logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(1)).expand(4000, -1)
+    off = sample(logits, Sampling(temperature=3.0, top_k=0), torch.Generator().manual_seed(0))
+    assert torch.equal(off, sample(logits, Sampling(temperature=3.0, top_k=None), torch.Generator().manual_seed(0)))
+    assert len(set(off.tolist())) > 20
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():

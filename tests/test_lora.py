@@ -12,14 +12,17 @@ import pytest
 import torch
 import transformers
 
+from minilm.checkpoints import format as checkpoint_format
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.format import load as load_checkpoint
 from minilm.checkpoints.loading import load_model
-from minilm.config import Config, ConfigError, DataConfig, ModelConfig, build_config
+from minilm.cli import export as export_command
+from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConfig, build_config
 from minilm.configfile import load_config
 from minilm.hf.export import export_model
 from minilm.model.gpt import GPT
 from minilm.model.lora import LoRALinear, adapter_parameter_count, add_adapters, merge_adapters
+from minilm.training.adapters import check_fits
 from minilm.training.loop import setup, train, train_step
 from minilm.training.mixture import mixed_loss
 from minilm.training.resume import StopFlag
@@ -203,6 +206,34 @@ def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny
         train(again, resume=True, quiet=True)
 
 
+def test_a_lora_run_finds_its_base_moved_beside_it_and_refuses_a_damaged_record(tiny_corpus, gen_tokenizer, tmp_path):
+    """The base is recorded by absolute path and by its place from the run: the two moved together
+    still load (the hash proves it is the same base); a record that is not one is a one-line error."""
+    llama_base(gen_tokenizer, tmp_path / "a" / "base")
+    train(load_config(None, lora_overrides(tiny_corpus, tmp_path / "a" / "base", tmp_path / "a" / "run")), quiet=True)
+    ids = torch.randint(0, gen_tokenizer.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = load_model(str(tmp_path / "a" / "run")).model(ids)
+        shutil.move(tmp_path / "a", tmp_path / "b")
+        assert torch.equal(load_model(str(tmp_path / "b" / "run")).model(ids), expected)
+    state = {k: v for k, v in load_checkpoint(str(tmp_path / "b" / "run")).items() if k != "path"}
+    for damaged in ("../base", "", {"path": 3, "sha256": "x"}):
+        path = checkpoint_format.save({**state, "lora_base": damaged}, str(tmp_path / "damaged"))
+        with pytest.raises(CheckpointError, match="is not the record of a base") as error:
+            load_model(path)
+        assert "\n" not in str(error.value)
+
+
+def test_lora_settings_that_cannot_take_effect_on_the_model_are_refused():
+    """A rank above the adapted linears' width, or the head trained apart from a tied head."""
+    model = GPT(ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=32, block_size=16, tie_embeddings=True))
+    with pytest.raises(ConfigError, match=r"train.lora.r=33 is invalid for this model: .* a rank from 1 to 32"):
+        check_fits(model, LoRAConfig(r=33))
+    with pytest.raises(ConfigError, match="has head, but this model's head is its token embedding"):
+        check_fits(model, LoRAConfig(r=4, also_train=["head"]))
+    check_fits(model, LoRAConfig(r=32, also_train=["embeddings"]))
+
+
 @pytest.mark.parametrize(
     "setting, message",
     [
@@ -211,6 +242,9 @@ def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny
         ({"lora": {"r": 4, "targets": ["qkv"]}, "init_from": "x"}, "train.lora.targets=['qkv'] is invalid"),
         ({"lora": {"r": 4, "targets": []}, "init_from": "x"}, "train.lora.targets=[] is invalid"),
         ({"lora": {"r": -1}}, "train.lora.r=-1 is invalid"),
+        ({"lora": {"targets": ["q"]}}, "train.lora.targets=['q'] has no effect without adapters: set train.lora.r"),
+        ({"lora": {"alpha": 8}}, "train.lora.alpha=8.0 has no effect without adapters"),
+        ({"lora": {"also_train": ["norms"]}}, "train.lora.also_train=['norms'] has no effect without adapters"),
         (
             {"lora": {"also_train": ["bias"]}},
             "also_train=['bias'] is invalid: expected a list of distinct names among norms, embeddings, position, head",
@@ -223,8 +257,14 @@ def test_bad_lora_settings_are_one_line_errors(setting, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("shape", [None, {**LLAMA, "qk_norm": True}, NEOX], ids=["llama", "qwen3", "gpt_neox"])
-def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, tiny_corpus, gen_tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "shape",
+    [None, {**LLAMA, "tie_embeddings": True}, {**LLAMA, "qk_norm": True}, NEOX],
+    ids=["llama", "llama-tied", "qwen3", "gpt_neox"],
+)
+def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(
+    shape, tiny_corpus, gen_tokenizer, tmp_path, capsys
+):
     """Adapters on every target, norms and the token embedding trained too: peft puts the exported
     adapter on the transformers base, and its logits are minilm's (the run's checkpoint, merged).
     GPT-NeoX holds q, k and v in one linear: minilm's three adapters are one of rank 3r there."""
@@ -279,6 +319,11 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(shape, 
         env=env,
     )
     assert refused.returncode == 2 and "is not a LoRA run's checkpoint" in refused.stderr
+    if shape is None:  # --family names the base's family: written as it, or refused, never ignored
+        assert (
+            export_command.main([str(tmp_path / "run"), str(tmp_path / "gpt2"), "--adapter", "--family", "gpt2"]) == 2
+        )
+        assert "cannot be written as GPT-2" in capsys.readouterr().err and not (tmp_path / "gpt2").exists()
 
 
 def test_adapters_train_alike_with_activation_checkpointing():

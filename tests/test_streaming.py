@@ -102,9 +102,10 @@ def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F81
             status = exc.code
         err = capsys.readouterr().err
         assert status == 2 and message in err and err.count("\n") == 1, err
-    with pytest.raises(SystemExit):
-        evaluate_command.main([rope, "--max-context", "8", "--no-files"])
-    assert "options of --stream" in capsys.readouterr().err
+    for alone in (["--max-context", "8"], ["--sink-tokens", "8"]):
+        with pytest.raises(SystemExit):
+            evaluate_command.main([rope, *alone, "--no-files"])
+        assert "options of --stream" in capsys.readouterr().err
 
 
 def test_cli_models_of_different_lengths_each_get_their_own_bands(corpus):  # noqa: F811

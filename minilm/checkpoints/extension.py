@@ -27,11 +27,22 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from minilm.checkpoints.format import CheckpointError
+
+
+def scaled_length(position: dict, source_model: dict) -> Optional[int]:
+    """The training length a rope scaling asks of a source trained without one: its factor times
+    its original length (``original_max_positions``, else the source's block_size); None for a
+    setting without a factor, another kind, or a source that has a scaling of its own."""
+    scaling, own = position.get("scaling") or {}, source_model["position"]
+    if position.get("kind") != "rope" or not scaling.get("factor") or (own.get("scaling") or {}).get("factor"):
+        return None
+    return int(round(scaling["factor"] * (scaling.get("original_max_positions") or source_model["block_size"])))
 
 
 def position_overrides(position: dict) -> list:

@@ -31,6 +31,7 @@ import torch
 
 from minilm.checkpoints.extension import complete_position, load_source_weights
 from minilm.checkpoints.format import CheckpointError, load, weights_hash, with_defaults
+from minilm.common import shown
 from minilm.config import AFTER_TRAINING, Config, ConfigError, ModelConfig, build_config, fields_with
 from minilm.configfile import apply_overrides
 from minilm.data.corpus import holds_prepared
@@ -146,35 +147,55 @@ def locate_data(data: dict, state: dict) -> dict:
 
 
 def lora_base(state: dict) -> Loaded:
-    """The base a LoRA run trained on (``state["lora_base"]``: its path and ``weights_hash``), as
-    loaded; a base that is gone or whose weights changed since is an error."""
+    """The base a LoRA run trained on (``state["lora_base"]``: its absolute path, its path relative
+    to the run's directory (``beside``) and ``weights_hash``), as loaded: found where it was, or
+    where it lies beside the run when the two were moved together; a base that is gone or whose
+    weights changed since is an error, and so is a ``lora_base`` that is not such a record."""
     recorded = state["lora_base"]
-    try:
-        base = read_checkpoint(recorded["path"])
-    except CheckpointError as exc:
+    if not (
+        isinstance(recorded, dict)
+        and all(isinstance(recorded.get(k), str) and recorded[k] for k in ("path", "sha256"))
+        and isinstance(recorded.get("beside", ""), str)
+    ):
         raise CheckpointError(
-            f"{state['path']}: the LoRA base {recorded['path']!r} cannot be read ({exc}); the "
-            f"adapters need the base they were trained on"
-        ) from None
-    if weights_hash(base["model"]) != recorded["sha256"]:
-        raise CheckpointError(
-            f"{state['path']}: the LoRA base {recorded['path']!r} has changed since the adapters "
-            f"were trained on it (its weights' sha256 is not {recorded['sha256'][:12]}...): restore "
-            f"that base, or train the adapters again"
+            f"{state['path']}: its lora_base={shown(recorded)} is not the record of a base (a path and the "
+            f"sha256 of its weights): the checkpoint is damaged; train the adapters again"
         )
-    return model_of(base)
+    places = [recorded["path"]]
+    if recorded.get("beside") and isinstance(state.get("path"), str) and os.path.isfile(state["path"]):
+        here = Path(os.path.abspath(state["path"])).parent  # the run's directory, or its snapshots/
+        places += [os.path.normpath(os.path.join(d, recorded["beside"])) for d in (here, here.parent)]
+    found = [p for p in dict.fromkeys(places) if p == recorded["path"] or os.path.exists(p)]
+    for place in found:
+        try:
+            base = read_checkpoint(place)
+        except CheckpointError as exc:
+            if place == found[-1]:
+                raise CheckpointError(
+                    f"{state['path']}: the LoRA base {recorded['path']!r} cannot be read ({exc}); the "
+                    f"adapters need the base they were trained on"
+                ) from None
+            continue
+        if weights_hash(base["model"]) == recorded["sha256"]:
+            return model_of(base)
+    raise CheckpointError(
+        f"{state['path']}: the LoRA base {recorded['path']!r} has changed since the adapters "
+        f"were trained on it (its weights' sha256 is not {recorded['sha256'][:12]}...): restore "
+        f"that base, or train the adapters again"
+    )
 
 
 def merge_trained_adapters(model: GPT, lora, state: dict) -> None:
     """Put ``lora``'s adapters on ``model`` (the base's weights), load what the run trained
     (adapters and also_train parameters: ``state["model"]``) and merge them into the weights."""
     add_adapters(model, lora.targets, lora.r, lora.alpha, lora.also_train)
-    trained = {name for name, param in model.named_parameters() if param.requires_grad}
-    missing, unexpected = sorted(trained - set(state["model"])), sorted(set(state["model"]) - trained)
-    if missing or unexpected:
+    trained = {name: param for name, param in model.named_parameters() if param.requires_grad}
+    missing, unexpected = sorted(set(trained) - set(state["model"])), sorted(set(state["model"]) - set(trained))
+    misshapen = [n for n in sorted(set(trained) - set(missing)) if state["model"][n].shape != trained[n].shape]
+    if missing or unexpected or misshapen:
         raise CheckpointError(
             f"{state['path']}: its LoRA weights do not fit train.lora={lora}: missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]}"
+            f"unexpected {unexpected[:3]}, of another shape {misshapen[:3]}"
         )
     model.load_state_dict(state["model"], strict=False)
     merge_adapters(model)

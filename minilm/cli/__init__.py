@@ -24,6 +24,17 @@ def one_line(message: str, limit: int = 2000) -> str:
     return line if len(line) <= limit else f"{line[: limit - 40]}... ({len(line):,} characters)"
 
 
+def seed(text: str) -> int:
+    """An argparse type: a seed, an integer from 0 to 2**63 - 1 (what torch's generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected a seed, an integer from 0 to 2**63 - 1")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line ``error: ...`` with exit status 2, and every
     verb reads its arguments one way: paths and ``key=value`` overrides anywhere among the

@@ -53,9 +53,11 @@ def run_adapter(args) -> int:
         )
     config = load_model(args.checkpoint).config
     base = lora_base(read_checkpoint(args.checkpoint))
-    done = export_adapter(state["model"], config, base.model.state_dict(), state["lora_base"]["path"], args.directory)
+    done = export_adapter(
+        state["model"], config, base.model.state_dict(), base.state["path"], args.directory, family=args.family
+    )
     print(
-        f"exported the adapters of {args.checkpoint} for its {done['family']} base {state['lora_base']['path']} "
+        f"exported the adapters of {args.checkpoint} for its {done['family']} base {base.state['path']} "
         f"({done['tensors']} tensors) to {done['directory']}: adapter_config.json, adapter_model.safetensors"
     )
     if base.config.model.position != config.model.position or base.config.model.block_size != config.model.block_size:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from minilm.checkpoints.extension import scaled_length
+from minilm.checkpoints.format import load, with_defaults
 from minilm.cli import Parser, run_command
 from minilm.common import MinilmError, markdown_table
 from minilm.config import ConfigError, ModelConfig
@@ -118,19 +120,25 @@ def print_cache(model: ModelConfig, context: int, dtype: torch.dtype) -> None:
 
 
 def counted_model(config) -> tuple:
-    """(the model a run of ``config`` trains, how it was found): with ``train.init_from`` a Hugging
-    Face model, its architecture from config.json (no weights read) with the block_size and
-    position keys the config sets, as ``train.init_from`` applies them; else the config's own."""
+    """(the model a run of ``config`` trains, how it was found): with ``train.init_from`` the source's
+    architecture (a Hugging Face model's from config.json, no weights read; a minilm run's from its
+    checkpoint) with the block_size and position keys the config sets, as ``train.init_from`` applies
+    them (``minilm.training.source``); else the config's own. A source that cannot be read is an error."""
     path = config.train.init_from
-    if not path or not is_hf_source(path):
+    if not path:
         return config.model, ""
     try:
-        tree = read_model_tree(path)[2]
+        tree = read_model_tree(path)[2] if is_hf_source(path) else with_defaults(load(path)["config"])["model"]
     except MinilmError as exc:
-        print(f"note: train.init_from={path!r} cannot be read here ({exc}); counting the config's model section")
-        return config.model, ""
+        raise ConfigError(
+            f"train.init_from={path!r} cannot be read ({exc}); memory counts the model that run would train "
+            f"(without train.init_from: the config's own)"
+        ) from None
+    scaled = scaled_length(config.model.position, tree) if was_given(config, "model.position") else None
     if was_given(config, "model.block_size"):
         tree["block_size"] = config.model.block_size
+    elif scaled:
+        tree["block_size"] = scaled
     if was_given(config, "model.position"):
         tree["position"] = {**tree["position"], **config.model.position}
     return ModelConfig(**tree), f" (the architecture of train.init_from={path})"

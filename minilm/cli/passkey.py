@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
-from minilm.cli import Parser, run_command, smoke
+from minilm.cli import Parser, run_command, seed, smoke
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.data.sources import corpus_documents, join_documents
 from minilm.evaluation import passkey
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         "default %(default)s)",
     )
     ev.add_argument("--trials", type=int, default=5, help="random keys per length and depth (default %(default)s)")
-    ev.add_argument("--seed", type=int, default=0, help="seeds the keys and the filler (default %(default)s)")
+    ev.add_argument("--seed", type=seed, default=0, help="seeds the keys and the filler (default %(default)s)")
     ev.add_argument(
         "--set",
         action="append",
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         default=0.0,
         help="fraction of the characters taken from the checkpoint's training text (default 0)",
     )
-    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--seed", type=seed, default=0)
     mk.add_argument(
         "--overwrite", action="store_true", help="replace a non-empty out_dir (once the new corpus is whole)"
     )

@@ -11,10 +11,13 @@ import json
 import os
 import sys
 
+import yaml
+
 from minilm.checkpoints.loading import read_checkpoint
 from minilm.config import ARCHITECTURE as ARCHITECTURE_ROLE
-from minilm.config import ModelConfig, fields_with
+from minilm.config import ConfigError, ModelConfig, fields_with
 from minilm.hf.reading import is_hf_source, read_model_tree
+from minilm.yamlfile import parse_yaml
 
 SWITCH = "MINILM_SMOKE"
 STEPS = 3
@@ -44,7 +47,18 @@ SCRATCH = (  # only for a model built from scratch: an init_from source keeps it
 
 
 def active() -> bool:
-    return os.environ.get(SWITCH, "") not in ("", "0")
+    """The switch read as a config's boolean is (``minilm.yamlfile``: true/false, yes/no, on/off in
+    any case), or 1 / 0; unset, empty or blank is off; anything else is refused in one line."""
+    text = os.environ.get(SWITCH, "")
+    try:
+        value = parse_yaml(text) if text.strip() else False
+    except yaml.YAMLError:
+        value = None
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise ConfigError(
+        f"{SWITCH}={text!r} is invalid: expected 1, true, yes or on (a smoke run), or 0, false, no, off or unset"
+    )
 
 
 def training_overrides(init_from) -> list:

@@ -76,7 +76,8 @@ class GenerationWarning(UserWarning):
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen. ``temperature=0`` is greedy (top_k / top_p / min_p unused);
-    ``top_k=None``, ``top_p=1`` and ``min_p=0`` keep every token; ``repetition_penalty=1`` is off."""
+    ``top_k=None`` or 0 (as transformers reads it), ``top_p=1`` and ``min_p=0`` keep every token;
+    ``repetition_penalty=1`` is off."""
 
     temperature: float = 0.8
     top_k: Optional[int] = 200
@@ -91,9 +92,9 @@ class Sampling:
         if not number(self.temperature) or self.temperature < 0:
             raise GenerationError(f"temperature={self.temperature!r} is invalid: expected a number >= 0 (0 = greedy)")
         if self.top_k is not None and (
-            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
+            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0
         ):
-            raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (or none)")
+            raise GenerationError(f"top_k={self.top_k!r} is invalid: expected an integer >= 1 (0 or none: off)")
         if not number(self.top_p) or not 0 < self.top_p <= 1:
             raise GenerationError(f"top_p={self.top_p!r} is invalid: expected a number in (0, 1]")
         if not number(self.min_p) or not 0 <= self.min_p <= 1:
@@ -125,7 +126,7 @@ def sample(
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / sampling.temperature
-    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+    if sampling.top_k and sampling.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if sampling.top_p < 1.0:
@@ -507,6 +508,25 @@ def generate_rows(
     yield from _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile)
 
 
+RECOMPUTE_WARNING_SECONDS = 30.0  # an uncached generation estimated to take longer says so first
+
+
+def warn_if_recomputing_long(decoder, max_new_tokens: int, prefill_seconds: float) -> None:
+    """Without a cache, a rolling scheme's every step runs the whole sequence so far (its keys past
+    the window still feed the layers below): a GenerationWarning with the time that will take,
+    estimated from the prompt's own pass, when it passes ``RECOMPUTE_WARNING_SECONDS``."""
+    if decoder.cache is not None or decoder.slides or decoder.length <= decoder.max_context:
+        return
+    estimate = prefill_seconds * (max_new_tokens - 1)
+    if estimate > RECOMPUTE_WARNING_SECONDS:
+        warnings.warn(
+            f"without the cache each of the {max_new_tokens - 1} steps left recomputes all {decoder.length:,}+ "
+            f"tokens (past the window of {decoder.max_context}): about {estimate:,.0f} s at the prompt's "
+            f"{prefill_seconds:.1f} s a pass; the KV cache gives the same tokens in a fraction of that",
+            GenerationWarning,
+        )
+
+
 def _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile):
     """The token loop of ``generate_rows``: prefill, then one step per new token, timed."""
     was_training = model.training
@@ -516,6 +536,7 @@ def _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stat
         token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
         _sync(decoder.device, timed)
         stats.prefill_seconds = time.perf_counter() - start
+        warn_if_recomputing_long(decoder, max_new_tokens, stats.prefill_seconds)
         start = time.perf_counter()
         for step in range(max_new_tokens):
             if step:

@@ -5,7 +5,9 @@ GPT-NeoX, which ``peft.PeftModel.from_pretrained(base, directory)`` puts on the 
 minilm's adapter on the rows of q in the fused ``attn.qkv`` is peft's on ``self_attn.q_proj``
 (``minilm.model.lora``): the same A (r x d_in) and B (rows x r), and the same scale alpha / r.
 The ``also_train`` parameters go in whole as peft's ``modules_to_save`` (the norms, the token
-embedding, the head), under the names the family's writer gives them. What peft cannot hold
+embedding, the head), under the names the family's writer gives them. A base that ties its head to
+the token embedding keeps them tied in minilm, so a trained embedding is saved as the head as well
+(peft's copy of the embedding is not the head's: without it the head would keep the old weights). What peft cannot hold
 is refused in one line: another family (GPT-2's Conv1D, MPT), or parameters of the position
 scheme. GPT-NeoX keeps q, k and v in one linear, per head: minilm's adapters on them become
 one adapter there (``neox_qkv``), exactly.
@@ -63,10 +65,13 @@ FUSED = "attention.query_key_value"
 ADAPTER = re.compile(r"blocks\.(\d+)\.(?:attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.lora_([ab])\.(\w+)$")
 
 
-def export_adapter(trained: dict, config, base_weights: dict, base_path: str, directory: str) -> dict:
+def export_adapter(
+    trained: dict, config, base_weights: dict, base_path: str, directory: str, family: str = None
+) -> dict:
     """Write the adapters (and also_train parameters) of a LoRA run as a peft adapter directory.
     ``trained``: the run's checkpoint weights (minilm names); ``config``: its Config;
-    ``base_weights``: the base's state dict (minilm names), ``base_path`` where it lives.
+    ``base_weights``: the base's state dict (minilm names), ``base_path`` where it lives; ``family``:
+    the family the base is written as (``minilm.hf.export.convert``; None: the first that takes it).
     Returns {family, directory, tensors}."""
     if save_file is None:
         raise HFError('export needs safetensors and tokenizers: pip install -e ".[hf]"')
@@ -82,7 +87,7 @@ def export_adapter(trained: dict, config, base_weights: dict, base_path: str, di
         **{k: v.detach().float().cpu() for k, v in base_weights.items()},
         **{k: v.detach().float().cpu() for k, v in trained.items() if ".lora_" not in k},
     }
-    family, _, named = convert(config.model, whole)
+    family, _, named = convert(config.model, whole, family)
     if family not in LAYOUTS:
         raise HFError(
             f"peft adapters are written for the Llama family and GPT-NeoX; this model exports as {family}: "
@@ -114,6 +119,10 @@ def export_adapter(trained: dict, config, base_weights: dict, base_path: str, di
         module = key.rsplit(".", 1)[0]
         if any(module == name or module.endswith("." + name) for name in saved):
             tensors["base_model.model." + key] = value
+    if config.model.tie_embeddings and "embeddings" in lora.also_train:  # the trained embedding is the head too
+        head = groups["head"][0]
+        tensors[f"base_model.model.{head}.weight"] = whole["wte.weight"].clone()
+        saved = sorted({*saved, head})
     settings = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -15,24 +15,28 @@ from torch import nn
 
 from minilm.checkpoints.format import CheckpointError, weights_hash
 from minilm.checkpoints.loading import Loaded
-from minilm.hf.reading import is_hf_source
-from minilm.model.lora import add_adapters, freeze_in
+from minilm.config import ConfigError
+from minilm.hf.reading import PREFIX as HF_PREFIX
+from minilm.model.lora import adapted_rows, add_adapters, freeze_in
 
 
-def start_adapters(raw: nn.Module, lora, source: Loaded, dtype, state=None) -> dict:
+def start_adapters(raw: nn.Module, lora, source: Loaded, dtype, out_dir: str, state=None) -> dict:
     """Give ``raw`` (holding the source's weights) the run's adapters and freeze the rest, kept in
     the run's compute ``dtype`` (``model.lora.freeze_in``); with ``state`` (``--resume``) load what
-    the run had trained. Returns the checkpoint's ``lora_base``."""
+    the run had trained. Returns the checkpoint's ``lora_base``: the base's absolute path, its path
+    from ``out_dir`` (``beside``: found again when both are moved together) and its weights' hash."""
     path = source.state.get("path") or ""
-    base = {
-        "path": path if is_hf_source(path) or not path else os.path.abspath(path),
-        "sha256": weights_hash(source.state["model"]),
-    }
+    local = bool(path) and not str(path).startswith(HF_PREFIX)  # a file or directory here, not the hub's name
+    base = {"path": os.path.abspath(path) if local else path, "sha256": weights_hash(source.state["model"])}
+    if local:
+        base["beside"] = os.path.relpath(os.path.abspath(path), os.path.abspath(out_dir))
+    check_fits(raw, lora)
     add_adapters(raw, lora.targets, lora.r, lora.alpha, lora.also_train)
     freeze_in(raw, dtype)
     if state is None:
         return base
-    recorded, settings = state.get("lora_base") or {}, state["config"]["train"].get("lora", {})
+    recorded, settings = state.get("lora_base"), state["config"]["train"].get("lora", {})
+    recorded = recorded if isinstance(recorded, dict) else {}  # damaged: no hash, refused below
     if recorded.get("sha256") != base["sha256"]:
         raise CheckpointError(
             f"cannot resume: train.init_from={path!r} is not the base this run's adapters were "
@@ -51,6 +55,27 @@ def start_adapters(raw: nn.Module, lora, source: Loaded, dtype, state=None) -> d
         )
     raw.load_state_dict(state["model"], strict=False)
     return base
+
+
+def check_fits(raw: nn.Module, lora) -> None:
+    """Refuse adapters that cannot do what the settings say on this model: a rank above the smallest
+    adapted width (B A is then no lower rank than W), or ``head`` trained apart from a head that is
+    the token embedding (tied: ``embeddings`` trains it)."""
+    widths = [
+        min(raw.get_submodule(name).in_features, stop - start)
+        for name, rows in adapted_rows(raw, lora.targets).items()
+        for start, stop in rows.values()
+    ]
+    if widths and lora.r > min(widths):
+        raise ConfigError(
+            f"train.lora.r={lora.r} is invalid for this model: its adapted linears {lora.targets} are "
+            f"{min(widths)} wide at the least: expected a rank from 1 to {min(widths)} (low rank: well below it)"
+        )
+    if "head" in lora.also_train and raw.config.tie_embeddings:
+        raise ConfigError(
+            f"train.lora.also_train={lora.also_train} has head, but this model's head is its token embedding "
+            f"(model.tie_embeddings): train it with embeddings"
+        )
 
 
 def trained_state(raw: nn.Module) -> dict:

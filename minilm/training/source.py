@@ -1,7 +1,9 @@
 """``train.init_from``: the model a run starts from, and what the run takes from it.
 
 The source's weights, architecture and tokenizer always; its position setting, training
-length and dropout unless the config sets them (``minilm.configfile.was_given``: what a YAML file
+length and dropout unless the config sets them (a rope scaling with a factor set over a source
+without one asks for factor x the source's length: that is the run's block_size unless the config
+sets it, and a block_size set apart from it is said) (``minilm.configfile.was_given``: what a YAML file
 and its overrides set, as against the defaults). A set position setting of the source's kind
 applies over the source's (a scaling, interpolation: ``minilm.checkpoints.extension``); another
 kind, or another architecture, is an error naming both values. ``source_model`` also returns
@@ -13,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from minilm.checkpoints.extension import position_overrides
+from minilm.checkpoints.extension import position_overrides, scaled_length
 from minilm.checkpoints.format import CheckpointError
-from minilm.checkpoints.loading import Loaded, load_model
+from minilm.checkpoints.loading import Loaded, model_of, read_checkpoint
 from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config
 from minilm.configfile import was_given
 from minilm.positions import describe, unwrap_setting, validate
@@ -36,7 +38,17 @@ def source_model(config: Config) -> tuple:
         for name in ("block_size", "dropout")
         if was_given(config, f"model.{name}")
     ]
-    source = load_model(path, overrides)
+    state = read_checkpoint(path)
+    scaled = scaled_length(config.model.position, state["config"]["model"]) if explicit else None
+    note = ""
+    if scaled and not was_given(config, "model.block_size"):
+        overrides.append(f"model.block_size={scaled}")  # the factor's length, from any source
+    elif scaled and config.model.block_size != scaled:
+        note = (
+            f" (note: model.block_size={config.model.block_size} is not the scaling's factor x the source's "
+            f"length, {scaled}: the run trains at another length than the factor says)"
+        )
+    source = model_of(state, overrides)
     trained, defaults = source.config.model, ModelConfig()
     for name in fields_with(ModelConfig, ARCHITECTURE):  # the source decides; another value is a mistake
         asked = getattr(config.model, name)
@@ -47,7 +59,7 @@ def source_model(config: Config) -> tuple:
                 f"{getattr(trained, name)}; an extended model keeps the source architecture"
             )
     validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
-    said = loaded_line(path, source, source.state["config"]["model"].get("block_size"))
+    said = loaded_line(path, source, source.state["config"]["model"].get("block_size")) + note
     config = dataclasses.replace(config, model=source.config.model)
     return resolve_config(config, tokenizer=source.tokenizer), source, said
 
