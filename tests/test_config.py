@@ -8,6 +8,7 @@ import sys
 import pytest
 import yaml
 
+from minilm.cli import smoke
 from minilm.cli import train as train_command
 from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
 from minilm.configfile import find_config_file, load_config
@@ -42,6 +43,22 @@ def test_overrides_are_typed_as_yaml():
     assert config.model.dropout == 0.0 and isinstance(config.model.dropout, float)
     nested = load_config("rope.yaml", ["model.position={kind: rope, scaling: {type: yarn, factor: 4}}"])
     assert nested.model.position["scaling"] == {"type": "yarn", "factor": 4}
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [("", False), (" ", False), ("0", False), ("false", False), ("no", False), ("off", False), ("False", False)]
+    + [("1", True), ("true", True), ("yes", True), ("ON", True)],
+)
+def test_the_smoke_switch_reads_as_a_configs_boolean(monkeypatch, value, on):
+    monkeypatch.setenv("MINILM_SMOKE", value)
+    assert smoke.active() is on
+
+
+def test_a_smoke_switch_that_is_no_boolean_is_refused(monkeypatch):
+    monkeypatch.setenv("MINILM_SMOKE", "maybe")
+    with pytest.raises(ConfigError, match="MINILM_SMOKE='maybe' is invalid: expected 1, true, yes or on"):
+        smoke.active()
 
 
 def test_integers_read_as_yaml_1_2_in_files_and_overrides(tmp_path):

@@ -1,10 +1,13 @@
 """minilm.generation: sampling, the KV-cached decode loop (cached == uncached for every
 position scheme, past the context too), incremental detokenization and stop strings."""
 
+import warnings
+
 import pytest
 import torch
 
 from minilm.config import ModelConfig
+from minilm.generation import decode
 from minilm.generation.decode import (
     Decoder,
     GenerationError,
@@ -271,6 +274,20 @@ def test_top_k_keeps_only_the_k_most_likely():
     logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(1)).expand(4000, -1)
     got = set(sample(logits, Sampling(temperature=3.0, top_k=4), torch.Generator().manual_seed(0)).tolist())
     assert got == set(logits[0].topk(4).indices.tolist())
+
+
+def test_an_uncached_generation_past_the_window_says_what_it_will_cost(random_gpt, monkeypatch):
+    """Without the cache a rolling scheme recomputes the whole sequence at every step: past the
+    window that is said first, with the time estimated from the prompt's pass; a bounded scheme
+    recomputes only its window, and a cached generation nothing: neither warns."""
+    monkeypatch.setattr(decode, "RECOMPUTE_WARNING_SECONDS", 0.0)
+    options = dict(max_new_tokens=3, sampling=Sampling(temperature=0), max_context=8)
+    for position, use_cache, warns in (("rope", False, True), ("rope", True, False), ("learned", False, False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GenerationWarning)
+            list(generate_ids(random_gpt({"kind": position}), list(range(1, 13)), use_cache=use_cache, **options))
+        said = [str(w.message) for w in caught if "without the cache" in str(w.message)]
+        assert bool(said) == warns and all("each of the 2 steps left recomputes all 12+ tokens" in s for s in said)
 
 
 def test_top_k_0_keeps_every_token_as_transformers_reads_it():

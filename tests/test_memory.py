@@ -2,6 +2,7 @@
 what a real CPU training pass keeps, and the weights, gradients and optimiser state follow
 their formulas under DDP and FSDP."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,7 +11,10 @@ import pytest
 import torch
 
 from minilm import GPT, ModelConfig
-from minilm.config import LoRAConfig
+from minilm.checkpoints import format as checkpoint
+from minilm.cli.memory import counted_model
+from minilm.config import ConfigError, LoRAConfig
+from minilm.configfile import load_config
 from minilm.model.lora import add_adapters
 from minilm.training.memory import LAYOUTS, activation_bytes, lora_counts, parameter_counts, step_memory
 from tests.conftest import REPO
@@ -135,3 +139,27 @@ def test_a_lora_step_is_counted_as_it_runs(checkpointing, dtype):
     full = step_memory(config, 3, 4, dtype, "adamw")[0]
     state = lambda row: row["weights"] + row["gradients"] + row["optimizer"]  # noqa: E731
     assert state(rows[0]) < state(full) / 2 and rows[0]["total"] < full["total"]
+
+
+def test_memory_counts_the_model_train_init_from_would_train(tmp_path, gen_tokenizer):
+    """With ``train.init_from`` a minilm run, the run's architecture is counted, not the config's; a
+    rope factor over it asks for factor x its length; a source that cannot be read is refused."""
+    source = load_config("rope.yaml", ["model.n_layer=2", "model.block_size=64", f"out_dir={tmp_path / 'src'}"])
+    model_config = dataclasses.replace(source.model, vocab_size=gen_tokenizer.vocab_size)
+    checkpoint.save(
+        {
+            "model": GPT(model_config).state_dict(),
+            "config": dataclasses.replace(source, model=model_config).to_dict(),
+            "tokenizer": gen_tokenizer.to_bytes(),
+        },
+        source.out_dir,
+    )
+    scaled = load_config(
+        "extend_yarn_lora.yaml", [f"train.init_from={source.out_dir}", "train.lora.r=0", "train.lora.also_train=[]"]
+    )
+    model, said = counted_model(scaled)
+    assert (model.n_layer, model.block_size) == (2, 256) and model.position["scaling"]["factor"] == 4
+    assert said == f" (the architecture of train.init_from={source.out_dir})"
+    gone = load_config("rope.yaml", [f"train.init_from={tmp_path / 'gone'}"])
+    with pytest.raises(ConfigError, match="train.init_from=.* cannot be read .*; memory counts the model that run"):
+        counted_model(gone)
