@@ -1,19 +1,25 @@
 """``python -m minilm experiment {length-generalization,ablation} [--quick] [--out DIR]
 [--seeds 1,2,3] [--workers N] [key=value ...]``: run a whole study (``minilm.study.plan``) in
-parallel worker processes and write its report (``minilm.study.report``)."""
+parallel worker processes and write its report (``minilm.study.report``).
+
+Ctrl-C or SIGTERM stops it: the workers are stopped (``minilm.study.jobs``), the finished jobs stay in
+the journal for ``--resume``, and the command says so in one line, with status 130 (SIGINT) or 143 (SIGTERM)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
+import signal
 import sys
+import threading
 import time
 
 from minilm.cli import Parser, run_command, smoke
 from minilm.common import keep_aside
 from minilm.study import plan as experiments
 from minilm.study import primary, provenance, report
+from minilm.study.jobs import Interrupted
 from minilm.study.journal import Journal
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,9 +83,29 @@ def main(argv=None) -> int:
     args.quick = smoke.quick(args.quick)
     out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
     return run_command(
-        lambda: run(args, argv, out),
+        lambda: stoppable(lambda: run(args, argv, out), out),
         on_interrupt=f"interrupted; the finished jobs are kept in {out}: continue with --resume",
     )
+
+
+def stoppable(body, out: str) -> int:
+    """``body()`` with SIGTERM raised as ``Interrupted``, like Ctrl-C, so that either stops the workers and
+    ends the command with one line on stderr and status 130 (SIGINT) or 143 (SIGTERM)."""
+    main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        return body()
+    except KeyboardInterrupt as exc:
+        name = exc.signal if isinstance(exc, Interrupted) else "SIGINT"
+        print(f"error: stopped by {name}; the finished jobs are kept in {out}: continue with --resume", file=sys.stderr)
+        return 143 if name == "SIGTERM" else 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise Interrupted("SIGTERM")
 
 
 def say(message: str) -> None:

@@ -17,12 +17,21 @@ function and arguments must be picklable: module-level functions and plain data.
 that raises stops the run: the jobs still queued are cancelled, the running ones finish,
 and the first error is raised again here (a ``MinilmError`` keeps its one-line message; a
 worker that dies is a ``JobError``).
+
+Stopping: a ``KeyboardInterrupt`` here (Ctrl-C, or ``Interrupted``, as the command raises SIGTERM)
+or from a job (``Interrupted``: a training run stopped by a signal) drops the queued jobs and sends
+each worker SIGTERM: a training run stops after its step with its checkpoint saved whole, any other
+job is dropped at once (``Interrupted`` raised in it), and a worker still running after
+``STOP_SECONDS`` is killed. Every worker has exited when the interrupt is raised again here; the
+jobs that finished are in the journal, the dropped ones run again on resuming. Workers ignore
+SIGINT (a terminal's Ctrl-C reaches every process of its group): this process stops them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing
+import signal
 import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -62,17 +71,59 @@ class Done:
         return self.ended - self.started
 
 
+STOP_SECONDS = 30.0  # how long a worker has to end its job after SIGTERM before it is killed
+
+
 class JobError(MinilmError):
     """A worker process died (killed, out of memory); the message is one line for the user."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop asked by the signal named ``signal`` ("SIGINT", "SIGTERM"): raised like Ctrl-C, so that
+    whatever is running cleans up as for Ctrl-C, and ``run_jobs`` stops its workers."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.signal = name
 
 
 def _limit_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+_stopping = False  # in a worker: SIGTERM came, so every job from now on is dropped
+_in_job = False  # in a worker: a job is running (``_timed``)
+
+
+def _start_worker(threads: int) -> None:
+    """A worker's setup: ``threads`` torch threads, SIGINT ignored (``run_jobs`` stops its workers), SIGTERM
+    drops the job (``_drop_job``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _drop_job)
+    _limit_threads(threads)
+
+
+def _drop_job(signum, frame) -> None:
+    """SIGTERM in a worker: the running job, and any the worker is handed later, ends with ``Interrupted``
+    (sent back as its outcome). The signal does not end the worker itself: it exits when the executor tells
+    it to, running its exit handlers as at the end of a study (so no process is cut off in the middle)."""
+    global _stopping
+    if not _stopping:  # once: a job being dropped cleans up undisturbed
+        _stopping = True
+        if _in_job:
+            raise Interrupted("SIGTERM")
+
+
 def _timed(fn: Callable, args: tuple) -> tuple:
+    global _in_job
     started = time.time()
-    value = fn(*args)
+    try:
+        _in_job = True
+        if _stopping:
+            raise Interrupted("SIGTERM")
+        value = fn(*args)
+    finally:
+        _in_job = False
     return value, started, time.time()
 
 
@@ -127,7 +178,7 @@ def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
     pending = list(jobs)
     running: dict = {}  # future -> (job, its arguments)
     context = multiprocessing.get_context("spawn")
-    pool = futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_limit_threads, initargs=(threads,))
+    pool = futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(threads,))
     try:
         while pending or running:
             for job in [j for j in pending if all(k in done for k in j.after)]:
@@ -159,7 +210,33 @@ def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
                 _record(journal, job, args, done[job.key])
                 bar.update(1)
                 bar.set_postfix_str(", ".join(j.key for j, _ in running.values())[:60], refresh=False)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:
+        _stop(pool)
         raise
+    except BaseException:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)  # the running jobs finish
+        except KeyboardInterrupt:  # unless a stop is asked meanwhile
+            _stop(pool)
+            raise
+        raise
+    pool.shutdown(wait=True)
+
+
+def _stop(pool: futures.ProcessPoolExecutor) -> None:
+    """Drop the queued jobs, send every worker SIGTERM, kill any still running after ``STOP_SECONDS``
+    (or at a second interrupt), and return when all have exited."""
+    processes = list((pool._processes or {}).values())  # the executor's own table: no public way to its workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    try:
+        for process in processes:
+            process.terminate()
+        deadline = time.monotonic() + STOP_SECONDS
+        for process in processes:
+            process.join(max(deadline - time.monotonic(), 0))
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
     pool.shutdown(wait=True)

@@ -13,13 +13,17 @@ from minilm.data import corpus as data
 from minilm.data.retrieval import Task
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import retrieval
+from minilm.study.jobs import Interrupted
 from minilm.training.loop import train
 
 
 def train_job(config_tree: dict) -> dict:
     """Train one run of the study. Its out_dir is the study's own (under ``<out>/runs``, which the
-    command refuses to reuse unless told to), so a run left there by an interrupted study is replaced."""
+    command refuses to reuse unless told to), so a run left there by an interrupted study is replaced.
+    A run that Ctrl-C or SIGTERM stops part way (its checkpoint saved) is no result: ``Interrupted``."""
     summary = train(build_config(config_tree), quiet=True, overwrite=True)
+    if summary["interrupted"]:
+        raise Interrupted(summary["interrupted"])
     return {k: v for k, v in summary.items() if k != "sample"}
 
 
