@@ -2,6 +2,7 @@
 two lines on stderr, no traceback, and the bad value named. The processes run a few at a time
 (they spend most of their time importing torch); each case then checks its own result."""
 
+import dataclasses
 import json
 import os
 import random
@@ -20,6 +21,7 @@ from minilm.checkpoints.loading import load_model
 from minilm.config import resolve_config
 from minilm.configfile import load_config
 from minilm.hf.export import export_model
+from minilm.model.gpt import GPT
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
 
@@ -687,6 +689,65 @@ CASES = [
         None,
         "'metrics.jsonl'",
     ),
+    # --- issue 59: foreign and damaged weights
+    (
+        "hf nan weight",
+        ["generate.py", "--checkpoint", "{scratch}/hf_nan", "hi"],
+        None,
+        "dense_4h_to_h.weight' with NaN",
+    ),
+    (
+        "hf inf weight",
+        ["evaluate.py", "{scratch}/hf_inf", "--quiet"],
+        None,
+        "dense_4h_to_h.weight' with NaN or infinite",
+    ),
+    (
+        "hf int32 weight",
+        ["-m", "minilm", "export", "{scratch}/hf_int32", "{scratch}/ex_int32"],
+        None,
+        "dense_4h_to_h.weight' as int32: expected floating point",
+    ),
+    (
+        "hf index without weight_map",
+        ["generate.py", "--checkpoint", "{scratch}/hf_nomap", "hi"],
+        None,
+        "lacks weight_map",
+    ),
+    (
+        "hf index weight_map a list",
+        ["generate.py", "--checkpoint", "{scratch}/hf_maplist", "hi"],
+        None,
+        "weight_map=['model.safetensors']",
+    ),
+    (
+        "mpt attn_config a list",
+        ["generate.py", "--checkpoint", "{scratch}/hf_mpt", "hi"],
+        None,
+        "attn_config=['alibi']",
+    ),
+    ("phi3 kv heads 0", ["generate.py", "--checkpoint", "{scratch}/hf_phi3", "hi"], None, "num_key_value_heads=0"),
+    (
+        "checkpoint without a position",
+        ["generate.py", "--checkpoint", "{scratch}/noposition.pt", "hi"],
+        None,
+        "model section lacks position",
+    ),
+    ("checkpoint data a string", ["evaluate.py", "{scratch}/data_text.pt", "--quiet"], None, "data section is 'x'"),
+    (
+        "resume a garbled rng state",
+        [
+            "train.py",
+            "data.corpus={corpus}",
+            "data.vocab_size=400",
+            "data.dir={data}",
+            "out_dir={scratch}/rng_run",
+            "--resume",
+            "--quiet",
+        ],
+        None,
+        "rng.torch is a uint8 tensor of 100 values",
+    ),
 ]
 
 
@@ -713,6 +774,12 @@ def _poisoned_checkpoints(ckpt, scratch):
     torch.save(
         {**state, "config": {k: v for k, v in state["config"].items() if k != "model"}}, scratch / "config_nomodel.pt"
     )
+    # issue 59: a config without its position setting or with its data a string; a run whose RNG state is cut short
+    model = {k: v for k, v in state["config"]["model"].items() if k != "position"}
+    torch.save({**state, "config": {**state["config"], "model": model}}, scratch / "noposition.pt")
+    torch.save({**state, "config": {**state["config"], "data": "x"}}, scratch / "data_text.pt")
+    shutil.copytree(ckpt, scratch / "rng_run")
+    torch.save({**state, "rng": {"torch": state["rng"]["torch"][:100]}}, scratch / "rng_run" / "ckpt.pt")
 
 
 @pytest.fixture(scope="module")
@@ -827,6 +894,35 @@ def _hf_directories(ckpt, scratch) -> None:
         hf = {**json.loads(path.read_text()), **change}
         path.write_text(json.dumps({k: v for k, v in hf.items() if v is not None}))
     (scratch / "hf_list" / "config.json").write_text("[1, 2, 3]")
+    _damaged_hf_weights(scratch, model, tokenizer, config)
+
+
+def _damaged_hf_weights(scratch, model, tokenizer, config) -> None:
+    """Issue 59: the exported directory with a NaN, an inf or an int32 weight, with a sharded index
+    without its weight_map or with a list for it; a Phi-3 export with num_key_value_heads 0 and an MPT
+    export with attn_config a list."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(scratch / "hf" / "model.safetensors")
+    target = "gpt_neox.layers.0.mlp.dense_4h_to_h.weight"
+    for name, change in (
+        ("hf_nan", lambda w: w * float("nan")),
+        ("hf_inf", lambda w: w.clone().index_fill_(0, torch.tensor([0]), float("inf"))),
+        ("hf_int32", lambda w: (w * 100).to(torch.int32)),
+    ):
+        shutil.copytree(scratch / "hf", scratch / name)
+        save_file({**tensors, target: change(tensors[target])}, scratch / name / "model.safetensors")
+    for name, index in (("hf_nomap", {"metadata": {}}), ("hf_maplist", {"weight_map": ["model.safetensors"]})):
+        shutil.copytree(scratch / "hf", scratch / name)
+        (scratch / name / "model.safetensors.index.json").write_text(json.dumps(index))
+    for name, family, settings, change in (
+        ("hf_phi3", "phi3", dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu"), {"num_key_value_heads": 0}),
+        ("hf_mpt", "mpt", dict(position={"kind": "alibi"}, mlp="gelu"), {"attn_config": ["alibi"]}),
+    ):
+        m = dataclasses.replace(config.model, bias=False, **settings)
+        export_model(GPT(m), tokenizer, dataclasses.replace(config, model=m), str(scratch / name), family=family)
+        path = scratch / name / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
 
 
 def _hostile_yaml(scratch) -> None:

@@ -15,13 +15,15 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.common import WriteError
 from minilm.generation.decode import Sampling, generate_ids
+from minilm.training.resume import check_run_state
+from minilm.training.saving import RECORD, RECORD_FORMAT, read_record
 from tests.conftest import REPO
 
 
 def state(value: float) -> dict:
     return {
         "model": {"w": torch.full((4,), value)},
-        "config": {"seed": 1, "model": {}},
+        "config": {"seed": 1, "model": {"position": {"kind": "rope"}}},
         "tokenizer": b"tok",
         "step": int(value),
     }
@@ -115,6 +117,67 @@ def test_load_refuses_pickled_code(tmp_path):
     )
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         checkpoint.load(str(path))
+
+
+POSITION = {"kind": "rope"}
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"seed": 1, "model": {}}, "its config's model section lacks position (the position setting"),
+        ({"model": {"position": "rope"}}, "its config's model.position is 'rope': expected a mapping with a kind"),
+        ({"model": {"position": {"base": 1e4}}}, "model.position is {'base': 10000.0}: expected a mapping with a kind"),
+        ({"model": {"position": POSITION}, "data": "shakespeare"}, "its config's data section is 'shakespeare'"),
+        ({"model": {"position": POSITION}, "train": ["fast"]}, "its config's train section is ['fast']: expected a"),
+    ],
+)
+def test_a_config_minilm_never_writes_is_refused_where_the_file_is_read(config, message, tmp_path):
+    """A checkpoint that passes its CRC but whose config lacks the position setting, or holds a section
+    that is no mapping, is one line naming it (issue 59), for a file and for a sharded checkpoint's
+    record alike, never a traceback from whatever reads it first."""
+    path = checkpoint.save({**state(1.0), "config": config}, str(tmp_path / "ckpt.pt"))
+    with pytest.raises(CheckpointError) as info:
+        checkpoint.load(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    record = tmp_path / "ckpt.dcp"
+    record.mkdir()
+    (record / ".metadata").write_bytes(b"")
+    torch.save({"format": RECORD_FORMAT, "version": checkpoint.VERSION, "config": config}, record / RECORD)
+    with pytest.raises(CheckpointError) as info:
+        read_record(str(record))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"step": "ten"}, "its step is 'ten': expected a count of steps >= 0"),
+        ({"step": True}, "its step is True"),
+        ({"rng": "x"}, "its rng is 'x': expected a mapping with the torch generator's state"),
+        (
+            {"rng": {"torch": torch.zeros(5056)}},
+            "its rng.torch is a float32 tensor of 5,056 values: expected the state",
+        ),
+        ({"rng": {"torch": torch.zeros(7, dtype=torch.uint8)}}, "its rng.torch is a uint8 tensor of 7 values"),
+        ({"data_state": None}, "its data_state is None: expected a mapping with the data generator's state"),
+        ({"data_state": {"generator": [1, 2]}}, "its data_state.generator is [1, 2]: expected the state"),
+    ],
+)
+def test_a_garbled_run_state_is_refused_before_anything_is_restored(change, message):
+    """``--resume`` checks the step, the RNG states and the data generator's state of a checkpoint that
+    passed its CRC before restoring any (issue 59): one line naming the part, the global RNG untouched."""
+    good = {
+        "step": 3,
+        "rng": {"torch": torch.get_rng_state()},
+        "data_state": {"generator": torch.Generator().get_state()},
+    }
+    check_run_state(good, "ckpt.pt", torch.device("cpu"))
+    before = torch.get_rng_state()
+    with pytest.raises(CheckpointError) as info:
+        check_run_state({**good, **change}, "ckpt.pt", torch.device("cpu"))
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "main-7334668")

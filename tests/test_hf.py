@@ -6,6 +6,7 @@ uncached; greedy generation and tokenization must agree. Nothing is downloaded."
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -276,6 +277,25 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
             "layer_types=",
         ),
         ({"architectures": ["GPT2LMHeadModel"]}, "contradict model_type='llama'"),
+        # a count of 0, a negative or a bool is refused, never read as absent (issue 59)
+        ({"num_key_value_heads": 0}, "num_key_value_heads=0 is invalid: expected an integer >= 1, or leave it out"),
+        ({"num_key_value_heads": True}, "num_key_value_heads=True is invalid"),
+        ({"head_dim": 0}, "head_dim=0 is invalid: expected an integer >= 1"),
+        ({"num_attention_heads": 0}, "num_attention_heads=0 is invalid"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 0}},
+            "rope_parameters.original_max_position_embeddings=0 is invalid",
+        ),
+        (
+            {
+                "model_type": "qwen2",
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "sliding_window": 8,
+                "max_window_layers": -1,
+            },
+            "max_window_layers=-1 is invalid: expected an integer >= 0",
+        ),
     ],
 )
 def test_unsupported_architectures_are_one_line_errors(change, message, hf_tokenizer_dir, tmp_path):
@@ -283,9 +303,74 @@ def test_unsupported_architectures_are_one_line_errors(change, message, hf_token
     config = json.loads((directory / "config.json").read_text())
     config.update(change)
     (directory / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HFError, match=message) as info:
+    with pytest.raises(HFError, match=re.escape(message)) as info:
         load_model(str(directory))
     assert "\n" not in str(info.value)
+
+
+def test_an_absent_count_keeps_its_default(hf_tokenizer_dir, tmp_path):
+    """num_key_value_heads and head_dim absent or null: one k/v head per query head, hidden_size / heads
+    wide, as transformers reads them (only a 0 is refused)."""
+    _, directory = hf_model_dir("llama-tied-llama3", hf_tokenizer_dir, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    del config["head_dim"]
+    (directory / "config.json").write_text(json.dumps({**config, "num_key_value_heads": None}))
+    m = load_model(str(directory)).config.model
+    assert (m.n_kv_head or m.n_head) == 4 and m.head_dim == 8
+
+
+def write_weights(directory, tensors: dict, source: str, poisoned: str) -> str:
+    """``tensors`` written into ``directory`` as ``source`` (model.safetensors, pytorch_model.bin, or two
+    safetensors shards and their index, ``poisoned`` in the second) in place of the weights there; returns
+    the file that holds ``poisoned``."""
+    from safetensors.torch import save_file
+
+    for file in os.listdir(directory):
+        if file.endswith((".safetensors", ".bin", ".index.json")):
+            os.remove(directory / file)
+    if source == "bin":
+        torch.save(tensors, directory / "pytorch_model.bin")
+        return "pytorch_model.bin"
+    if source == "safetensors":
+        save_file(tensors, directory / "model.safetensors")
+        return "model.safetensors"
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    where = {name: shards[name == poisoned] for name in tensors}
+    for shard in shards:
+        save_file({k: v for k, v in tensors.items() if where[k] == shard}, directory / shard)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}))
+    return shards[1]
+
+
+FAULTS = {
+    "nan": (lambda w: w.index_fill(0, torch.tensor([1]), float("nan")), "with NaN or infinite values (32 of 4,096)"),
+    "inf": (lambda w: w.index_fill(0, torch.tensor([0]), float("-inf")), "with NaN or infinite values (32 of 4,096)"),
+    "int32": (lambda w: (w * 100).to(torch.int32), "as int32: expected floating point (float32, bfloat16, float16)"),
+}  # a damage to a (128, 32) weight -> what the refusal says of it
+
+
+@pytest.mark.parametrize("source", ["safetensors", "bin", "sharded"])
+def test_every_source_of_weights_is_checked_as_a_minilm_checkpoint_is(source, hf_tokenizer_dir, tmp_path):
+    """A NaN, inf or integer tensor in model.safetensors, pytorch_model.bin or a shard of an index is one
+    line naming it and its file (``minilm.model.gpt.weight_fault``, the check of minilm's own checkpoints),
+    never a model that computes NaN or weights cast without a word. The causal masks older GPT-2 files
+    keep beside the weights (bool) are no weights: they are left out, and such a file loads."""
+    from safetensors.torch import load_file
+
+    _, directory = hf_model_dir("gpt2", hf_tokenizer_dir, tmp_path)
+    tensors = {**load_file(directory / "model.safetensors")}
+    tensors.update(
+        {f"transformer.h.{i}.attn.bias": torch.ones(1, 1, 64, 64, dtype=torch.bool).tril() for i in range(2)}
+    )
+    name = "transformer.h.1.mlp.c_proj.weight"  # Conv1D (128, 32)
+    write_weights(directory, tensors, source, name)
+    assert torch.isfinite(load_model(str(directory)).model.state_dict()["blocks.1.mlp.proj.weight"]).all()
+    for damage, message in FAULTS.values():
+        file = write_weights(directory, {**tensors, name: damage(tensors[name])}, source, name)
+        with pytest.raises(HFError) as info:
+            load_model(str(directory))
+        assert str(info.value).startswith(f"{directory / file} holds tensor {name!r} {message}"), info.value
+        assert "\n" not in str(info.value)
 
 
 # --------------------------------------------------------------------------- export

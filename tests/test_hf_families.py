@@ -667,6 +667,21 @@ def test_a_family_that_cannot_hold_the_model_is_refused(settings, family, messag
         ("cohere2-untied-base", {"sliding_window": None}, "sliding_window=null is not supported for cohere2"),
         ("cohere2-untied-base", {"attention_bias": True}, "attention_bias=true is not supported for Cohere2"),
         ("cohere2-untied-base", {"hidden_act": "gelu"}, "hidden_act='gelu' is not supported for cohere2"),
+        # issue 59: a count of 0 is refused, never read as absent; a setting's mapping that is none
+        ("phi3-gqa-untied", {"num_key_value_heads": 0}, "num_key_value_heads=0 is invalid: expected an integer >= 1"),
+        ("phi3-longrope-tied", {"original_max_position_embeddings": 0}, "original_max_position_embeddings=0 is"),
+        ("phi3-gqa-untied", {"sliding_window": 0}, "sliding_window=0 is invalid"),
+        ("gpt2", {"n_inner": 0}, "n_inner=0 is invalid: expected an integer >= 1, or leave it out \\(4 n_embd\\)"),
+        ("gemma2-softcaps-gqa", {"sliding_window_pattern": 0}, "sliding_window_pattern=0 is invalid"),
+        ("smollm3-nope-every-2nd", {"no_rope_layer_interval": 0, "no_rope_layers": None}, "no_rope_layer_interval=0"),
+        ("smollm3-nope-every-2nd", {"no_rope_layers": []}, "no_rope_layers=\\[\\] is invalid: expected a list of 4"),
+        (
+            "ministral3-query-scale-yarn",
+            {"rope_parameters": {"original_max_position_embeddings": 0}},
+            "rope_parameters.original_max_position_embeddings=0 is invalid",
+        ),
+        ("mpt-tied", {"n_heads": 0}, "n_heads=0 is invalid"),
+        ("mpt-tied", {"attn_config": "alibi"}, "attn_config='alibi' is invalid: expected a mapping"),
     ],
 )
 def test_unsupported_family_settings_are_one_line_errors(case, change, message, hf_tokenizer_dir, tmp_path):
@@ -680,6 +695,33 @@ def test_unsupported_family_settings_are_one_line_errors(case, change, message, 
     with pytest.raises(HFError, match=message) as info:
         load_model(str(directory))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "case, tensor",
+    [
+        ("phi3-gqa-untied", "model.layers.0.self_attn.qkv_proj.weight"),  # split into q, k, v on the way in
+        ("gemma2-softcaps-gqa", "model.layers.1.post_feedforward_layernorm.weight"),  # read as 1 + w in float32
+        ("cohere2-untied-base", "model.norm.weight"),  # multiplied by logit_scale on the way in
+        ("mpt-tied", "transformer.blocks.0.attn.Wqkv.weight"),
+    ],
+)
+def test_a_damaged_weight_is_refused_by_its_file_name_in_every_family(case, tensor, hf_tokenizer_dir, tmp_path):
+    """The weights are checked as they are read, before a family splits, shifts or scales them: a NaN
+    and an integer tensor (which 1 + w or a scale would cast without a word) are refused by the name
+    they have in the file (issue 59)."""
+    from safetensors.torch import load_file, save_file
+
+    _, directory = hf_model_dir(case, hf_tokenizer_dir, tmp_path)
+    tensors = load_file(directory / "model.safetensors")
+    for damaged, message in (
+        (tensors[tensor] * float("nan"), "with NaN or infinite values"),
+        (tensors[tensor].to(torch.int32), "as int32: expected floating point"),
+    ):
+        save_file({**tensors, tensor: damaged}, directory / "model.safetensors")
+        with pytest.raises(HFError, match=f"model.safetensors holds tensor '{tensor}' {message}") as info:
+            load_model(str(directory))
+        assert "\n" not in str(info.value)
 
 
 # --------------------------------------------------------------------------- every shipped config

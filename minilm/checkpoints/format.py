@@ -10,7 +10,8 @@ then renamed over the old file (``common.atomic_write``), so a crash mid-save ne
 the last good checkpoint. Loads use ``torch.load(weights_only=True)`` and check what they read
 (``check_contents``): the file's zip CRCs first (torch.load reads a file whose bytes changed
 after it was written without a word: 64 flipped bytes changed 17 optimiser values), then every
-section present, a config holding its model section, and floating-point, finite weights.
+section present, a config holding its model section and position setting (``check_config``), and
+floating-point, finite weights (``minilm.model.gpt.weight_fault``, which Hugging Face weights meet too).
 
 This module knows the file format only; turning a checkpoint back into a model is
 ``minilm.checkpoints.loading.load_model``.
@@ -30,8 +31,9 @@ from typing import Optional
 
 import torch
 
-from minilm.common import MinilmError, atomic_write, first_sentence
+from minilm.common import MinilmError, atomic_write, first_sentence, shown
 from minilm.config import DataConfig, ModelConfig
+from minilm.model.gpt import weight_fault
 
 # bytes (the tokenizer) pickle as _codecs.encode calls, which torch < 2.5 refuses to load with weights_only
 torch.serialization.add_safe_globals([codecs.encode])
@@ -158,29 +160,50 @@ def check_integrity(path: str) -> None:
 
 
 def check_contents(state: dict, path: str) -> None:
-    """Every section present, a config with its model section, and weights that are finite
-    floating-point tensors (every weight minilm writes is): one line naming what is wrong."""
+    """Every section present, a config as ``check_config`` wants it, and weights that are finite
+    floating-point tensors (every weight minilm writes is; ``minilm.model.gpt.weight_fault``, the
+    check of Hugging Face weights too): one line naming what is wrong."""
     for key in ("model", "config", "tokenizer"):
         if key not in state:
             raise CheckpointError(f"{path!r} is incomplete: it lacks '{key}'")
-    if not isinstance(state["config"], dict) or not isinstance(state["config"].get("model"), dict):
-        raise CheckpointError(
-            f"{path!r} is incomplete: its config holds no model section (got "
-            f"{type(state['config']).__name__}); give a checkpoint that minilm wrote"
-        )
+    check_config(state["config"], path)
     if not isinstance(state["model"], dict) or not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
         raise CheckpointError(f"{path!r} is damaged: its model section is not a mapping of tensors")
     for name, tensor in state["model"].items():
-        if not tensor.is_floating_point():
+        fault = weight_fault(tensor)
+        if fault is not None:
             raise CheckpointError(
-                f"{path!r} holds weight {name!r} as {str(tensor.dtype).replace('torch.', '')}: "
-                f"expected floating point (float32, bfloat16, float16)"
+                f"{path!r} holds weight {name!r} {fault}; the run that wrote it diverged or the file was "
+                f"altered: use an earlier checkpoint"
             )
-        if not bool(torch.isfinite(tensor).all()):
+
+
+def check_config(config, path: str) -> None:
+    """A checkpoint's config (a file's or a sharded checkpoint's record) as minilm writes it: a mapping
+    whose ``model`` section holds a ``position`` setting with a kind, and whose other sections
+    (``data``, ``train``), where present, are mappings; one line naming what is not."""
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise CheckpointError(
+            f"{path!r} is incomplete: its config holds no model section (got "
+            f"{type(config).__name__}); give a checkpoint that minilm wrote"
+        )
+    for section in ("data", "train"):
+        if section in config and not isinstance(config[section], dict):
             raise CheckpointError(
-                f"{path!r} holds weight {name!r} with NaN or infinite values: the run that wrote "
-                f"it diverged or the file was altered; use an earlier checkpoint"
+                f"{path!r} is damaged: its config's {section} section is {shown(config[section])}: expected "
+                f"a mapping of {section} settings; give a checkpoint that minilm wrote"
             )
+    if "position" not in config["model"]:
+        raise CheckpointError(
+            f"{path!r} is incomplete: its config's model section lacks position (the position setting, "
+            f"e.g. {{kind: rope}}); give a checkpoint that minilm wrote"
+        )
+    position = config["model"]["position"]
+    if not isinstance(position, dict) or not isinstance(position.get("kind"), str):
+        raise CheckpointError(
+            f"{path!r} is damaged: its config's model.position is {shown(position)}: expected a mapping "
+            f"with a kind (e.g. {{kind: rope}}); give a checkpoint that minilm wrote"
+        )
 
 
 def upgraded_weights(weights: dict) -> dict:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from minilm.hf.exaone import read_layers
-from minilm.hf.family import Family, Weights, llama_shape, refuse, take_head
+from minilm.hf.family import ROTARY, Family, Weights, llama_shape, refuse, take_head
 from minilm.hf.rope import rope_position
 
 
@@ -36,7 +36,7 @@ def read_config(hf: dict, path: str) -> dict:
     if "sliding_window" in hf and hf["sliding_window"] is None:
         refuse(path, "sliding_window=null is not supported for cohere2 (transformers' Cohere2 cannot run without one)")
     return dict(
-        llama_shape(hf, 1e-5),
+        llama_shape(hf, path, 1e-5),
         norm="layernorm",
         norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
         parallel_residual=True,
@@ -54,7 +54,7 @@ def pairs_to_halves(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
+    w = Weights(tensors, "model.")
     out = {"wte.weight": w.take("embed_tokens.weight")}
     d = model["head_dim"]
     for i in range(model["n_layer"]):
@@ -78,4 +78,5 @@ COHERE = Family(
     exports=lambda m: False,
     write=None,
     handles=frozenset(),
+    buffers=ROTARY,
 )

@@ -17,6 +17,7 @@ from minilm.hf.family import (
     LAYER_TYPES,
     LLAMA_LAYOUT,
     NOPE,
+    ROTARY,
     Family,
     Weights,
     llama_config,
@@ -35,7 +36,7 @@ def read_config(hf: dict, path: str) -> dict:
     if hf.get("hidden_act", "silu") != "silu":
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for exaone4; supported: silu")
     return dict(
-        llama_shape(hf, 1e-5),
+        llama_shape(hf, path, 1e-5),
         qk_norm=True,
         sublayer_norms="post",
         mlp="swiglu",
@@ -69,7 +70,7 @@ def read_layers(hf: dict, path: str):
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
     """minilm's state dict of EXAONE 4's tensors, or OLMo 3's (the same names, q/k norms of their own widths)."""
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
+    w = Weights(tensors, "model.")
     out = {"wte.weight": w.take("embed_tokens.weight")}
     for i in range(model["n_layer"]):
         h, b = f"layers.{i}", f"blocks.{i}"
@@ -155,4 +156,5 @@ EXAONE = Family(
     exports=lambda m: post_norm_style(m, "head"),
     write=write,
     handles=LLAMA_LAYOUT | {"qk_norm", "layers", "sublayer_norms"},
+    buffers=ROTARY,
 )

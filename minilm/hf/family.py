@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from minilm.common import MinilmError
+from minilm.common import MinilmError, shown
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # HF name -> minilm mlp
 HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new"}  # minilm mlp -> HF name
@@ -51,6 +51,7 @@ class Family(NamedTuple):
     write: Callable  # (ModelConfig, state dict) -> (model_type, config.json dict, HF tensors)
     read_config: Optional[Callable] = None  # (config.json dict, path) -> minilm model settings
     read_weights: Optional[Callable] = None  # (HF tensors, minilm model settings, config.json) -> minilm state dict
+    buffers: tuple = ()  # name endings of tensors in its files that are no weights (masks, rotary tables): left unread
 
 
 def refuse(path: str, what: str) -> None:
@@ -81,6 +82,26 @@ def refuse_unhandled(family: Family, m) -> None:
         )
 
 
+REQUIRED = object()  # ``count``'s default for a key config.json must give
+
+
+def count(hf: dict, key: str, path: str, default=REQUIRED, least: int = 1, absent: str = "", label: str = ""):
+    """config.json's ``key`` where a count is expected: an integer >= ``least``. Absent or null, it is
+    ``default`` (``absent`` says what that means; a KeyError when required, which the reader reports as
+    missing); 0 (where ``least`` is 1), a negative, a bool or text is refused in one line that names it,
+    never read as absent (transformers takes a 0 as it is: no heads, a division by zero). ``label`` names
+    the key in the message where it sits inside another (``rope_parameters.original_max_position_embeddings``)."""
+    value = hf.get(key)
+    if value is None:
+        if default is REQUIRED:
+            raise KeyError(key)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        leave = f", or leave it out ({absent})" if absent else ""
+        refuse(path, f"{label or key}={shown(value)} is invalid: expected an integer >= {least}{leave}")
+    return value
+
+
 def activation(hf: dict, key: str, path: str) -> str:
     name = hf.get(key, "gelu")
     if name not in ACTIVATIONS:
@@ -90,10 +111,11 @@ def activation(hf: dict, key: str, path: str) -> str:
 
 class Weights:
     """The source tensors by name, with a common prefix stripped; ``take`` marks them used, and
-    ``done`` refuses tensors that were never used (a mapping that would silently drop weights)."""
+    ``done`` refuses tensors that were never used (a mapping that would silently drop weights). The
+    tensors come checked and without the family's ``buffers`` (``minilm.hf.reading.read_weights``)."""
 
-    def __init__(self, tensors: dict, prefix: str, ignore: tuple = ()):
-        self.tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.endswith(ignore)}
+    def __init__(self, tensors: dict, prefix: str):
+        self.tensors = {k.removeprefix(prefix): v for k, v in tensors.items()}
         self.used = set()
 
     def take(self, name: str) -> torch.Tensor:
@@ -147,29 +169,31 @@ def require_classic_layout(m, family: str, tied: bool = True) -> None:
 
 LAYER_TYPES = ("sliding_attention", "full_attention")  # transformers' layer_types (and per-type rope) names
 NOPE = {"kind": "none"}  # a layer without positions, as model.layers says it
+ROTARY = ("rotary_emb.inv_freq",)  # the rotary table older files keep beside the weights (``Family.buffers``)
 
 LLAMA_LAYOUT = frozenset(
     {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "head_dim"}
 )  # the fields every family of Llama's layout (separate q, k, v, o; gate, up, down) writes or checks
 
 
-def llama_shape(hf: dict, eps: float) -> dict:
+def llama_shape(hf: dict, path: str, eps: float) -> dict:
     """The model settings a config.json of Llama's layout gives in its own keys: sizes, heads
-    (``num_key_value_heads`` absent: one per query head), RMSNorm with ``rms_norm_eps`` (``eps``
-    where absent), no biases, no embedding scale."""
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
+    (``num_key_value_heads`` absent: one per query head; ``head_dim`` absent: hidden_size / heads), RMSNorm
+    with ``rms_norm_eps`` (``eps`` where absent), no biases, no embedding scale. Every count is read by
+    ``count``: a 0, a negative or a bool is refused, never taken for absent."""
+    width, heads = count(hf, "hidden_size", path), count(hf, "num_attention_heads", path)
     return dict(
-        vocab_size=hf["vocab_size"],
-        n_layer=hf["num_hidden_layers"],
+        vocab_size=count(hf, "vocab_size", path),
+        n_layer=count(hf, "num_hidden_layers", path),
         n_head=heads,
         d_model=width,
-        block_size=hf["max_position_embeddings"],
-        d_ff=hf["intermediate_size"],
+        block_size=count(hf, "max_position_embeddings", path),
+        d_ff=count(hf, "intermediate_size", path),
         bias=False,
-        head_dim=hf.get("head_dim") or width // heads,
+        head_dim=count(hf, "head_dim", path, width // heads, absent="hidden_size / num_attention_heads"),
         norm="rmsnorm",
         norm_eps=float(hf.get("rms_norm_eps", eps)),
-        n_kv_head=hf.get("num_key_value_heads") or heads,
+        n_kv_head=count(hf, "num_key_value_heads", path, heads, absent="one per query head"),
         embedding_scale=1.0,
     )
 
@@ -219,8 +243,9 @@ def sliding_layers(hf: dict, path: str, every: int, positions: dict, extra: Opti
     sliding), one ``sliding_window`` (null: no window; absent: 4096, transformers' default for Gemma 2/3
     and OLMo 3) and ``positions``, {layer type: rope setting};
     ``extra`` joins every type's settings (Gemma 2's soft-cap)."""
-    n = hf["num_hidden_layers"]
-    types = hf.get("layer_types") or ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    n, types = hf["num_hidden_layers"], hf.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
     if len(types) != n or any(t not in LAYER_TYPES for t in types):
         refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
     window = hf.get("sliding_window", 4096)  # where config.json has none, transformers' default for these families

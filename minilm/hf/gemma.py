@@ -33,8 +33,10 @@ import torch
 from minilm.hf.family import (
     LAYER_TYPES,
     LLAMA_LAYOUT,
+    ROTARY,
     Family,
     Weights,
+    count,
     llama_config,
     llama_shape,
     put_projections,
@@ -68,7 +70,7 @@ def read_config(hf: dict, path: str) -> dict:
     final = hf.get("final_logit_softcapping", defaults["final_logit_softcapping"])
     full, layers = read_layers(hf, path)
     return dict(
-        llama_shape(hf, 1e-6),
+        llama_shape(hf, path, 1e-6),
         qk_norm=kind == "gemma3_text",
         sublayer_norms="sandwich",
         mlp="geglu_tanh",
@@ -95,16 +97,16 @@ def type_positions(hf: dict, path: str) -> dict:
 def read_layers(hf: dict, path: str) -> tuple:
     """(the full layers' rope setting, ``model.layers``) of a config."""
     kind = hf["model_type"]
-    every = hf.get("sliding_window_pattern") or DEFAULTS[kind]["pattern"]
+    every = DEFAULTS[kind]["pattern"]
+    every = count(hf, "sliding_window_pattern", path, every, absent=f"{every}, {kind}'s default")
     softcap = hf.get("attn_logit_softcapping", DEFAULTS[kind]["attn_logit_softcapping"])
     extra = {"softcap": float(softcap)} if softcap else None
     return sliding_layers(hf, path, every, type_positions(hf, path), extra)
 
 
-def query_factor(hf: dict) -> float:
+def query_factor(head_dim: int, hf: dict) -> float:
     """What minilm's queries are multiplied by so that its scores, scaled by head_dim ** -0.5, are
     Gemma's, scaled by query_pre_attn_scalar ** -0.5."""
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     return math.sqrt(head_dim / hf.get("query_pre_attn_scalar", 256))
 
 
@@ -115,12 +117,12 @@ def check_scalar(hf: dict, path: str) -> None:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
+    w = Weights(tensors, "model.")
 
     def norm(name: str) -> torch.Tensor:  # Gemma's (1 + w) as minilm's weight
         return 1.0 + w.take(f"{name}.weight").float()  # in float32, as transformers computes it
 
-    factor = query_factor(hf)
+    factor = query_factor(model["head_dim"], hf)
     out = {"wte.weight": w.take("embed_tokens.weight")}
     for i in range(model["n_layer"]):
         h, b = f"layers.{i}", f"blocks.{i}"
@@ -234,4 +236,5 @@ GEMMA = Family(
     exports=gemma_style,
     write=write,
     handles=LLAMA_LAYOUT | {"qk_norm", "layers", "sublayer_norms", "logit_softcap", "embedding_scale"},
+    buffers=ROTARY,
 )

@@ -9,6 +9,7 @@ from minilm.hf.family import (
     Family,
     Weights,
     activation,
+    count,
     put_linear,
     refuse,
     require,
@@ -23,19 +24,20 @@ CONV1D = (
     ("mlp.c_fc", "mlp.fc"),
     ("mlp.c_proj", "mlp.proj"),
 )  # (GPT-2 name, minilm name)
+MASKS = (".attn.bias", ".attn.masked_bias")  # the causal mask older files keep beside the weights
 
 
 def read_config(hf: dict, path: str) -> dict:
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
         refuse(path, "GPT-2 attention scaling other than 1/sqrt(head_dim) is not supported")
-    width = hf["n_embd"]
+    width = count(hf, "n_embd", path)
     return dict(
         vocab_size=hf["vocab_size"],
         n_layer=hf["n_layer"],
         n_head=hf["n_head"],
         d_model=width,
         block_size=hf["n_positions"],
-        d_ff=hf.get("n_inner") or 4 * width,
+        d_ff=count(hf, "n_inner", path, 4 * width, absent="4 n_embd"),
         bias=True,
         mlp=activation(hf, "activation_function", path),
         norm="layernorm",
@@ -47,7 +49,7 @@ def read_config(hf: dict, path: str) -> dict:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "transformer.", ignore=(".attn.bias", ".attn.masked_bias"))
+    w = Weights(tensors, "transformer.")
     out = {"wte.weight": w.take("wte.weight"), "positions.table.weight": w.take("wpe.weight")}
     for i in range(model["n_layer"]):
         h, b = f"h.{i}", f"blocks.{i}"
@@ -101,4 +103,5 @@ GPT2 = Family(
     handles=frozenset(
         {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "qkv_bias"}
     ),
+    buffers=MASKS,
 )

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import torch
 
+from minilm.common import shown
 from minilm.hf.family import (
     LLAMA_LAYOUT,
     NOPE,
+    ROTARY,
     Family,
     Weights,
+    count,
     llama_config,
     llama_shape,
     put_projections,
@@ -54,7 +57,7 @@ def read_config(hf: dict, path: str) -> dict:
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
     return dict(
-        llama_shape(hf, 1e-6),
+        llama_shape(hf, path, 1e-6),
         qk_norm=hf["model_type"] == "qwen3",
         qkv_bias=hf["model_type"] == "qwen2",
         mlp="swiglu",
@@ -74,9 +77,12 @@ def read_layers(hf: dict, path: str):
         refuse(path, f"sliding_window={window!r} is invalid: expected a number of keys >= 1 or null")
     rope = [True] * n
     if kind == "smollm3":
-        rope = hf.get("no_rope_layers") or [int((i + 1) % hf.get("no_rope_layer_interval", 4) != 0) for i in range(n)]
-        if len(rope) != n:
-            refuse(path, f"no_rope_layers has {len(rope)} entries for {n} layers")
+        rope = hf.get("no_rope_layers")
+        if rope is None:
+            every = count(hf, "no_rope_layer_interval", path, 4, absent="every 4th layer without RoPE")
+            rope = [int((i + 1) % every != 0) for i in range(n)]
+        if not isinstance(rope, list) or len(rope) != n:
+            refuse(path, f"no_rope_layers={shown(rope)} is invalid: expected a list of {n} entries, one per layer")
     if kind in ("mistral", "ministral3"):
         sliding = [window is not None] * n
     else:
@@ -84,12 +90,12 @@ def read_layers(hf: dict, path: str):
         if types is None and kind == "smollm3":
             types = ["sliding_attention" if window is not None and not r else "full_attention" for r in rope]
         elif types is None:
-            first = hf.get("max_window_layers", n)
+            first = count(hf, "max_window_layers", path, n, least=0, absent="no layer slides")
             types = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n)]
         if len(types) != n or any(t not in ("sliding_attention", "full_attention") for t in types):
             refuse(path, f"layer_types={types!r} is not supported: expected {n} of sliding_attention, full_attention")
         sliding = [t == "sliding_attention" and window is not None for t in types]
-    scale = query_scale(hf) if kind == "ministral3" else None
+    scale = query_scale(hf, path) if kind == "ministral3" else None
     if all(rope) and not any(sliding) and scale is None:
         return None
     names = [("sliding" if s else "full") + ("" if r else "_nope") for s, r in zip(sliding, rope)]
@@ -102,16 +108,24 @@ def read_layers(hf: dict, path: str):
     return layers
 
 
-def query_scale(hf: dict):
+def query_scale(hf: dict, path: str):
     """Ministral 3's query scale, 1 + beta ln(1 + floor(p / L)) with ``llama_4_scaling_beta`` beta and the
-    rope's ``original_max_position_embeddings`` L (transformers' ``get_llama_4_attn_scale``), as a layer
-    type's ``query_scale``; None without a beta."""
+    rope's ``original_max_position_embeddings`` L (max_position_embeddings where absent; transformers'
+    ``get_llama_4_attn_scale``), as a layer type's ``query_scale``; None without a beta."""
     params = {**(hf.get("rope_parameters") or {}), **(hf.get("rope_scaling") or {})}
     beta = params.get("llama_4_scaling_beta")
     if beta is None:
         return None
-    floor = params.get("original_max_position_embeddings") or hf["max_position_embeddings"]
-    return {"beta": float(beta), "floor": int(floor), "offset": 0}
+    key = "original_max_position_embeddings"
+    floor = count(
+        params,
+        key,
+        path,
+        hf["max_position_embeddings"],
+        absent="max_position_embeddings",
+        label=f"rope_parameters.{key}",
+    )
+    return {"beta": float(beta), "floor": floor, "offset": 0}
 
 
 def layer_family(m, family: str) -> str:
@@ -150,7 +164,7 @@ def write_layers(m, family: str) -> dict:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "model.", ignore=("rotary_emb.inv_freq",))
+    w = Weights(tensors, "model.")
     out = {"wte.weight": w.take("embed_tokens.weight")}
     for i in range(model["n_layer"]):
         h, b = f"layers.{i}", f"blocks.{i}"
@@ -229,4 +243,5 @@ LLAMA = Family(
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m),
     write=write,
     handles=LLAMA_LAYOUT | {"qkv_bias", "qk_norm", "layers"},
+    buffers=ROTARY,
 )

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import Family, Weights, refuse, require, require_classic_layout, take_head
+from minilm.common import shown
+from minilm.hf.family import Family, Weights, count, refuse, require, require_classic_layout, take_head
 from minilm.positions.alibi import alibi_slopes
 
 ATTENTION_DEFAULTS = {"clip_qkv": None, "softmax_scale": None, "alibi_bias_max": 8}  # what minilm's attention is
@@ -26,7 +27,15 @@ def mpt_slopes(n_head: int) -> torch.Tensor:
 
 
 def read_config(hf: dict, path: str) -> dict:
-    attention = hf.get("attn_config") or {}
+    attention = hf.get("attn_config")
+    if attention is None:
+        attention = {}
+    if not isinstance(attention, dict):
+        refuse(
+            path,
+            f"attn_config={shown(attention)} is invalid: expected a mapping of MPT's attention settings "
+            f'(e.g. {{"alibi": true}}) or none',
+        )
     odd = {k: attention[k] for k, v in ATTENTION_DEFAULTS.items() if attention.get(k, v) != v}
     if odd:
         refuse(
@@ -36,7 +45,7 @@ def read_config(hf: dict, path: str) -> dict:
         )
     if hf.get("expansion_ratio", 4) != 4:
         refuse(path, f"expansion_ratio={hf['expansion_ratio']} is not supported: transformers' MPT is 4 d_model wide")
-    heads = hf["n_heads"]
+    heads = count(hf, "n_heads", path)
     if not torch.allclose(mpt_slopes(heads).double(), torch.tensor(alibi_slopes(heads), dtype=torch.float64)):
         refuse(
             path,

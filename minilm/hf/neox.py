@@ -25,6 +25,7 @@ LINEARS = (
     ("mlp.dense_h_to_4h", "mlp.fc"),
     ("mlp.dense_4h_to_h", "mlp.proj"),
 )  # (NeoX name, minilm name)
+BUFFERS = (".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq")  # mask and rotary table of older files
 
 
 def read_config(hf: dict, path: str) -> dict:
@@ -49,7 +50,7 @@ def read_config(hf: dict, path: str) -> dict:
 
 
 def read_weights(tensors: dict, model: dict, hf: dict) -> dict:
-    w = Weights(tensors, "gpt_neox.", ignore=(".attention.bias", ".attention.masked_bias", "rotary_emb.inv_freq"))
+    w = Weights(tensors, "gpt_neox.")
     heads, width = model["n_head"], model["d_model"]
     out = {"wte.weight": w.take("embed_in.weight")}
     for i in range(model["n_layer"]):
@@ -121,4 +122,5 @@ NEOX = Family(
     handles=frozenset(
         {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "qkv_bias"}
     ),
+    buffers=BUFFERS,
 )

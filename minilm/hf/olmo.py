@@ -16,6 +16,7 @@ from __future__ import annotations
 from minilm.hf.exaone import post_norm_style, post_norm_tensors, read_weights
 from minilm.hf.family import (
     LLAMA_LAYOUT,
+    ROTARY,
     Family,
     llama_config,
     llama_shape,
@@ -40,7 +41,7 @@ def read_config(hf: dict, path: str) -> dict:
     }
     full, layers = sliding_layers(hf, path, 4, rope_by_layer_type(hf, path, legacy))
     return dict(
-        llama_shape(hf, 1e-5),
+        llama_shape(hf, path, 1e-5),
         qk_norm=True,
         qk_norm_span="projection",
         sublayer_norms="post",
@@ -102,4 +103,5 @@ OLMO = Family(
     exports=lambda m: post_norm_style(m, "projection"),
     write=write,
     handles=LLAMA_LAYOUT | {"qk_norm", "qk_norm_span", "layers", "sublayer_norms"},
+    buffers=ROTARY,
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from minilm.hf.family import LLAMA_LAYOUT, Family, llama_config, refuse, require
+from minilm.hf.family import LLAMA_LAYOUT, ROTARY, Family, count, llama_config, llama_shape, refuse, require
 from minilm.hf.llama import llama_style
 from minilm.hf.llama import read_weights as read_llama_weights
 from minilm.hf.llama import write as write_llama
@@ -20,11 +20,11 @@ from minilm.hf.rope import rope_position
 
 
 def read_config(hf: dict, path: str) -> dict:
-    width, heads = hf["hidden_size"], hf["num_attention_heads"]
+    shape = llama_shape(hf, path, 1e-5)  # every count checked (num_key_value_heads: 0 is refused, not absent)
     if hf.get("hidden_act", "silu") != "silu":
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for phi3; supported: silu")
-    window, longest = hf.get("sliding_window"), hf["max_position_embeddings"]
-    if window and window < longest:
+    window, longest = count(hf, "sliding_window", path, None, absent="no window"), shape["block_size"]
+    if window is not None and window < longest:
         refuse(
             path,
             f"sliding_window={window} is not supported (a window of at least max_position_embeddings="
@@ -33,23 +33,7 @@ def read_config(hf: dict, path: str) -> dict:
     position = rope_position(hf, path)
     if (position["scaling"] or {}).get("type") == "longrope":  # Phi-3's generate recomputes its cache past L
         position["scaling"]["switch"] = "refill"
-    return dict(
-        vocab_size=hf["vocab_size"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=heads,
-        d_model=width,
-        block_size=longest,
-        d_ff=hf["intermediate_size"],
-        bias=False,
-        head_dim=hf.get("head_dim") or width // heads,
-        mlp="swiglu",
-        norm="rmsnorm",
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        n_kv_head=hf.get("num_key_value_heads") or heads,
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        position=position,
-        embedding_scale=1.0,
-    )
+    return dict(shape, mlp="swiglu", tie_embeddings=hf.get("tie_word_embeddings", False), position=position)
 
 
 def unfused(tensors: dict, model: dict) -> dict:
@@ -112,4 +96,5 @@ PHI3 = Family(
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m) and not (m.qkv_bias or m.qk_norm),
     write=write,
     handles=LLAMA_LAYOUT | {"qkv_bias", "qk_norm"},
+    buffers=ROTARY,
 )

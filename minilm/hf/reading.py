@@ -11,7 +11,9 @@ models too. How each family's config and weights map is its own file (``minilm.h
 ``path`` is a directory recognised by its config.json, or ``hf:NAME``: a repo id already in
 the local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
 ~/.cache/huggingface/hub). Nothing is ever downloaded. Anything minilm cannot map is a
-one-line ``HFError`` naming what is supported.
+one-line ``HFError`` naming what is supported; every tensor is checked as it is read, as the
+weights of minilm's own checkpoints are (``read_weights``), so a NaN, inf or integer weight is
+refused by its name and file rather than reaching a forward pass.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ try:  # the hf extra
 except ImportError:  # pragma: no cover - reported when a safetensors file is read
     load_safetensors = None
 
-from minilm.common import MinilmError, first_sentence
+from minilm.common import MinilmError, first_sentence, shown
 from minilm.config import Config, ModelConfig
 from minilm.data.hf_tokenizer import HFTokenizer
 from minilm.hf.families import READERS
 from minilm.hf.family import HFError
-from minilm.model.gpt import GPT
+from minilm.model.gpt import GPT, weight_fault
 
 PREFIX = "hf:"
 
@@ -81,11 +83,12 @@ def read_hf(path: str) -> dict:
     """The minilm checkpoint dict of a Hugging Face model directory or ``hf:NAME``."""
     directory, family, model_tree, hf = read_model_tree(path)
     expected = expected_shapes(model_tree, path)
+    tensors = read_weights(directory, family.buffers)
     try:
-        state_dict = family.read_weights(read_weights(directory), model_tree, hf)
+        state_dict = family.read_weights(tensors, model_tree, hf)
     except (RuntimeError, ValueError) as exc:  # a tensor that cannot take the config's shape
         if isinstance(exc, HFError):
-            raise
+            raise HFError(f"{path}: {exc}") from None  # a tensor the family lacks or has no place for
         raise HFError(
             f"{path}: the weights do not fit config.json ({first_sentence(str(exc), type(exc).__name__)})"
         ) from None
@@ -131,36 +134,66 @@ def read_model_tree(path: str) -> tuple:
     return directory, family, model_tree, hf
 
 
-def read_weights(directory: str) -> dict:
-    """{name: tensor} from model.safetensors / pytorch_model.bin, sharded or not."""
+def read_weights(directory: str, buffers: tuple = ()) -> dict:
+    """{name: tensor} from model.safetensors / pytorch_model.bin, sharded (the files its index's
+    ``weight_map`` names) or not, without the tensors whose names end in ``buffers`` (a family's masks
+    and rotary tables, ``Family.buffers``). Every other tensor is checked as it is read, as minilm's
+    own checkpoints are (``minilm.model.gpt.weight_fault``: floating point, finite): a NaN, inf or
+    integer tensor is a one-line HFError naming it and its file, never a model that computes NaN."""
     for index_name, single in (
         ("model.safetensors.index.json", "model.safetensors"),
         ("pytorch_model.bin.index.json", "pytorch_model.bin"),
     ):
         index = os.path.join(directory, index_name)
         if os.path.isfile(index):
-            with open(index, encoding="utf-8") as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-            return {k: v for name in files for k, v in _read_file(os.path.join(directory, name)).items()}
+            files = [os.path.join(directory, name) for name in shard_files(index)]
+            return {k: v for file in files for k, v in _read_file(file, buffers).items()}
         if os.path.isfile(os.path.join(directory, single)):
-            return _read_file(os.path.join(directory, single))
+            return _read_file(os.path.join(directory, single), buffers)
     raise HFError(
         f"no weights in {directory}: expected model.safetensors or pytorch_model.bin (or their sharded index)"
     )
 
 
-def _read_file(path: str) -> dict:
+def shard_files(index: str) -> list:
+    """The file names a sharded model's index names in its ``weight_map`` ({tensor name: file name})."""
+    try:
+        with open(index, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise HFError(f"cannot read {index}: {first_sentence(str(exc), type(exc).__name__)}") from None
+    weight_map = found.get("weight_map") if isinstance(found, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and v for v in weight_map.values()):
+        what = "lacks weight_map" if weight_map is None else f"has weight_map={shown(weight_map)}"
+        raise HFError(
+            f"{index} {what}: expected a mapping of each tensor's name to the file that holds it, "
+            f'e.g. {{"weight_map": {{"lm_head.weight": "model-00001-of-00002.safetensors"}}}}'
+        )
+    return sorted(set(weight_map.values()))
+
+
+def _read_file(path: str, buffers: tuple = ()) -> dict:
+    """The tensors of one weights file, checked (``read_weights``)."""
     if path.endswith(".safetensors") and load_safetensors is None:
         raise HFError(f'reading {path} needs safetensors: pip install -e ".[hf]"')
     try:
         if path.endswith(".safetensors"):
-            return load_safetensors(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
+            tensors = load_safetensors(path)
+        else:
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a cut-off or foreign file fails in each library's own way
         raise HFError(
             f"cannot read the weights {path!r} (truncated or damaged: "
             f"{first_sentence(str(exc), type(exc).__name__)}); download them again"
         ) from None
+    if not isinstance(tensors, dict):
+        raise HFError(f"{path} holds a {type(tensors).__name__}, not a mapping of tensor names to tensors")
+    tensors = {name: tensor for name, tensor in tensors.items() if not str(name).endswith(buffers)}
+    for name, tensor in tensors.items():
+        fault = weight_fault(tensor)
+        if fault is not None:
+            raise HFError(f"{path} holds tensor {name!r} {fault}; the file is damaged or altered: download it again")
+    return tensors
 
 
 ARCHITECTURES = {

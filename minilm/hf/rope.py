@@ -9,7 +9,8 @@ longrope (Phi-3: ``short_factor``, ``long_factor``, the attention factor, and tr
 switch between them by each pass's largest position, ``switch: positions``) and proportional
 (p-RoPE: ``partial_rotary_factor`` is the share of frequency pairs kept, over a head rotated
 whole); ``original_max_positions`` is the config's ``original_max_position_embeddings``, else
-``max_position_embeddings`` (always the latter for dynamic), as in transformers.
+``max_position_embeddings`` (always the latter for dynamic), as in transformers; each is a count
+(``family.count``: 0, a negative or a bool is refused, never taken for absent).
 Writing: linear, dynamic, yarn (every key), llama3, longrope and proportional as
 ``rope_parameters``; static NTK as its changed base, theta * s^(d/(d-2)) (Bloc97 2023), the
 same rotation with no scaling at all.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from minilm.hf.family import LAYER_TYPES, refuse, require
+from minilm.hf.family import LAYER_TYPES, count, refuse, require
 from minilm.positions import build
 from minilm.positions.rope import ntk_base
 
@@ -42,7 +43,8 @@ def rope_position(hf: dict, path: str) -> dict:
     params.update(hf.get("rope_scaling") or {})
     base = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
     fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind, key = params.get("rope_type", params.get("type", "default")), "original_max_position_embeddings"
+    outer = count(hf, key, path, None, absent="max_position_embeddings")  # Phi-3 keeps it beside the parameters
     if kind not in SCALINGS:
         refuse(path, f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
     position = {"kind": "rope", "base": float(base), "rotary_fraction": float(fraction), "scaling": None}
@@ -52,8 +54,9 @@ def rope_position(hf: dict, path: str) -> dict:
         factor = float(params.get("factor") or 1.0)
         scaling = {"type": "proportional", "fraction": float(fraction), "factor": factor}
         return {**position, "rotary_fraction": 1.0, "scaling": scaling}
-    maximum = hf["max_position_embeddings"]
-    original = params.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings") or maximum
+    maximum = count(hf, "max_position_embeddings", path)
+    outer = maximum if outer is None else outer
+    original = count(params, key, path, outer, absent="the config's own", label=f"rope_parameters.{key}")
     if kind == "dynamic":  # transformers' dynamic NTK measures lengths against max_position_embeddings
         original = maximum
     factor = params.get("factor")

@@ -55,6 +55,27 @@ from minilm.model.layer import (
 from minilm.positions import PositionError, PositionScheme, build, describe
 from minilm.positions.layers import LayerType, layer_types, own_settings
 
+WEIGHT_DTYPES = "float32, bfloat16, float16"  # what a weight may be stored as (float64 too)
+
+
+def weight_fault(tensor) -> Optional[str]:
+    """Why ``tensor`` cannot be a weight of a GPT, or None: a weight is a floating-point tensor with
+    finite values (an integer one would be cast without a word, a NaN or inf reaches every logit). The
+    one check of every source of weights, as each reads them: minilm checkpoints
+    (``checkpoints.format.check_contents``) and Hugging Face files, safetensors or torch, whole or
+    sharded (``hf.reading.read_weights``); the caller names the tensor and its file. Returns
+    'as int32: expected floating point (...)' or 'with NaN or infinite values (N of M): expected
+    finite values'."""
+    if not isinstance(tensor, torch.Tensor):
+        return f"as a {type(tensor).__name__}: expected a floating-point tensor ({WEIGHT_DTYPES})"
+    if not tensor.is_floating_point():
+        return f"as {str(tensor.dtype).replace('torch.', '')}: expected floating point ({WEIGHT_DTYPES})"
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return None
+    bad = tensor.numel() - int(finite.sum())
+    return f"with NaN or infinite values ({bad:,} of {tensor.numel():,}): expected finite values"
+
 
 def embedding_multiplier(config: ModelConfig, positions: PositionScheme) -> float:
     """What the token embedding is multiplied by before positions are added: sqrt(d_model) as in

@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from minilm.checkpoints.format import with_defaults
-from minilm.common import atomic_write
+from minilm.checkpoints.format import CheckpointError, with_defaults
+from minilm.common import atomic_write, shown
 from minilm.config import TRAJECTORY, Config, ConfigError, TrainConfig, fields_with
 
 
@@ -53,6 +53,40 @@ def set_rng_state(state: dict, device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def check_run_state(state: dict, path: str, device) -> None:
+    """What ``--resume`` restores besides the weights and the optimiser, checked before anything is
+    restored: ``step`` a count, ``rng`` the global generators' states (``rng_state``: ``torch``, and
+    ``cuda`` where the run continues on CUDA) and ``data_state``'s ``generator`` the data generator's,
+    each one a state a generator takes (tried on a new generator, so nothing is changed; wherever the
+    load mapped the tensor, its bytes are what is judged). A checkpoint
+    that passed its CRC but holds a garbled state is a one-line CheckpointError naming it."""
+
+    def refuse(what: str, found: str, expected: str):
+        raise CheckpointError(
+            f"cannot resume {path!r}: its {what} is {found}: expected {expected}; the file was altered "
+            f"(resume from an earlier checkpoint, or start a new run)"
+        )
+
+    step, rng, data = state["step"], state["rng"], state["data_state"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        refuse("step", shown(step), "a count of steps >= 0")
+    if not isinstance(rng, dict) or "torch" not in rng:
+        refuse("rng", shown(rng), "a mapping with the torch generator's state (and cuda's, on CUDA)")
+    if not isinstance(data, dict) or "generator" not in data:
+        refuse("data_state", shown(data), "a mapping with the data generator's state (generator)")
+    states = [("rng.torch", rng["torch"], "cpu"), ("data_state.generator", data["generator"], "cpu")]
+    if device.type == "cuda" and "cuda" in rng:
+        states.append(("rng.cuda", rng["cuda"], device))
+    for what, value, where in states:
+        try:
+            torch.Generator(device=where).set_state(value.cpu() if torch.is_tensor(value) else value)
+        except (TypeError, RuntimeError, ValueError):
+            dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+            found = f"a {dtype} tensor of {value.numel():,} values" if torch.is_tensor(value) else shown(value)
+            size = torch.Generator(device=where).get_state().numel()
+            refuse(what, found, f"the state a {torch.device(where).type} generator writes (a uint8 tensor of {size:,})")
 
 
 def _first_difference(a, b, prefix=""):

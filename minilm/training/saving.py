@@ -42,7 +42,7 @@ from minilm.training.adapters import trained_state
 from minilm.training.distributed import Dist
 from minilm.training.optim import Optimizers, make_optimizer
 from minilm.training.parallel import full_model_state, full_optimizer_state
-from minilm.training.resume import check_resumable, rng_state
+from minilm.training.resume import check_resumable, check_run_state, rng_state
 
 RECORD = "run.pt"
 RECORD_FORMAT = "minilm-sharded-checkpoint"
@@ -134,10 +134,11 @@ def resume_state(config: Config, device: torch.device) -> dict:
             f"a new run in out_dir={config.out_dir!r}"
         )
     state = read_record(path) if fmt == "sharded" else checkpoint.load(path, map_location=str(device))
-    check_resumable(config, state)
     for key in ("step", "rng", "data_state") + (("optimizer",) if fmt == "file" else ()):
         if key not in state:
             raise CheckpointError(f"cannot resume {path!r}: it lacks '{key}' (not a training checkpoint)")
+    check_run_state(state, path, device)  # a damaged state is said before a setting that differs
+    check_resumable(config, state)
     return state
 
 
@@ -258,6 +259,7 @@ def read_record(directory: str) -> dict:
         raise CheckpointError(
             f"{path!r} has checkpoint version {record.get('version')!r}; this minilm reads {checkpoint.VERSION}"
         )
+    checkpoint.check_config(record.get("config"), path)
     return {**record, "path": directory}
 
 
