@@ -136,14 +136,22 @@ def remove_stale_temporaries(directory: Union[str, Path]) -> list:
     return removed
 
 
+def numbered(path: Union[str, Path], n: int) -> str:
+    """``path`` with the number ``n`` before its suffix: ``eval.png`` -> ``eval.1.png``; a name
+    without one (``notes``, ``.lock``) gets it at the end (``notes.1``)."""
+    root, suffix = os.path.splitext(str(path))
+    return f"{root}.{n}{suffix}"
+
+
 def keep_aside(path: Union[str, Path]) -> Optional[str]:
-    """Move an existing file aside as ``<path>.1`` (or the next free number) and return that
-    name; None when there is nothing at ``path``. The number is reserved first (an empty file
-    created only if absent), then the file is renamed onto it in one step, so two processes
-    setting files aside never take the same number, and whatever held ``path`` is kept."""
+    """Move an existing file aside as ``<stem>.1<suffix>`` (``eval.png`` -> ``eval.1.png``, or
+    the next free number: ``.2``, ...; ``numbered``) and return that name; None when there is
+    nothing at ``path``. The number is reserved first (an empty file created only if absent),
+    then the file is renamed onto it in one step, so two processes setting files aside never
+    take the same number, and whatever held ``path`` is kept."""
     path, n = str(path), 1
     while os.path.lexists(path):
-        candidate = f"{path}.{n}"
+        candidate = numbered(path, n)
         try:
             os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
@@ -159,6 +167,24 @@ def keep_aside(path: Union[str, Path]) -> Optional[str]:
             raise
         return candidate
     return None
+
+
+def output_path(path: Union[str, Path], say: Optional[Callable[[str], None]] = None, why: str = "") -> str:
+    """The one rule for a file a command writes (a name the user gave, or a default): a file
+    already at ``path`` (an earlier result, or the user's own) is set aside (``keep_aside``:
+    ``eval.png`` -> ``eval.1.png``) and that is said in one line, ``kept the earlier NAME as
+    NEW`` (and ``why``), through ``say`` (default: stderr); it is never replaced. Returns
+    ``path``, which the writer then takes only while it is free, whole or not at all:
+    ``atomic_write(keep=True)`` and the writers built on it (``write_csv``,
+    ``figures.canvas.save_figure`` with ``keep=True``)."""
+    kept = keep_aside(path)
+    if kept:
+        line = f"kept the earlier {os.path.basename(str(path))} as {kept}{why}"
+        if say is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            say(line)
+    return str(path)
 
 
 def atomic_write(path: Union[str, Path], data: Union[bytes, str, np.ndarray, Callable], keep: bool = False) -> Path:

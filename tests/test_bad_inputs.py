@@ -30,6 +30,25 @@ PY = sys.executable
 
 # (name, argv, stdin bytes or None, what stderr must name)
 CASES = [
+    # --- issue 59: output paths
+    (
+        "run into its own base",
+        ["train.py", "train.init_from={ckpt}", "out_dir={ckpt}", "--overwrite", "--quiet"],
+        None,
+        "run' is the directory of train.init_from=",
+    ),
+    (
+        "lora run into its own base",
+        ["train.py", "train.init_from={ckpt}/ckpt.pt", "out_dir={ckpt}", "train.lora.r=4", "--overwrite", "--quiet"],
+        None,
+        "/run/ckpt.pt'",
+    ),
+    (
+        "figure format checked before a file is set aside",
+        ["-m", "minilm", "positions", "plot", "rope", "--out", "{scratch}/mine/notes.txt"],
+        None,
+        "'txt'",
+    ),
     # --- train.py: config values
     ("config missing", ["train.py", "--config", "nosuch.yaml", "--print-config"], None, "nosuch.yaml"),
     ("unknown key", ["train.py", "train.max_step=5", "--print-config"], None, "train.max_step"),

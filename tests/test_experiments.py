@@ -286,7 +286,7 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
         )
         == 0
     )
-    assert (out / "discussion.md.1").read_text(encoding="utf-8") == "About the first run only.\n"
+    assert (out / "discussion.1.md").read_text(encoding="utf-8") == "About the first run only.\n"
     assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
 
 

@@ -91,7 +91,7 @@ def test_a_fresh_run_keeps_the_old_metrics_and_refuses_the_old_checkpoint(tiny_c
         train(config, quiet=True)
     assert len(records(config.out_dir)) > 0  # nothing was deleted by the refused run
     train(config, quiet=True, overwrite=True)
-    assert os.path.exists(os.path.join(config.out_dir, "metrics.jsonl.1"))  # the first run's log, rotated
+    assert os.path.exists(os.path.join(config.out_dir, "metrics.1.jsonl"))  # the first run's log, rotated
 
 
 def test_a_failing_run_leaves_the_previous_files_alone(tiny_corpus, tmp_path):
@@ -178,7 +178,7 @@ def test_the_lock_is_exclusive_and_rotate_never_overwrites(tmp_path):
     for n in range(3):
         (tmp_path / "m.jsonl").write_text(str(n))
         keep_aside(str(tmp_path / "m.jsonl"))
-    assert [(tmp_path / f"m.jsonl.{n}").read_text() for n in (1, 2, 3)] == ["0", "1", "2"]
+    assert [(tmp_path / f"m.{n}.jsonl").read_text() for n in (1, 2, 3)] == ["0", "1", "2"]
 
 
 def test_resuming_with_other_train_settings_says_so(tiny_corpus, tmp_path):

@@ -1,5 +1,5 @@
 """What minilm does around the files a user already has, and how every verb reads its
-arguments: an output name that holds a file is set aside as ``.1``, never replaced; two
+arguments: an output name that holds a file is set aside as ``<stem>.1<suffix>``, never replaced; two
 commands racing for one name both keep their work (or the second is refused); a resumed run
 says whose settings it takes; paths and overrides go anywhere among the options."""
 
@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from minilm.checkpoints import format as checkpoint
 from minilm.common import atomic_write, keep_aside
 from minilm.config import resolve_config
 from minilm.configfile import load_config
@@ -45,11 +46,11 @@ def test_keep_aside_numbers_what_it_moves(tmp_path):
     assert keep_aside(target) is None
     for n in (1, 2):
         target.write_text(f"run {n}")
-        assert keep_aside(target) == f"{target}.{n}"
-    assert not target.exists() and (tmp_path / "eval.csv.1").read_text() == "run 1"
+        assert keep_aside(target) == str(tmp_path / f"eval.{n}.csv")  # the number before the suffix
+    assert not target.exists() and (tmp_path / "eval.1.csv").read_text() == "run 1"
     atomic_write(target, "run 3")
     atomic_write(target, "run 4", keep=True)  # a result over a result: the earlier one kept as .3
-    assert target.read_text() == "run 4" and (tmp_path / "eval.csv.3").read_text() == "run 3"
+    assert target.read_text() == "run 4" and (tmp_path / "eval.3.csv").read_text() == "run 3"
 
 
 def test_racing_writers_keep_every_file(tmp_path):
@@ -69,10 +70,62 @@ def test_evaluate_sets_the_users_file_aside_and_reads_paths_anywhere(checkpoints
         "evaluate", first, "--lengths", "32", second, "--csv", str(mine), "--max-tokens", "600", "--quiet", cwd=tmp_path
     )  # a checkpoint after an option, as train takes overrides
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "keep.txt.1").read_bytes() == b"the user's own notes\n"
+    assert (tmp_path / "keep.1.txt").read_bytes() == b"the user's own notes\n"
     assert "kept the earlier keep.txt" in result.stderr
     rows = mine.read_text().splitlines()
     assert len(rows) == 3 and {os.path.basename(first), os.path.basename(second)} <= {r.split(",")[0] for r in rows[1:]}
+
+
+# every command that writes a file a user names, its path given last
+EVALUATE = ["evaluate", "{ckpt}", "--lengths", "32", "--max-tokens", "600", "--quiet"]
+LONGEVAL = ["longeval", "{ckpt}", "--tasks", "single", "--lengths", "32", "--depths", "0.5", "--trials", "1", "--quiet"]
+WRITERS = {
+    "evaluate --csv": [*EVALUATE, "--csv"],
+    "evaluate --plot": [*EVALUATE, "--plot"],
+    "longeval --csv": [*LONGEVAL, "--csv"],
+    "longeval --figure": [*LONGEVAL, "--figure"],
+    "generate --attention-map": ["generate", "--checkpoint", "{ckpt}", "--max-new-tokens", "1", "--attention-map"],
+    "positions plot --out": ["positions", "plot", "rope", "--out"],
+    "positions layers --out": ["positions", "layers", "rope.yaml", "--out"],
+}
+
+
+@pytest.mark.parametrize("argv", WRITERS.values(), ids=WRITERS.keys())
+def test_every_writer_keeps_the_users_earlier_file(checkpoints, tmp_path, capsys, argv):
+    """Each command sets an earlier file at its output aside, the number before the suffix, says so in
+    one stderr line, and writes its own whole under the name."""
+    from minilm.__main__ import main
+
+    suffix = ".csv" if argv[-1] == "--csv" else ".png"
+    if suffix == ".png":
+        pytest.importorskip("matplotlib")
+    target = tmp_path / f"mine{suffix}"
+    mine = b"the user's own file, not minilm's\n"
+    target.write_bytes(mine)
+    argv = [a.replace("{ckpt}", checkpoints[0]) for a in argv] + [str(target)]
+    assert main(argv + (["hi"] if argv[0] == "generate" else [])) == 0
+    kept = tmp_path / f"mine.1{suffix}"
+    assert kept.read_bytes() == mine and target.read_bytes() != mine and target.stat().st_size > 0
+    said = [line for line in capsys.readouterr().err.splitlines() if str(kept) in line]
+    assert said == [f"kept the earlier mine{suffix} as {kept}"], said
+
+
+def test_overwrite_sets_aside_a_ckpt_pt_that_is_no_checkpoint(tiny_corpus, tmp_path, capsys):
+    """``train --overwrite`` replaces a run's checkpoint, never the user's own file of that name."""
+    from minilm.__main__ import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    mine = b"my notes, named ckpt.pt\n"
+    (out / "ckpt.pt").write_bytes(mine)
+    argv = tiny_overrides(tiny_corpus, out, "train.max_steps=1", "train.sample_tokens=0", "train.final_eval_tokens=0")
+    assert main(["train", *argv, "--overwrite", "--quiet"]) == 0
+    assert (out / "ckpt.1.pt").read_bytes() == mine
+    assert checkpoint.load(str(out))["step"] == 1  # the run's own checkpoint took the name
+    said = [line for line in capsys.readouterr().err.splitlines() if "ckpt.1.pt" in line]
+    assert len(said) == 1 and "not a minilm checkpoint" in said[0], said
+    assert main(["train", *argv, "--overwrite", "--quiet"]) == 0  # a run's checkpoint: replaced, as asked
+    assert not (out / "ckpt.2.pt").exists() and (out / "ckpt.1.pt").read_bytes() == mine
 
 
 def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
@@ -85,7 +138,7 @@ def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
             )
         )
     assert all(r.returncode == 0 for r in results), [r.stderr for r in results]
-    tables = sorted(name for name in os.listdir(first) if name.startswith("eval-nonoverlapping.csv"))
+    tables = sorted(n for n in os.listdir(first) if n.startswith("eval-nonoverlapping.") and n.endswith(".csv"))
     assert len(tables) >= 2, tables
 
 

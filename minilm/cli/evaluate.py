@@ -18,7 +18,7 @@ import os
 import sys
 
 from minilm.cli import Parser, run_command
-from minilm.common import keep_aside, write_csv
+from minilm.common import output_path, write_csv
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import streaming
 from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
@@ -217,7 +217,7 @@ def stream_report(args, overrides) -> int:
 def default_output(checkpoint: str, name: str) -> str:
     """Where a table or plot goes unless named: beside a minilm checkpoint (in its out_dir), in
     the current directory for a Hugging Face model (``hf:NAME`` is no directory to write into).
-    An earlier file of that name is kept as ``<name>.1`` (``.2``, ...), never replaced."""
+    An earlier file of that name is kept as ``<stem>.1<suffix>`` (``.2``, ...), never replaced."""
     if is_hf_source(checkpoint):
         base = os.getcwd()
     else:
@@ -228,10 +228,8 @@ def default_output(checkpoint: str, name: str) -> str:
 
 
 def output(path: str) -> str:
-    """An output path, named or default, under one rule: a file already there (an earlier
-    result, or the user's own) is kept as ``<name>.1`` (``.2``, ...) and said so, never replaced;
-    the writers then take the name only while it is free (``common.atomic_write(keep=True)``)."""
-    kept = keep_aside(path)
-    if kept:
-        print(f"kept the earlier {os.path.basename(path)} as {kept}", file=sys.stderr)
-    return path
+    """An output path, named or default, under the one rule (``common.output_path``): a file
+    already there (an earlier result, or the user's own) is kept as ``<stem>.1<suffix>``
+    (``eval-nonoverlapping.1.png``; ``.2``, ...) and said so, never replaced; the writers then
+    take the name only while it is free (``common.atomic_write(keep=True)``)."""
+    return output_path(path)

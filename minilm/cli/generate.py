@@ -24,7 +24,7 @@ import torch
 
 from minilm.checkpoints.loading import load_model
 from minilm.cli import Parser, run_command
-from minilm.common import resolve_device, resolve_dtype
+from minilm.common import output_path, resolve_device, resolve_dtype
 from minilm.figures import attention as attention_maps
 from minilm.figures.canvas import check_figure_path
 from minilm.generation.decode import GenerationError, GenerationWarning, Sampling, Stats, check_count, context_size
@@ -227,7 +227,8 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         for line in stats.lines():
             stderr.write(line + "\n")
     if args.attention_map:
-        path = attention_maps.attention_map(model, rows[0] + first_sample, tokenizer, args.attention_map)
+        target = output_path(args.attention_map, say=lambda line: stderr.write(line + "\n"))  # an earlier file: kept
+        path = attention_maps.attention_map(model, rows[0] + first_sample, tokenizer, target)
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
 from minilm.cli import Parser, run_command, smoke
-from minilm.common import atomic_write, markdown_table
+from minilm.common import atomic_write, markdown_table, output_path
 from minilm.config import DataConfig
 from minilm.data import corpus as data
 from minilm.data.retrieval import SUITE, RetrievalError, Task
@@ -23,6 +23,7 @@ from minilm.evaluation.retrieval import accuracy
 from minilm.figures.canvas import check_figure_path
 from minilm.study.figures import heatmap_figure
 from minilm.study.stats import wilson
+from minilm.training.outdir import check_writable
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -79,6 +80,9 @@ def run(args) -> int:
         raise RetrievalError(f"--trials {args.trials} is invalid: expected an integer >= 1")
     if args.figure:
         check_figure_path(args.figure)
+    for option, path in (("--csv", args.csv), ("--figure", args.figure)):  # found before the work, not after it
+        if path:
+            check_writable(os.path.dirname(os.path.abspath(path)), option)
     model, tokenizer, config, _ = load_model(args.checkpoint, args.set)
     lengths = (
         _numbers(args.lengths, int, "--lengths") if args.lengths else [config.model.block_size * m for m in (1, 2, 4)]
@@ -130,16 +134,17 @@ def run(args) -> int:
         )
     if args.csv:
         header = ["task", "length", "depth", "correct", "trials", "logprob"]
-        atomic_write(
-            args.csv,
+        atomic_write(  # an earlier file there is set aside and said so, never replaced (common.output_path)
+            output_path(args.csv),
             "\n".join([",".join(header)] + [",".join("" if r[h] is None else str(r[h]) for h in header) for r in rows])
             + "\n",
+            keep=True,
         )
         print(f"\ncells written to {args.csv}")
     if args.figure:
         path = heatmap_figure(
             panels,
-            args.figure,
+            output_path(args.figure),
             f"long-context suite: {os.path.basename(args.checkpoint.rstrip('/'))}",
             columns=min(3, len(panels)),
         )

@@ -31,7 +31,7 @@ import yaml
 
 from minilm.checkpoints.loading import load_model
 from minilm.cli import run_command
-from minilm.common import MinilmError, markdown_table
+from minilm.common import MinilmError, markdown_table, output_path
 from minilm.config import ModelConfig
 from minilm.configfile import apply_overrides, load_config
 from minilm.figures import positions as plots
@@ -140,6 +140,7 @@ def _current_name(cls, name: str) -> str:
 def plot(argv) -> str:
     args = parse_plot_args(argv)
     require_matplotlib()  # fail early, before any model is loaded, when matplotlib is missing
+    check_figure_path(args["out"])  # and the image format: before an earlier file is set aside
     kind, source = args["kind"], args["checkpoint"]
     if source is not None:
         if args["options"] or args["shape"]:
@@ -165,7 +166,7 @@ def plot(argv) -> str:
         with torch.random.fork_rng():  # learned values start from seed 0: the same figure every time
             torch.manual_seed(0)
             scheme = build(position, **shape).eval()  # as at evaluation: no dropout of any kind
-    path = plots.plot_scheme(scheme, position, args["out"], source=source)
+    path = plots.plot_scheme(scheme, position, output_path(args["out"]), source=source)  # an earlier file: set aside
     return f"wrote {path}: {plots.settings_line(position)}" + (f" (from {source})" if source else "")
 
 
@@ -251,7 +252,7 @@ def layers(argv) -> str:
     lines = [head, table]
     if args["out"] is not None:
         length = args["length"] or default_length(types)
-        drawn = plot_layers(types, args["out"], length=length, source=name)
+        drawn = plot_layers(types, output_path(args["out"]), length=length, source=name)  # an earlier file: set aside
         lines.append(f"wrote {drawn.path}: the keys each query sees over {length} positions, one panel per layer type")
     return "\n".join(lines)
 

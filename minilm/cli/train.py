@@ -35,7 +35,10 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides, values parsed as YAML")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in out_dir/ckpt.pt")
     parser.add_argument(
-        "--overwrite", action="store_true", help="start a new run in an out_dir that holds a checkpoint, replacing it"
+        "--overwrite",
+        action="store_true",
+        help="start a new run in an out_dir that holds a checkpoint, replacing it (a ckpt.pt that is not a minilm "
+        "checkpoint is kept as ckpt.1.pt)",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     parser.add_argument(

@@ -60,9 +60,10 @@ def _token_label(tokenizer, token_id: int, width: int = 8) -> str:
 def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = MAX_ATTENTION_TOKENS) -> str:
     """Draw the attention weights of each head in the last layer of ``model`` over ``token_ids``
     (prompt plus generated tokens), ticks labelled with ``tokenizer.decode`` of each token; write
-    the figure to ``path`` and return it. The model sees the whole sequence (its last
-    position_limit() tokens for bounded schemes); the figure shows the last ``max_tokens``."""
-    return save_figure(attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens), path)
+    the figure to ``path`` (an earlier file there is set aside, never replaced: ``save_figure(keep=True)``)
+    and return it. The model sees the whole sequence (its last position_limit() tokens for
+    bounded schemes); the figure shows the last ``max_tokens``."""
+    return save_figure(attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens), path, keep=True)
 
 
 def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTENTION_TOKENS):

@@ -125,7 +125,8 @@ def _draw_grid(ax, grid: torch.Tensor, title: str) -> None:
 def plot_layers(types: list, path: str, *, length: int, source: str = "") -> LayerFigure:
     """Draw one panel per distinct layer type of ``types`` (one ``LayerType`` per layer) showing the keys
     each query sees over ``length`` positions; ``source`` names the config in the title. Write the
-    figure to ``path`` and return it with the grids drawn."""
+    figure to ``path`` (an earlier file there is set aside, never replaced: ``save_figure(keep=True)``)
+    and return it with the grids drawn."""
     require_matplotlib()
     grids = layer_grids(types, length)
-    return LayerFigure(save_figure(layers_figure(types, grids, source=source), path), grids)
+    return LayerFigure(save_figure(layers_figure(types, grids, source=source), path, keep=True), grids)

@@ -88,8 +88,9 @@ def scheme_figure(scheme: PositionScheme, position: dict, *, source: Optional[st
 
 
 def plot_scheme(scheme: PositionScheme, position: dict, path: str, *, source: Optional[str] = None) -> str:
-    """Draw ``scheme_figure`` and write it to ``path``."""
-    return save_figure(scheme_figure(scheme, position, source=source), path)
+    """Draw ``scheme_figure`` and write it to ``path`` (an earlier file there is set aside, never
+    replaced: ``save_figure(keep=True)``)."""
+    return save_figure(scheme_figure(scheme, position, source=source), path, keep=True)
 
 
 def _scaled_note(scheme: PositionScheme) -> str:

@@ -7,7 +7,7 @@ protocol, the configs, the git commit, the machine and the wall time per phase; 
 A hand-written ``discussion.md`` in the output directory (the explanation of what disagrees
 with the literature, written after looking at the numbers) is included as the last section
 when present, so ``--report-only`` keeps it; a new run over the directory moves an earlier
-one aside (``discussion.md.1``)."""
+one aside (``discussion.1.md``)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ elapsed_s, memory_mib; eval and final: val_loss, val_ppl, val_bpc). Only rank 0 
   config as its config and the scalars as ``<event>/<name>``; ``WANDB_MODE=offline`` keeps it
   on disk (the ``wandb`` extra).
 
-A fresh run keeps an earlier run's jsonl and csv as ``.1``, ``.2``, ...; a resumed one cuts
+A fresh run keeps an earlier run's jsonl and csv as ``metrics.1.jsonl``, ``.2``, ...; a resumed one cuts
 them back to the checkpoint's step, and tensorboard drops the later steps (``purge_step``).
 A logger whose package is missing is one line naming the extra to install, said before any
 file is touched.
@@ -137,7 +137,7 @@ def open_loggers(
 
 
 def _start_file(path: str, resumed_step: Optional[int], say: Callable[[str], None], cut) -> None:
-    """A resumed run cuts the file back to its step; a fresh one keeps the earlier file as .1, .2, ..."""
+    """A resumed run cuts the file back to its step; a fresh one keeps the earlier file as metrics.1.jsonl, .2, ..."""
     if resumed_step is not None:
         cut(path, resumed_step)
         return

@@ -79,7 +79,7 @@ from minilm.training.loggers import check_loggers
 from minilm.training.memory import check_step_fits
 from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
-from minilm.training.outdir import claim
+from minilm.training.outdir import check_not_own_base, claim
 from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
 from minilm.training.resume import StopFlag, resumed_config, set_rng_state
 from minilm.training.saving import checkpoint_path, load_sharded, resume_state, whole_model, write_checkpoint
@@ -240,13 +240,16 @@ def train(
     tokens seen in total), seconds (wall time of this call, data preparation included), dtype,
     tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
     final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
-    A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite``; one out_dir
-    serves one live run at a time (``minilm.training.outdir``). Raises a MinilmError (ConfigError,
+    A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite`` (which replaces
+    only a minilm checkpoint: a ckpt.pt of the user's is set aside); any run refuses the
+    out_dir that holds its ``train.init_from``; one out_dir serves one live run at a time
+    (``minilm.training.outdir``). Raises a MinilmError (ConfigError,
     CheckpointError, DataError, OutDirError, TrainingError, ...) with a one-line message.
     ``reprepare`` tokenizes the corpus again even where its prepared files look current.
     """
     main = int(os.environ.get("RANK", "0")) == 0
     check_loggers(config.train.loggers)  # a missing package is said before anything is done
+    check_not_own_base(config.out_dir, config.train.init_from)  # before out_dir is claimed: nothing written
     with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
         return _train(config, resume=resume, quiet=quiet, reprepare=reprepare)
 

@@ -1,9 +1,12 @@
 """What a training run owns in its out_dir, kept safe: one live run per out_dir (a lock that
-dies with its process), no fresh run over another run's checkpoint, the directory proved
-writable before any work starts, old metrics rotated instead of deleted, and temporary
-files of saves that never finished removed.
+dies with its process), no fresh run over another run's checkpoint, ``--overwrite`` replacing
+only a minilm checkpoint (a ``ckpt.pt`` that is none, the user's own file, is set aside),
+no run written into the directory of the model it starts from (``check_not_own_base``), the
+directory proved writable before any work starts, old metrics rotated instead of deleted,
+and temporary files of saves that never finished removed.
 
-``claim(out_dir, resume=..., overwrite=...)`` does all of it around a run; under DDP only
+``claim(out_dir, resume=..., overwrite=...)`` does all of it around a run but the
+``train.init_from`` check, which ``minilm.training.loop.train`` makes first; under DDP only
 rank 0 claims.
 """
 
@@ -13,8 +16,10 @@ import contextlib
 import os
 from pathlib import Path
 
+import torch
+
 from minilm.checkpoints import format as checkpoint
-from minilm.common import MinilmError, remove_stale_temporaries, temporary_path
+from minilm.common import MinilmError, output_path, remove_stale_temporaries, temporary_path
 
 try:
     import fcntl
@@ -102,10 +107,37 @@ def check_kinds(out_dir: str) -> None:
             )
 
 
+def check_not_own_base(out_dir: str, init_from) -> None:
+    """Refuse a run whose out_dir is ``init_from``'s directory (the directory itself, or the one
+    holding the file): its checkpoints would take the place of the model it starts from
+    (``--overwrite``), and a LoRA run would record itself as its own base, never to load again.
+    ``hf:NAME`` is no directory of the user's."""
+    if not init_from or str(init_from).startswith("hf:"):
+        return
+    base = init_from if os.path.isdir(init_from) else os.path.dirname(os.path.abspath(init_from))
+    if os.path.realpath(base) == os.path.realpath(out_dir):
+        raise OutDirError(
+            f"out_dir={out_dir!r} is the directory of train.init_from={init_from!r}: the run's checkpoints "
+            f"would take the place of the model it starts from; choose another out_dir"
+        )
+
+
+def is_run_checkpoint(path: str) -> bool:
+    """True when ``path`` is a minilm checkpoint (its format marker read, tensors memory-mapped,
+    not loaded); False for anything else: the user's own file, another program's, a damaged one."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - whatever torch cannot read is no checkpoint of a run
+        return False
+    return isinstance(state, dict) and state.get("format") == checkpoint.FORMAT
+
+
 @contextlib.contextmanager
 def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
     """Hold ``out_dir`` for one run: writable, locked, and not another run's checkpoint unless
-    ``resume`` (continue it) or ``overwrite`` (replace it) says so."""
+    ``resume`` (continue it) or ``overwrite`` (replace it) says so. ``overwrite`` replaces only
+    a minilm checkpoint: a ``ckpt.pt`` that is none is set aside as ``ckpt.1.pt`` (``.2``, ...)
+    and said so on stderr (``common.output_path``), never replaced."""
     if resume and overwrite:
         raise OutDirError("--resume continues the run in out_dir and --overwrite starts it over: give one of them")
     if not main:
@@ -129,6 +161,9 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
                     f"with --resume, replace it with --overwrite, or choose another out_dir"
                 )
             check_kinds(out_dir)
+            ckpt = os.path.join(out_dir, checkpoint.FILENAME)
+            if overwrite and os.path.isfile(ckpt) and not is_run_checkpoint(ckpt):
+                output_path(ckpt, why=": it is not a minilm checkpoint, so --overwrite does not replace it")
             remove_stale_temporaries(out_dir)  # saves of killed runs; no live one: the lock is ours
             yield
     except MinilmError:
