@@ -1,13 +1,14 @@
 """Bad input through the real command lines, each in its own process: exit status 2, at most
-two lines on stderr, no traceback, and the bad value named. The processes run a few at a time
-(they spend most of their time importing torch); each case then checks its own result."""
+two lines on stderr, no traceback, and the bad value named. The processes run two at a time, each
+forked from a process that imported torch once (``tests.forkrun``: a fresh interpreter spends most
+of its time importing it); each case then checks its own result."""
 
 import dataclasses
 import json
 import os
+import queue
 import random
 import shutil
-import subprocess
 import sys
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +25,10 @@ from minilm.hf.export import export_model
 from minilm.model.gpt import GPT
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import ForkRunner
 
 PY = sys.executable
+WORKERS = 2  # commands at a time: each a fork of a process that imported torch once (tests/forkrun.py)
 
 
 # (name, argv, stdin bytes or None, what stderr must name)
@@ -149,7 +152,7 @@ CASES = [
     ("checkpoint unsafe", ["generate.py", "--checkpoint", "{scratch}/unsafe.pt", "hi"], None, "posix.system"),
     ("temperature", ["generate.py", "--checkpoint", "{ckpt}", "--temperature", "-1", "hi"], None, "temperature=-1.0"),
     ("top_p", ["generate.py", "--checkpoint", "{ckpt}", "--top-p", "1.5", "hi"], None, "top_p=1.5"),
-    ("top_k", ["generate.py", "--checkpoint", "{ckpt}", "--top-k", "0", "hi"], None, "top_k=0"),
+    ("top_k", ["generate.py", "--checkpoint", "{ckpt}", "--top-k", "-1", "hi"], None, "top_k=-1"),
     ("min_p", ["generate.py", "--checkpoint", "{ckpt}", "--min-p", "1.5", "hi"], None, "min_p=1.5"),
     (
         "repetition penalty",
@@ -165,7 +168,7 @@ CASES = [
     ),
     ("num samples", ["generate.py", "--checkpoint", "{ckpt}", "--num-samples", "0", "hi"], None, "--num-samples=0"),
     ("max context 0", ["generate.py", "--checkpoint", "{ckpt}", "--max-context", "0", "hi"], None, "--max-context=0"),
-    ("threads", ["generate.py", "--checkpoint", "{ckpt}", "--threads", "0", "hi"], None, "--threads=0"),
+    ("threads", ["generate.py", "--checkpoint", "{ckpt}", "--threads", "0", "hi"], None, "--threads 0"),
     ("sink tokens", ["generate.py", "--checkpoint", "{ckpt}", "--sink-tokens", "40", "hi"], None, "sink_tokens=40"),
     (
         "huge cache",
@@ -395,12 +398,18 @@ CASES = [
         None,
         "--n-head='100000'",
     ),
+    # --- issue 59: values checked where they enter
+    ("longeval seed past 64 bits", ["-m", "minilm", "longeval", "{ckpt}", "--seed", str(2**64)], None, "a seed"),
+    ("threads past the CPUs", ["generate.py", "--checkpoint", "{ckpt}", "--threads", "10000000", "hi"], None, "1 to"),
+    ("lora targets without r", ["train.py", "train.lora.targets=[q]", "--print-config"], None, "without adapters"),
+    ("sinks without stream", ["evaluate.py", "{ckpt}", "--sink-tokens", "8"], None, "options of --stream"),
+    ("memory of a missing source", ["-m", "minilm", "memory", "train.init_from={scratch}/gone"], None, "gone"),
     # --- tracebacks and misleading messages before
     (
         "generate seed of 31 digits",
         ["generate.py", "--checkpoint", "{ckpt}", "--seed", "1234567890123456789012345678901", "hi"],
         None,
-        "seed=1234567890123456789012345678901",
+        "'1234567890123456789012345678901' is invalid: expected a seed",
     ),
     (
         "train seed of 31 digits",
@@ -855,16 +864,26 @@ def outcomes(tiny_corpus, tmp_path_factory):
         return arg
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    runners = [ForkRunner(str(tmp_path_factory.mktemp("forks")), env) for _ in range(WORKERS)]
+    free = queue.Queue()
+    for runner in runners:
+        free.put(runner)
 
     def run(case):
         name, argv, stdin, _ = case
-        return name, subprocess.run(
-            [PY, *map(expand, argv)], cwd=REPO, env=env, input=stdin or b"", capture_output=True, timeout=300
-        )
+        runner = free.get()
+        try:
+            return name, runner.run(list(map(expand, argv)), cwd=REPO, env=env, input=stdin, timeout=300)
+        finally:
+            free.put(runner)
 
     before = tree_state(scratch)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(pool.map(run, CASES))
+    try:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            results = dict(pool.map(run, CASES))
+    finally:
+        for runner in runners:
+            runner.close()
     return results, before, tree_state(scratch)
 
 

@@ -87,7 +87,6 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--sink-tokens",
         type=int,
-        default=streaming.DEFAULT_SINKS,
         help=f"--stream: the first tokens kept in view (default {streaming.DEFAULT_SINKS})",
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -128,8 +127,9 @@ def main(argv=None) -> int:
     args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens
     if args.stream and args.split != "val":
         parser.error("--stream scores the validation split: --split is an option of the length tables")
-    if not args.stream and (args.stream_tokens or args.max_context):
-        parser.error("--stream-tokens and --max-context are options of --stream")
+    if not args.stream and (args.stream_tokens or args.max_context or args.sink_tokens is not None):
+        parser.error("--stream-tokens, --max-context and --sink-tokens are options of --stream")
+    args.sink_tokens = streaming.DEFAULT_SINKS if args.sink_tokens is None else args.sink_tokens
     return run_command(lambda: (stream_report if args.stream else report)(args, overrides))
 
 

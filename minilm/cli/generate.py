@@ -23,7 +23,7 @@ from typing import List, Optional
 import torch
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import Parser, run_command
+from minilm.cli import Parser, run_command, seed
 from minilm.common import output_path, resolve_device, resolve_dtype
 from minilm.figures import attention as attention_maps
 from minilm.figures.canvas import check_figure_path
@@ -169,7 +169,11 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         check_writable(os.path.dirname(os.path.abspath(args.attention_map)), "--attention-map")
     device = resolve_device(args.device, setting="--device")
     if args.threads is not None:
-        check_count("--threads", args.threads, 1)
+        most = 4 * (os.cpu_count() or 1)  # more than this only queues threads (and a billion cannot be made)
+        if not isinstance(args.threads, int) or not 1 <= args.threads <= most:
+            raise GenerationError(
+                f"--threads {args.threads} is invalid: expected 1 to {most} (this machine has {os.cpu_count()} CPUs)"
+            )
         torch.set_num_threads(args.threads)
     if args.prompts_file is not None and (args.prompt is not None or args.prompt_file is not None):
         raise GenerationError("give prompts either with --prompts-file or as one prompt (argument, --prompt-file)")
@@ -285,7 +289,7 @@ def _sampling_options(p) -> None:
     """How many tokens, drawn how: length, temperature and the filters, the seed and the batch."""
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate per sample (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200)")
+    p.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens (default 200; 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1 = off)")
     p.add_argument(
         "--min-p",
@@ -299,7 +303,7 @@ def _sampling_options(p) -> None:
         default=1.0,
         help="CTRL penalty for tokens already present, > 0 (default 1 = off)",
     )
-    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples (default: random)")
+    p.add_argument("--seed", type=seed, default=None, help="seed for reproducible samples (default: random)")
     p.add_argument("--num-samples", type=int, default=1, help="continuations decoded together as one batch")
 
 

@@ -14,7 +14,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import Parser, run_command, smoke
+from minilm.cli import Parser, run_command, seed, smoke
 from minilm.common import atomic_write, markdown_table, output_path
 from minilm.config import DataConfig
 from minilm.data import corpus as data
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     parser.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS))
     parser.add_argument("--trials", type=int, default=20, help="probes per cell (default 20)")
     parser.add_argument("--items", type=int, default=4, help="keys, queries, values or hops of the tasks (default 4)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
         "--text",
         default=None,

@@ -320,7 +320,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
             raw.load_state_dict(state["model"] if state is not None else source.model.state_dict())
         elif t.lora.r:  # the base's weights, the adapters and (resumed) what they had learned
             raw.load_state_dict(source.model.state_dict())
-            lora_base = start_adapters(raw, t.lora, source, dtype, state)
+            lora_base = start_adapters(raw, t.lora, source, dtype, config.out_dir, state)
         raw.to(device)
     raw.checkpoint_blocks = t.activation_checkpointing
     model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
