@@ -119,6 +119,8 @@ def test_overwrite_sets_aside_a_ckpt_pt_that_is_no_checkpoint(tiny_corpus, tmp_p
     mine = b"my notes, named ckpt.pt\n"
     (out / "ckpt.pt").write_bytes(mine)
     argv = tiny_overrides(tiny_corpus, out, "train.max_steps=1", "train.sample_tokens=0", "train.final_eval_tokens=0")
+    assert main(["train", *argv, "--quiet"]) == 2  # without --overwrite: said as what it is, not a checkpoint
+    assert "which is no minilm checkpoint: --overwrite keeps it aside" in capsys.readouterr().err
     assert main(["train", *argv, "--overwrite", "--quiet"]) == 0
     assert (out / "ckpt.1.pt").read_bytes() == mine
     assert checkpoint.load(str(out))["step"] == 1  # the run's own checkpoint took the name

@@ -156,6 +156,11 @@ def claim(out_dir: str, *, resume: bool, overwrite: bool, main: bool = True):
                 None,
             )
             if not resume and not overwrite and existing:
+                if os.path.isfile(existing) and not is_run_checkpoint(existing):
+                    raise OutDirError(
+                        f"out_dir={out_dir!r} holds {existing}, which is no minilm checkpoint: --overwrite "
+                        f"keeps it aside (ckpt.1.pt) and starts the run, or choose another out_dir"
+                    )
                 raise OutDirError(
                     f"out_dir={out_dir!r} already holds a checkpoint ({existing}): continue that run "
                     f"with --resume, replace it with --overwrite, or choose another out_dir"
