@@ -50,13 +50,9 @@ def alive(processes: set) -> set:
     return {(pid, when) for pid, when in processes if started(pid) == when}
 
 
-def test_a_sigterm_stops_the_workers_and_resume_finishes_the_study(tiny_corpus, tmp_path):
-    out = tmp_path / "study"
-    command = [
-        sys.executable,
-        "-m",
-        "minilm",
-        "experiment",
+def study_args(corpus, out, workers: int, steps: int) -> list:
+    """``minilm experiment``'s arguments for a one-seed quick ablation of the base group on ``corpus``."""
+    return [
         "ablation",
         "--quick",
         "--out",
@@ -64,14 +60,20 @@ def test_a_sigterm_stops_the_workers_and_resume_finishes_the_study(tiny_corpus, 
         "--seeds",
         "1",
         "--workers",
-        "2",
+        str(workers),
         "--quiet",
         "ablation.groups=[base]",
-        f"data.corpus={tiny_corpus / 'corpus.txt'}",
+        f"data.corpus={corpus / 'corpus.txt'}",
         "data.vocab_size=400",
-        f"data.dir={tiny_corpus / 'data'}",
-        "train.max_steps=100",  # the signal finds a worker training
+        f"data.dir={corpus / 'data'}",
+        f"train.max_steps={steps}",
     ]
+
+
+def test_a_sigterm_stops_the_workers_and_resume_finishes_the_study(tiny_corpus, tmp_path):
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "minilm", "experiment", *study_args(tiny_corpus, out, workers=2, steps=100)]
+    # (100 steps: the signal finds a worker training)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
     log = tmp_path / "stderr.txt"  # not a pipe: a worker left running would hold it open
     with open(log, "w") as err:
@@ -110,22 +112,7 @@ def test_a_training_run_stopped_part_way_is_not_journaled_as_done(tiny_corpus, t
     """One worker (the jobs run in this process): a SIGTERM caught by the training loop ends the study with
     status 143 instead of recording the cut run as finished, and the SIGTERM handler is given back."""
     out = tmp_path / "study"
-    args = [
-        "ablation",
-        "--quick",
-        "--out",
-        str(out),
-        "--seeds",
-        "1",
-        "--workers",
-        "1",
-        "--quiet",
-        "ablation.groups=[base]",
-        f"data.corpus={tiny_corpus / 'corpus.txt'}",
-        "data.vocab_size=400",
-        f"data.dir={tiny_corpus / 'data'}",
-        "train.max_steps=5",
-    ]
+    args = study_args(tiny_corpus, out, workers=1, steps=5)
     handler, sent = signal.getsignal(signal.SIGTERM), []
 
     def lr_then_terminate(step, t):  # a real SIGTERM during the first run's third step
