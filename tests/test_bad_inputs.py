@@ -978,6 +978,7 @@ def test_there_are_at_least_a_hundred_and_twenty_cases():
     assert len(CASES) >= 120 and len({c[0] for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow
 def test_a_refused_command_changes_nothing_on_disk(outcomes):
     _, before, after = outcomes
     assert after == before

@@ -54,6 +54,7 @@ def test_a_save_that_fails_midway_keeps_the_previous_checkpoint(tmp_path, monkey
     assert os.listdir(tmp_path) == ["ckpt.pt"]  # the temporary file is gone
 
 
+@pytest.mark.slow
 def test_a_process_killed_during_save_keeps_the_previous_checkpoint(tmp_path):
     checkpoint.save(state(1.0), str(tmp_path))
     script = textwrap.dedent(f"""

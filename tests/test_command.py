@@ -24,6 +24,7 @@ def test_no_command_prints_the_plain_usage(capsys):
     assert capsys.readouterr().err.startswith("error: unknown command 'bogus': valid: train, generate, evaluate")
 
 
+@pytest.mark.slow
 def test_the_scripts_of_a_clone_are_the_commands(capsys):
     for name in ("train", "generate", "evaluate"):
         with pytest.raises(SystemExit):
@@ -37,6 +38,7 @@ def test_the_scripts_of_a_clone_are_the_commands(capsys):
             assert script.returncode == 0 and script.stdout == in_process
 
 
+@pytest.mark.slow
 def test_a_built_wheel_trains_from_the_shipped_configs_anywhere(tmp_path):
     """pip wheel, then an install of the wheel alone (no clone on the path): the entry point runs
     and finds rope.yaml among the shipped configs from an unrelated directory."""

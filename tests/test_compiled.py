@@ -45,6 +45,7 @@ def test_static_cache_gives_the_logits_of_the_growing_cache(random_gpt, kind):
     torch.testing.assert_close(static, growing, rtol=1e-4, atol=1e-4)  # the same sums in another order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", [{"kind": "rope"}, {"kind": "alibi"}], ids=["rope", "alibi"])
 def test_compiled_decoding_equals_eager_decoding_past_the_context(random_gpt, position):
     model = random_gpt(position, block_size=16)

@@ -153,6 +153,7 @@ def test_vocab_size_follows_the_tokenizer_setting():
     assert config.model.vocab_size == 1000
 
 
+@pytest.mark.slow
 def test_print_config_prints_the_resolved_yaml():
     result = run_cli("--config", "alibi.yaml", "--print-config", "train.max_steps=7", "data.vocab_size=2000")
     assert result.returncode == 0, result.stderr
@@ -165,6 +166,7 @@ def test_print_config_prints_the_resolved_yaml():
     )
 
 
+@pytest.mark.slow
 def test_cli_config_errors_exit_2_with_one_line():
     result = run_cli("--config", "rope.yaml", "train.max_step=5")
     assert result.returncode == 2

@@ -277,6 +277,7 @@ def peak_rss_mib(corpus, data_dir, tokenizer_text) -> float:
     return int(out.stdout.split()[-1]) / 1024
 
 
+@pytest.mark.slow
 def test_preparing_a_corpus_32_times_larger_takes_about_the_same_memory(tmp_path):
     """Peak RSS of preparing 1.2 MB and 38 MB of text (in processes of their own, the same given
     tokenizer): the streamed preparation holds a chunk at a time, so 37 MB more text adds far

@@ -418,6 +418,7 @@ def test_get_batch_shapes_and_determinism():
         get_batch(np.arange(16, dtype=np.uint16), 2, 16, g)
 
 
+@pytest.mark.slow
 def test_prepare_shakespeare_with_real_vocab(tmp_path, monkeypatch, shakespeare):
     """One full preparation of the default corpus (about 5 s; the plays are converted once per module)."""
     monkeypatch.setattr(plays, "shakespeare_documents", lambda: shakespeare)

@@ -75,6 +75,7 @@ def test_readme_is_a_front_door():
         assert f.read().rstrip().endswith(tests)  # what CI runs
 
 
+@pytest.mark.slow
 def test_every_shell_command_of_readme_and_the_manual_runs(base, tmp_path):
     """Every page's commands in order, in a sandbox of its own, in two runners at once."""
     started = time.time()
@@ -149,6 +150,7 @@ def test_commands_are_found_in_every_kind_of_shell_block():
     assert skip_reason("pip install -e '.[hf]'") and not skip_reason("minilm train --config rope.yaml")
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
     done = subprocess.run(

@@ -351,6 +351,7 @@ def run_cli(*args):
     )
 
 
+@pytest.mark.slow
 def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
     root, data, _ = corpus
     held = {**data, "holdout_tokens": 400}
@@ -372,6 +373,7 @@ def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
     rope, _ = tiny_checkpoint(corpus, "rope")
     learned, _ = tiny_checkpoint(corpus, "learned")
@@ -422,6 +424,7 @@ def test_cli_both_modes_table_csv_and_errors(corpus, tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: checkpoint")
 
 
+@pytest.mark.slow
 def test_evaluating_from_another_directory_reads_the_data_the_run_prepared(tiny_corpus, tmp_path, monkeypatch, capsys):
     """A run with a relative data.dir and corpus, evaluated from elsewhere, scores the data the run prepared
     and makes no ./data there; once the run's tree has moved, its corpus's new path is tokenized again in the

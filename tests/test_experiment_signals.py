@@ -70,6 +70,7 @@ def study_args(corpus, out, workers: int, steps: int) -> list:
     ]
 
 
+@pytest.mark.slow
 def test_a_sigterm_stops_the_workers_and_resume_finishes_the_study(tiny_corpus, tmp_path):
     out = tmp_path / "study"
     command = [sys.executable, "-m", "minilm", "experiment", *study_args(tiny_corpus, out, workers=2, steps=100)]

@@ -43,6 +43,7 @@ def quick_study(tiny_corpus, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_quick_study_end_to_end_with_two_seeds(quick_study):
     out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
     text = (out / "report.md").read_text(encoding="utf-8")
@@ -207,6 +208,7 @@ def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seed
     assert "Fine-tuning rates, chosen on held-out training text" in text and "The plateau:" in text
 
 
+@pytest.mark.slow
 def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study):
     out = quick_study
     (out / "discussion.md").write_text("The numbers of this tiny run mean nothing.\n", encoding="utf-8")
@@ -217,6 +219,7 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
     assert "## 7. Discussion" in text and "mean nothing" in text
 
 
+@pytest.mark.slow
 def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp_path):
     out = tmp_path / "ablation"
     data = [
@@ -631,6 +634,7 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
         experiments.run_config(odd, str(tmp_path / "odd"), {"kind": "rope"}, 1, block_size=512, batch_scale=0.25)
 
 
+@pytest.mark.slow
 def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1, 2], ["sweep.lrs=[1.0e-4, 2.0e-4, 5.0e-4]"])
     long = 4 * plan["model"]["block_size"]

@@ -69,6 +69,7 @@ def reference(tiny_corpus, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path, reference):
     out = tmp_path / "fsdp"
@@ -89,6 +90,7 @@ def test_fsdp_on_two_processes_follows_the_one_process_run(tiny_corpus, tmp_path
         torch.testing.assert_close(mine["state"][i]["exp_avg_sq"], state["exp_avg_sq"], rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
     """Ranks other than 0 build the model on the meta device and receive their shards, and the
@@ -101,6 +103,7 @@ def test_fsdp_ranks_receive_rank_0s_weights_and_buffers(tiny_corpus, tmp_path):
         assert a == pytest.approx(b, rel=1e-5)
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_path):
     """Positions drawn at evaluation make a forward pass per row: every rank must still make as
@@ -114,6 +117,7 @@ def test_fsdp_evaluates_positions_drawn_per_row_in_lockstep(tiny_corpus, tmp_pat
     assert len(losses(tmp_path / "two", "final")) == 1
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path, reference, dtype):
@@ -126,6 +130,7 @@ def test_fsdp_mixed_precision_trains_near_the_float32_run(tiny_corpus, tmp_path,
         assert a == pytest.approx(b, rel=2e-3)
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_path, reference):
     """2 -> 2, 2 -> 1 and 1 -> 2: the resumed runs continue the uninterrupted trajectory."""
@@ -146,6 +151,7 @@ def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_pat
             assert a == pytest.approx(b, rel=1e-5, abs=1e-5), (name, step)
 
 
+@pytest.mark.slow
 @fsdp_on_cpu
 def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference):
     out = tmp_path / "run"
@@ -200,6 +206,7 @@ def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
         saving.unshard(config.out_dir + "-missing")
 
 
+@pytest.mark.slow
 def test_damaged_shards_are_one_line_errors(tiny_config, tmp_path):
     config = tiny_config("train.max_steps=2", "train.checkpoint_format=sharded")
     train(config, quiet=True)
@@ -270,6 +277,7 @@ train(resolve_config(load_config(None, sys.argv[1:])), quiet=True)
 """
 
 
+@pytest.mark.slow
 def test_a_save_killed_before_its_link_moves_leaves_the_previous_checkpoint(tiny_corpus, tmp_path):
     out = tmp_path / "run"
     given = tiny_overrides(

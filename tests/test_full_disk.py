@@ -59,6 +59,7 @@ def leftovers(directory):
     )
 
 
+@pytest.mark.slow
 def test_training_keeps_its_previous_checkpoint_when_the_disk_fills(tiny_corpus, small_disk):
     disk = small_disk("700k")  # the step-6 checkpoint (~470 KB) fits, a second one beside it does not
     out = disk / "run"
@@ -68,6 +69,7 @@ def test_training_keeps_its_previous_checkpoint_when_the_disk_fills(tiny_corpus,
     assert [p for p in leftovers(out) if p != ".lock"] == []
 
 
+@pytest.mark.slow
 def test_a_sharded_save_on_a_full_disk_keeps_the_previous_checkpoint(tiny_corpus, small_disk):
     disk = small_disk("1000k")  # the step-6 shards (~650 KB) fit, a second version beside them does not
     out = disk / "run"
@@ -82,6 +84,7 @@ def test_a_sharded_save_on_a_full_disk_keeps_the_previous_checkpoint(tiny_corpus
     assert [p for p in leftovers(out) if p != ".lock"] == [version, f"{version}/.metadata"]
 
 
+@pytest.mark.slow
 def test_export_on_a_full_disk_leaves_no_directory(small_disk):
     disk = small_disk("60k")
     result = run("-m", "minilm", "export", FIXTURE, str(disk / "hf"))
@@ -89,6 +92,7 @@ def test_export_on_a_full_disk_leaves_no_directory(small_disk):
     assert os.listdir(disk) == []
 
 
+@pytest.mark.slow
 def test_preparing_data_on_a_full_disk_leaves_no_partial_directory(tiny_corpus, small_disk, tmp_path):
     disk = small_disk("60k")
     result = run("train.py", *tiny_overrides(tiny_corpus, tmp_path / "run", f"data.dir={disk / 'data'}"), "--quiet")
@@ -96,6 +100,7 @@ def test_preparing_data_on_a_full_disk_leaves_no_partial_directory(tiny_corpus, 
     assert list((disk / "data").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_make_corpus_on_a_full_disk_leaves_nothing(small_disk):
     disk = small_disk("20k")
     result = run(

@@ -56,6 +56,7 @@ def greedy(ckpt, *extra):
     return ("--checkpoint", ckpt, "--temperature", "0", *extra)
 
 
+@pytest.mark.slow
 def test_streams_text_through_a_pipe_as_it_is_decoded(checkpoints):
     proc = subprocess.Popen(
         [sys.executable, SCRIPT, *greedy(checkpoints["rope"], "--no-echo", "--max-new-tokens", "400"), "ROMEO:"],
@@ -171,6 +172,7 @@ def test_runs_far_past_the_context_and_no_cache_agrees(checkpoints, capsys, name
     assert status == 0 and cached == uncached
 
 
+@pytest.mark.slow
 def test_compile_gives_the_same_text_past_the_context(checkpoints, capsys):
     argv = greedy(checkpoints["rope"], "--max-new-tokens", "60", "--max-context", "24", "ROMEO:")
     status, eager, err = run(capsys, *argv)
@@ -214,6 +216,7 @@ def test_set_changes_the_position_scaling_at_generation_time(checkpoints, capsys
     assert status == 2 and "only model.block_size, model.dropout, model.position, data.* can change" in err
 
 
+@pytest.mark.slow
 def test_attention_map(checkpoints, capsys, tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "attn.png"
@@ -254,6 +257,7 @@ def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
     assert out == ""
 
 
+@pytest.mark.slow
 def test_unreadable_checkpoint_in_a_subprocess_has_no_traceback(tmp_path):
     bad = tmp_path / "ckpt.pt"
     bad.write_bytes(b"not a checkpoint")

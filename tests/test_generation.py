@@ -488,6 +488,7 @@ def embeds(position) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("position", ROLLING, ids=scheme_id)
 def test_attention_sinks_cached_equals_no_cache_far_past_the_context(random_gpt, position):
     model = random_gpt(position, block_size=32)

@@ -535,6 +535,7 @@ def cli(*args, cwd):
     return result.stdout
 
 
+@pytest.mark.slow
 def test_an_imported_model_through_the_command_lines(hf_tokenizer_dir, tiny_corpus, tmp_path):
     _, directory = hf_model_dir("llama-gqa-untied-yarn", hf_tokenizer_dir, tmp_path)
     data = [f"data.corpus={tiny_corpus / 'corpus.txt'}", f"data.dir={tmp_path / 'data'}"]
@@ -717,6 +718,7 @@ def big_model_dir(case: str, root, text: str):
     return model, directory, filler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BIG_CASES))
 def test_a_vocabulary_past_uint16_imports_exactly(case, tiny_corpus, tmp_path):
     reference, directory, first_word = big_model_dir(case, tmp_path, (tiny_corpus / "corpus.txt").read_text())
@@ -729,6 +731,7 @@ def test_a_vocabulary_past_uint16_imports_exactly(case, tiny_corpus, tmp_path):
         assert (cached_logits(loaded.model, ids, prefill=25) - expected).abs().max() < TOLERANCE
 
 
+@pytest.mark.slow
 def test_a_llama3_sized_model_through_the_command_lines(tiny_corpus, tmp_path):
     """generate, evaluate (uint32 token files), a few init_from steps and export, at 128,256 tokens."""
     text = (tiny_corpus / "corpus.txt").read_text()
@@ -787,6 +790,7 @@ def test_a_llama3_sized_model_through_the_command_lines(tiny_corpus, tmp_path):
         torch.testing.assert_close(tuned(ids), reference(ids).logits, rtol=1e-5, atol=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_path):
     """generation_config.json names two end-of-text ids; the first one greedy decoding reaches
     ends the sample in minilm as in transformers' generate (which keeps it as the last token)."""

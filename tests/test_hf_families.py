@@ -741,6 +741,7 @@ EXPORTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus, tmp_path):
     """The shipped configs' own layout (norms, MLP, q/k norms, positions) at the tiny size, a few
@@ -784,6 +785,7 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
     assert ours == theirs
 
 
+@pytest.mark.slow
 def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir, tmp_path):
     """``minilm memory`` reads a family's layer design from config.json alone (``train.init_from``):
     EXAONE 4's three local layers keep their window of keys, its global one the whole context."""

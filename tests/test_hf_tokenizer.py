@@ -129,6 +129,7 @@ def byte_level():
 # =========================================================================== exact export
 
 
+@pytest.mark.slow
 def test_export_matches_sentencepiece_on_the_shakespeare_validation_split(shakespeare_sp, exported, shakespeare_text):
     _, hf = exported
     val = shakespeare_text[1]
@@ -287,6 +288,7 @@ def test_saving_an_hf_tokenizer_writes_its_own_json(byte_level, tmp_path):
     assert theirs(text, add_special_tokens=False)["input_ids"] == byte_level.encode(text)
 
 
+@pytest.mark.slow
 def test_without_the_extra_minilm_imports_and_hf_tokenizers_say_how_to_install(byte_level, small_sp, monkeypatch):
     code = (
         "import sys; sys.modules['tokenizers'] = None; sys.modules['transformers'] = None\n"

@@ -16,6 +16,7 @@ from minilm.study.journal import Journal, JournalError
 from minilm.study.provenance import busy_seconds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_jobs_run_after_what_they_need_and_return_their_values(workers):
     jobs = [
@@ -29,6 +30,7 @@ def test_jobs_run_after_what_they_need_and_return_their_values(workers):
     assert done["sleep"].seconds >= 0.29 and done["after sleep"].phase == "b"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_failing_job_stops_the_run_with_its_error(workers):
     jobs = [
@@ -49,6 +51,7 @@ def test_the_graph_is_checked_before_anything_runs():
         run_jobs([Job("a", operator.add, (1, 1))], workers=0, quiet=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_journal_gives_back_finished_jobs_and_reruns_changed_ones(workers, tmp_path):
     journal = Journal(str(tmp_path / "journal"))

@@ -103,6 +103,7 @@ def runs(tmp_path_factory):
     return scratch, done
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_figure(runs):
     pytest.importorskip("matplotlib")
     scratch, done = runs

@@ -79,6 +79,7 @@ def test_layer_schemes_join_the_position_groups():
     assert group["weight_decay"] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FSDP2_ON_CPU, reason=f"FSDP2 on the CPU needs torch >= 2.9, not {torch.__version__}")
 def test_a_hybrid_trains_under_fsdp_as_on_one_process(tiny_corpus, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}

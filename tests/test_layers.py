@@ -266,6 +266,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert LAYERS[unit(name)] > LAYERS[unit("minilm.model")]
 
 
+@pytest.mark.slow
 def test_the_commands_start_without_fsdp_and_dcp():
     """torch's FSDP2 and distributed checkpoint cost about a second to import: every command
     module loads without them, and a run imports them only when it shards (docs/design.md)."""

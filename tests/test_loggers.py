@@ -68,6 +68,7 @@ def test_tensorboard_event_files_read_back_with_tensorboards_reader(tiny_config)
     assert "config/text_summary" in events.Tags()["tensors"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="the wandb extra is not installed")
 def test_wandb_offline_keeps_the_run_on_disk(tiny_config, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -140,6 +140,7 @@ def test_a_lora_run_trains_only_adapters_and_the_named_parameters(tiny_corpus, g
     assert (merged - adapted).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpus, gen_tokenizer, tmp_path):
     """A 20-step LoRA extension (YaRN 2x) of an imported Llama-shaped model: the trainable count is the
     formula's, the checkpoint holds only that (under a tenth of the base's weights), and the export
@@ -257,6 +258,7 @@ def test_bad_lora_settings_are_one_line_errors(setting, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape",
     [None, {**LLAMA, "tie_embeddings": True}, {**LLAMA, "qk_norm": True}, NEOX],

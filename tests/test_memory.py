@@ -6,6 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from minilm.cli.memory import counted_model
 from minilm.config import ConfigError, LoRAConfig
 from minilm.configfile import load_config
 from minilm.model.lora import add_adapters
+from minilm.training import memory
 from minilm.training.memory import LAYOUTS, activation_bytes, lora_counts, parameter_counts, step_memory
 from tests.conftest import REPO
 
@@ -86,6 +88,77 @@ def test_weights_gradients_and_optimizer_follow_their_formulas():
     assert muon["optimizer"] == 4 * matrices + 8 * (total - matrices)
 
 
+DEEP = {
+    "uniform, 13 layers": dict(n_layer=13),
+    "local x2 + global NoPE, 17 layers": dict(
+        n_layer=17,
+        layers={
+            "pattern": ["local", "local", "global"],
+            "local": {"window": 8},
+            "global": {"position": {"kind": "none"}},
+        },
+    ),
+    "value embeddings, pattern of 3, 27 layers": dict(
+        n_layer=27,
+        value_embeddings=True,
+        layers={"pattern": ["a", "b", "c"], "a": {"window": 4}, "b": {"sinks": "learned"}, "c": {}},
+    ),
+    "value embeddings, 9 layers, untied": dict(n_layer=9, value_embeddings=True, tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("shape", DEEP)
+def test_a_deep_model_is_counted_from_shallow_ones_as_whole(shape, monkeypatch):
+    """``by_depth`` (three models of at most two periods of layers) gives the very bytes and
+    parameters that counting the whole model gives, in every layout and with LoRA, with layer
+    patterns whose period does not divide the depth and value embeddings (a table per pair)."""
+    config = ModelConfig(vocab_size=300, n_head=2, d_model=32, block_size=16, **DEEP[shape])
+    assert config.n_layer > 4 * memory.period(config)  # the shallow path is taken
+    lora = LoRAConfig(r=2, targets=["q", "v"], also_train=["norms"])
+    shallow = step_memory(config, 2, 4, torch.bfloat16, "muon"), parameter_counts(config), lora_counts(config, lora)
+    shallow_lora = step_memory(config, 2, 4, torch.bfloat16, "adamw", lora=lora)
+    monkeypatch.setattr(memory, "by_depth", lambda count, model_config: count(model_config))
+    whole = step_memory(config, 2, 4, torch.bfloat16, "muon"), parameter_counts(config), lora_counts(config, lora)
+    assert shallow == whole
+    assert shallow_lora == step_memory(config, 2, 4, torch.bfloat16, "adamw", lora=lora)
+    assert whole[1][0] == sum(p.numel() for p in GPT(config).parameters())
+
+
+def test_a_count_too_long_for_the_dry_run_is_refused_before_or_while_it_runs(monkeypatch):
+    """Written-out attention (ALiBi's bias here) is counted chunk by chunk, so its work grows with
+    the length: past ``DRY_RUN_OPERATIONS`` the count is refused with the largest length that fits
+    (estimated from two short dry runs), or stops where the estimate fell short; SDPA's is not."""
+    alibi = ModelConfig(vocab_size=300, n_layer=2, n_head=2, d_model=32, block_size=4096, position={"kind": "alibi"})
+    monkeypatch.setattr(memory, "DRY_RUN_OPERATIONS", 3000)
+    with pytest.raises(
+        memory.DryRunTooLong, match=r"model.block_size=4096: .* count at model.block_size <= [0-9,]+\)?$"
+    ):
+        step_memory(alibi, 2, 4, torch.float32, "adamw")
+    largest = int(
+        str(pytest.raises(memory.DryRunTooLong, step_memory, alibi, 2, 4, torch.float32, "adamw").value)
+        .rsplit("<= ", 1)[1]
+        .replace(",", "")
+    )
+    step_memory(dataclasses.replace(alibi, block_size=largest // 2), 2, 4, torch.float32, "adamw")  # counted
+    monkeypatch.setattr(memory, "check_countable", lambda *args: None)  # the estimate passes it: the dry run stops
+    with pytest.raises(memory.DryRunTooLong, match="3,001 or more torch operations"):
+        step_memory(alibi, 2, 4, torch.float32, "adamw")
+    rope = dataclasses.replace(alibi, position={"kind": "rope"}, block_size=2**24)
+    assert step_memory(rope, 2, 4, torch.float32, "adamw")[0]["activations"] > 2**24 * 32 * 4
+
+
+def test_the_memory_command_answers_at_its_largest_depth_and_length_in_seconds():
+    env = {**os.environ, "PYTHONPATH": REPO}
+    run = partial(subprocess.run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    deep = run([sys.executable, "-m", "minilm", "memory", "model.n_layer=1024", "model.block_size=16777216"])
+    assert deep.returncode == 0, deep.stderr
+    assert "1024 layers x d_model 192, vocabulary 4,096, 8 x 16777216 tokens per process" in deep.stdout
+    long = run([sys.executable, "-m", "minilm", "memory", "alibi.yaml", "model.block_size=16777216"])
+    assert long.returncode == 2 and long.stderr.count("\n") == 1, long.stderr
+    assert long.stderr.startswith("error: model.block_size=16777216: the count would run") and "<= " in long.stderr
+
+
+@pytest.mark.slow
 def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     env = {**os.environ, "PYTHONPATH": REPO}
     proc = subprocess.run(

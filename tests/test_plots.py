@@ -54,6 +54,7 @@ def position(kind, **options):
 # --------------------------------------------------------------------------- every scheme
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", available())
 def test_every_registered_kind_plots_a_png(kind, tmp_path):
     settings = cli.position_settings(kind, [])
@@ -69,6 +70,7 @@ def test_p_rope_plots_with_its_pairs_at_frequency_zero(tmp_path):
     assert_png(plots.plot_scheme(build(settings, **SHAPE), settings, str(tmp_path / "p-rope.png")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fire", "kerple", "t5", "learned", "shaw"])
 def test_a_learned_schemes_figure_is_the_same_every_time(kind, tmp_path):
     """Initial values from seed 0, whatever the caller's random state: the manual's figures redraw
@@ -250,6 +252,7 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
         attention_maps.attention_map(object(), [1], object(), str(tmp_path / "a.png"))
 
 
+@pytest.mark.slow
 def test_cli_subprocess_writes_the_png(tmp_path):
     out = tmp_path / "figs" / "alibi_pi.png"
     result = subprocess.run(
@@ -282,6 +285,7 @@ def test_cli_subprocess_writes_the_png(tmp_path):
     assert_png(out)
 
 
+@pytest.mark.slow
 def test_the_old_invocation_names_the_new_one():
     result = subprocess.run(
         [sys.executable, "-m", "minilm.positions", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
@@ -312,6 +316,7 @@ def tiny_model(kind_settings, vocab_size, block_size=32, n_layer=2):
     return model.eval()
 
 
+@pytest.mark.slow
 def test_checkpoint_figure_shows_the_trained_biases(tokenizer, tmp_path, capsys):
     model = tiny_model(position("t5", num_buckets=8, max_distance=16), tokenizer.vocab_size)
     config = Config(model=model.config)

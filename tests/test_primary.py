@@ -90,6 +90,7 @@ def test_each_claim_is_its_own_test_and_holm_runs_over_the_family(tmp_path):
     assert ci.high < math.log(1.1) and ci.low > -math.log(1.1) and by_id["flat"].p < 0.05
 
 
+@pytest.mark.slow
 def test_retrieval_claims_take_the_seed_as_the_unit(tmp_path):
     """The same per-seed accuracies from 32 or 3,200 probes per seed give the same test: the
     replicates are the 3 trained models, not their probes (pooled, the binomial test would call

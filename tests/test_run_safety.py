@@ -44,6 +44,7 @@ def records(out_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_busy_out_dir_refuses_and_the_first_finishes_intact(tiny_corpus, tmp_path):
     out = tmp_path / "busy"
     args = tiny_overrides(
@@ -94,6 +95,7 @@ def test_a_fresh_run_keeps_the_old_metrics_and_refuses_the_old_checkpoint(tiny_c
     assert os.path.exists(os.path.join(config.out_dir, "metrics.1.jsonl"))  # the first run's log, rotated
 
 
+@pytest.mark.slow
 def test_a_failing_run_leaves_the_previous_files_alone(tiny_corpus, tmp_path):
     out = tmp_path / "kept"
     args = tiny_overrides(tiny_corpus, out, "train.max_steps=2", "train.sample_tokens=0") + ["--quiet"]
@@ -112,6 +114,7 @@ def test_a_failing_run_leaves_the_previous_files_alone(tiny_corpus, tmp_path):
         assert records(out) == before and (out / "ckpt.pt").read_bytes() == weights
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_corpus, tmp_path):
     out = tmp_path / "full"
     args = tiny_overrides(tiny_corpus, out, "train.sample_tokens=0") + ["--quiet"]  # saves at steps 6 and 12
@@ -138,6 +141,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_corpus, tm
     assert not [name for name in os.listdir(out) if name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seconds", [0.3, 0.8, 1.5, 2.5])
 def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tiny_corpus, tmp_path, seconds):
     out = tmp_path / "killed"
@@ -181,6 +185,7 @@ def test_the_lock_is_exclusive_and_rotate_never_overwrites(tmp_path):
     assert [(tmp_path / f"m.{n}.jsonl").read_text() for n in (1, 2, 3)] == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_resuming_with_other_train_settings_says_so(tiny_corpus, tmp_path):
     out = tmp_path / "sched"
     first = subprocess.run(

@@ -65,6 +65,7 @@ def test_bounded_and_embedded_positions_are_reported_as_not_run(corpus):  # noqa
     assert table.count("\n") == 5 and "| 0-15 | 16-31 | 32-63 |" in table
 
 
+@pytest.mark.slow
 def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F811
     rope, _ = tiny_checkpoint(corpus, "rope")
     out = run_cli(
@@ -108,6 +109,7 @@ def test_cli_table_csv_figure_and_errors(corpus, tmp_path, capsys):  # noqa: F81
         assert "options of --stream" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_models_of_different_lengths_each_get_their_own_bands(corpus):  # noqa: F811
     short, _ = tiny_checkpoint(corpus, "rope")
     long, _ = tiny_checkpoint(corpus, "alibi", block_size=32)

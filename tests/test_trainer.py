@@ -314,6 +314,7 @@ def test_init_from_fine_tunes_on_another_corpus_with_the_source_tokenizer(tiny_c
 # --------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     out = tmp_path / "cli"
     result = cli(["train.py", *tiny_overrides(tiny_corpus, out)])
@@ -350,6 +351,7 @@ def test_cli_end_to_end_then_sigterm_saves(tiny_corpus, tmp_path):
     assert 1 <= state["step"] < 100000 and "optimizer" in state
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 def test_ddp_two_processes_match_one_process_with_grad_accum(tiny_corpus, tmp_path):
     """Two gloo processes (torchrun, grad_accum=2: one micro-step under no_sync) and one process

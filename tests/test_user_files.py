@@ -62,6 +62,7 @@ def test_racing_writers_keep_every_file(tmp_path):
     assert texts == sorted(f"writer {n}" for n in range(16))
 
 
+@pytest.mark.slow
 def test_evaluate_sets_the_users_file_aside_and_reads_paths_anywhere(checkpoints, tmp_path):
     first, second = checkpoints
     mine = tmp_path / "keep.txt"
@@ -130,6 +131,7 @@ def test_overwrite_sets_aside_a_ckpt_pt_that_is_no_checkpoint(tiny_corpus, tmp_p
     assert not (out / "ckpt.2.pt").exists() and (out / "ckpt.1.pt").read_bytes() == mine
 
 
+@pytest.mark.slow
 def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
     first, _ = checkpoints
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -144,6 +146,7 @@ def test_two_evaluations_at_once_keep_both_tables(checkpoints, tmp_path):
     assert len(tables) >= 2, tables
 
 
+@pytest.mark.slow
 def test_two_exports_into_one_directory_never_mix(checkpoints, tmp_path):
     pytest.importorskip("safetensors")
     first, second = checkpoints
@@ -158,12 +161,14 @@ def test_two_exports_into_one_directory_never_mix(checkpoints, tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".hf-")]  # no staging left behind
 
 
+@pytest.mark.slow
 def test_memory_takes_overrides_after_its_options(tmp_path):
     result = run("memory", "rope.yaml", "--ranks", "2", "model.block_size=1024", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "8 x 1024 tokens per process, 2 processes" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_corpus, tmp_path):
     """Started with train.max_steps=4, resumed from a config file that says 12: it stays at 4 and
     says so; given again on the command line, max_steps=8 is taken."""

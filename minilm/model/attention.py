@@ -94,7 +94,8 @@ def attend(
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None
     if reach is not None:  # a window's queries in chunks of about its width, each over its own band of keys
-        chunk = min(chunk, max(reach, WINDOW_CHUNK))
+        width = max(reach, WINDOW_CHUNK)
+        chunk = min(width, queries_per_chunk(q, min(Tk, width + reach)))  # a band holds < width + reach keys
     for start in range(0, Tq, chunk):
         end = min(start + chunk, Tq)
         qp, qc = q_pos[start:end], q[:, :, start:end]
