@@ -984,6 +984,7 @@ def test_a_refused_command_changes_nothing_on_disk(outcomes):
     assert after == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, argv, stdin, named", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_clear_line(outcomes, name, argv, stdin, named):
     result = outcomes[0][name]

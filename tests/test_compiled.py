@@ -67,6 +67,7 @@ def test_compiled_decoding_equals_eager_decoding_past_the_context(random_gpt, po
             logits = [d.step(torch.tensor([token])) for d in decoders]
 
 
+@pytest.mark.slow
 def test_the_compiled_step_is_reused_until_a_weight_changes(random_gpt):
     model = random_gpt({"kind": "rope"}, block_size=16)
     first = compiled_body(model)

@@ -147,6 +147,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
             assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
 
 
+@pytest.mark.slow
 def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
     out, L = quick_study, experiments.QUICK["model"]["block_size"]
     middle = experiments.QUICK["extension"]["curve_steps"][1]
@@ -177,6 +178,7 @@ def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
     assert by_step[0] == pytest.approx(source.nll, rel=1e-5)  # step 0: the source with the scaling applied
 
 
+@pytest.mark.slow
 def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seeds(quick_study):
     out, L = quick_study, experiments.QUICK["model"]["block_size"]
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))

@@ -114,6 +114,7 @@ def test_the_command_writes_the_figure(runs):
     assert f"wrote {scratch / 'rnope.png'}: the keys each query sees over 192 positions" in result.stdout  # 3 x 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, named", [("length", "--length='1'"), ("design", "'glbal'")])
 def test_bad_input_is_one_error_line(runs, case, named):
     scratch, done = runs

@@ -107,6 +107,7 @@ DEEP = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", DEEP)
 def test_a_deep_model_is_counted_from_shallow_ones_as_whole(shape, monkeypatch):
     """``by_depth`` (three models of at most two periods of layers) gives the very bytes and
@@ -147,6 +148,7 @@ def test_a_count_too_long_for_the_dry_run_is_refused_before_or_while_it_runs(mon
     assert step_memory(rope, 2, 4, torch.float32, "adamw")[0]["activations"] > 2**24 * 32 * 4
 
 
+@pytest.mark.slow
 def test_the_memory_command_answers_at_its_largest_depth_and_length_in_seconds():
     env = {**os.environ, "PYTHONPATH": REPO}
     run = partial(subprocess.run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
