@@ -598,6 +598,12 @@ CASES = [
         "model.n_layer=100000",
     ),
     (
+        "memory of ALiBi at 16M tokens, too long to count",
+        ["-m", "minilm", "memory", "alibi.yaml", "model.block_size=16777216"],
+        None,
+        "model.block_size=16777216",
+    ),
+    (
         "a batch of a hundred thousand rows",
         [
             "train.py",
