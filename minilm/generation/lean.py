@@ -1,11 +1,9 @@
 """The eager decode step: one new token per row through every layer with as little Python per
 layer as the same computation allows. ``generate`` decodes with it unless the step is compiled.
 
-A bf16 decode step of the benchmark's model (6 layers x 384) on a 2-core CPU spends about 2.6 ms
-in its matrix products, which run at the floor, and through ``GPT.body`` about 1.5 ms more in
-Python between them: module calls (about 3 us each), submodule and parameter lookups (about
-0.6 us each) and layers of small calls (docs/benchmarks.md, "Training step and decoding").
-``lean_body(model)`` reads each block's parts (``minilm.model.layer``: its tensors, settings and
+At decoding's sizes the Python between the matrix products (module calls, submodule and
+parameter lookups) costs as much as the products themselves (docs/design.md, "Measured
+choices"). ``lean_body(model)`` reads each block's parts (``minilm.model.layer``: its tensors, settings and
 sublayers as plain functions) once per generation and runs ``GPT.body`` with them in the blocks'
 place: the same code as the modules' forward (``minilm.model.layer.block``, ``self_attention``),
 without a module call or lookup per step. Its logits equal the modules' bit for bit

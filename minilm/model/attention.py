@@ -230,12 +230,10 @@ def fused_by_compiler(q: torch.Tensor) -> bool:
     """Whether the full-sequence causal attention of queries ``q`` should be written out (two
     matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
     ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
-    queries holds the whole batch's scores). There inductor fuses the scaling, mask, softmax
-    and casts into one pass, while the CPU's flash kernel is slow in bf16: the compiled bf16
-    training step is faster this way, the float32 one and eager code are not, so they and
-    CUDA keep SDPA (docs/design.md, "Measured choices"; fp16 on the CPU was not measured). As everywhere on the
-    written-out path, the scores are rounded
-    to bf16 before the float32 softmax; the flash kernel keeps them in float32."""
+    queries holds the whole batch's scores), where inductor fuses the scaling, mask, softmax
+    and casts into one pass; the float32 step, eager code and CUDA keep SDPA (docs/design.md,
+    "Measured choices"). As everywhere on the written-out path, the scores are rounded to bf16
+    before the float32 softmax; the flash kernel keeps them in float32."""
     return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
 
 

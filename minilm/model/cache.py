@@ -50,11 +50,8 @@ SINK_POSITIONS = ("cache", "absolute")  # where attention places the sinks (see 
 
 def cache_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype of a KV cache for a model with this ``weight``: float32 for bf16/fp16 weights on
-    the CPU, else the weights' own. Attention over a wider cache runs in the cache's dtype
-    (``CausalSelfAttention.forward``): on the CPU, SDPA with one query is several times slower in bf16
-    than on float32 copies (torch 2.13, 2-core AVX512-BF16 EPYC, 6 heads of 64: 112 against
-    45 us over 272 keys, 464 against 109 us over 1,088), and a float32 cache saves upcasting
-    every key at every step. The values are the same: a bf16 key is exact in float32."""
+    the CPU (where attention then runs in float32, faster there: docs/design.md, "Measured
+    choices"), else the weights' own. The values are the same: a bf16 key is exact in float32."""
     if weight.device.type == "cpu" and weight.dtype in (torch.bfloat16, torch.float16):
         return torch.float32
     return weight.dtype
@@ -112,6 +109,15 @@ class Ring:
 
 
 class KVCache:
+    """The keys and values of every layer for ``batch_size`` rows, with the position of every
+    slot and ``length``, the tokens given so far (the module docstring). ``update(layer, k, v)``
+    writes a pass's keys and returns what attention reads: (keys, values, their positions).
+    ``n_head`` and ``head_dim`` size each layer's store (the KV heads), ``capacity`` its slots,
+    ``rolling`` a ring of them (a window), ``sinks`` the first positions kept for good, placed by
+    ``sink_positions``; ``static`` fixes every shape (a compiled step's), ``offsets`` (one count
+    per row) are left-padded rows, ``spans`` per layer the most recent keys it can see. Bad
+    settings raise ValueError. Made by ``new_cache`` (``minilm.model.gpt``)."""
+
     def __init__(
         self,
         n_layer: int,

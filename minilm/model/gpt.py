@@ -219,6 +219,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """The language model of ``config`` (a ``ModelConfig``): token embedding, the position scheme
+    (``positions``; per layer type in ``layer_positions``), ``n_layer`` blocks, a final norm and
+    the LM head (tied to the embedding unless ``tie_embeddings`` is false). ``forward(idx)`` gives
+    logits; ``new_cache`` makes the KV cache that ``forward`` then advances; ``parts()`` hands the
+    layer code its tensors (``minilm.model.layer``). Weights start as ``_init_weights`` draws them."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -359,24 +365,22 @@ class GPT(nn.Module):
         restart_positions: bool = False,
         head: Optional[Callable] = None,
     ):
-        """Logits (B, T, vocab) for tokens ``idx`` (B, T).
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T); without a cache the tokens sit at
+        positions 0..T-1, with one at ``cache.length``.. (and the cache advances).
 
-        Without a cache the tokens sit at positions 0..T-1; ``window`` then restricts each query to the
-        last ``window`` positions (what a rolling cache computes), and ``sinks`` keeps the first positions in
-        it too, placed by ``sink_positions`` as in ``minilm.model.cache`` (default the first of SINK_POSITIONS;
-        a cache has its own placement, which ``sink_positions`` may only repeat). With a cache they sit at
-        cache.length.., attend to everything cached, and the cache advances. ``context_len`` is the length
-        dynamic RoPE scaling sees (default: T without a cache, the cache capacity with one).
-        ``return_hidden``: the final normalised hidden states instead of logits. ``body`` replaces
-        ``self.body`` (a compiled one: ``minilm.generation.compiled``; the lean decode step:
-        ``minilm.generation.lean``). ``weights_of`` (a layer index): (logits, that layer's attention weights
-        (B, n_head, T, keys)), written out (``minilm.figures.attention``). ``end_of_text`` (an id; no cache,
-        no window): rows hold documents that each end with that id and attention stops at their boundaries;
-        ``restart_positions`` also numbers each document from 0 (``data.document_mask``). A cache made with
-        ``offsets`` holds left-padded rows, each at its own positions (``new_cache``).
-        ``head(hidden, lm_head_weight, logit_softcap)``: what to return instead of the logits, computed inside
-        the forward pass (a loss that never forms the logits; under FSDP the head's weight is whole only
-        inside a forward pass, so losses are taken this way).
+        - ``cache``: a ``KVCache`` (``new_cache``); its tokens attend to everything it holds; one made
+          with ``offsets`` holds left-padded rows, each at its own positions.
+        - ``window``, ``sinks`` (no cache): each query sees only the last ``window`` positions and the
+          first ``sinks``, placed by ``sink_positions`` as in ``minilm.model.cache`` (default the first
+          of SINK_POSITIONS; a cache has its own placement, which this may only repeat).
+        - ``context_len``: the length dynamic RoPE scaling sees (default T, or the cache's capacity).
+        - ``return_hidden``: the final normalised hidden states instead of logits.
+        - ``body``: what runs in ``self.body``'s place (``minilm.generation.compiled``, ``.lean``).
+        - ``weights_of`` (a layer index): (logits, that layer's attention weights (B, n_head, T, keys)).
+        - ``end_of_text`` (an id; no cache, no window): rows hold documents that each end with it, and
+          attention stops at their boundaries; ``restart_positions`` numbers each from 0.
+        - ``head(hidden, lm_head_weight, logit_softcap)``: returned instead of the logits, computed
+          inside the pass (a loss that never forms the logits; FSDP's head is whole only in a pass).
         """
         B, T = idx.shape
         if any(scheme.draws_at_evaluation for scheme in self.schemes()) and not self.training and B > 1:
