@@ -56,7 +56,7 @@ from tqdm import tqdm
 from minilm.common import MinilmError, available_memory, peak_memory, shown
 from minilm.generation.compiled import compiled_body
 from minilm.generation.lean import lean_body
-from minilm.model.cache import SINK_POSITIONS, cache_dtype
+from minilm.model.cache import SINK_POSITIONS, cache_dtype, check_sink_positions
 from minilm.positions.layers import cache_slots
 
 PROGRESS_CHUNKS = 16  # a prompt prefilled in at least this many chunks past the window shows a progress bar
@@ -192,10 +192,7 @@ def check_sinks(model, sinks, max_context: int, slides: bool, sink_positions: st
     """``sinks`` checked: 0 <= sinks < max_context, and only for schemes that roll; ``sink_positions``
     one of SINK_POSITIONS, and ``cache`` neither compiled nor under positions added to the embeddings."""
     check_count("sink_tokens", sinks, 0)
-    if sink_positions not in SINK_POSITIONS:
-        raise GenerationError(
-            f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
-        )
+    check_sink_positions(sink_positions, GenerationError)
     if sinks and slides:
         raise GenerationError(
             f"sink_tokens={sinks} needs a scheme whose cache rolls (rope, alibi, t5, ...): "

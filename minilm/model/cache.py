@@ -48,6 +48,13 @@ EMPTY = float(2**24)  # the position of an empty slot: later than any query
 SINK_POSITIONS = ("cache", "absolute")  # where attention places the sinks (see above); the first is the default
 
 
+def check_sink_positions(value, error: type = ValueError) -> str:
+    """``value`` when it is one of ``SINK_POSITIONS``; else ``error`` naming it and those."""
+    if value not in SINK_POSITIONS:
+        raise error(f"sink_positions={value!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}")
+    return value
+
+
 def cache_dtype(weight: torch.Tensor) -> torch.dtype:
     """The dtype of a KV cache for a model with this ``weight``: float32 for bf16/fp16 weights on
     the CPU (where attention then runs in float32, faster there: docs/design.md, "Measured
@@ -140,10 +147,7 @@ class KVCache:
             raise ValueError(f"cache capacity={capacity} is invalid: expected at least 1 token")
         if not 0 <= sinks < capacity:
             raise ValueError(f"sinks={sinks} is invalid for capacity {capacity}: expected 0 <= sinks < capacity")
-        if sink_positions not in SINK_POSITIONS:
-            raise ValueError(
-                f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
-            )
+        check_sink_positions(sink_positions)
         # keys kept unrotated and renumbered at every step (attention sinks at cache positions)
         self.renumbered = rolling and sinks > 0 and sink_positions == "cache"
         if static and self.renumbered:

@@ -40,7 +40,7 @@ from torch import nn
 
 from minilm.config import GATED_MLPS, ModelConfig
 from minilm.model.attention import document_layout
-from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype
+from minilm.model.cache import SINK_POSITIONS, KVCache, cache_dtype, check_sink_positions
 from minilm.model.functional import linear, rms_norm
 from minilm.model.layer import (
     AttentionParts,
@@ -429,10 +429,8 @@ class GPT(nn.Module):
             pos = pos[None, :] - cache.offsets[:, None]
         if weights_of is not None and weights_of < 0:
             weights_of += len(self.blocks)  # -1: the last layer
-        if sink_positions is not None and sink_positions not in SINK_POSITIONS:
-            raise ValueError(
-                f"sink_positions={sink_positions!r} is invalid: expected one of {', '.join(SINK_POSITIONS)}"
-            )
+        if sink_positions is not None:
+            check_sink_positions(sink_positions)
         if cache is not None:
             renumbered = cache.renumbered
             if sink_positions is not None and cache.sinks and sink_positions != cache.sink_positions:
