@@ -46,6 +46,8 @@ CHANGEABLE = tuple(f"model.{name}" for name in fields_with(ModelConfig, AFTER_TR
 
 
 class Loaded(NamedTuple):
+    """What ``load_model`` rebuilds: the model, its tokenizer, the run's resolved config and the checkpoint as read."""
+
     model: GPT
     tokenizer: AnyTokenizer  # minilm.data.tokenizer.Tokenizer or minilm.data.hf_tokenizer.HFTokenizer
     config: Config

@@ -63,6 +63,9 @@ class RetrievalError(MinilmError):
 
 @dataclass(frozen=True)
 class Task:
+    """The token ids of one retrieval task: the ``marker`` that opens a record, the ``keys`` and
+    ``values`` drawn from, and how many ``pairs`` a record holds and ``queries`` ask of it."""
+
     marker: int
     keys: tuple
     values: tuple

@@ -52,6 +52,9 @@ class PasskeyError(MinilmError):
 
 @dataclass
 class Prompt:
+    """One passkey prompt: its token ids, the key to retrieve, where the key line begins and how
+    many filler tokens surround it."""
+
     ids: list  # exactly ``length`` token ids, ending with the question
     key: str  # the 5 digits to retrieve
     key_start: int  # token index where the key line begins

@@ -44,6 +44,9 @@ class HFError(MinilmError):
 
 
 class Family(NamedTuple):
+    """One Hugging Face family as minilm reads and writes it: its names, the fields it maps, and
+    the functions that write a minilm model as it and read it back (the comments by each field)."""
+
     name: str  # as messages show it: "GPT-2"
     model_types: tuple  # config.json model_type values this family reads (none: export only)
     handles: frozenset  # ModelConfig fields that ``write`` maps or checks, beside SHARED

@@ -27,6 +27,8 @@ def alibi_slopes(n_head: int) -> list:
 
 @register("alibi")
 class ALiBi(PositionScheme):
+    """ALiBi's per-head linear distance penalty on the attention logits (the module docstring)."""
+
     description = "linear distance penalty per head on attention logits (Press et al. 2022)"
     options = {}
     has_bias = True

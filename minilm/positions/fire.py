@@ -29,6 +29,8 @@ HIDDEN_BUDGET = 1 << 22  # hidden activations (query rows x keys x width) comput
 
 @register("fire")
 class Fire(PositionScheme):
+    """FIRE's learned per-head bias: an MLP of the log-normalised distance (the module docstring)."""
+
     description = "learned MLP of the log-normalised distance per head on attention logits (Li et al. 2023)"
     options = {"hidden": 32}
     has_bias = True

@@ -15,6 +15,8 @@ from minilm.positions.base import MAX_FACTOR, PositionScheme, SchemePass, build,
 
 @register("interpolated")
 class Interpolated(PositionScheme):
+    """Another scheme (``inner``) at positions divided by ``factor`` (the module docstring)."""
+
     description = "wraps another kind and divides its positions by factor (position interpolation)"
     options = {"inner": {"kind": "rope"}, "factor": 2.0}
     renamed_options = {"base": "inner"}

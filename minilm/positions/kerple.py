@@ -27,6 +27,8 @@ VARIANTS = ("log", "power")
 
 @register("kerple")
 class Kerple(PositionScheme):
+    """KERPLE's learned per-head log or power kernel of the distance (the module docstring)."""
+
     description = "learned log (or power) kernel of the distance per head on attention logits (Chi et al. 2022)"
     options = {"variant": "log", "floor": 1e-4}  # the reference code's floor: 1e-2 (module docstring)
     has_bias = True

@@ -12,6 +12,8 @@ from minilm.positions.base import MAX_POSITIONS, PositionScheme, check_number, r
 
 @register("learned")
 class Learned(PositionScheme):
+    """A trained table of ``max_positions`` absolute positions added to the token embedding."""
+
     description = "trained table of absolute positions added to the token embedding (GPT-2); bounded"
     options = {"max_positions": None}  # None: the model's block_size
 

@@ -41,6 +41,9 @@ EVAL_POSITIONS = ("plain", "sampled")  # what a model in eval mode is handed (mo
 
 @register("randomized")
 class Randomized(PositionScheme):
+    """Another scheme (``inner``) trained at sorted random positions from [0, ``max_positions``)
+    (the module docstring); ``eval_positions`` says which positions evaluation takes."""
+
     description = "wraps another kind; trains on sorted random positions from [0, max_positions) (Ruoss et al. 2023)"
     options = {"inner": {"kind": "rope"}, "max_positions": None, "eval_positions": "plain"}  # None: 8 x block_size
     setting_options = ("inner",)

@@ -63,6 +63,17 @@ from minilm.positions.base import (
 )
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional")
+SCALING_NAMES = {  # what the literature and other libraries call a scaling -> its scaling.type here
+    **{t: t for t in SCALING_TYPES[1:]},
+    "pi": "linear",
+    "position_interpolation": "linear",
+    "ntk_aware": "ntk",
+    "dynamic_ntk": "dynamic",
+    "p_rope": "proportional",
+    "prope": "proportional",
+    "default": "none",
+}
+FACTORED = ("linear", "ntk", "yarn", "llama3")  # the scalings that need scaling.factor
 SCALING_KEYS = (
     "type",
     "factor",
@@ -179,11 +190,20 @@ def longrope_attention_factor(factor: float, original: int) -> float:
 
 @register("rope")
 class RoPE(PositionScheme):
+    """Rotary embedding of q and k at ``base``, over ``rotary_fraction`` of each head, with an
+    optional context-extension ``scaling`` (the module docstring and ``rope_scaling``)."""
+
     description = (
         "rotary embedding of q and k in every layer (Su et al. 2021); scalings linear/ntk/dynamic/yarn/llama3/longrope/"
         "proportional"
     )
     options = {"base": 10000.0, "rotary_fraction": 1.0, "scaling": None}
+    variants = {  # model.position.kind=yarn points to model.position.scaling.type=yarn
+        name: (f"scaling.type={t}", *(("scaling.factor=N",) if t in FACTORED else ()))
+        for name, t in SCALING_NAMES.items()
+        if t != "none"
+    }
+    nested_options = {"scaling": SCALING_KEYS}  # model.position.factor=4 points to scaling.factor
 
     def __init__(self, *, base: float, rotary_fraction: float, scaling: Optional[dict], **kw):
         super().__init__(**kw)
@@ -216,7 +236,9 @@ class RoPE(PositionScheme):
                 raise PositionError(f"rope: unknown scaling option {key!r}: {suggest(key, SCALING_KEYS)}")
         kind = scaling.get("type", "none") or "none"
         if kind not in SCALING_TYPES:
-            raise PositionError(f"rope: scaling.type={kind!r} is unknown: {suggest(kind, SCALING_TYPES)}")
+            known = SCALING_NAMES.get(str(kind).lower().replace("-", "_"))
+            hint = f"{kind} is written scaling.type={known}; valid: {', '.join(SCALING_TYPES)}" if known else ""
+            raise PositionError(f"rope: scaling.type={kind!r} is unknown: {hint or suggest(kind, SCALING_TYPES)}")
         for key in scaling:
             if any(key in keys for keys in EXTRA_KEYS.values()) and key not in EXTRA_KEYS.get(kind, ()):
                 owner = ", ".join(t for t, keys in EXTRA_KEYS.items() if key in keys)
@@ -233,7 +255,7 @@ class RoPE(PositionScheme):
         )
         factor = scaling.get("factor")
         if factor is None:
-            if kind in ("linear", "ntk", "yarn", "llama3"):
+            if kind in FACTORED:
                 raise PositionError(
                     f"rope: scaling.type={kind} needs scaling.factor (new length / original length), a number > 0"
                 )

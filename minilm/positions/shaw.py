@@ -25,6 +25,9 @@ from minilm.positions.base import MAX_POSITIONS, PositionScheme, check_number, r
 
 @register("shaw")
 class Shaw(PositionScheme):
+    """Shaw et al.'s learned relative key (and, with ``values``, value) embeddings per distance
+    clipped at ``max_distance`` (the module docstring)."""
+
     description = "learned relative key (and value) embeddings per clipped distance (Shaw et al. 2018)"
     options = {"max_distance": 16, "values": False}
     has_bias = True

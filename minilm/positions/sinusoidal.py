@@ -36,6 +36,8 @@ def sinusoidal_table(pos: torch.Tensor, dim: int, base: float = 10000.0) -> torc
 
 @register("sinusoidal")
 class Sinusoidal(PositionScheme):
+    """The fixed sin/cos table at ``base`` added to the token embedding (the module docstring)."""
+
     description = "fixed sin/cos added to the token embedding (Vaswani et al. 2017)"
     options = {"base": 10000.0, "dim_dropout": [0.0, 0.0]}
     scaled_embedding = True

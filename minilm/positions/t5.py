@@ -27,6 +27,8 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 
 @register("t5")
 class T5Bias(PositionScheme):
+    """T5's learned per-head bias per log-spaced distance bucket (the module docstring)."""
+
     description = "learned per-head bias per log-spaced relative-distance bucket (Raffel et al. 2020)"
     options = {"num_buckets": 32, "max_distance": 128}
     has_bias = True

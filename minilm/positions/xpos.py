@@ -29,6 +29,8 @@ LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 ends near e^88
 
 @register("xpos")
 class XPos(RoPE):
+    """RoPE whose q and k carry a per-pair decay with distance (the module docstring)."""
+
     description = "RoPE with a per-pair decay of q.k with distance (Sun et al. 2022)"
     options = {"base": 10000.0, "rotary_fraction": 1.0, "scale_base": 512.0, "gamma": 0.4}
 

@@ -46,6 +46,9 @@ from minilm.common import MinilmError
 
 @dataclass
 class Job:
+    """One unit of a study's work: ``fn(*args)`` run in a worker once the jobs named in ``after``
+    are done (the comments by each field)."""
+
     key: str
     fn: Callable
     args: tuple = ()

@@ -59,6 +59,9 @@ class ClaimsError(MinilmError):
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
+    """One claim of the claims file: what it says, its source, the test that decides it, the
+    arm ``a`` (against ``b``) and the direction expected."""
+
     id: str
     claim: str
     source: str

@@ -17,6 +17,9 @@ from minilm.common import resolve_device
 
 @dataclasses.dataclass
 class Dist:
+    """This process's place in a torchrun process group: its rank, local rank and the world size
+    (one process: rank 0 of 1)."""
+
     rank: int = 0
     local_rank: int = 0
     world: int = 1

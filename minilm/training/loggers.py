@@ -51,6 +51,8 @@ def scalars(record: dict) -> dict:
 
 
 class JsonlLogger:
+    """Writes each record as a line of JSON to the run's metrics file."""
+
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         self.path = os.path.join(out_dir, JSONL_FILE)
         _start_file(self.path, resumed_step, say, truncate_metrics)
@@ -64,6 +66,8 @@ class JsonlLogger:
 
 
 class CsvLogger:
+    """Writes each record as a row of the run's CSV file, under a header of ``CSV_FIELDS``."""
+
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         self.path = os.path.join(out_dir, CSV_FILE)
         _start_file(self.path, resumed_step, say, _truncate_csv)
@@ -81,6 +85,8 @@ class CsvLogger:
 
 
 class TensorBoardLogger:
+    """Writes each record as TensorBoard scalars in the run's tensorboard directory."""
+
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         from torch.utils.tensorboard import SummaryWriter  # the optional extra, checked by open_loggers
 
@@ -98,6 +104,8 @@ class TensorBoardLogger:
 
 
 class WandbLogger:
+    """Writes each record to a Weights & Biases run kept in the run's directory."""
+
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         import wandb  # the optional extra, checked by open_loggers
 

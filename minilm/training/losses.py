@@ -28,6 +28,10 @@ CHUNK_ROWS = 512  # rows of logits held at once: 512 x vocab floats
 
 
 class LinearCrossEntropy(torch.autograd.Function):
+    """The LM head and the cross-entropy in one autograd function: mean loss of ``hidden`` @
+    ``weight``.T against ``targets`` (logits soft-capped at ``softcap`` when > 0), the logits formed
+    a chunk of rows at a time and never kept for the backward pass."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, softcap):
         device = hidden.device.type
