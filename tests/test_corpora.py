@@ -66,10 +66,12 @@ def test_a_jsonl_file_is_one_document_per_line(tmp_path):
         [{"body": "first\n", "n": 1}, "", {"body": "\n\nsecond\nline"}, {"body": "  "}, {"body": "third \u00e9\u6771"}],
     )
     train, val = corpus_documents(str(path), "body")
-    docs = dict(train + val)
-    assert sorted(docs) == ["docs.jsonl#1", "docs.jsonl#3", "docs.jsonl#5"]  # 1-based line numbers
-    assert docs["docs.jsonl#3"] == "\n\nsecond\nline" and docs["docs.jsonl#5"] == "third \u00e9\u6771"
-    assert len(val) == 1  # several documents: split by documents, not inside one
+    assert [n for n, _ in train] == ["docs.jsonl#1", "docs.jsonl#3", "docs.jsonl#5"]  # 1-based line numbers
+    # fewer than 10 documents: each is cut (at a line break where there is one); one too short to cut stays whole
+    assert [n for n, _ in val] == ["docs.jsonl#3#val", "docs.jsonl#5#val"]
+    docs = {name: text + dict(val).get(name + "#val", "") for name, text in train}
+    assert docs["docs.jsonl#1"] == "first\n" and docs["docs.jsonl#3"] == "\n\nsecond\nline"
+    assert docs["docs.jsonl#5"] == "third \u00e9\u6771" and dict(train)["docs.jsonl#3"] == "\n\nsecond\n"
     (one := tmp_path / "one.jsonl").write_text(json.dumps({"text": tiny_text(50)}) + "\n")
     ((train_name, train_text),) = corpus_documents(str(one))[0]
     ((val_name, val_text),) = corpus_documents(str(one))[1]
@@ -114,6 +116,50 @@ def test_a_directory_mixes_txt_and_jsonl_and_splits_by_name_hash(mixed):
     assert sorted(n for n, _ in val) == sorted(by_hash[:2])  # 10% of 20, smallest SHA-1 of the name
     assert dict(train + val)["sub/play1.txt"] == (mixed / "sub" / "play1.txt").read_text()
     assert dict(train + val)["sub/lines.jsonl#6"] == tiny_text(25, seed=103)
+
+
+@pytest.mark.parametrize("files", [1, 2, 9])
+def test_a_corpus_of_few_documents_gives_validation_the_last_tenth_of_each(tmp_path, files):
+    """Fewer than 10 documents, where 10% of them is less than one (a two-file directory once gave one
+    file of two, 50%, to validation): each document's text from the first line break at or after 90%
+    is validation, so the share is near 10% whatever the lengths, and no text is lost or in both."""
+    root = tmp_path / "few"
+    root.mkdir()
+    texts = {f"doc{i}.txt": tiny_text(200 * 5 ** (i % 2), seed=i) for i in range(files)}  # 8k and 40k characters
+    for name, text in texts.items():
+        (root / name).write_text(text)
+    train, val = corpus_documents(str(root / "doc0.txt" if files == 1 else root))
+    assert [n for n, _ in train] == list(texts) and [n for n, _ in val] == [f"{n}#val" for n in texts]
+    for (name, head), (_, tail) in zip(train, val):
+        assert head + tail == texts[name] and head.endswith("\n") and tail.strip()  # cut at a line break
+        assert 0.09 < len(tail) / len(texts[name]) <= 0.1
+    assert 0.09 < sum(len(t) for _, t in val) / sum(map(len, texts.values())) <= 0.1
+    (root / "doc9.txt").write_text(tiny_text(50, seed=9))
+    for i in range(files, 9):
+        (root / f"more{i}.txt").write_text(tiny_text(50, seed=i))
+    train, val = corpus_documents(str(root))  # 10 documents: validation takes one of them, whole
+    assert len(train) == 9 and len(val) == 1 and not val[0][0].endswith("#val")
+    assert dict(val)[val[0][0]] == (root / val[0][0]).read_text()
+
+
+def test_a_prepared_corpus_of_few_documents_split_whole_is_prepared_again(tmp_path, monkeypatch):
+    """A directory prepared when a two-file corpus gave one whole file to validation is not reused."""
+    root = tmp_path / "two"
+    root.mkdir()
+    for i in range(2):
+        (root / f"doc{i}.txt").write_text(tiny_text(300, seed=i))
+    cfg = DataConfig(corpus=str(root), vocab_size=VOCAB, dir=str(tmp_path / "d"))
+    p = prepare(cfg, quiet=True)
+    assert p.manifest["val"]["documents"] == ["doc0.txt#val", "doc1.txt#val"]
+    assert 0.09 < p.val_chars / (p.train_chars + p.val_chars) < 0.11
+    calls = trainings(monkeypatch)
+    prepare(cfg, quiet=True)
+    assert not calls  # today's split: reused
+    manifest = json.loads((p.dir / "manifest.json").read_text())
+    manifest["train"]["documents"], manifest["val"]["documents"] = ["doc0.txt"], ["doc1.txt"]  # the old split
+    (p.dir / "manifest.json").write_text(json.dumps(manifest))
+    again = prepare(cfg, quiet=True)
+    assert len(calls) == 1 and again.manifest["val"]["documents"] == ["doc0.txt#val", "doc1.txt#val"]
 
 
 def test_text_is_read_in_blocks_exactly_as_read_text(tmp_path, monkeypatch):

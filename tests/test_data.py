@@ -362,12 +362,12 @@ def test_directory_corpus_split_is_deterministic(tmp_path):
     assert all(not n.startswith(".") and n.endswith(".txt") for n, _ in train_a + val_a)
     assert [n for n, _ in train_a] == sorted(n for n, _ in train_a)
 
-    two = tmp_path / "two"
+    two = tmp_path / "two"  # fewer than 10 documents: each is cut; one too short to cut stays whole in train
     two.mkdir()
     (two / "x.txt").write_text("one text\n")
     (two / "y.txt").write_text("another text\n")
     train, val = sources.corpus_documents(str(two))
-    assert len(train) == 1 and len(val) == 1
+    assert train == [("x.txt", "one text\n"), ("y.txt", "another tex")] and val == [("y.txt#val", "t\n")]
 
     train, val = sources.corpus_documents(str(tmp_path / "a" / "doc00.txt"))  # single file: last ~10% at a line break
     text = (tmp_path / "a" / "doc00.txt").read_text()

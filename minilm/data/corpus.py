@@ -7,9 +7,13 @@ is, its documents and their split: ``minilm.data.sources``.
 before; ``np.memmap``-friendly), ``val.txt`` and ``manifest.json``. Files are written to
 temporary names and moved into place, the old manifest is removed first and the new one
 written last, so a directory is valid exactly when its manifest matches the source, the
-settings and the files' hashes; anything else is rebuilt (``reprepare=True``: a valid one
-too). A directory this call created is removed when preparing fails, temporaries of killed
-preparations at the next one; a full disk is one DataError. Progress goes to stderr unless ``quiet``.
+settings, the files' hashes and the split's rule (a corpus of fewer than 10 documents prepared
+when such a corpus gave whole ones to validation is not); anything else is rebuilt
+(``reprepare=True``: a valid one too). A directory this call created is removed when preparing
+fails, temporaries of killed preparations at the next one; a full disk is one DataError.
+Progress goes to stderr unless ``quiet``. ``<name>`` is ``corpus_name``: ``shakespeare``, or the
+corpus path's last part (less ``.txt`` / ``.jsonl``) and the first 8 hex digits of the SHA-1 of
+its absolute path, so two corpora of one name in different places never share a directory.
 
 Preparing streams, so its memory does not grow with the corpus: documents are read one at a
 time, the tokenizer's training text goes to a temporary file as they come (sentencepiece
@@ -62,7 +66,16 @@ from minilm.common import WriteError, atomic_write, remove_stale_temporaries, te
 from minilm.data import tokenizer as tokenizer_module
 from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
 from minilm.data.shakespeare import SHAKESPEARE
-from minilm.data.sources import DOC_SEPARATOR, DataError, Split, listed_names, plan, source_fingerprint, strip_newlines
+from minilm.data.sources import (
+    DOC_SEPARATOR,
+    WHOLE_DOCUMENTS,
+    DataError,
+    Split,
+    listed_names,
+    plan,
+    source_fingerprint,
+    strip_newlines,
+)
 from minilm.data.tokenizer import ENCODE_CHUNK_CHARS, StreamEncoder, Tokenizer, TokenizerError, token_dtype
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
@@ -196,6 +209,8 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
     files = manifest.get("files")
     if not isinstance(files, dict) or set(files) != {"tokenizer.model", "train.bin", "val.bin", "val.txt"}:
         return None
+    if not _split_rule_holds(manifest):
+        return None
     for name, info in files.items():
         path = directory / name
         try:
@@ -204,6 +219,19 @@ def _valid_manifest(directory: Path, expected: dict) -> Optional[dict]:
         except (OSError, KeyError, TypeError):
             return None
     return manifest
+
+
+def _split_rule_holds(manifest: dict) -> bool:
+    """Whether a manifest's split follows today's rule (``minilm.data.sources``): a corpus of fewer
+    than WHOLE_DOCUMENTS documents has only cut documents (``<name>#val``) in validation, so one
+    prepared when such a corpus gave whole documents to validation is rebuilt, and no other."""
+    try:
+        train, val = manifest["train"]["documents"], manifest["val"]["documents"]
+        documents = set(train) | {name[: -len("#val")] if name.endswith("#val") else name for name in val}
+        few = len(documents) < WHOLE_DOCUMENTS and not manifest["train"].get("more_documents")
+        return not few or all(name.endswith("#val") for name in val)
+    except (TypeError, KeyError, AttributeError):
+        return False
 
 
 # =========================================================================== encoding

@@ -16,16 +16,19 @@ A corpus (``DataConfig.corpus``) is:
 Documents with no text (only whitespace: an empty file, an empty field) are ignored. Text
 files are read as ``Path.read_text`` reads them (UTF-8, ``\\r\\n`` and ``\\r`` become ``\\n``).
 
-The split: a corpus of one document (a ``.txt`` file, a directory holding one, a ``.jsonl``
-file with one) is cut at the first line break at or after 90% of its characters: the rest is
-validation, named ``<name>#val``. Otherwise the validation split is the 10% of documents
-(rounded, at least one) whose SHA-1 of the name is smallest, so it is stable across machines
-and runs; both splits keep the corpus order. ``plan`` finds the split from the names alone:
-one pass reads every file through, checking it (UTF-8, every .jsonl line) and listing its
-documents, keeping only their line numbers (some 50 bytes a document while splitting);
-``Split.documents`` then reads the texts back one at a time, text files in blocks, so no
-corpus is held in memory whole (a .jsonl line is read whole). ``corpus_documents`` holds
-them in memory, for small uses.
+The split: validation is about ``VAL_FRACTION`` (10%) of the corpus. A corpus of at least
+``WHOLE_DOCUMENTS`` (10) documents gives it the 10% of its documents (rounded) whose SHA-1 of the
+name is smallest, so it is stable across machines and runs. A corpus of fewer, where 10% of its
+documents is less than one (a ``.txt`` file, a directory of a few files, a ``.jsonl`` file of a few
+lines), is split within its documents: each is cut at the first line break at or after 90% of its
+characters, and the rest is validation, named ``<name>#val`` (no character is lost or in both
+splits); a document too short to cut (no text on one side) stays whole in train, and a corpus with
+no validation text left is a DataError. Both splits keep the corpus order. ``plan`` finds a split
+of whole documents from the names alone: one pass reads every file through, checking it (UTF-8, every .jsonl line) and
+listing its documents, keeping only their line numbers (some 50 bytes a document while splitting);
+a corpus of few documents is read once more to find the cuts. ``Split.documents`` then reads the
+texts back one at a time, text files in blocks, so no corpus is held in memory whole (a .jsonl
+line is read whole). ``corpus_documents`` holds them in memory, for small uses.
 
 Documents of a split are joined with two blank lines between them (``join_documents``;
 ``strip_newlines`` does its stripping on a text in pieces).
@@ -59,6 +62,7 @@ from minilm.data import shakespeare
 from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
 
 VAL_FRACTION = 0.1  # user corpora
+WHOLE_DOCUMENTS = round(1 / VAL_FRACTION)  # fewer documents than this: each is cut (10% of them is less than one)
 DOC_SEPARATOR = "\n\n\n"
 READ_BYTES = 1 << 20  # text files are read (and handed on) in blocks of this many bytes
 SAMPLE_BYTES = 1 << 16  # the fingerprint hashes this many bytes at the start, middle and end of a file
@@ -203,7 +207,7 @@ class Source:
     path: Path
     lines: Optional[np.ndarray] = None  # a .jsonl file: the line numbers of its documents; None: a text file
     span: Optional[tuple] = None  # (start, end): only these characters of its one document
-    suffix: str = ""  # after each document's name ('#val': the validation part of a single document)
+    suffix: str = ""  # after each document's name ('#val': the validation part of a cut document)
     chars: int = 0  # about how many characters its documents hold (for a progress bar)
 
     def __len__(self) -> int:
@@ -314,21 +318,28 @@ def split_text(text: str) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
-def _split_one(corpus: str, source: Source, field: str) -> tuple[Split, Split]:
-    """A single document cut into train and validation at a line break (``split_text``)."""
-    if source.lines is None:
-        n = source.chars
-        cut, both = _find_cut(text_blocks(source.path), n)
-    else:
-        ((_, text),) = _jsonl_lines(source.path, field, source.lines)
-        n, (train, val) = len(text), split_text(text)
-        cut, both = len(train), bool(train.strip() and val.strip())
-    if not both:
+def _cut_each(corpus: str, sources: Sequence[Source], field: str) -> tuple[Split, Split]:
+    """A corpus of few documents: each cut into train and validation at a line break (``split_text``);
+    one too short to cut stays whole in train. A DataError when no validation text is left."""
+    train, val = [], []
+    for source in sources:
+        if source.lines is None:  # a text file: one document, read through in blocks
+            cuts = [(None, source.chars, *_find_cut(text_blocks(source.path), source.chars))]
+        else:  # a .jsonl file: each of its documents, a line read whole
+            cuts = []
+            for number, text in _jsonl_lines(source.path, field, source.lines):
+                head, tail = split_text(text)
+                both = bool(head.strip() and tail.strip())
+                cuts.append((np.array([number], dtype=np.int64), len(text), len(head), both))
+        for lines, n, cut, both in cuts:
+            if not both:
+                train.append(Source(source.rel, source.path, lines, chars=n))
+                continue
+            train.append(Source(source.rel, source.path, lines, (0, cut), "", cut))
+            val.append(Source(source.rel, source.path, lines, (cut, n), "#val", n - cut))
+    if not val:
         raise DataError(f"data.corpus={corpus!r} is too short to split into train and validation text")
-    return (
-        Split([Source(source.rel, source.path, source.lines, (0, cut), "", cut)], field),
-        Split([Source(source.rel, source.path, source.lines, (cut, n), "#val", n - cut)], field),
-    )
+    return Split(train, field), Split(val, field)
 
 
 def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
@@ -353,15 +364,15 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
             f"data.corpus={corpus!r} has no text: its files are empty "
             f"(a .jsonl file's documents are its lines' field {field!r}, data.text_field)"
         )
-    if total == 1:
-        return _split_one(corpus, sources[0], field)
+    if total < WHOLE_DOCUMENTS:
+        return _cut_each(corpus, sources, field)
     digests = bytearray()
     for source in sources:
         for name in source.names():
             digests += hashlib.sha1(name.encode("utf-8")).digest()
     order = np.argsort(np.frombuffer(digests, dtype="S20"), kind="stable")
     val = np.zeros(total, dtype=bool)
-    val[order[: max(1, round(VAL_FRACTION * total))]] = True
+    val[order[: round(VAL_FRACTION * total)]] = True
     splits, start = ([], []), 0
     for source in sources:
         taken = val[start : start + len(source)]
