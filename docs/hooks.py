@@ -7,14 +7,20 @@ A page holds a marker comment where generated text goes:
 - ``<!-- generated: cli -->``: the ``--help`` of every command of ``minilm``, as the command prints it;
 - ``<!-- output: minilm ARGS -->``: what ``minilm ARGS`` prints on stdout, for commands that compute
   from shapes alone in a second (``minilm memory``), so that a table in the manual is the command's.
+
+The formulas (``$...$`` and ``$$...$$``, which ``pymdownx.arithmatex`` marks) are written as MathML
+when the site is built (``latex2mathml``, the docs extra), which every current browser draws
+itself: the site needs no script and no network address to show them.
 """
 
 import contextlib
+import html
 import io
 import os
 import re
 import shlex
 
+from latex2mathml.converter import convert as latex_to_mathml
 from mkdocs.structure.files import File
 
 from minilm.__main__ import COMMANDS, USAGE
@@ -97,3 +103,26 @@ def on_page_markdown(markdown, page, config, files):
         if marker in markdown:
             markdown = markdown.replace(marker, make())
     return re.sub(r"^<!-- output: (minilm [^>]*?) -->$", output_block, markdown, flags=re.M)
+
+
+FORMULA = re.compile(r'<(span|div) class="arithmatex">\\[(\[](.*?)\\[)\]]</\1>', flags=re.S)  # generic mode
+TEXT = re.compile(r"\\(text\w*)\{([^{}]*)\}")  # \text{...}, \texttt{...}: a \_ there is an underscore
+
+
+def underscores(match) -> str:
+    """``\\texttt{a\\_b}`` as ``\\texttt{a_b}``: in text the converter would keep the backslash."""
+    return "\\" + match.group(1) + "{" + match.group(2).replace("\\_", "_") + "}"
+
+
+def mathml(match) -> str:
+    """One formula as arithmatex marked it (``\\(...\\)`` in a span, ``\\[...\\]`` in a div), as MathML."""
+    tex = TEXT.sub(underscores, html.unescape(match.group(2))).strip()
+    try:
+        return latex_to_mathml(tex, display="block" if match.group(1) == "div" else "inline")
+    except Exception as exc:  # a formula the converter cannot read fails the build, naming it
+        raise ValueError(f"formula {tex!r} cannot be written as MathML: {exc}") from None
+
+
+def on_page_content(content, page, config, files):
+    """Every formula of the page as MathML, drawn by the browser without a script or the network."""
+    return FORMULA.sub(mathml, content)

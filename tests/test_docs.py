@@ -166,6 +166,13 @@ def test_the_site_builds_strict(tmp_path):
 
     assert all(f"<code>{key}</code>" in config_page for key, *_ in config_keys())  # generated: none left out
     assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
+    # the formulas need no network: MathML written at build time, no TeX left for a script, no script from afar
+    formulas = (tmp_path / "site" / "concepts" / "positions" / "index.html").read_text(encoding="utf-8")
+    assert formulas.count("<math ") >= 50 and 'MathML" display="block"' in formulas  # inline and displayed
+    for page in (tmp_path / "site").rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert 'class="arithmatex"' not in text, page  # every formula converted
+        assert not re.search(r"<script[^>]*\ssrc=[\"']?(https?:)?//", text), page
 
 
 def test_the_reading_tour_counts_what_the_files_hold():
