@@ -239,7 +239,7 @@ def test_attention_map(checkpoints, capsys, tmp_path):
         (("--num-samples", "0", "hi"), "--num-samples=0"),
         (("--max-context", "33", "hi"), "at most 32 positions"),
         (("--prompt-file", "/nonexistent/prompt.txt"), "cannot read --prompt-file"),
-        (("--set", "model.position.kind=bogus", "hi"), "bogus"),
+        (("model.position.kind=bogus", "hi"), "bogus"),
         (("--device", "tpu", "hi"), "--device 'tpu'"),
         (("--max-new-tokens", "ten", "hi"), "invalid int value"),
         (("--compile", "--no-cache", "hi"), "it needs use_cache=True"),

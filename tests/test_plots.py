@@ -57,7 +57,7 @@ def position(kind, **options):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", available())
 def test_every_registered_kind_plots_a_png(kind, tmp_path):
-    settings = cli.position_settings(kind, [])
+    settings = cli.plot_settings(kind, [])[0]
     scheme = build(settings, **SHAPE)
     path = plots.plot_scheme(scheme, settings, str(tmp_path / f"{kind}.png"))
     assert_png(path)
@@ -92,7 +92,7 @@ def test_a_learned_schemes_figure_is_the_same_every_time(kind, tmp_path):
 
 @pytest.mark.parametrize("inner", [k for k in available() if k != "interpolated"])
 def test_interpolated_draws_the_wrapped_schemes_figure(inner):
-    settings = cli.position_settings("interpolated", [("inner.kind", inner), ("factor", "2")])
+    settings = cli.plot_settings("interpolated", [f"model.position.inner.kind={inner}", "model.position.factor=2"])[0]
     fig = plots.scheme_figure(build(settings, **SHAPE), settings)
     plain = plots.scheme_figure(build(position(inner), **SHAPE), position(inner))
     assert [ax.get_xlabel() for ax in fig.axes] == [ax.get_xlabel() for ax in plain.axes]
@@ -116,7 +116,7 @@ def test_alibi_figure_draws_each_heads_slope():
 
 
 def test_interpolated_alibi_divides_distances():
-    settings = cli.position_settings("interpolated", [("base", "alibi"), ("factor", "4")])
+    settings = cli.plot_settings("interpolated", ["model.position.base=alibi", "model.position.factor=4"])[0]
     fig = plots.scheme_figure(build(settings, **SHAPE), settings)
     line = fig.axes[0].lines[0]
     slope = alibi_slopes(SHAPE["n_head"])[0]
@@ -129,7 +129,7 @@ def test_interpolated_alibi_divides_distances():
 
 
 def test_rope_figure_shows_each_scaling_against_the_original():
-    settings = cli.position_settings("rope", [("scaling.type", "yarn"), ("scaling.factor", "4")])
+    settings = cli.plot_settings("rope", ["model.position.scaling.type=yarn", "model.position.scaling.factor=4"])[0]
     scheme = build(settings, **SHAPE)
     fig = plots.scheme_figure(scheme, settings)
     ratio = figure_lines(fig, 1)
@@ -150,7 +150,7 @@ def test_rope_figure_shows_each_scaling_against_the_original():
 
 
 def test_dynamic_rope_is_drawn_at_two_lengths():
-    settings = cli.position_settings("rope", [("scaling.type", "dynamic"), ("scaling.factor", "2")])
+    settings = cli.plot_settings("rope", ["model.position.scaling.type=dynamic", "model.position.scaling.factor=2"])[0]
     fig = plots.scheme_figure(build(settings, **SHAPE), settings)
     wave = figure_lines(fig, 0)
     at_2l, at_4l = wave["dynamic NTK \u00d72 at T=2L"].get_ydata(), wave["dynamic NTK \u00d72 at T=4L"].get_ydata()
@@ -215,15 +215,25 @@ def test_list_covers_every_registered_kind(capsys):
 @pytest.mark.parametrize(
     "argv, expected",
     [
-        (["plot", "rope", "--bse", "500"], "unknown option 'bse' for position kind 'rope': did you mean base?"),
-        (["plot", "alibi", "--slope", "1"], "unknown option 'slope' for position kind 'alibi': it takes no options"),
-        (["plot", "rope", "--base", "-1"], "rope: base=-1 is invalid: expected a number > 1"),
-        (["plot", "rope", "--scaling.typ", "yarn"], "unknown scaling option 'typ'"),
-        (["plot", "rope", "--scaling.type", "yarm"], "did you mean yarn"),
+        (
+            ["plot", "rope", "model.position.bse=500"],
+            "unknown option 'bse' for position kind 'rope': did you mean base?",
+        ),
+        (
+            ["plot", "alibi", "model.position.slope=1"],
+            "unknown option 'slope' for position kind 'alibi': it takes no options",
+        ),
+        (["plot", "rope", "model.position.base=-1"], "rope: base=-1 is invalid: expected a number > 1"),
+        (["plot", "rope", "model.position.scaling.typ=yarn"], "unknown scaling option 'typ'"),
+        (["plot", "rope", "model.position.scaling.type=yarm"], "did you mean yarn"),
         (["plot", "ropee"], "unknown position kind 'ropee': did you mean rope?"),
         (["plot", "alibi", "--n-head", "three"], "--n-head='three' is invalid"),
+        (["plot", "alibi", "model.n_head=three"], "model.n_head='three' is invalid"),
         (["plot", "rope", "--d-model", "30", "--n-head", "4"], "not divisible"),
-        (["plot", "sinusoidal", "--base.kind", "x"], "'base' is a value, not a section"),
+        (["plot", "sinusoidal", "model.position.base.kind=x"], "'base' is a value, not a section"),
+        (["plot", "rope", "model.n_layer=2"], "model.n_layer=2' is not allowed in a figure of a scheme"),
+        (["plot", "rope", "position.scaling.type=yarn"], "is no setting: a figure's settings are written"),
+        (["plot", "yarn"], "write model.position.kind=rope model.position.scaling.type=yarn"),
         (["plot"], "give a position kind"),
         (["draw", "rope"], "unknown command 'draw'"),
     ],
@@ -331,8 +341,14 @@ def test_checkpoint_figure_shows_the_trained_biases(tokenizer, tmp_path, capsys)
     assert cli.main(["plot", "t5", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert cli.main(["plot", "alibi", "--checkpoint", str(tmp_path / "run"), "--out", str(out)]) == 2
     assert "has position kind 't5', not 'alibi'" in capsys.readouterr().err
-    assert cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "--num_buckets", "4", "--out", str(out)]) == 2
-    assert "drop --num_buckets" in capsys.readouterr().err
+    # settings change the loaded model as at evaluation: a table of other buckets than the trained one is refused
+    assert (
+        cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "model.position.num_buckets=4", "--out", str(out)])
+        == 2
+    )
+    assert "do not fit the new model" in capsys.readouterr().err
+    assert cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "--d-model", "64", "--out", str(out)]) == 2
+    assert "the model shape comes from the checkpoint: drop --d-model" in capsys.readouterr().err
 
     loaded, _, loaded_config, _ = load_model(str(tmp_path / "run"))
     fig = plots.scheme_figure(loaded.positions, loaded_config.model.position, source="run")

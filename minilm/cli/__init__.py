@@ -6,16 +6,32 @@ a clone call the same ``main`` functions. The library below never prints for a c
 
 Every command ends the same way, through ``run_command``: a ``MinilmError`` is one line
 ``error: <message>`` on stderr with exit status 2, never a traceback.
+
+Every verb that takes settings reads them one way, as ``train`` always has: ``section.key=value``
+arguments anywhere among the others (``model.position.scaling.type=yarn``, ``data.dir=x``), values
+parsed as YAML by ``minilm.configfile.apply_overrides`` (``Parser.take_settings``, ``split_settings``).
+The old spellings (``--set KEY=VALUE``, ``evaluate --position.KEY=VALUE``) still work for one release,
+each with a one-line note on stderr naming the new one.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
+import shlex
 import sys
+import typing
 from typing import Callable, Optional
 
+from minilm.checkpoints.loading import CHANGEABLE
 from minilm.common import MinilmError
+from minilm.config import Config
+
+SECTIONS = tuple(name for name, hint in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(hint))
+# what the settings of a loaded checkpoint may change (minilm.checkpoints.loading.CHANGEABLE), as help texts say it
+LOADED = ", ".join(k + "*" if k.endswith(".") else k for k in CHANGEABLE)
 
 
 def one_line(message: str, limit: int = 2000) -> str:
@@ -35,18 +51,97 @@ def seed(text: str) -> int:
     return value
 
 
+def is_setting(token: str, sections=SECTIONS) -> bool:
+    """Whether a command-line argument is a setting: a dotted key of a config section, then ``=``
+    (``model.position.scaling.type=yarn``, ``data.dir=x``). Anything else (a path, a prompt, a
+    scheme's name) is not, whatever it holds."""
+    pattern = rf"(?:{'|'.join(map(re.escape, sections))})(?:\.[A-Za-z_][\w-]*)+="
+    return re.match(pattern, token) is not None
+
+
+def written(setting: str) -> str:
+    """A setting as a shell takes it back: ``model.position.scaling='{type: yarn}'``."""
+    key, _, value = setting.partition("=")
+    return f"{key}={shlex.quote(value)}" if value else setting
+
+
+def note_old(old: str, new: str) -> None:
+    """The one line an old spelling earns on stderr: what it is now written as (it works for one release)."""
+    print(f"note: {old} is now written {new}", file=sys.stderr)
+
+
+def split_settings(parser: argparse.ArgumentParser, argv, old_position: bool = False) -> tuple:
+    """(the other arguments, the settings) of ``argv``: every ``section.key=value`` argument (``is_setting``)
+    is a setting, wherever it stands, except the value of an option that takes one and anything after
+    ``--``. The old spellings become settings with a note (``note_old``): ``--set KEY=VALUE`` (or
+    ``--set=KEY=VALUE``), and with ``old_position`` ``--position.KEY=VALUE`` (``model.position.KEY=VALUE``)."""
+    rest, settings, tokens = [], [], iter(argv)
+    for token in tokens:
+        name, eq, value = token.partition("=")
+        if token == "--":
+            rest += [token, *tokens]
+        elif name == "--set":
+            value = value if eq else next(tokens, None)
+            if value is None:
+                parser.error("argument --set: expected one argument, KEY=VALUE (now written KEY=VALUE alone)")
+            note_old(f"--set {written(value)}", written(value))
+            settings.append(value)
+        elif old_position and name.startswith("--position.") and eq:
+            settings.append(f"model.{token[2:]}")
+            note_old(written(token), written(settings[-1]))
+        elif token.startswith("-"):
+            rest.append(token)
+            action = parser._option_string_actions.get(name)
+            if action is not None and not eq and action.nargs in (None, 1):  # its value is no setting
+                following = next(tokens, None)
+                rest += [] if following is None else [following]
+        else:
+            (settings if is_setting(token) else rest).append(token)
+    return rest, settings
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line ``error: ...`` with exit status 2, and every
     verb reads its arguments one way: paths and ``key=value`` overrides anywhere among the
-    options (``parse_intermixed_args``; a verb with sub-commands parses each as usual)."""
+    options (``parse_intermixed_args``; a verb with sub-commands parses each as usual). A verb that
+    takes settings says so with ``take_settings``: they come back as ``args.overrides``."""
+
+    takes_settings = False  # section.key=value arguments (split_settings), set by take_settings
+    old_position = False  # evaluate's old --position.KEY=VALUE
+
+    def take_settings(self, applies: str, example: str, *, old_position: bool = False) -> None:
+        """Take ``section.key=value`` arguments anywhere (``split_settings``) into ``args.overrides``, in
+        the order given (the last of a key wins); ``applies`` says what they change, ``example`` shows one."""
+        self.takes_settings, self.old_position = True, old_position
+        self.add_argument_group(
+            "settings",
+            f"section.key=VALUE arguments anywhere among the others, values parsed as YAML: {applies}; "
+            f"e.g. {example} (--set KEY=VALUE is the old spelling, accepted for one release)",
+        )
 
     def error(self, message):
         self.exit(2, f"error: {message}\n")
 
     def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        taker, settings = self.settings_parser(args), []
+        if taker is not None:
+            args, settings = split_settings(taker, args, taker.old_position)
         if self._subparsers is not None:  # intermixed parsing cannot hand arguments to a sub-command
-            return super().parse_args(args, namespace)
-        return self.parse_intermixed_args(args, namespace)
+            parsed = super().parse_args(args, namespace)
+        else:
+            parsed = self.parse_intermixed_args(args, namespace)
+        if taker is not None:
+            parsed.overrides = settings
+        return parsed
+
+    def settings_parser(self, args) -> Optional["Parser"]:
+        """The parser whose settings ``args`` may hold: this one, or the sub-command's that ``args`` names."""
+        if self._subparsers is None:
+            return self if self.takes_settings else None
+        commands = self._subparsers._group_actions[0].choices
+        named = next((commands.get(a) for a in args if not a.startswith("-")), None)
+        return named if getattr(named, "takes_settings", False) else None
 
 
 def run_command(body: Callable[[], Optional[int]], *, on_interrupt: Optional[str] = None) -> int:

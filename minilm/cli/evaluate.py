@@ -3,8 +3,8 @@
 
     minilm evaluate out/rope out/alibi                      # 1x, 2x, 4x, 8x, 16x each block_size
     minilm evaluate out/rope --lengths 256,1024 --mode sliding --stride 128
-    minilm evaluate out/rope --position.scaling.type=dynamic   # a RoPE scaling, no fine-tuning
-    minilm evaluate out/rope --set model.position.scaling='{type: yarn, factor: 4}'
+    minilm evaluate out/rope model.position.scaling.type=dynamic   # a RoPE scaling, no fine-tuning
+    minilm evaluate out/rope model.position.scaling='{type: yarn, factor: 4}'
     minilm evaluate out/rope --stream                       # StreamingLLM: full, window, window + sinks
 
 Prints markdown tables (perplexity, bits/char), writes a CSV and, with matplotlib, a PNG
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from minilm.cli import Parser, run_command
+from minilm.cli import LOADED, Parser, run_command
 from minilm.common import output_path, write_csv
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import streaming
@@ -46,7 +46,12 @@ def main(argv=None) -> int:
     parser = Parser(
         prog="minilm evaluate",
         description="Perplexity and bits/char on the validation split at several lengths.",
-        epilog="--position.KEY=VALUE is short for --set model.position.KEY=VALUE; values are YAML.",
+        epilog="--position.KEY=VALUE is the old spelling of model.position.KEY=VALUE (accepted for one release).",
+    )
+    parser.take_settings(
+        f"every checkpoint's {LOADED}",
+        "model.position.scaling.type=yarn model.position.scaling.factor=4",
+        old_position=True,
     )
     parser.add_argument(
         "checkpoints",
@@ -91,24 +96,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override model.position.*, model.block_size or data.* of every checkpoint",
-    )
     parser.add_argument("--csv", help="CSV output (default: eval-<mode>.csv next to the first checkpoint)")
     parser.add_argument("--plot", help="PNG output (default: eval-<mode>.png next to the first checkpoint)")
     parser.add_argument("--no-files", action="store_true", help="print the tables only")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    args, rest = parser.parse_known_intermixed_args(argv)  # checkpoints among the options too
-    overrides = list(args.set)
-    for extra in rest:
-        if extra.startswith("--position.") and "=" in extra:
-            overrides.append("model." + extra[2:])
-        else:
-            parser.error(f"unrecognized argument {extra!r} (position settings: --position.KEY=VALUE)")
+    args = parser.parse_args(argv)  # checkpoints and settings among the options too
 
     if args.stream and (
         args.lengths
@@ -130,7 +122,7 @@ def main(argv=None) -> int:
     if not args.stream and (args.stream_tokens or args.max_context or args.sink_tokens is not None):
         parser.error("--stream-tokens, --max-context and --sink-tokens are options of --stream")
     args.sink_tokens = streaming.DEFAULT_SINKS if args.sink_tokens is None else args.sink_tokens
-    return run_command(lambda: (stream_report if args.stream else report)(args, overrides))
+    return run_command(lambda: (stream_report if args.stream else report)(args, args.overrides))
 
 
 def report(args, overrides) -> int:

@@ -3,10 +3,11 @@ continuation of a prompt from a checkpoint.
 
     minilm generate --checkpoint out/rope "ROMEO:"
     echo "JULIET:" | minilm generate --checkpoint out/rope --temperature 0 --stats
-    minilm generate --checkpoint out/rope "ROMEO:" --set model.position.scaling.type=dynamic \\
-        --set model.position.scaling.factor=4 --max-context 1024
+    minilm generate --checkpoint out/rope "ROMEO:" model.position.scaling.type=dynamic \\
+        model.position.scaling.factor=4 --max-context 1024
 
-Load a checkpoint, read the prompt (argument, ``--prompt-file`` or stdin) or the prompts
+Load a checkpoint (``section.key=value`` arguments change its settings: a RoPE scaling, the
+block size), read the prompt (argument, ``--prompt-file`` or stdin) or the prompts
 (``--prompts-file``, one batch of different lengths), stream the samples
 to stdout one after another, and write warnings, ``--stats`` and the attention map note to
 stderr."""
@@ -23,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import Parser, run_command, seed
+from minilm.cli import LOADED, Parser, run_command, seed
 from minilm.common import output_path, resolve_device, resolve_dtype
 from minilm.figures import attention as attention_maps
 from minilm.figures.canvas import check_figure_path
@@ -183,7 +184,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
         else [read_prompt(args.prompt, args.prompt_file, stdin)]
     )
     dtype = resolve_dtype(args.dtype, device, setting="--dtype")
-    model, tokenizer, _, _ = load_model(args.checkpoint, args.set, device=device, dtype=dtype)
+    model, tokenizer, _, _ = load_model(args.checkpoint, args.overrides, device=device, dtype=dtype)
     rows = [encode_prompt(tokenizer, prompt) for prompt in prompts]
     context = context_size(model, args.max_context)  # a bad --max-context fails before any output
 
@@ -269,6 +270,10 @@ def parse_args(argv=None):
     )
     _sampling_options(p)
     _decoding_options(p)
+    p.take_settings(
+        f"the checkpoint's settings at generation time ({LOADED}; a prompt that looks like a setting goes after --)",
+        "model.position.scaling.type=dynamic model.position.scaling.factor=4 model.block_size=1024",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default auto)")
     p.add_argument(
         "--threads",
@@ -359,15 +364,6 @@ def _decoding_options(p) -> None:
         "units, emulated and slow elsewhere) or auto (bfloat16 where the hardware has fast bf16)",
     )
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="change the position settings at generation time, e.g. "
-        "model.position.scaling.type=dynamic, model.position.scaling.factor=4, "
-        "model.block_size=1024 (repeatable; values parsed as YAML)",
-    )
     p.add_argument(
         "--stats", action="store_true", help="print token counts, prefill and decode tokens/s and peak memory to stderr"
     )

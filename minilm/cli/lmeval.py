@@ -1,9 +1,10 @@
-"""``python -m minilm lmeval CHECKPOINT --tasks T[,T...]``: lm-evaluation-harness tasks on any
-checkpoint (``minilm.evaluation.harness``), with ``--set`` overrides; prints lm_eval's table."""
+"""``python -m minilm lmeval CHECKPOINT --tasks T[,T...] [section.key=value ...]``: lm-evaluation-harness
+tasks on any checkpoint (``minilm.evaluation.harness``), its settings changed by ``section.key=value``
+arguments (a RoPE scaling, say); prints lm_eval's table."""
 
 from __future__ import annotations
 
-from minilm.cli import Parser, run_command
+from minilm.cli import LOADED, Parser, run_command
 from minilm.evaluation import harness
 
 
@@ -17,12 +18,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-length", type=int, default=None, help="tokens the model reads (default: block_size)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="evaluation-time override, e.g. model.position.scaling.type=yarn",
+    parser.take_settings(
+        f"the checkpoint's {LOADED}", "model.position.scaling.type=yarn model.position.scaling.factor=4"
     )
     args = parser.parse_args(argv)
     return run_command(lambda: run(args))
@@ -36,7 +33,7 @@ def run(args) -> int:
     results = harness.evaluate(
         args.checkpoint,
         [t for t in args.tasks.split(",") if t],
-        overrides=args.set,
+        overrides=args.overrides,
         limit=limit,
         batch_size=args.batch_size,
         max_length=args.max_length,

@@ -1,4 +1,4 @@
-"""``python -m minilm longeval CHECKPOINT``: the long-context suite (RULER-style tasks of
+"""``python -m minilm longeval CHECKPOINT [section.key=value ...]``: the long-context suite (RULER-style tasks of
 ``minilm.data.retrieval.suite_probe``: a single needle, several keys, several queries, several
 values, variable tracking) over lengths x depths, generated from held-out text: the
 checkpoint's validation split, or any text file (``--text``). Exact-match accuracy per cell
@@ -14,7 +14,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import Parser, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, run_command, seed, smoke
 from minilm.common import atomic_write, markdown_table, output_path
 from minilm.config import DataConfig
 from minilm.data import corpus as data
@@ -57,12 +57,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--figure", default=None, help="write the heatmaps to this .png")
     parser.add_argument("--csv", default=None, help="write every cell to this CSV")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="evaluation-time override, e.g. model.position.scaling.type=yarn",
+    parser.take_settings(
+        f"the checkpoint's {LOADED}", "model.position.scaling.type=yarn model.position.scaling.factor=4"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
@@ -83,7 +79,7 @@ def run(args) -> int:
     for option, path in (("--csv", args.csv), ("--figure", args.figure)):  # found before the work, not after it
         if path:
             check_writable(os.path.dirname(os.path.abspath(path)), option)
-    model, tokenizer, config, _ = load_model(args.checkpoint, args.set)
+    model, tokenizer, config, _ = load_model(args.checkpoint, args.overrides)
     lengths = (
         _numbers(args.lengths, int, "--lengths") if args.lengths else [config.model.block_size * m for m in (1, 2, 4)]
     )

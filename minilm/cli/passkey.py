@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
-from minilm.cli import Parser, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, run_command, seed, smoke
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.data.sources import corpus_documents, join_documents
 from minilm.evaluation import passkey
@@ -67,13 +67,7 @@ def main(argv=None) -> int:
     )
     ev.add_argument("--trials", type=int, default=5, help="random keys per length and depth (default %(default)s)")
     ev.add_argument("--seed", type=seed, default=0, help="seeds the keys and the filler (default %(default)s)")
-    ev.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="evaluation-time override, e.g. model.position.scaling.type=dynamic",
-    )
+    ev.take_settings(f"every checkpoint's {LOADED}", "model.position.scaling.type=dynamic")
     mk = sub.add_parser("make-corpus", help="write passkey documents as a text corpus directory")
     mk.add_argument("out_dir")
     mk.add_argument(
@@ -110,7 +104,7 @@ def run(args) -> int:
             f"--depths {args.depths!r} / --lengths {args.lengths!r} must be comma-separated numbers"
         ) from None
     for path in args.checkpoints:
-        model, tokenizer, config, _ = load_model(path, args.set)
+        model, tokenizer, config, _ = load_model(path, args.overrides)
         these = lengths or [config.model.block_size * m for m in (1, 2, 4)]
         with tqdm(
             total=len(these) * len(depths) * args.trials, desc=f"passkey {path}", file=sys.stderr, leave=False

@@ -2,17 +2,21 @@
 
 usage:
   python -m minilm positions list
-  python -m minilm positions plot KIND [--OPTION VALUE ...] [--d-model N] [--n-head N] [--block-size N] --out FILE.png
-  python -m minilm positions plot [KIND] --checkpoint OUT_DIR_OR_CKPT --out FILE.png
+  python -m minilm positions plot KIND [model.position.KEY=VALUE ...] [--d-model N] [--n-head N] [--block-size N]
+      --out FILE.png
+  python -m minilm positions plot [KIND] --checkpoint OUT_DIR_OR_CKPT [model.position.KEY=VALUE ...] --out FILE.png
   python -m minilm positions layers [CONFIG] [key=value ...] [--out FILE.png] [--length N]
 
 ``list`` prints every registered kind with its description and options (defaults).
-``plot`` draws the figure suited to a kind (the figures: minilm/figures/positions.py). Options are the kind's
-options from the registry, values parsed as YAML; nested ones take dots:
-  plot rope --scaling.type yarn --scaling.factor 4 --out rope_yarn.png
-  plot interpolated --inner.kind alibi --factor 2 --out alibi_pi.png
-With --checkpoint the kind, options and model shape come from the checkpoint and the
-figure shows its trained values (a KIND that disagrees is an error).
+``plot`` draws the figure suited to a kind (the figures: minilm/figures/positions.py). Its settings are
+written as everywhere else, ``model.position.KEY=VALUE`` with the kind's options from the registry (values
+parsed as YAML, nested ones with dots), on top of the kind's defaults; ``model.d_model=N``, ``model.n_head=N``
+and ``model.block_size=N`` set the shape as --d-model, --n-head and --block-size do:
+  plot rope model.position.scaling.type=yarn model.position.scaling.factor=4 --out rope_yarn.png
+  plot interpolated model.position.inner.kind=alibi model.position.factor=2 --out alibi_pi.png
+(the old ``--scaling.type yarn`` still works for one release, with a note naming the new spelling).
+With --checkpoint the kind, options and model shape come from the checkpoint and the figure shows
+its trained values (a KIND that disagrees is an error); settings change it as they do at evaluation.
 ``layers`` prints a config's layer design (model.layers; default config rope.yaml) as a table, one row
 per layer: its type, position, window, chunk, learned sinks, soft-cap and query scale. With --out it
 draws one panel per layer type: the keys each query sees over N positions (--length, default 3 x the
@@ -24,14 +28,15 @@ largest window or chunk, else 32), as the model's attention mask computes them (
 from __future__ import annotations
 
 import copy
+import shlex
 import sys
 
 import torch
 import yaml
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import run_command
-from minilm.common import MinilmError, markdown_table, output_path
+from minilm.cli import is_setting, note_old, run_command, written
+from minilm.common import MinilmError, markdown_table, output_path, suggest
 from minilm.config import ModelConfig
 from minilm.configfile import apply_overrides, load_config
 from minilm.figures import positions as plots
@@ -42,13 +47,14 @@ from minilm.positions.layers import layer_types
 
 SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
 MAX_SHAPE = {"d-model": 16384, "n-head": 1024, "block-size": 16384}  # what a figure can draw in memory
+PLOT_SETTINGS = ("model.position", *(f"model.{name}" for name in SHAPE.values()))  # what a plot's settings change
 DEFAULT_SHAPE = {name: getattr(ModelConfig(), name) for name in SHAPE.values()}  # the model's own defaults
 LENGTH = (2, 4096)  # the positions a layers figure may draw: every one against every other
 UNSET = "\u2014"  # a table cell for a setting a layer type leaves unset
 
 
 class UsageError(MinilmError):
-    pass
+    """A command line the positions verb cannot take: said in one line, exit status 2."""
 
 
 def format_options(options: dict) -> str:
@@ -72,22 +78,31 @@ def list_schemes() -> str:
         lines.append(f"{kind:<{width}}  {cls.description}")
         lines.append(f"{'':<{width}}    options: {format_options(cls.options)}")
     lines.append(
-        "set options with --name value (nested: --scaling.type yarn), e.g. "
-        "python -m minilm positions plot rope --scaling.type yarn --scaling.factor 4 --out rope.png"
+        "set options as model.position.NAME=VALUE (nested: model.position.scaling.type=yarn), e.g. minilm "
+        "positions plot rope model.position.scaling.type=yarn model.position.scaling.factor=4 --out rope.png"
     )
     return "\n".join(lines)
 
 
 def parse_plot_args(argv) -> dict:
-    """Split ``plot`` arguments into kind, --out, --checkpoint, model shape and scheme options."""
-    parsed = {"kind": None, "out": None, "checkpoint": None, "shape": {}, "options": []}
+    """Split ``plot`` arguments into kind, --out, --checkpoint, model shape (--d-model, ...) and settings
+    (``model.position.KEY=VALUE``, ``model.d_model=N``, ...; the old ``--KEY VALUE`` for a position option
+    is one too, with a note naming its new spelling)."""
+    parsed = {"kind": None, "out": None, "checkpoint": None, "shape": {}, "settings": []}
     i = 0
     while i < len(argv):
         token = argv[i]
         if not token.startswith("--"):
-            if parsed["kind"] is not None:
-                raise UsageError(f"unexpected argument {token!r}: give one KIND, and options as --name value")
-            parsed["kind"] = token
+            if is_setting(token):
+                parsed["settings"].append(token)
+            elif "=" in token:
+                raise UsageError(f"{token!r} is no setting: a figure's settings are written model.position.KEY=VALUE")
+            elif parsed["kind"] is not None:
+                raise UsageError(
+                    f"unexpected argument {token!r}: give one KIND, and settings as model.position.KEY=VALUE"
+                )
+            else:
+                parsed["kind"] = token
             i += 1
             continue
         name, eq, value = token[2:].partition("=")
@@ -100,41 +115,68 @@ def parse_plot_args(argv) -> dict:
         if name in ("out", "checkpoint"):
             parsed[name] = value
         elif name in SHAPE:
-            number = _yaml(name, value)
-            if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= MAX_SHAPE[name]:
-                raise UsageError(
-                    f"--{name}={value!r} is invalid: expected an integer from 1 to {MAX_SHAPE[name]:,} "
-                    f"(a figure draws every position against every other)"
-                )
-            parsed["shape"][SHAPE[name]] = number
+            parsed["shape"][SHAPE[name]] = shape_number(f"--{name}", value)
         elif name == "kind" or name == "":
             raise UsageError(f"give the position kind as the first argument (valid: {', '.join(available())})")
         else:
-            parsed["options"].append((name.replace("-", "_"), value))
+            parsed["settings"].append(f"model.position.{name.replace('-', '_')}={value}")
+            note_old(f"--{name} {shlex.quote(value)}", written(parsed["settings"][-1]))
     if parsed["out"] is None:
         raise UsageError("plot needs --out FILE.png")
     return parsed
+
+
+def shape_number(option: str, value):
+    """A model shape for a figure (``--d-model 64``, ``model.d_model=64``): an integer within MAX_SHAPE."""
+    name = option.removeprefix("model.").removeprefix("--").replace("_", "-")
+    number = _yaml(option, value) if option.startswith("--") else value
+    if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= MAX_SHAPE[name]:
+        raise UsageError(
+            f"{option}={value!r} is invalid: expected an integer from 1 to {MAX_SHAPE[name]:,} "
+            f"(a figure draws every position against every other)"
+        )
+    return number
 
 
 def _yaml(name, value):
     try:
         return yaml.safe_load(value)
     except yaml.YAMLError:
-        raise UsageError(f"--{name}={value!r} is not a valid value") from None
+        raise UsageError(f"{name}={value!r} is not a valid value") from None
 
 
-def position_settings(kind: str, options) -> dict:
-    """The registry's defaults for ``kind`` with ``--name value`` options applied on top."""
+def plot_settings(kind: str, settings) -> tuple:
+    """(the position setting, the model shape it sets) of a ``plot``: the registry's defaults for ``kind``
+    with ``model.position.KEY=VALUE`` settings on top (a new ``model.position.kind`` starts from its own
+    defaults), and ``model.d_model`` / ``n_head`` / ``block_size``. Any other key is refused in one line."""
     cls = scheme_class(kind)
-    tree = {"kind": kind, **copy.deepcopy(cls.options)}
-    return canonical(apply_overrides(tree, [f"{_current_name(cls, name)}={value}" for name, value in options]))
+    tree = {"model": {"position": {"kind": kind, **copy.deepcopy(cls.options)}}}
+    apply_overrides(
+        tree, [_current_name(cls, s) for s in settings], allowed=PLOT_SETTINGS, what="in a figure of a scheme"
+    )
+    model = tree["model"]
+    position = model.pop("position")
+    for name in model:
+        if name not in SHAPE.values():
+            raise UsageError(f"model.{name} is no setting of a figure: {suggest(name, ['position', *SHAPE.values()])}")
+    if not isinstance(position, dict):
+        raise UsageError(f"model.position={position!r} is invalid: expected a mapping of the scheme's options")
+    kind = position.get("kind", kind)
+    position = canonical({"kind": kind, **copy.deepcopy(scheme_class(kind).options), **position})
+    return position, {name: shape_number(f"model.{name}", value) for name, value in model.items()}
 
 
-def _current_name(cls, name: str) -> str:
-    """``name`` with its first part under the option's current name (--base.kind is --inner.kind):
+def _current_name(cls, setting: str) -> str:
+    """``model.position.NAME...=VALUE`` with NAME under the option's current name (--base.kind is --inner.kind):
     renamed before the defaults are merged, where ``canonical`` would see both names."""
-    head, dot, rest = name.partition(".")
-    return cls.renamed_options.get(head, head) + dot + rest
+    prefix = "model.position."
+    if not setting.startswith(prefix):
+        return setting
+    head, dot, rest = setting[len(prefix) :].partition(".")
+    if not dot:
+        head, eq, rest = head.partition("=")
+        return prefix + cls.renamed_options.get(head, head) + eq + rest
+    return prefix + cls.renamed_options.get(head, head) + dot + rest
 
 
 def plot(argv) -> str:
@@ -143,12 +185,10 @@ def plot(argv) -> str:
     check_figure_path(args["out"])  # and the image format: before an earlier file is set aside
     kind, source = args["kind"], args["checkpoint"]
     if source is not None:
-        if args["options"] or args["shape"]:
-            given = [f"--{n}" for n, _ in args["options"]] + [f"--{k.replace('_', '-')}" for k in args["shape"]]
-            raise UsageError(
-                f"with --checkpoint the options and model shape come from the checkpoint: drop {' '.join(given)}"
-            )
-        model, _tokenizer, config, _state = load_model(source)
+        if args["shape"]:
+            given = " ".join(f"--{k.replace('_', '-')}" for k in args["shape"])
+            raise UsageError(f"with --checkpoint the model shape comes from the checkpoint: drop {given}")
+        model, _tokenizer, config, _state = load_model(source, args["settings"])
         position = config.model.position
         if kind is not None and kind != position["kind"]:
             raise UsageError(
@@ -159,10 +199,10 @@ def plot(argv) -> str:
     else:
         if kind is None:
             raise UsageError(f"give a position kind (valid: {', '.join(available())}) or --checkpoint")
-        position = position_settings(kind, args["options"])
-        shape = {**DEFAULT_SHAPE, **args["shape"]}
+        position, shape = plot_settings(kind, args["settings"])
+        shape = {**DEFAULT_SHAPE, **args["shape"], **shape}
         if shape["d_model"] % shape["n_head"]:
-            raise UsageError(f"--d-model={shape['d_model']} is not divisible by --n-head={shape['n_head']}")
+            raise UsageError(f"d_model={shape['d_model']} is not divisible by n_head={shape['n_head']}")
         with torch.random.fork_rng():  # learned values start from seed 0: the same figure every time
             torch.manual_seed(0)
             scheme = build(position, **shape).eval()  # as at evaluation: no dropout of any kind
@@ -194,7 +234,7 @@ def parse_layers_args(argv) -> dict:
             value, i = argv[i], i + 1
         parsed[name] = value
     if parsed["length"] is not None:
-        number = _yaml("length", parsed["length"])
+        number = _yaml("--length", parsed["length"])
         if not isinstance(number, int) or isinstance(number, bool) or not LENGTH[0] <= number <= LENGTH[1]:
             raise UsageError(
                 f"--length={parsed['length']!r} is invalid: expected an integer from {LENGTH[0]} to {LENGTH[1]:,} "
