@@ -101,7 +101,8 @@ class ModelConfig:
     position: dict = option(
         factory=lambda: {"kind": "rope"},
         role=AFTER_TRAINING,
-        help="the position scheme: {kind: ..., options} (minilm positions list)",
+        help="the position scheme: {kind: ..., options} (minilm positions list); options given without a kind "
+        "apply to this default (model.position.scaling.type=yarn: rope with yarn)",
     )
     layers: Optional[dict] = option(
         None,
@@ -569,8 +570,33 @@ def from_dict(cls, data: Any, prefix: str = ""):
             value = float(value) if value is not None else None
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"{prefix}{key}={shown(value)} is invalid: expected a finite number")
-        kwargs[key] = value
+        kwargs[key] = onto_default(fields[key], value)
     return cls(**kwargs)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a new one where a factory makes it; ``dataclasses.MISSING`` where it has none)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def onto_default(f: dataclasses.Field, value: Any) -> Any:
+    """``value`` for field ``f``, a partial mapping merged onto the field's default mapping: a position
+    setting given without a ``kind`` is the default's kind with the given options on top
+    (``model.position.scaling.type=yarn`` alone: rope with yarn), any other mapping takes the default's
+    keys it leaves out. A whole setting (with its own kind), or a field whose default is no mapping, is
+    taken as given."""
+    default = default_of(f)
+    if not isinstance(default, dict) or not isinstance(value, dict) or ("kind" in default and "kind" in value):
+        return value
+    return merged(default, value)
+
+
+def merged(base: dict, top: dict) -> dict:
+    """``top`` over ``base``, mappings merged key by key at every depth (a new dict)."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
 
 
 def build_config(tree: dict) -> Config:
@@ -586,13 +612,24 @@ def build_config(tree: dict) -> Config:
     try:  # with init_from, what the source decides (interpolated's factor, ...) is filled in later
         validate(config.model.position, config.model, reach=not config.train.init_from)
     except ValueError as exc:
-        raise ConfigError(f"model.position: {exc}") from None
+        hint = partial_position_hint(tree) if "unknown option" in str(exc) else ""
+        raise ConfigError(f"model.position: {exc}{hint}") from None
     model = config.model
     try:
         check_types(layer_types(model.layers, model.position, model.n_layer), model, reach=not config.train.init_from)
     except PositionError as exc:
         raise ConfigError(str(exc) if str(exc).startswith("model.layers") else f"model.layers: {exc}") from None
     return config
+
+
+def partial_position_hint(tree: dict) -> str:
+    """What to add to an unknown option's error for a position setting the tree gives without a kind
+    (``onto_default`` made it the default's kind): that it is the default's, and how to name another."""
+    given = tree.get("model", {}).get("position") if isinstance(tree.get("model"), dict) else None
+    if not isinstance(given, dict) or "kind" in given:
+        return ""
+    default = ModelConfig().position["kind"]
+    return f" (model.position without a kind is the default kind {default} with these options: set model.position.kind)"
 
 
 def resolve_config(config: Config, tokenizer=None) -> Config:
@@ -633,7 +670,7 @@ def _section_keys(section, cls) -> list:
     for f in dataclasses.fields(cls):
         if f.name in ("model", "data", "train", "lora"):
             continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        default = default_of(f)
         shown_default = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
         key = f"{section}.{f.name}" if section else f.name
         keys.append((key, shown_default, tuple(f.metadata.get("choices", ())), f.metadata.get("help", "")))
