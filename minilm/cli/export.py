@@ -8,6 +8,7 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model, lora_base, read_checkpoint
 from minilm.cli import Parser, run_command
 from minilm.hf import export as hf_export
+from minilm.hf.families import BY_NAME
 from minilm.hf.peft import export_adapter
 
 
@@ -18,9 +19,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--family",
         default=None,
-        help="the transformers family to write (llama, gpt_neox, gpt2, "
-        "mpt, phi3; default: the first that holds the model; llama "
-        "writes Qwen2 or Qwen3 where the model has their options)",
+        help=f"the transformers family to write ({', '.join(BY_NAME)}; default: the first that holds the model; "
+        "llama writes Qwen2 or Qwen3 where the model has their options)",
     )
     parser.add_argument(
         "--adapter",

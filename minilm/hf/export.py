@@ -28,7 +28,7 @@ try:  # the hf extra
 except ImportError:  # pragma: no cover - reported by export_model()
     save_file = None
 
-from minilm.common import staged_directory
+from minilm.common import staged_directory, suggest
 from minilm.data.hf_tokenizer import save_pretrained_tokenizer
 from minilm.hf.families import BY_NAME, FAMILIES, READERS
 from minilm.hf.family import HFError, refuse_unhandled
@@ -68,6 +68,18 @@ def export_model(model, tokenizer, config, directory: str, family: str = None) -
     return {"family": family, "directory": directory, "params": sum(t.numel() for t in tensors.values())}
 
 
+def family_problem(name: str) -> str:
+    """Why ``name`` is no family export writes, with what to write instead: a model type of a family that
+    writes it (qwen3 is written by llama), a family read only, or the closest names of ``BY_NAME``."""
+    writer = READERS.get(name)
+    if writer is not None and writer.write:
+        written_as = writer.model_types[0]
+        return f"family {name!r} is no --family of its own: {writer.name} models are written by --family {written_as}"
+    if writer is not None:
+        return f"family {name!r} is read only: valid: {', '.join(BY_NAME)}"
+    return f"family {name!r} is unknown: {suggest(name, BY_NAME)}"
+
+
 def convert(m, sd: dict, family: str = None) -> tuple:
     """(model_type, config.json dict, HF state dict) for a ModelConfig ``m`` and its state dict,
     as the named ``family`` or the first that exports ``m``."""
@@ -78,8 +90,7 @@ def convert(m, sd: dict, family: str = None) -> tuple:
         )
     if family is not None:
         if family not in BY_NAME:
-            known = "is read only" if family in READERS else "is unknown"
-            raise HFError(f"family {family!r} {known}: valid: {', '.join(BY_NAME)}")
+            raise HFError(family_problem(family))
         chosen = BY_NAME[family]
         takers = [f.model_types[0] for f in FAMILIES if f.exports(m)]
         if not chosen.exports(m):

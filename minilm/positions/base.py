@@ -59,9 +59,22 @@ def available() -> list:
 
 
 def scheme_class(kind: Any) -> type:
+    """The registered class of ``kind``; an unknown kind is a PositionError that suggests the closest
+    kinds, or, for the name of a variant of one (``yarn``: a RoPE scaling, ``variants``), its setting."""
     if kind not in _REGISTRY:
-        raise PositionError(f"unknown position kind {kind!r}: {suggest(kind, _REGISTRY)}")
+        raise PositionError(f"unknown position kind {kind!r}: {variant_hint(kind) or suggest(kind, _REGISTRY)}")
     return _REGISTRY[kind]
+
+
+def variant_hint(name: Any) -> str:
+    """'yarn is a setting of rope, not a kind: write model.position.kind=rope model.position.scaling.type=yarn
+    ...' when a registered scheme lists ``name`` (in any case, with - or _) among its ``variants``; else ''."""
+    key = str(name).lower().replace("-", "_")
+    for cls in _REGISTRY.values():
+        if key in cls.variants:
+            settings = " ".join(f"model.position.{s}" for s in (f"kind={cls.kind}", *cls.variants[key]))
+            return f"{name} is a setting of {cls.kind}, not a kind: write {settings}; kinds: {', '.join(available())}"
+    return ""
 
 
 def canonical(position: Any) -> Any:
@@ -130,12 +143,18 @@ def build(
     options = {k: v for k, v in position.items() if k != "kind"}
     for key in options:
         if key not in cls.options:
-            raise PositionError(
-                f"unknown option {key!r} for position kind {cls.kind!r}: "
-                f"{suggest(key, cls.options) if cls.options else 'it takes no options'}"
-            )
+            raise PositionError(f"unknown option {key!r} for position kind {cls.kind!r}: {option_hint(cls, key)}")
     merged = {**cls.options, **options}
     return cls(d_model=d_model, n_head=n_head, block_size=block_size, head_dim=head_dim, **merged)
+
+
+def option_hint(cls: type, key: str) -> str:
+    """What to write instead of ``key``, no option of ``cls``: where it sits when it is a key of one of its
+    ``nested_options`` (rope's ``factor`` is ``scaling.factor``), else the closest options."""
+    homes = [f"{outer}.{key}" for outer, keys in cls.nested_options.items() if key in keys]
+    if homes:
+        return f"did you mean {homes[0]}? valid: {', '.join(cls.options)}"
+    return suggest(key, cls.options) if cls.options else "it takes no options"
 
 
 def validate(position: dict, model_config, *, reach: bool = True) -> None:
@@ -203,6 +222,8 @@ class PositionScheme(nn.Module):
     options: Dict[str, Any] = {}
     renamed_options: Dict[str, str] = {}  # old option name -> current name, for old configs and checkpoints
     setting_options: tuple = ()  # options that hold another scheme's settings (a mapping with a kind)
+    variants: Dict[str, tuple] = {}  # names that are no kind but settings of this one: yarn -> (scaling.type=yarn, ...)
+    nested_options: Dict[str, tuple] = {}  # an option holding a mapping -> its keys (rope: scaling -> type, ...)
     has_bias: bool = False  # True when bias() returns a tensor (the attention then needs a mask)
     has_value_term: bool = False  # True when value_term() adds to the attention output
     scaled_embedding: bool = False  # True when model.embedding_scale auto means sqrt(d_model) (a unit-amplitude table)
