@@ -107,6 +107,7 @@ def on_page_markdown(markdown, page, config, files):
 
 FORMULA = re.compile(r'<(span|div) class="arithmatex">\\[(\[](.*?)\\[)\]]</\1>', flags=re.S)  # generic mode
 TEXT = re.compile(r"\\(text\w*)\{([^{}]*)\}")  # \text{...}, \texttt{...}: a \_ there is an underscore
+ROW_SPACE = re.compile(r"\\\\\[[^\]]*\]")  # a row break's extra space, \\[4pt]: the converter would print it
 
 
 def underscores(match) -> str:
@@ -116,7 +117,7 @@ def underscores(match) -> str:
 
 def mathml(match) -> str:
     """One formula as arithmatex marked it (``\\(...\\)`` in a span, ``\\[...\\]`` in a div), as MathML."""
-    tex = TEXT.sub(underscores, html.unescape(match.group(2))).strip()
+    tex = ROW_SPACE.sub(r"\\\\", TEXT.sub(underscores, html.unescape(match.group(2)))).strip()
     try:
         return latex_to_mathml(tex, display="block" if match.group(1) == "div" else "inline")
     except Exception as exc:  # a formula the converter cannot read fails the build, naming it

@@ -172,6 +172,9 @@ def test_the_site_builds_strict(tmp_path):
     for page in (tmp_path / "site").rglob("*.html"):
         text = page.read_text(encoding="utf-8")
         assert 'class="arithmatex"' not in text, page  # every formula converted
+        for formula in re.findall(r"<math .*?</math>", text, flags=re.S):  # no command left as text
+            shown = re.sub(r"<[^>]+>", "", formula)
+            assert "\\" not in shown and not re.search(r"\[[\d.]+(pt|em|ex|mm)\]", shown), (page, formula)
         assert not re.search(r"<script[^>]*\ssrc=[\"']?(https?:)?//", text), page
 
 
