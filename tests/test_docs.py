@@ -201,3 +201,9 @@ def test_the_reading_tour_counts_what_the_files_hold():
     )
     said_package = int(re.search(r"about ([\d,]+) lines of Python", text).group(1).replace(",", ""))
     assert abs(said_package - package) <= 0.05 * package
+    # "line N (`def name`)" points into the file named last before it: that line defines the name
+    pointers = re.findall(r"`(minilm/[^`]+\.py)`(?:(?!`minilm/).)*?line (\d+) \(`([^`]+)`\)", text, flags=re.S)
+    assert len(pointers) >= 2
+    for path, line, code in pointers:
+        with open(os.path.join(REPO, path), encoding="utf-8") as f:
+            assert f.read().splitlines()[int(line) - 1].strip().startswith(code), (path, line, code)
