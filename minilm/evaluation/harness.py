@@ -2,7 +2,7 @@
 registered there as ``minilm``, so its tasks score every position scheme, trained or
 imported, with evaluation-time overrides (a zero-shot rope scaling, say).
 
-    python -m minilm lmeval CHECKPOINT --tasks hellaswag [--set model.position.scaling.type=yarn ...]
+    python -m minilm lmeval CHECKPOINT --tasks hellaswag [model.position.scaling.type=yarn ...]
 
 The three request types, as lm_eval's own Hugging Face model (``HFLM``) serves them, so that an
 exported model scores the same through either (tested to 1e-4 per request):
