@@ -474,7 +474,7 @@ CASES = [
         None,
         "--base needs a value",
     ),
-    ("moved corpus", ["evaluate.py", "{moved}", "--quiet"], None, "--set data.corpus=NEW"),
+    ("moved corpus", ["evaluate.py", "{moved}", "--quiet"], None, "give its new place as data.corpus=NEW"),
     # --- nothing the user made is overwritten or half-written
     ("export into a used directory", ["-m", "minilm", "export", "{ckpt}", "{scratch}/mine"], None, "not empty"),
     (

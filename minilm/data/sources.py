@@ -85,7 +85,7 @@ def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
         raise DataError(
             f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt or .jsonl file "
             f"or a directory of them (a checkpoint's corpus that has moved: give its new place "
-            f"with --set data.corpus=NEW)"
+            f"as data.corpus=NEW)"
         )
     if not root.is_dir():
         raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
