@@ -162,6 +162,14 @@ def test_lmeval_takes_settings_as_section_key_value(rope_run, tmp_path, capsys, 
         ) == old
 
 
+@pytest.mark.parametrize("verb", [["generate"], ["evaluate"], ["longeval"], ["lmeval"], ["passkey", "eval"]])
+def test_the_help_shows_the_settings_in_its_usage_and_says_what_they_change(verb, capsys):
+    status, out, _ = run(capsys, [*verb, "--help"])
+    usage = out.split("\n\n")[0]
+    assert status == 0 and usage.count("[section.key=value ...]") == 1, usage
+    assert "\nsettings:\n  section.key=value arguments anywhere" in out and "model.position" in out
+
+
 def test_what_is_a_setting():
     for token in ("model.position.scaling.type=yarn", "data.dir=x", "train.lr=1e-3", "model.layers.local.window=8"):
         assert is_setting(token), token

@@ -100,6 +100,9 @@ def split_settings(parser: argparse.ArgumentParser, argv, old_position: bool = F
     return rest, settings
 
 
+SHOWN_SETTINGS = "[section.key=value ...]"  # what a usage line adds for a verb that takes settings
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line ``error: ...`` with exit status 2, and every
     verb reads its arguments one way: paths and ``key=value`` overrides anywhere among the
@@ -115,12 +118,25 @@ class Parser(argparse.ArgumentParser):
         self.takes_settings, self.old_position = True, old_position
         self.add_argument_group(
             "settings",
-            f"section.key=VALUE arguments anywhere among the others, values parsed as YAML: {applies}; "
+            f"section.key=value arguments anywhere among the others, values parsed as YAML: {applies}; "
             f"e.g. {example} (--set KEY=VALUE is the old spelling, accepted for one release)",
         )
 
     def error(self, message):
         self.exit(2, f"error: {message}\n")
+
+    def format_usage(self):
+        return self._usage_with_settings(super().format_usage())
+
+    def format_help(self):
+        return self._usage_with_settings(super().format_help())
+
+    def _usage_with_settings(self, text: str) -> str:
+        """``text`` with ``[section.key=value ...]`` at the end of its usage lines when the verb takes settings."""
+        usage, gap, rest = text.partition("\n\n")
+        if not self.takes_settings or SHOWN_SETTINGS in usage:  # parse_intermixed_args keeps the usage it formats
+            return text
+        return f"{usage.rstrip()} {SHOWN_SETTINGS}{gap or chr(10)}{rest}"
 
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
