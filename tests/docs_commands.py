@@ -75,7 +75,9 @@ def make_sandbox(sandbox: str, base: str, keep_rope: bool) -> None:
         shutil.copytree(os.path.join(base, "out", "rope"), os.path.join(sandbox, "out", "rope"))
     from tests.conftest import tiny_text
 
-    for folder, lines in (("my_texts", 300), ("my_long_texts", 1500)):
+    # three documents each: the last ~10% of each is the validation split, which must hold more tokens than
+    # the longest context the pages extend to (4,096 with my_texts/, 8,192 with my_long_texts/)
+    for folder, lines in (("my_texts", 1000), ("my_long_texts", 2000)):
         os.makedirs(os.path.join(sandbox, folder))
         for i in range(3):
             with open(os.path.join(sandbox, folder, f"doc{i}.txt"), "w", encoding="utf-8") as f:
