@@ -7,6 +7,7 @@ from minilm.cli import (
     evaluate,
     experiment,
     export,
+    extend,
     generate,
     lmeval,
     longeval,
@@ -22,6 +23,7 @@ USAGE = """usage: minilm <command> [options]   (or: python -m minilm <command> [
   train --config rope.yaml [key=value ...]   train a model (the shipped configs: rope.yaml, alibi.yaml, ...)
   generate --checkpoint DIR "PROMPT"         stream a continuation from a checkpoint
   evaluate CHECKPOINT ...                    perplexity and bits/char by length; --stream for StreamingLLM
+  extend SOURCE --method yarn --factor 4     fine-tune a trained model at factor x its length (full or --lora)
   positions list|plot|layers ...             the position registry: list it, draw a scheme, a config's layers
   passkey eval|make-corpus ...               passkey retrieval
   longeval CHECKPOINT                        the long-context suite (needles, queries, variable tracking)
@@ -37,6 +39,7 @@ COMMANDS = {
     "train": train.main,
     "generate": generate.main,
     "evaluate": evaluate.main,
+    "extend": extend.main,
     "positions": positions.main,
     "passkey": passkey.main,
     "longeval": longeval.main,

@@ -7,16 +7,15 @@ given, so a walk through the manual runs end to end quickly: tests/test_docs.py 
 of README.md and docs/ this way. The command says so on stderr; the results are a smoke test's,
 not the config's."""
 
-import json
 import os
 import sys
 
 import yaml
 
 from minilm.checkpoints.loading import read_checkpoint
-from minilm.config import ARCHITECTURE as ARCHITECTURE_ROLE
-from minilm.config import ConfigError, ModelConfig, fields_with
+from minilm.config import ConfigError
 from minilm.hf.reading import is_hf_source, read_model_tree
+from minilm.training.extend import architecture_overrides
 from minilm.yamlfile import parse_yaml
 
 SWITCH = "MINILM_SMOKE"
@@ -78,8 +77,7 @@ def training_overrides(init_from) -> list:
 def source_architecture(path: str) -> list:
     """Overrides that set each architecture key to what the model at ``path`` has."""
     tree = read_model_tree(path)[2] if is_hf_source(path) else read_checkpoint(path)["config"]["model"]
-    keys = fields_with(ModelConfig, ARCHITECTURE_ROLE)
-    return [f"model.{key}={json.dumps(tree[key])}" for key in keys if key in tree]
+    return architecture_overrides(tree)
 
 
 def quick(asked: bool) -> bool:
