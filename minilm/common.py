@@ -13,12 +13,14 @@ import csv
 import difflib
 import errno
 import io
+import math
 import os
 import re
 import secrets
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Union
 
@@ -58,6 +60,55 @@ def shown(value, limit: int = 60) -> str:
     if len(text) <= limit:
         return text
     return f"{text[: limit // 2]}...{text[-limit // 4 :]} ({len(text):,} characters)"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The numbers a setting takes: from ``low`` (above it where ``low_open``) to ``high`` (below
+    it where ``high_open``), either bound left out by None; integers only where ``integer``; never
+    a bool, NaN or an infinity; None too where ``optional``. ``str`` says it for a message, followed
+    by ``note`` (what 0 means, another way to say it), or is ``text`` where that is given."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    optional: bool = False
+    note: str = ""
+    text: str = ""
+
+    def holds(self, value) -> bool:
+        if value is None:
+            return self.optional
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        number = whole or isinstance(value, float) and math.isfinite(value)
+        return (
+            number
+            and (isinstance(value, int) or not self.integer)
+            and (self.low is None or (value > self.low if self.low_open else value >= self.low))
+            and (self.high is None or (value < self.high if self.high_open else value <= self.high))
+        )
+
+    def __str__(self) -> str:
+        bounds = [(sign, v) for sign, v in self._bounds() if v is not None]
+        shown = [f"{sign} {v:,}" if isinstance(v, int) else f"{sign} {v:g}" for sign, v in bounds]
+        what = "an integer" if self.integer else "a number"
+        if self.integer and len(shown) == 2 and not (self.low_open or self.high_open):  # '>= 1', '<= 9' -> 1 to 9
+            shown = [f"from {shown[0][3:]} to {shown[1][3:]}"]
+        return self.text or f"{what}{' ' + ' and '.join(shown) if shown else ''}{self.note}"
+
+    def _bounds(self) -> tuple:
+        return ((">" if self.low_open else ">=", self.low), ("<" if self.high_open else "<=", self.high))
+
+
+def check_number(setting: str, value, valid: Range, error: type = None):
+    """``value`` when ``valid`` holds it, else ``error`` (a MinilmError by default) in one line:
+    '``setting``=VALUE is invalid: expected' what ``valid`` says. The one check of every numeric
+    setting: the configs' fields (``minilm.config.option``), the schemes' options, generation's."""
+    if not valid.holds(value):
+        raise (error or MinilmError)(f"{setting}={shown(value)} is invalid: expected {valid}")
+    return value
 
 
 def suggest(name, valid: Iterable) -> str:

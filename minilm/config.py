@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from minilm.common import MinilmError, shown, suggest
+from minilm.common import MinilmError, Range, check_number, shown, suggest
 from minilm.data.tokenizer import TokenizerError, check_vocab_size
 from minilm.positions import PositionError, canonical, validate
 from minilm.positions.layers import check_types, layer_types
@@ -41,11 +41,14 @@ def option(
     role: Optional[str] = None,
     choices: tuple = (),
     help: str = "",
+    valid: Optional[Range] = None,
 ):
     """A config field with what the code and its user need to know of it, kept beside its
-    default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` and
-    a one-line ``help`` (what ``minilm train --help`` and the manual's config reference list: ``config_keys``)."""
-    return field(default=default, default_factory=factory, metadata={"role": role, "choices": choices, "help": help})
+    default: its ``role`` (ARCHITECTURE, AFTER_TRAINING, TRAJECTORY), its valid ``choices`` or, for
+    a number, the ``Range`` it takes (``check_fields`` checks both), and a one-line ``help`` (what
+    ``minilm train --help`` and the manual's config reference list: ``config_keys``)."""
+    metadata = {"role": role, "choices": choices, "help": help, "valid": valid}
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 def fields_with(cls, role: str) -> tuple:
@@ -53,20 +56,20 @@ def fields_with(cls, role: str) -> tuple:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("role") == role)
 
 
-def check_number(key: str, value, ok, expected: str) -> None:
-    """ConfigError unless ``value`` is a number (not a bool) for which ``ok(value)`` holds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(f"{key}={shown(value)} is invalid: expected {expected}")
-
-
-def check_choices(obj, section: str) -> None:
-    """A ConfigError for a field whose value is not among its ``choices``."""
+def check_fields(obj, section: str) -> None:
+    """A ConfigError for the first field of ``obj`` whose value is not among its ``choices`` or not
+    in its ``Range`` (``option``), named ``section.field``."""
     for f in dataclasses.fields(obj):
-        valid, value = f.metadata.get("choices"), getattr(obj, f.name)
-        if valid and value not in valid and not (f.name == "device" and str(value).startswith("cuda:")):
-            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(valid)}")
+        choices, value, valid = f.metadata.get("choices"), getattr(obj, f.name), f.metadata.get("valid")
+        if choices and value not in choices and not (f.name == "device" and str(value).startswith("cuda:")):
+            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(choices)}")
+        if valid is not None:
+            check_number(f"{section}.{f.name}" if section else f.name, value, valid, ConfigError)
 
 
+SEEDS = "an integer from 0 to 2**63 - 1"
+RETRIEVAL_WEIGHT = "a number from 0 to 1e4, 0 without train.retrieval_share"
+MIN_DOCUMENT_TOKENS = "0 (off) or a number of tokens, with data.end_of_text=true (documents must be marked)"
 MAX_COUNT = 10**12  # steps, rows, tokens a train setting counts; below, each model size's largest (memory: at build)
 MODEL_SIZES = {
     "vocab_size": 2**24,
@@ -85,18 +88,51 @@ SUBLAYER_NORMS = ("pre", "sandwich", "post")  # model.sublayer_norms: a norm bef
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = option(4096, help="set from the tokenizer (data.vocab_size); not given by hand")
-    n_layer: int = option(4, role=ARCHITECTURE, help="transformer blocks")
-    n_head: int = option(4, role=ARCHITECTURE, help="attention heads (a divisor of d_model unless head_dim is given)")
-    d_model: int = option(256, role=ARCHITECTURE, help="width of the residual stream")
-    block_size: int = option(256, role=AFTER_TRAINING, help="the training length in tokens; extension changes it")
-    d_ff: Optional[int] = option(None, role=ARCHITECTURE, help="MLP width (null: 4 x d_model)")
+    """The model's shape and layout (``model.*``): sizes, the position scheme (and per layer,
+    ``layers``), norms, MLP, attention options. Each field's ``option`` says its role, its valid
+    values and a line of help; ``__post_init__`` checks them and what they must agree on."""
+
+    vocab_size: int = option(
+        4096,
+        help="set from the tokenizer (data.vocab_size); not given by hand",
+        valid=Range(1, MODEL_SIZES["vocab_size"], integer=True),
+    )
+    n_layer: int = option(
+        4, role=ARCHITECTURE, help="transformer blocks", valid=Range(1, MODEL_SIZES["n_layer"], integer=True)
+    )
+    n_head: int = option(
+        4,
+        role=ARCHITECTURE,
+        help="attention heads (a divisor of d_model unless head_dim is given)",
+        valid=Range(1, MODEL_SIZES["n_head"], integer=True),
+    )
+    d_model: int = option(
+        256,
+        role=ARCHITECTURE,
+        help="width of the residual stream",
+        valid=Range(1, MODEL_SIZES["d_model"], integer=True),
+    )
+    block_size: int = option(
+        256,
+        role=AFTER_TRAINING,
+        help="the training length in tokens; extension changes it",
+        valid=Range(1, MODEL_SIZES["block_size"], integer=True),
+    )
+    d_ff: Optional[int] = option(
+        None, role=ARCHITECTURE, help="MLP width (null: 4 x d_model)", valid=Range(1, MODEL_SIZES["d_ff"], integer=True)
+    )
     head_dim: Optional[int] = option(
         None,
         role=ARCHITECTURE,
         help="each attention head's width (null: d_model / n_head; Qwen3 sets it apart, e.g. 16 heads x 128 on 1024)",
+        valid=Range(1, MODEL_SIZES["head_dim"], integer=True, optional=True),
     )
-    dropout: float = option(0.0, role=AFTER_TRAINING, help="dropout on embeddings, attention and residuals")
+    dropout: float = option(
+        0.0,
+        role=AFTER_TRAINING,
+        help="dropout on embeddings, attention and residuals",
+        valid=Range(0, 1, high_open=True),
+    )
     bias: bool = option(False, role=ARCHITECTURE, help="biases in every linear layer and LayerNorm")
     position: dict = option(
         factory=lambda: {"kind": "rope"},
@@ -122,6 +158,7 @@ class ModelConfig:
         role=TRAJECTORY,
         help="std of the token embedding's initial weights (GPT-2: 0.02; fairseq, with "
         "embedding_scale sqrt_d_model: d_model^-0.5)",
+        valid=Range(0, low_open=True),
     )
     concat_position_dims: int = option(
         0,
@@ -133,7 +170,9 @@ class ModelConfig:
     parallel_residual: bool = option(False, role=ARCHITECTURE, help="x + attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX)")
     tie_embeddings: bool = option(True, role=ARCHITECTURE, help="the LM head is the token embedding (false: its own)")
     norm: str = option("layernorm", role=ARCHITECTURE, choices=("layernorm", "rmsnorm"), help="every norm's kind")
-    norm_eps: float = option(1e-5, role=ARCHITECTURE, help="the norms' epsilon")
+    norm_eps: float = option(
+        1e-5, role=ARCHITECTURE, help="the norms' epsilon", valid=Range(0, 1, low_open=True, high_open=True)
+    )
     mlp: str = option(
         "gelu",
         role=ARCHITECTURE,
@@ -165,17 +204,17 @@ class ModelConfig:
         help="token embeddings added to every layer's "
         "values, a table per pair of layers j and n_layer-1-j (modded-nanogpt)",
     )
-    logit_softcap: float = option(0.0, role=ARCHITECTURE, help="0: none; c > 0: logits c * tanh(z / c) (Gemma 2)")
+    logit_softcap: float = option(
+        0.0,
+        role=ARCHITECTURE,
+        help="0: none; c > 0: logits c * tanh(z / c) (Gemma 2)",
+        valid=Range(0, text="0 (no cap) or a number > 0"),
+    )
 
     def __post_init__(self):
-        if self.d_ff is None:
+        if self.d_ff is None and isinstance(self.d_model, int):
             self.d_ff = 4 * self.d_model
-        for name, largest in MODEL_SIZES.items():
-            value = getattr(self, name)
-            if (value is not None or name != "head_dim") and (
-                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= largest
-            ):
-                raise ConfigError(f"model.{name}={shown(value)} is invalid: expected an integer from 1 to {largest:,}")
+        check_fields(self, "model")
         if self.head_dim is None and self.d_model % self.n_head:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}: choose "
@@ -188,7 +227,6 @@ class ModelConfig:
             raise ConfigError(
                 f"model.embedding_scale={shown(scale)} is invalid: expected {' or '.join(named)} or a number > 0"
             )
-        check_number("model.embedding_init_std", self.embedding_init_std, lambda v: 0 < v < math.inf, "a number > 0")
         concat = self.concat_position_dims
         if isinstance(concat, bool) or not isinstance(concat, int) or concat % 2 or not 0 <= concat < self.d_model:
             raise ConfigError(
@@ -200,8 +238,6 @@ class ModelConfig:
                 f"model.concat_position_dims={concat} gives the token embedding d_model - {concat} "
                 f"dimensions, which an LM head of d_model cannot share: set model.tie_embeddings false"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={shown(self.dropout)} is invalid: expected 0 <= dropout < 1")
         self._check_architecture()
         if not isinstance(self.position, dict) or "kind" not in self.position:
             raise ConfigError(f"model.position={shown(self.position)} is invalid: expected a mapping with a 'kind'")
@@ -215,14 +251,9 @@ class ModelConfig:
             raise ConfigError(str(exc)) from None
 
     def _check_architecture(self):
-        check_choices(self, "model")
         for name in ("parallel_residual", "tie_embeddings", "qkv_bias", "qk_norm", "value_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model.{name}={shown(getattr(self, name))} is invalid: expected true or false")
-        check_number("model.norm_eps", self.norm_eps, lambda v: 0 < v < 1, "a number with 0 < norm_eps < 1")
-        check_number(
-            "model.logit_softcap", self.logit_softcap, lambda v: 0 <= v < math.inf, "0 (no cap) or a number > 0"
-        )
         kv = self.n_kv_head
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.n_head % kv):
             raise ConfigError(
@@ -234,6 +265,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    """The corpus and its preparation (``data.*``): where the text is, the tokenizer's size, the
+    documents' marking and the held-out text; checked as ``ModelConfig`` is."""
+
     corpus: str = option("shakespeare", help="shakespeare (embedded), a .txt or .jsonl file, or a directory of them")
     vocab_size: int = option(4096, help="sentencepiece BPE vocabulary; model.vocab_size follows it")
     dir: str = option("data", help="where prepared corpora land")
@@ -243,6 +277,7 @@ class DataConfig:
         0,
         help="the last N tokens of the train split, never sampled for training: text "
         "to choose settings on without the validation split (evaluate --split holdout)",
+        valid=Range(0, MAX_COUNT, integer=True, text="0 (none) or a number of tokens"),
     )
     document_mask: str = option(
         "none",
@@ -253,21 +288,15 @@ class DataConfig:
         0,
         help="N > 0: train on documents of at least N tokens, a row filled with as "
         "few documents as it can (needs end_of_text); 0: windows of the stream",
+        valid=Range(0, MAX_COUNT, integer=True, text=MIN_DOCUMENT_TOKENS),
     )
 
     def __post_init__(self):
-        holdout = self.holdout_tokens
-        if isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 0:
+        check_fields(self, "data")
+        if self.min_document_tokens and not self.end_of_text:
             raise ConfigError(
-                f"data.holdout_tokens={shown(holdout)} is invalid: expected 0 (none) or a number of tokens"
+                f"data.min_document_tokens={self.min_document_tokens} is invalid: expected {MIN_DOCUMENT_TOKENS}"
             )
-        check_choices(self, "data")
-        check_number(
-            "data.min_document_tokens",
-            self.min_document_tokens,
-            lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT and (not v or self.end_of_text),
-            "0 (off) or a number of tokens, with data.end_of_text=true (documents must be marked)",
-        )
         if self.document_mask != "none" and not self.end_of_text:
             raise ConfigError(
                 f"data.document_mask={self.document_mask!r} needs documents marked: set "
@@ -281,13 +310,19 @@ LORA_ALSO_TRAIN = ("norms", "embeddings", "position", "head")  # minilm.model.lo
 
 @dataclass
 class LoRAConfig:
+    """Low-rank adapters (``train.lora.*``): the rank (0: off), the scale, the adapted linears and
+    what else trains beside them."""
+
     r: int = option(
         0,
         role=TRAJECTORY,
         help="low-rank adapters of this rank on the targets, everything else frozen "
         "but also_train (0: no LoRA, every weight trains); needs train.init_from",
+        valid=Range(0, 65536, integer=True, text="an integer from 0 (off) to 65,536"),
     )
-    alpha: float = option(16.0, role=TRAJECTORY, help="the adapters' output is scaled by alpha / r")
+    alpha: float = option(
+        16.0, role=TRAJECTORY, help="the adapters' output is scaled by alpha / r", valid=Range(0, low_open=True)
+    )
     targets: list = option(
         factory=lambda: ["q", "k", "v", "o"],
         role=TRAJECTORY,
@@ -301,10 +336,7 @@ class LoRAConfig:
     )
 
     def __post_init__(self):
-        check_number(
-            "train.lora.r", self.r, lambda v: isinstance(v, int) and 0 <= v <= 65536, "an integer from 0 (off)"
-        )
-        check_number("train.lora.alpha", self.alpha, lambda v: v > 0, "a number > 0")
+        check_fields(self, "train.lora")
         for key, values, valid in (
             ("targets", self.targets, LORA_TARGETS),
             ("also_train", self.also_train, LORA_ALSO_TRAIN),
@@ -331,12 +363,26 @@ class LoRAConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = option(32, role=TRAJECTORY, help="sequences per step (per process under torchrun)")
-    grad_accum: int = option(1, role=TRAJECTORY, help="micro-batches summed into one step")
-    max_steps: int = option(2000, role=TRAJECTORY, help="optimizer steps; the schedule ends there")
+    """How a run trains (``train.*``): steps, batches, the optimiser and its schedule, evaluation,
+    checkpoints, loggers, parallelism, the source to start from; checked as ``ModelConfig`` is."""
+
+    batch_size: int = option(
+        32,
+        role=TRAJECTORY,
+        help="sequences per step (per process under torchrun)",
+        valid=Range(1, MAX_COUNT, integer=True),
+    )
+    grad_accum: int = option(
+        1, role=TRAJECTORY, help="micro-batches summed into one step", valid=Range(1, MAX_COUNT, integer=True)
+    )
+    max_steps: int = option(
+        2000, role=TRAJECTORY, help="optimizer steps; the schedule ends there", valid=Range(1, MAX_COUNT, integer=True)
+    )
     lr: float = option(1e-3, role=TRAJECTORY, help="peak learning rate, after the warm-up")
     min_lr: float = option(1e-4, role=TRAJECTORY, help="learning rate at the end of the schedule")
-    warmup_steps: int = option(100, role=TRAJECTORY, help="linear warm-up steps")
+    warmup_steps: int = option(
+        100, role=TRAJECTORY, help="linear warm-up steps", valid=Range(0, MAX_COUNT, integer=True)
+    )
     schedule: str = option(
         "cosine",
         role=TRAJECTORY,
@@ -344,28 +390,39 @@ class TrainConfig:
         help="after the warm-up: cosine down to min_lr, or wsd: lr held, then linear down to min_lr",
     )
     cooldown: float = option(
-        0.4, role=TRAJECTORY, help="with schedule wsd: the last fraction of max_steps, where lr falls"
+        0.4,
+        role=TRAJECTORY,
+        help="with schedule wsd: the last fraction of max_steps, where lr falls",
+        valid=Range(0, 1, low_open=True, text="a fraction of max_steps, 0 < cooldown <= 1"),
     )
     weight_decay: float = option(
-        0.1, role=TRAJECTORY, help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)"
+        0.1,
+        role=TRAJECTORY,
+        help="decoupled weight decay on the weight matrices, AdamW and Muon (0 disables)",
+        valid=Range(0, note=" (0 disables)"),
     )
-    beta1: float = option(0.9, role=TRAJECTORY, help="AdamW beta1")
-    beta2: float = option(0.95, role=TRAJECTORY, help="AdamW beta2")
+    beta1: float = option(0.9, role=TRAJECTORY, help="AdamW beta1", valid=Range(0, 1, high_open=True))
+    beta2: float = option(0.95, role=TRAJECTORY, help="AdamW beta2", valid=Range(0, 1, high_open=True))
     optimizer: str = option(
         "adamw",
         role=TRAJECTORY,
         choices=("adamw", "muon"),
         help="muon: Muon for the blocks' matrices, AdamW for the rest (minilm.training.optim)",
     )
-    muon_lr_scale: float = option(1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's")
+    muon_lr_scale: float = option(
+        1.0, role=TRAJECTORY, help="with muon: Muon's rate is this times the schedule's", valid=Range(0, low_open=True)
+    )
     muon_split_qkv: bool = option(False, role=TRAJECTORY, help="with muon: q, k and v orthogonalised apart")
     position_lr_scale: float = option(
         1.0,
         role=TRAJECTORY,
         help="the position scheme's parameters (never "
         "weight-decayed) take this times the schedule's rate, e.g. T5's bias table",
+        valid=Range(0, low_open=True),
     )
-    grad_clip: float = option(1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)")
+    grad_clip: float = option(
+        1.0, role=TRAJECTORY, help="clip the gradient norm to this (0 disables)", valid=Range(0, note=" (0 disables)")
+    )
     retrieval_share: float = option(
         0.0, role=TRAJECTORY, help="share of sequences that are retrieval sequences (minilm.data.retrieval)"
     )
@@ -374,11 +431,14 @@ class TrainConfig:
         role=TRAJECTORY,
         help="w > 0: retrieval rows keep their text's loss, each "
         "answer counting w tokens (0: answers only, rows weighted alike); 0 without a share",
+        valid=Range(0, 1e4, text=RETRIEVAL_WEIGHT),
     )
-    eval_interval: int = option(250, help="steps between held-out evaluations")
-    eval_iters: int = option(20, help="held-out batches per evaluation")
-    log_interval: int = option(10, help="steps between metrics.jsonl lines")
-    checkpoint_interval: int = option(500, help="steps between checkpoints (written atomically)")
+    eval_interval: int = option(250, help="steps between held-out evaluations", valid=Range(1, MAX_COUNT, integer=True))
+    eval_iters: int = option(20, help="held-out batches per evaluation", valid=Range(1, MAX_COUNT, integer=True))
+    log_interval: int = option(10, help="steps between metrics.jsonl lines", valid=Range(1, MAX_COUNT, integer=True))
+    checkpoint_interval: int = option(
+        500, help="steps between checkpoints (written atomically)", valid=Range(1, MAX_COUNT, integer=True)
+    )
     dtype: str = option(
         "auto",
         role=TRAJECTORY,
@@ -405,8 +465,14 @@ class TrainConfig:
         "backward pass: less activation memory, more time per step",
     )
     init_from: Optional[str] = option(None, help="checkpoint file, out_dir or Hugging Face directory to start from")
-    sample_tokens: int = option(200, help="tokens of the sample printed at the end (0 skips it)")
-    final_eval_tokens: int = option(1_000_000, help="validation tokens of the final evaluation (0: eval_iters batches)")
+    sample_tokens: int = option(
+        200, help="tokens of the sample printed at the end (0 skips it)", valid=Range(0, MAX_COUNT, integer=True)
+    )
+    final_eval_tokens: int = option(
+        1_000_000,
+        help="validation tokens of the final evaluation (0: eval_iters batches)",
+        valid=Range(0, MAX_COUNT, integer=True),
+    )
     snapshot_steps: list = option(factory=list, help="also keep the weights at these steps: snapshots/step-N.pt")
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # minilm.model.lora; a resumed run keeps the checkpoint's
     loggers: list = option(
@@ -415,33 +481,7 @@ class TrainConfig:
     )
 
     def __post_init__(self):
-        check_choices(self, "train")
-        for name in (
-            "batch_size",
-            "grad_accum",
-            "max_steps",
-            "eval_iters",
-            "log_interval",
-            "eval_interval",
-            "checkpoint_interval",
-        ):
-            check_number(
-                f"train.{name}",
-                getattr(self, name),
-                lambda v: isinstance(v, int) and 1 <= v <= MAX_COUNT,
-                f"an integer from 1 to {MAX_COUNT:,}",
-            )
-        for name in ("warmup_steps", "sample_tokens", "final_eval_tokens"):
-            check_number(
-                f"train.{name}",
-                getattr(self, name),
-                lambda v: isinstance(v, int) and 0 <= v <= MAX_COUNT,
-                f"an integer from 0 to {MAX_COUNT:,}",
-            )
-        for name in ("weight_decay", "grad_clip"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: v >= 0, "a number >= 0 (0 disables)")
-        for name in ("beta1", "beta2"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: 0 <= v < 1, f"0 <= {name} < 1")
+        check_fields(self, "train")
         if not isinstance(self.snapshot_steps, list) or any(
             isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_steps for n in self.snapshot_steps
         ):
@@ -463,17 +503,8 @@ class TrainConfig:
                 f"train.retrieval_share={self.retrieval_share} is invalid: expected a fraction from 0 "
                 f"(none) to below 1 (to 1 with train.retrieval_weight > 0)"
             )
-        check_number(
-            "train.retrieval_weight",
-            self.retrieval_weight,
-            lambda v: 0 <= v <= 1e4 and (not v or self.retrieval_share > 0),
-            "a number from 0 to 1e4, 0 without train.retrieval_share",
-        )
-        for name in ("muon_lr_scale", "position_lr_scale"):
-            check_number(f"train.{name}", getattr(self, name), lambda v: v > 0, "a number > 0")
-        check_number(
-            "train.cooldown", self.cooldown, lambda v: 0 < v <= 1, "a fraction of max_steps, 0 < cooldown <= 1"
-        )
+        if self.retrieval_weight and not self.retrieval_share > 0:
+            raise ConfigError(f"train.retrieval_weight={self.retrieval_weight} is invalid: expected {RETRIEVAL_WEIGHT}")
         if self.parallel == "fsdp" and self.optimizer == "muon":
             raise ConfigError(
                 "train.optimizer='muon' with train.parallel='fsdp' is refused: Muon orthogonalises whole "
@@ -497,19 +528,26 @@ class TrainConfig:
 
 @dataclass
 class Config:
+    """A whole run: ``model``, ``data``, ``train``, where it writes (``out_dir``) and its seeds.
+    ``load_config`` (``minilm.configfile``) builds one from a YAML file and overrides."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out_dir: str = option("out/run", help="where checkpoints, metrics.jsonl and samples go")
-    seed: int = option(1337, help="fixes the initialisation (and the batches, unless data_seed is given)")
-    data_seed: Optional[int] = option(None, help="fixes the batches' order apart from the initialisation (null: seed)")
+    seed: int = option(
+        1337,
+        help="fixes the initialisation (and the batches, unless data_seed is given)",
+        valid=Range(0, 2**63 - 1, integer=True, text=SEEDS),
+    )
+    data_seed: Optional[int] = option(
+        None,
+        help="fixes the batches' order apart from the initialisation (null: seed)",
+        valid=Range(0, 2**63 - 1, integer=True, optional=True, text=SEEDS),
+    )
 
     def __post_init__(self):
-        for key, value in (("seed", self.seed), ("data_seed", self.data_seed)):
-            if value is not None or key == "seed":
-                check_number(
-                    key, value, lambda v: isinstance(v, int) and 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"
-                )
+        check_fields(self, "")
 
     @property
     def batch_seed(self) -> int:  # the seed of the batches' generator

@@ -4,12 +4,14 @@ import dataclasses
 import os
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from minilm.cli import smoke
 from minilm.cli import train as train_command
+from minilm.common import MinilmError, Range, check_number
 from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
 from minilm.configfile import find_config_file, load_config
 from minilm.model.gpt import GPT
@@ -207,3 +209,48 @@ def test_train_help_lists_every_config_key_with_its_default_and_what_it_does(cap
     assert "  model.position = {kind: rope}: the position scheme" in out
     assert "  train.snapshot_steps = []: " in out and "  out_dir = out/run: " in out
     assert "  train.lora.targets = [q, k, v, o]: the linears that get adapters" in out
+
+
+CHECKED_APART = {  # numbers whose valid values depend on another setting or are not a range
+    "ModelConfig.embedding_scale": "a name (auto, sqrt) or a number",
+    "ModelConfig.concat_position_dims": "even, below d_model",
+    "ModelConfig.n_kv_head": "a divisor of n_head",
+    "DataConfig.vocab_size": "the tokenizer's own check (check_vocab_size)",
+    "TrainConfig.lr": "with min_lr: 0 <= min_lr <= lr",
+    "TrainConfig.min_lr": "with lr",
+    "TrainConfig.retrieval_share": "up to 1 only with retrieval_weight",
+}
+
+
+def test_every_number_setting_declares_its_range_on_its_option():
+    """A numeric setting is checked by the ``Range`` its ``option`` declares (one validator,
+    ``common.check_number``), unless it is listed with the reason it is checked apart."""
+    undeclared = set()
+    for cls in (ModelConfig, DataConfig, TrainConfig, LoRAConfig, Config):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kinds = {hints[f.name], *typing.get_args(hints[f.name])}
+            if kinds & {int, float} and f.metadata.get("valid") is None:
+                undeclared.add(f"{cls.__name__}.{f.name}")
+    assert undeclared == set(CHECKED_APART)
+
+
+@pytest.mark.parametrize(
+    "valid, said, inside, outside",
+    [
+        (Range(1, 1024, integer=True), "an integer from 1 to 1,024", [1, 1024], [0, 1025, 2.0, True, None, "3"]),
+        (Range(0, 1, high_open=True), "a number >= 0 and < 1", [0, 0.5], [1, -0.1, float("nan")]),
+        (Range(0, low_open=True), "a number > 0", [1e-9, 10**400], [0, float("inf"), -1]),
+        (Range(0, note=" (0 disables)"), "a number >= 0 (0 disables)", [0, 3.5], [-1]),
+        (Range(1, integer=True, optional=True), "an integer >= 1", [None, 7], [0, 7.0]),
+        (Range(0, 1e4, text="a weight up to 1e4"), "a weight up to 1e4", [1e4], [1e4 + 1]),
+    ],
+)
+def test_the_one_numeric_check_says_its_range(valid, said, inside, outside):
+    assert str(valid) == said
+    assert [check_number("x", v, valid) for v in inside] == inside
+    for value in outside:
+        with pytest.raises(MinilmError) as caught:
+            check_number("train.x", value, valid, ConfigError)
+        assert type(caught.value) is ConfigError
+        assert str(caught.value) == f"train.x={value!r} is invalid: expected {said}"

@@ -306,3 +306,17 @@ def test_the_modules_that_help_texts_docstrings_and_configs_name_exist():
             named = set(NAMED_MODULE.findall(f.read()))
         missing += [f"{os.path.relpath(path, REPO)}: {n}" for n in sorted(named) if not named_module_exists(n)]
     assert not missing, f"names of modules that do not exist: {missing}"
+
+
+def test_every_public_class_says_what_it_is():
+    """Every class a module defines at its top level without a leading underscore has a docstring."""
+    bare = []
+    for folder, _, files in os.walk(os.path.join(REPO, "minilm")):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node):
+                    bare.append(f"{os.path.relpath(path, REPO)}: {node.name}")
+    assert not bare

@@ -510,7 +510,7 @@ def test_extension_keeps_the_source_architecture(tmp_path, gen_tokenizer):
         (dict(qk_norm="yes"), "model.qk_norm='yes' is invalid: expected true or false"),
         (dict(n_kv_head=3), "model.n_kv_head=3 is invalid: expected a divisor of model.n_head=4 (1, 2, 4)"),
         (dict(n_kv_head=0), "model.n_kv_head=0 is invalid: expected a divisor of model.n_head=4"),
-        (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number with 0 < norm_eps < 1"),
+        (dict(norm_eps=0.0), "model.norm_eps=0.0 is invalid: expected a number > 0 and < 1"),
         (dict(parallel_residual="yes"), "model.parallel_residual='yes' is invalid: expected true or false"),
     ],
 )

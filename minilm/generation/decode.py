@@ -53,7 +53,7 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 from tqdm import tqdm
 
-from minilm.common import MinilmError, available_memory, peak_memory, shown
+from minilm.common import MinilmError, Range, available_memory, check_number, peak_memory
 from minilm.generation.compiled import compiled_body
 from minilm.generation.lean import lean_body
 from minilm.model.cache import SINK_POSITIONS, cache_dtype, check_sink_positions
@@ -380,8 +380,8 @@ MAX_COUNT = 10**9  # tokens, samples or threads one generation asks for: past an
 
 
 def check_count(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_COUNT:
-        raise GenerationError(f"{name}={shown(value)} is invalid: expected an integer from {low} to {MAX_COUNT:,}")
+    """GenerationError unless ``value`` is an integer from ``low`` to ``MAX_COUNT``."""
+    check_number(name, value, Range(low, MAX_COUNT, integer=True), GenerationError)
 
 
 def generate_ids(model, prompt_ids: Sequence[int], *, num_samples: int = 1, **options) -> Iterator[torch.Tensor]:

@@ -25,13 +25,13 @@ length without a cache, the cache capacity with one); only dynamic NTK reads it.
 from __future__ import annotations
 
 import copy
-import numbers
 from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
-from minilm.common import MinilmError, shown, suggest
+from minilm.common import MinilmError, Range, suggest
+from minilm.common import check_number as check_setting
 
 _REGISTRY: Dict[str, type] = {}
 
@@ -198,20 +198,16 @@ def check_number(
     low_open: bool = True,
     integer: bool = False,
 ) -> None:
-    """One-line PositionError unless ``value`` is a number in the stated range."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
-        hi = "" if high is None else f"<= {high}"
-        what = "an integer" if integer else "a number"
-        rng = " and ".join(p for p in (lo, hi) if p)
-        raise PositionError(f"{kind}: {name}={shown(value)} is invalid: expected {what}{' ' + rng if rng else ''}")
+    """One-line PositionError, '``kind``: ``name``=VALUE is invalid: expected ...', unless ``value``
+    is a number from ``low`` (above it where ``low_open``) to ``high``; with ``integer`` a whole
+    number (4.0 too, as YAML may write it). ``minilm.common.check_number``, the one numeric check."""
+    whole = integer and isinstance(value, float) and value.is_integer()
+    check_setting(
+        f"{kind}: {name}",
+        int(value) if whole else value,
+        Range(low, high, low_open=low_open, integer=integer),
+        PositionError,
+    )
 
 
 class PositionScheme(nn.Module):

@@ -31,12 +31,11 @@ Without ``model.layers`` every layer is the one type ``model.position`` describe
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import torch
 
-from minilm.common import shown, suggest
+from minilm.common import Range, check_number, shown, suggest
 from minilm.positions.base import MAX_POSITIONS, PositionError, build, canonical, describe, scheme_class, validate
 
 TYPE_KEYS = ("position", "window", "chunk", "sinks", "softcap", "query_scale")
@@ -72,16 +71,11 @@ class LayerType(NamedTuple):
         return min(spans) if spans else None
 
 
+SOFTCAP = Range(0, 1e6, low_open=True, text="0 (off) or a number > 0 and <= 1e6")
+
+
 def _count(where: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_POSITIONS:
-        raise PositionError(f"{where}={shown(value)} is invalid: expected an integer from {low} to {MAX_POSITIONS:,}")
-    return value
-
-
-def _number(where: str, value, expected: str, ok) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise PositionError(f"{where}={shown(value)} is invalid: expected {expected}")
-    return float(value)
+    return check_number(where, value, Range(low, MAX_POSITIONS, integer=True), PositionError)
 
 
 def _query_scale(where: str, value) -> Optional[dict]:
@@ -95,7 +89,7 @@ def _query_scale(where: str, value) -> Optional[dict]:
     if "beta" not in value or "floor" not in value:
         raise PositionError(f"{where} needs beta and floor: 1 + beta ln(1 + floor((p + offset) / floor))")
     return {
-        "beta": _number(f"{where}.beta", value["beta"], "a number >= 0", lambda v: 0 <= v <= 1e3),
+        "beta": float(check_number(f"{where}.beta", value["beta"], Range(0, 1e3), PositionError)),
         "floor": float(_count(f"{where}.floor", value["floor"])),
         "offset": float(_count(f"{where}.offset", value.get("offset", 0), low=0)),
     }
@@ -131,7 +125,7 @@ def read_type(name: str, settings, default_position: dict) -> LayerType:
         sinks=sinks == "learned",
         softcap=0.0
         if settings.get("softcap") in (None, 0)
-        else _number(f"{where}.softcap", settings["softcap"], "0 (off) or a number > 0", lambda v: 0 < v <= 1e6),
+        else float(check_number(f"{where}.softcap", settings["softcap"], SOFTCAP, PositionError)),
         query_scale=_query_scale(f"{where}.query_scale", settings.get("query_scale")),
     )
 
