@@ -151,8 +151,8 @@ def test_a_block_size_other_than_the_factors_is_refused(gen_tokenizer, tmp_path,
     err = refused(capsys, source, "--method", "yarn", "--factor", "4", "model.block_size=1024")
     assert "model.block_size=1024 is not the new length 128 (the source's 32 x --factor 4)" in err
     assert not (tmp_path / "rope-yarn-x4").exists()
-    assert extend([source, "--method", "yarn", "--factor", "4", "model.block_size=128", "--print-config"]) == 0
-    assert "block_size: 128" in capsys.readouterr().out  # the derived length itself may be given
+    assert extend(["model.block_size=128", source, "--method", "yarn", "--factor", "4", "--print-config"]) == 0
+    assert "block_size: 128" in capsys.readouterr().out  # the derived length itself may be given, before SOURCE too
 
 
 @pytest.mark.parametrize(
@@ -166,6 +166,7 @@ def test_a_block_size_other_than_the_factors_is_refused(gen_tokenizer, tmp_path,
         (["--method", "yarn", "--factor", "4", "model.position.scaling.type=ntk"], "give --method instead"),
         (["--method", "yarn", "--factor", "4", "model.position.scaling.factor=8"], "give --factor instead"),
         (["--method", "yarn", "--factor", "4", "train.init_from=out/x"], "give SOURCE instead"),
+        (["--method", "yarn", "--factor", "4", "out/other"], "takes one SOURCE (a minilm run or a transformers"),
     ],
 )
 def test_bad_methods_factors_and_overrides_are_one_line_errors(args, message, gen_tokenizer, tmp_path, capsys):

@@ -13,11 +13,13 @@ then trains with the usual progress and summary. Everything else lives in minilm
 
 import argparse
 import json
+import re
 import sys
 import textwrap
 
 from minilm.cli import Parser, run_command, smoke
-from minilm.config import resolve_config
+from minilm.common import shown
+from minilm.config import ConfigError, resolve_config
 from minilm.configfile import load_config
 from minilm.training.extend import ALIASES, METHODS, describe_plan, plan_extension
 from minilm.training.loop import train
@@ -26,15 +28,20 @@ from minilm.training.loop import train
 def main(argv=None) -> int:
     parser = Parser(
         prog="minilm extend",
+        usage="minilm extend SOURCE --method METHOD --factor FACTOR [--lora] [--out OUT] [--resume] [--overwrite]\n"
+        "                     [--print-config] [--quiet] [section.key=value ...]",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  minilm extend out/rope --method yarn --factor 4\n"
         "  minilm extend models/my-llama --method yarn --factor 2 --lora data.corpus=my_long_texts/\n"
         "  minilm extend out/learned --method interpolated --factor 4 train.max_steps=100",
     )
-    parser.add_argument("source", metavar="SOURCE", help="a minilm out_dir or checkpoint file, or a transformers model")
     parser.add_argument(
-        "overrides", nargs="*", metavar="section.key=value", help="overrides of the run's config, values parsed as YAML"
+        "words",
+        nargs="+",
+        metavar="SOURCE section.key=value",
+        help="a minilm out_dir or checkpoint file, or a transformers model; and overrides of the run's config "
+        "anywhere among the options, values parsed as YAML",
     )
     parser.add_argument(
         "--method",
@@ -61,9 +68,8 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     """Plan the extension, say what it trains, train it; the exit status (130/143 when interrupted)."""
-    plan = plan_extension(
-        args.source, args.method, args.factor, lora=args.lora, out_dir=args.out, overrides=args.overrides
-    )
+    source, overrides = source_and_overrides(args.words)
+    plan = plan_extension(source, args.method, args.factor, lora=args.lora, out_dir=args.out, overrides=overrides)
     config = resolve_config(load_config(plan.config_path, plan.overrides + smoke.training_overrides(plan.source)))
     if args.print_config:
         print(config.to_yaml(), end="")
@@ -77,3 +83,18 @@ def run(args) -> int:
     if summary["interrupted"]:
         return 130 if summary["interrupted"] == "SIGINT" else 143
     return 0
+
+
+SETTING = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*=")  # out_dir=..., train.max_steps=...: a key, then =
+
+
+def source_and_overrides(words: list) -> tuple:
+    """(SOURCE, the overrides) of the positional arguments: SOURCE is the one that is no ``key=value``, wherever
+    it stands; none or several is a one-line error."""
+    sources = [word for word in words if not SETTING.match(word)]
+    if len(sources) != 1:
+        raise ConfigError(
+            f"minilm extend takes one SOURCE (a minilm run or a transformers model directory) among the "
+            f"section.key=value overrides; got {len(sources)}: {shown(sources)}"
+        )
+    return sources[0], [word for word in words if SETTING.match(word)]
