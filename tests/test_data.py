@@ -379,7 +379,7 @@ def test_clear_errors(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         prepare(DataConfig(corpus=str(tmp_path / "nope"), dir=str(tmp_path / "d")), quiet=True)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match="without .txt or .jsonl files"):
+    with pytest.raises(DataError, match="without .txt, .jsonl, .parquet or .arrow files"):
         prepare(DataConfig(corpus=str(tmp_path / "empty"), dir=str(tmp_path / "d")), quiet=True)
     (tmp_path / "empty" / "a.txt").write_text("  \n")
     with pytest.raises(DataError, match="has no text"):

