@@ -268,10 +268,19 @@ class DataConfig:
     """The corpus and its preparation (``data.*``): where the text is, the tokenizer's size, the
     documents' marking and the held-out text; checked as ``ModelConfig`` is."""
 
-    corpus: str = option("shakespeare", help="shakespeare (embedded), a .txt or .jsonl file, or a directory of them")
+    corpus: str = option(
+        "shakespeare",
+        help="shakespeare (embedded), a .txt, .jsonl, .parquet or .arrow file, or a directory of them "
+        "(a dataset that datasets saved with save_to_disk among them)",
+    )
     vocab_size: int = option(4096, help="sentencepiece BPE vocabulary; model.vocab_size follows it")
+    tokenizer: Optional[str] = option(
+        None,
+        help="a transformers tokenizer directory (tokenizer.json, as save_pretrained writes it) that encodes "
+        "the corpus instead of a sentencepiece tokenizer trained on it; data.vocab_size follows it",
+    )
     dir: str = option("data", help="where prepared corpora land")
-    text_field: str = option("text", help="the field of a .jsonl line that holds its document's text")
+    text_field: str = option("text", help="the field of a .jsonl line or a table's row that holds its document's text")
     end_of_text: bool = option(False, help="the tokenizer's eos id between documents, instead of two blank lines")
     holdout_tokens: int = option(
         0,
@@ -643,8 +652,9 @@ def build_config(tree: dict) -> Config:
         config = from_dict(Config, tree)
     except TypeError as exc:  # a dataclass got an argument it cannot take
         raise ConfigError(str(exc)) from None
-    try:
-        check_vocab_size(config.data.vocab_size)
+    try:  # the size of a sentencepiece tokenizer to train; a data.tokenizer decides its own
+        if config.data.tokenizer is None:
+            check_vocab_size(config.data.vocab_size)
     except TokenizerError as exc:
         raise ConfigError(f"data.{exc}") from None
     try:  # with init_from, what the source decides (interpolated's factor, ...) is filled in later

@@ -12,8 +12,9 @@ when such a corpus gave whole ones to validation is not); anything else is rebui
 (``reprepare=True``: a valid one too). A directory this call created is removed when preparing
 fails, temporaries of killed preparations at the next one; a full disk is one DataError.
 Progress goes to stderr unless ``quiet``. ``<name>`` is ``corpus_name``: ``shakespeare``, or the
-corpus path's last part (less ``.txt`` / ``.jsonl``) and the first 8 hex digits of the SHA-1 of
-its absolute path, so two corpora of one name in different places never share a directory.
+corpus path's last part (less ``.txt``, ``.jsonl``, ``.parquet``, ``.arrow``) and the first 8 hex
+digits of the SHA-1 of its absolute path, so two corpora of one name in different places never
+share a directory.
 
 Preparing streams, so its memory does not grow with the corpus: documents are read one at a
 time, the tokenizer's training text goes to a temporary file as they come (sentencepiece
@@ -39,6 +40,8 @@ evaluation scores with the checkpoint's). It may be a Hugging Face tokenizer
 151,936); ``tokenizer.model`` holds either kind's bytes (``load_tokenizer`` reads both). It
 reuses ``<name>-<vocab_size>/`` when that holds the same tokenizer, else prepares (or with
 ``reprepare`` rebuilds) ``<name>-tok<sha256 prefix>/``, whose manifest records its hash.
+``data.tokenizer`` names such a tokenizer by its directory (``configured_tokenizer``): without a
+given one, ``prepare`` encodes with it, the same way.
 
 Bits per character: ``Prepared.bits_per_char(mean_loss_nats, split)`` =
 mean token loss * tokens / characters / ln 2, with the counts of that split.
@@ -64,7 +67,7 @@ from tqdm import tqdm
 
 from minilm.common import WriteError, atomic_write, remove_stale_temporaries, temporary_path
 from minilm.data import tokenizer as tokenizer_module
-from minilm.data.hf_tokenizer import AnyTokenizer, load_tokenizer
+from minilm.data.hf_tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
 from minilm.data.shakespeare import SHAKESPEARE
 from minilm.data.sources import (
     DOC_SEPARATOR,
@@ -88,9 +91,26 @@ def corpus_name(corpus: str) -> str:
         return SHAKESPEARE
     absolute = os.path.abspath(os.path.expanduser(corpus))
     base = Path(absolute).name
-    base = re.sub(r"\.(txt|jsonl)$", "", base)
+    base = re.sub(r"\.(txt|jsonl|parquet|arrow)$", "", base)
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", base).strip("-.")[:40] or "corpus"
     return f"{base}-{hashlib.sha1(absolute.encode('utf-8')).hexdigest()[:8]}"
+
+
+def configured_tokenizer(data_cfg) -> Optional[HFTokenizer]:
+    """The transformers tokenizer of the directory ``data.tokenizer`` names (None when unset); a
+    missing or unreadable one is a DataError naming the value and what is valid."""
+    path = getattr(data_cfg, "tokenizer", None)
+    if path is None:
+        return None
+    try:
+        if not isinstance(path, str) or not os.path.isdir(os.path.expanduser(path)):
+            raise TokenizerError("no such directory")
+        return HFTokenizer.from_directory(os.path.expanduser(path))
+    except TokenizerError as exc:
+        raise DataError(
+            f"data.tokenizer={path!r} cannot be read ({exc}): expected a transformers tokenizer directory "
+            f"(tokenizer.json, as save_pretrained writes it) or null"
+        ) from None
 
 
 # =========================================================================== prepared data
@@ -324,7 +344,7 @@ def _check_cfg(data_cfg, tokenizer: Optional[AnyTokenizer] = None) -> None:
     if not isinstance(text_field, str) or not text_field:
         raise DataError(
             f"data.text_field={text_field!r} is invalid: expected the name of the field of a .jsonl "
-            f"line that holds its text, such as 'text'"
+            f"line or a table's row that holds its text, such as 'text'"
         )
     if tokenizer is not None:  # a given tokenizer: token files hold any vocabulary (uint32 ids at most)
         if _end_of_text(data_cfg) and tokenizer.eos_id is None:
@@ -382,11 +402,14 @@ def prepare(
     later calls reuse them while the manifest matches the source files, the vocab size,
     the tokenizer settings and ``end_of_text``; ``reprepare`` rebuilds them anyway. With
     ``tokenizer`` given, no tokenizer is trained: the corpus is encoded with that one
-    (``data_cfg.vocab_size`` is then ignored), see the module docstring. Raises DataError
-    for a bad corpus or vocab size. ``announce``: preparing is said in one stderr line naming the
+    (``data_cfg.vocab_size`` is then ignored), see the module docstring; without it, with
+    ``data.tokenizer`` set, that one (``configured_tokenizer``). Raises DataError for a bad corpus,
+    vocab size or tokenizer directory. ``announce``: preparing is said in one stderr line naming the
     directory even when ``quiet`` (an evaluation that must tokenize again says so and where).
     """
     tokenizer_hash, holdout = None, getattr(data_cfg, "holdout_tokens", 0)  # configs from before the option: none
+    configured = tokenizer is None and getattr(data_cfg, "tokenizer", None) is not None
+    tokenizer = configured_tokenizer(data_cfg) if configured else tokenizer
     if tokenizer is not None:
         data_cfg = replace(data_cfg, vocab_size=tokenizer.vocab_size)
         tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
@@ -412,6 +435,7 @@ def prepare(
         f"a {data_cfg.vocab_size}-piece tokenizer"
         if tokenizer is None
         else f"a given {tokenizer.vocab_size}-piece tokenizer"
+        + (f" (data.tokenizer={data_cfg.tokenizer!r})" if configured else "")
     )
     _log(f"preparing {data_cfg.corpus!r} with {how} into {directory.absolute()}", quiet and not announce)
     train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))

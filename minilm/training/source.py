@@ -6,8 +6,9 @@ without one asks for factor x the source's length: that is the run's block_size 
 sets it, and a block_size set apart from it is said) (``minilm.configfile.was_given``: what a YAML file
 and its overrides set, as against the defaults). A set position setting of the source's kind
 applies over the source's (a scaling, interpolation: ``minilm.checkpoints.extension``); another
-kind, or another architecture, is an error naming both values. ``source_model`` also returns
-one line that says what was loaded and what the run takes from it.
+kind, or another architecture, is an error naming both values, as is a ``data.tokenizer`` that is
+not the source's tokenizer. ``source_model`` also returns one line that says what was loaded and
+what the run takes from it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Optional
 from minilm.checkpoints.extension import position_overrides, scaled_length
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import Loaded, model_of, read_checkpoint
-from minilm.config import ARCHITECTURE, Config, ModelConfig, fields_with, resolve_config
+from minilm.config import ARCHITECTURE, Config, ConfigError, ModelConfig, fields_with, resolve_config
 from minilm.configfile import was_given
+from minilm.data.corpus import configured_tokenizer
 from minilm.positions import describe, unwrap_setting, validate
 
 
@@ -59,9 +61,22 @@ def source_model(config: Config) -> tuple:
                 f"{getattr(trained, name)}; an extended model keeps the source architecture"
             )
     validate(source.config.model.position, source.config.model)  # its positions reach the new block_size
+    check_tokenizer(config, source)
     said = loaded_line(path, source, source.state["config"]["model"].get("block_size")) + note
     config = dataclasses.replace(config, model=source.config.model)
     return resolve_config(config, tokenizer=source.tokenizer), source, said
+
+
+def check_tokenizer(config: Config, source: Loaded) -> None:
+    """A ConfigError when ``data.tokenizer`` is set and is not the tokenizer of ``train.init_from``
+    (the same bytes), which a run from it keeps."""
+    given = configured_tokenizer(config.data)
+    if given is not None and given.to_bytes() != source.tokenizer.to_bytes():
+        raise ConfigError(
+            f"data.tokenizer={config.data.tokenizer!r} is not the tokenizer of train.init_from="
+            f"{config.train.init_from!r} ({source.tokenizer.vocab_size:,} tokens), which a run from it keeps: "
+            f"leave data.tokenizer out (null) or name the source's own tokenizer"
+        )
 
 
 def loaded_line(path: str, source: Loaded, trained_length: Optional[int]) -> str:
