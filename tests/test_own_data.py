@@ -80,6 +80,30 @@ def test_a_table_is_one_document_per_row_and_gives_a_tenth_of_them_by_name_hash(
 
 
 @needs_pyarrow
+@pytest.mark.parametrize("name", ["rows.parquet", "rows.arrow"])
+def test_tables_are_read_a_record_batch_at_a_time_never_whole(tmp_path, monkeypatch, name):
+    def whole(*args, **kwargs):
+        raise AssertionError("a table read whole")
+
+    for owner, method in ((pq.ParquetFile, "read"), (pa.ipc.RecordBatchStreamReader, "read_all")):
+        monkeypatch.setattr(owner, method, whole)
+    monkeypatch.setattr(pq, "read_table", whole)
+    monkeypatch.setattr(tables, "BATCH_ROWS", 5)
+    sizes, columns = [], tables._columns
+
+    def counted(path, field):
+        for column in columns(path, field):
+            sizes.append(len(column))
+            yield column
+
+    monkeypatch.setattr(tables, "_columns", counted)
+    corpus = write_parquet(tmp_path / name) if name.endswith(".parquet") else write_arrow(tmp_path / name)
+    train, val = documents(corpus)
+    assert sorted({**train, **val}.values()) == sorted(TEXTS)
+    assert max(sizes) == (5 if name.endswith(".parquet") else 4) and sum(sizes) >= 2 * len(TEXTS)  # scanned, read back
+
+
+@needs_pyarrow
 def test_a_table_of_few_rows_is_cut_within_each_row(tmp_path):
     corpus = write_parquet(tmp_path / "few.parquet", TEXTS[:3])
     train, val = documents(corpus)

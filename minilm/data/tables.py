@@ -5,8 +5,9 @@ Each row's ``data.text_field`` column is one document, numbered from 1 in the fi
 ``minilm.data.sources`` numbers the lines of a ``.jsonl`` file. A file without that column, a row
 whose value is null, or a column that does not hold strings is a DataError naming the file, the
 row and the field. ``table_rows`` yields (row, text) of every row with text, or of given rows
-only; neither holds more than one record batch (``BATCH_ROWS`` rows of a Parquet file, an Arrow
-file's batches as written) at a time, and an Arrow file is memory-mapped.
+only, holding one record batch of the text column at a time: ``BATCH_ROWS`` rows of a Parquet file
+(which pyarrow decodes a row group's column at a time), an Arrow file's batches as written (the
+file memory-mapped, so only the pages of the column read are loaded).
 
 A dataset saved by ``datasets`` (``save_to_disk``: ``dataset_info.json``, ``state.json`` and
 ``data-*.arrow``) is a directory of Arrow files whose ``state.json`` lists them: ``listed_arrow``
