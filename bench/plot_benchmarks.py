@@ -236,6 +236,14 @@ def plot_suite(tables: dict, path: str) -> str:
     return save_figure(fig, path)
 
 
+def finished(fig, ax, path: str) -> str:
+    """``fig`` with ``ax``'s legend and grid, laid out and written to ``path`` (its path)."""
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def plot_streaming(tables: dict, path: str) -> str:
     """Nats a token by band of positions for each attention of the streaming table."""
     Figure = require_matplotlib()
@@ -250,10 +258,7 @@ def plot_streaming(tables: dict, path: str) -> str:
     ax.set_xlabel("positions")
     ax.set_ylabel("nats a token")
     ax.set_title("Streaming: full attention against a window of 256 and sinks", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return finished(fig, ax, path)
 
 
 def plot_layer_designs(tables: dict, path: str) -> str:
@@ -272,10 +277,7 @@ def plot_layer_designs(tables: dict, path: str) -> str:
     ax.set_xlabel("evaluation length (trained at 256)")
     ax.set_ylabel("held-out perplexity")
     ax.set_title("Positions per layer: the shipped designs (seed 1337)", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return finished(fig, ax, path)
 
 
 PLOTS = {
