@@ -134,6 +134,26 @@ def test_the_run_is_the_shipped_configs_with_the_sources_shape(gen_tokenizer, tm
     assert load_config(learned.config_path, learned.overrides).model.position["kind"] == "interpolated"
 
 
+def test_a_minilm_source_is_extended_on_the_text_it_was_trained_on(gen_tokenizer, tmp_path, monkeypatch):
+    """The run reads the source's corpus and text field (found from another directory as evaluation finds
+    it), not the config's plays; ``data.corpus`` given wins; a transformers source has the config's."""
+    texts = tmp_path / "mine" / "texts.jsonl"
+    texts.parent.mkdir()
+    texts.write_text('{"body": "words"}\n')
+    source = source_run(gen_tokenizer, tmp_path / "mine" / "out", position={"kind": "rope"})
+    state = torch.load(os.path.join(source, "ckpt.pt"), weights_only=True)
+    state["config"]["data"].update(corpus="texts.jsonl", text_field="body")
+    state["run_dir"] = str(tmp_path / "mine")
+    save(state, source)
+    monkeypatch.chdir(tmp_path)  # elsewhere: the relative corpus is found under the run's directory
+    config = load_config((plan := plan_extension(source, "yarn", 2.0)).config_path, plan.overrides)
+    assert (config.data.corpus, config.data.text_field) == (str(texts), "body")
+    given = plan_extension(source, "yarn", 2.0, overrides=["data.corpus=other.txt"])
+    assert load_config(given.config_path, given.overrides).data.corpus == "other.txt"
+    hf = plan_extension(transformers_dir(gen_tokenizer, tmp_path / "hf"), "yarn", 2.0)
+    assert load_config(hf.config_path, hf.overrides).data.corpus == load_config("extend_rope_yarn.yaml").data.corpus
+
+
 def test_the_default_out_dir_is_beside_the_source(tmp_path):
     (tmp_path / "run" / "snapshots").mkdir(parents=True)
     (tmp_path / "run" / "ckpt.pt").write_bytes(b"")

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from minilm.checkpoints.extension import scaled_length
 from minilm.checkpoints.format import CheckpointError
-from minilm.checkpoints.loading import read_checkpoint
+from minilm.checkpoints.loading import locate_data, read_checkpoint
 from minilm.common import MinilmError, suggest
 from minilm.config import ARCHITECTURE, ConfigError, ModelConfig, fields_with
 from minilm.configfile import SHIPPED_CONFIGS, apply_overrides
@@ -86,7 +86,7 @@ def plan_extension(
     RoPE for a rope scaling or one whose positions are scaled already."""
     method = method_name(method)
     check_factor(factor)
-    what, model = source_settings(source)
+    what, model, corpus = source_settings(source)
     check_source(source, model, method)
     length, new_length = model["block_size"], extended_length(model, method, factor)
     check_overrides(overrides, length, factor, new_length)
@@ -98,6 +98,7 @@ def plan_extension(
         f"model.block_size={new_length}",
         *scaling_overrides(method, model, factor),
         *(lora_overrides() if lora else []),
+        *corpus_overrides(corpus, overrides),
     ]
     return Plan(
         source=source,
@@ -129,21 +130,36 @@ def check_factor(factor: float) -> None:
 
 
 def source_settings(source: str) -> tuple:
-    """(what the source is, its model settings with the position setting in canonical form) of a minilm
-    run or checkpoint file (read whole) or a transformers model directory or ``hf:NAME`` (its config.json
-    alone). A source that cannot be read is one line that says what SOURCE may be."""
+    """(what the source is, its model settings with the position setting in canonical form, the data
+    settings it trained on: corpus and text field, its corpus found as ``locate_data`` finds it; None for
+    a transformers model) of a minilm run or checkpoint file (read whole) or a transformers model
+    directory or ``hf:NAME`` (its config.json alone). A source that cannot be read is one line that says
+    what SOURCE may be."""
+    corpus = None
     try:
         if is_hf_source(source):
             family, model = read_model_tree(source)[1:3]
             what = f"a transformers {family.name} model"
         else:
-            model, what = read_checkpoint(source)["config"]["model"], "a minilm run"
+            state = read_checkpoint(source)
+            model, what = state["config"]["model"], "a minilm run"
+            data = locate_data(state["config"].get("data", {}), state)
+            corpus = {key: data[key] for key in ("corpus", "text_field") if isinstance(data.get(key), str)}
     except MinilmError as exc:
         raise CheckpointError(
             f"cannot extend {source!r}: {exc} (SOURCE is a minilm run: an out_dir or a checkpoint file, or a "
             f"transformers model directory)"
         ) from None
-    return what, {**model, "position": canonical(model["position"])}
+    return what, {**model, "position": canonical(model["position"])}, corpus
+
+
+def corpus_overrides(corpus: Optional[dict], overrides: Sequence[str]) -> list:
+    """A minilm source's corpus and text field (``source_settings``), as overrides: the extension
+    reads the text the source was trained on unless ``overrides`` give ``data.corpus`` (a transformers
+    source has none: the config's corpus)."""
+    if not corpus or any(o.split("=", 1)[0].strip() == "data.corpus" for o in overrides):
+        return []
+    return [f"data.{key}={json.dumps(value)}" for key, value in corpus.items()]
 
 
 def check_source(source: str, model: dict, method: str) -> None:
@@ -268,7 +284,8 @@ def describe_plan(plan: Plan, config) -> str:
     run = (
         f"It trains {how} at {plan.length:,} x {plan.factor:g} = {plan.new_length:,} tokens with "
         f"{describe(config.model.position)} positions ({plan.method}, original length {plan.length:,}): "
-        f"{t.max_steps:,} steps of {t.batch_size * t.grad_accum} x {plan.new_length:,} tokens at lr {t.lr:g} "
+        f"{t.max_steps:,} steps of {t.batch_size * t.grad_accum} x {plan.new_length:,} tokens of "
+        f"{config.data.corpus} at lr {t.lr:g} "
         f"(the settings of {os.path.basename(plan.config_path)}), into {config.out_dir}."
     )
     return f"{source} {run}"
