@@ -38,9 +38,9 @@ def test_the_pages_tables_are_the_data_files(bench, page):
 
 def test_a_changed_figure_is_found(bench, page):
     tables = bench.load()
-    tables["suite"]["rows"][0][-1] = tables["suite"]["rows"][0][-1].replace("6m35s", "6m36s")
+    tables["suite"]["rows"][0][-1] += " and one second"
     (problem,) = bench.mismatches(tables, page)
-    assert "'suite'" in problem and "6m36s" in problem
+    assert "'suite'" in problem and "and one second" in problem
     tables = bench.load()
     tables.pop("streaming")
     assert bench.mismatches(tables, page)  # a table of the page that the file lacks
