@@ -11,10 +11,12 @@ from minilm.__main__ import main
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.loading import load_model
 from minilm.cli import Parser, is_setting, split_settings
+from minilm.cli import positions as positions_cli
 from minilm.config import ConfigError, build_config
 from minilm.configfile import load_config
 from minilm.data.corpus import prepare
 from minilm.model.gpt import GPT
+from minilm.positions import scheme_class
 
 
 @pytest.fixture(scope="module")
@@ -399,3 +401,17 @@ def test_a_mistyped_family_is_suggested_from_the_families(family, named, rope_ru
     status, _, err = run(capsys, ["export", rope_run, str(tmp_path / "hf"), "--family", family])
     one_line_error(status, err, named)
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, current",
+    [
+        ("model.position.base=alibi", "model.position.inner=alibi"),
+        ("model.position.base.kind=t5", "model.position.inner.kind=t5"),
+        ("model.position.base={kind: alibi, x: 1.5}", "model.position.inner={kind: alibi, x: 1.5}"),
+        ("model.position.factor=2.5", "model.position.factor=2.5"),
+    ],
+)
+def test_a_figure_setting_under_an_old_option_name_takes_the_current_name(setting, current):
+    """interpolated's old ``base`` is its ``inner``, whatever the value holds (dots included)."""
+    assert positions_cli._current_name(scheme_class("interpolated"), setting) == current

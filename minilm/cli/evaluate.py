@@ -152,12 +152,12 @@ def report(args, overrides) -> int:
     print(evaluation.markdown_table(results, "bpc"))
     if not args.no_files:
         name = f"eval-{'' if args.split == 'val' else args.split + '-'}{args.mode}"  # eval-holdout-*: not the val's
-        csv_path = output(args.csv) if args.csv else default_output(first.checkpoint, f"{name}.csv")
+        csv_path = output_path(args.csv) if args.csv else default_output(first.checkpoint, f"{name}.csv")
         print(f"\nwrote {evaluation.write_csv(results, csv_path)}", file=sys.stderr)
         if have_matplotlib():
             png = evaluation.plot(
                 results,
-                output(args.plot) if args.plot else default_output(first.checkpoint, f"{name}.png"),
+                output_path(args.plot) if args.plot else default_output(first.checkpoint, f"{name}.png"),
                 split=args.split,
             )
             print(f"wrote {png}", file=sys.stderr)
@@ -196,11 +196,11 @@ def stream_report(args, overrides) -> int:
         )
         streams += these
     if not args.no_files:
-        csv_path = output(args.csv) if args.csv else default_output(args.checkpoints[0], "stream.csv")
+        csv_path = output_path(args.csv) if args.csv else default_output(args.checkpoints[0], "stream.csv")
         print(f"wrote {write_csv(streaming.band_rows(streams), csv_path, keep=True)}", file=sys.stderr)
         if have_matplotlib():
             png = streaming.plot_streams(
-                streams, output(args.plot) if args.plot else default_output(args.checkpoints[0], "stream.png")
+                streams, output_path(args.plot) if args.plot else default_output(args.checkpoints[0], "stream.png")
             )
             print(f"wrote {png}", file=sys.stderr)
     return 0
@@ -216,12 +216,4 @@ def default_output(checkpoint: str, name: str) -> str:
         base = (
             os.path.abspath(checkpoint) if os.path.isdir(checkpoint) else os.path.dirname(os.path.abspath(checkpoint))
         )
-    return output(os.path.join(base, name))
-
-
-def output(path: str) -> str:
-    """An output path, named or default, under the one rule (``common.output_path``): a file
-    already there (an earlier result, or the user's own) is kept as ``<stem>.1<suffix>``
-    (``eval-nonoverlapping.1.png``; ``.2``, ...) and said so, never replaced; the writers then
-    take the name only while it is free (``common.atomic_write(keep=True)``)."""
-    return output_path(path)
+    return output_path(os.path.join(base, name))

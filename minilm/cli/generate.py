@@ -171,7 +171,7 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     device = resolve_device(args.device, setting="--device")
     if args.threads is not None:
         most = 4 * (os.cpu_count() or 1)  # more than this only queues threads (and a billion cannot be made)
-        if not isinstance(args.threads, int) or not 1 <= args.threads <= most:
+        if not 1 <= args.threads <= most:
             raise GenerationError(
                 f"--threads {args.threads} is invalid: expected 1 to {most} (this machine has {os.cpu_count()} CPUs)"
             )

@@ -172,11 +172,9 @@ def _current_name(cls, setting: str) -> str:
     prefix = "model.position."
     if not setting.startswith(prefix):
         return setting
-    head, dot, rest = setting[len(prefix) :].partition(".")
-    if not dot:
-        head, eq, rest = head.partition("=")
-        return prefix + cls.renamed_options.get(head, head) + eq + rest
-    return prefix + cls.renamed_options.get(head, head) + dot + rest
+    key, eq, value = setting[len(prefix) :].partition("=")
+    head, dot, rest = key.partition(".")
+    return prefix + cls.renamed_options.get(head, head) + dot + rest + eq + value
 
 
 def plot(argv) -> str:
