@@ -103,7 +103,8 @@ def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
         for p in root.rglob(pattern):
             rel = p.relative_to(root)
             if p.is_file() and not any(part.startswith(".") for part in rel.parts):
-                listed.setdefault(p.parent, listed_arrow(p.parent))
+                if p.parent not in listed:  # a save_to_disk folder's state.json, read once a folder
+                    listed[p.parent] = listed_arrow(p.parent)
                 if p.suffix != ".arrow" or listed[p.parent] is None or p.name in listed[p.parent]:
                     files.append((rel.as_posix(), p))
     if not files:

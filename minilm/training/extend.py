@@ -14,7 +14,6 @@ that config file and the overrides on it (a ``Plan``), refusing in one line what
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -22,17 +21,17 @@ from typing import Optional, Sequence
 from minilm.checkpoints.extension import scaled_length
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import locate_data, read_checkpoint
-from minilm.common import MinilmError, suggest
+from minilm.common import MinilmError, Range, suggest
 from minilm.config import ARCHITECTURE, ConfigError, ModelConfig, fields_with
 from minilm.configfile import SHIPPED_CONFIGS, apply_overrides
 from minilm.hf.reading import PREFIX, is_hf_source, read_model_tree
 from minilm.positions import canonical, describe, unwrap_setting
-from minilm.positions.rope import SCALING_TYPES
+from minilm.positions.rope import SCALING_NAMES, SCALING_TYPES
 from minilm.yamlfile import parse_yaml
 
 ROPE_METHODS = tuple(t for t in SCALING_TYPES if t != "none")  # the registry's rope scalings
 METHODS = ROPE_METHODS + ("interpolated",)  # and the position-interpolation wrapper, for any kind
-ALIASES = {"pi": "linear", "interp": "interpolated"}
+ALIASES = {"pi": SCALING_NAMES["pi"], "interp": "interpolated"}
 ROPE_CONFIGS = {"linear": "extend_rope_pi.yaml", "ntk": "extend_rope_ntk.yaml", "yarn": "extend_rope_yarn.yaml"}
 OTHER_ROPE_CONFIG = "extend_rope_yarn.yaml"  # the other scalings: its schedule, with their own type
 INTERPOLATION_CONFIGS = {"learned": "extend_learned_interp.yaml"}  # a learned table's factor is its rows'
@@ -123,7 +122,7 @@ def method_name(method: str) -> str:
 
 def check_factor(factor: float) -> None:
     """A factor is a finite number > 1: the new length over the source's."""
-    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 1):
+    if not Range(1, low_open=True).holds(factor):
         raise ConfigError(
             f"--factor {factor!r} is invalid: expected a number > 1, the new length over the source's (e.g. 4)"
         )

@@ -204,7 +204,7 @@ def check_countable(model_config: ModelConfig, batch_size: int, runs: int) -> No
             dataclasses.replace(shallow, block_size=tokens), batch_size, torch.float32, False, operations=counted
         )
     growth = (counted[1] - counted[0]) / (lengths[1] - lengths[0])
-    scale = runs * (n if n <= 4 * p else 4 * p + n % p) / shallow.n_layer
+    scale = runs * sum(depths(model_config)) / shallow.n_layer
     estimate = scale * (counted[0] + growth * (T - lengths[0]))
     if estimate > DRY_RUN_OPERATIONS:
         largest = lengths[0] + (DRY_RUN_OPERATIONS / scale - counted[0]) / growth if growth > 0 else 0
@@ -218,15 +218,22 @@ def period(model_config: ModelConfig) -> int:
     return p * 2 // math.gcd(p, 2) if model_config.value_embeddings else p
 
 
+def depths(model_config: ModelConfig) -> tuple:
+    """The depths ``by_depth`` counts ``model_config`` at: its own within four periods, else one
+    period, two, and one with the remainder (p, 2p, p + r)."""
+    p, n = period(model_config), model_config.n_layer
+    return (n,) if n <= 4 * p else (p, 2 * p, p + n % p)
+
+
 def by_depth(count, model_config: ModelConfig):
     """``count(model_config)`` (a number or a tuple of numbers, each a fixed part plus one part per
     ``period`` of layers) from models of at most two periods and a remainder: with n = q p + r,
     count(n) = count(p + r) + (q - 1) (count(2p) - count(p)). A model within four periods is counted whole."""
-    p, n = period(model_config), model_config.n_layer
-    if n <= 4 * p:
+    counted = depths(model_config)
+    if len(counted) == 1:
         return count(model_config)
-    q, r = divmod(n, p)
-    one, two, rest = (count(dataclasses.replace(model_config, n_layer=k)) for k in (p, 2 * p, p + r))
+    q = model_config.n_layer // period(model_config)
+    one, two, rest = (count(dataclasses.replace(model_config, n_layer=k)) for k in counted)
     if isinstance(one, tuple):
         return tuple(c + (q - 1) * (b - a) for a, b, c in zip(one, two, rest))
     return rest + (q - 1) * (two - one)
