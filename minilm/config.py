@@ -62,7 +62,8 @@ def check_fields(obj, section: str) -> None:
     for f in dataclasses.fields(obj):
         choices, value, valid = f.metadata.get("choices"), getattr(obj, f.name), f.metadata.get("valid")
         if choices and value not in choices and not (f.name == "device" and str(value).startswith("cuda:")):
-            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(choices)}")
+            allowed = ", ".join(str(choice).lower() if isinstance(choice, bool) else choice for choice in choices)
+            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {allowed}")
         if valid is not None:
             check_number(f"{section}.{f.name}" if section else f.name, value, valid, ConfigError)
 
@@ -455,7 +456,12 @@ class TrainConfig:
         help="auto: bf16 autocast where the hardware has fast bf16, else float32",
     )
     device: str = option("auto", choices=("auto", "cpu", "cuda", "mps"), help="or cuda:N; auto: cuda, mps, cpu")
-    compile: bool = option(False, help="torch.compile the training step")
+    compile: Union[bool, str] = option(
+        False,
+        choices=(False, True, "auto"),
+        help="torch.compile the training passes (on the CPU with a C++ compiler); auto: where one is found, "
+        "on runs of 1000 steps or more",
+    )
     parallel: str = option(
         "ddp",
         choices=("ddp", "fsdp"),

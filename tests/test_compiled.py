@@ -1,17 +1,25 @@
 """The static KV cache (every slot attended, empty ones masked by position) and the decode
 step compiled by torch.compile (minilm.generation.compiled): the same logits and greedy tokens as the
-eager cache, past the context too, and a fresh compile whenever the weights change. Under
-torch.compile as training runs it: bf16 attention written out for the compiler and still
-exact causal attention, and forward passes that compile whole (no graph breaks)."""
+eager cache, past the context too, and a fresh compile whenever the weights change. As
+training runs: bf16 causal attention on the CPU computed in float32, rope's tables reaching a
+compiled body as its inputs, the compiled loss and step equal to the eager ones, when
+``train.compile`` compiles, and forward passes that compile whole (no graph breaks)."""
+
+import json
+import os
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from minilm.config import TrainConfig
 from minilm.generation.compiled import compiled_body
 from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
 from minilm.model.attention import attend
 from minilm.positions import available
+from minilm.training.loop import COMPILE_PAYS_AFTER, TrainingError, compiles, train
+from minilm.training.losses import CHUNK_ROWS, compiled_softmax_gradient, softmax_gradient
 
 GREEDY = Sampling(temperature=0)
 
@@ -85,34 +93,20 @@ def test_compile_needs_the_cache(random_gpt):
         greedy_tokens(model, [1, 2], 3, compile=True, use_cache=False)
 
 
-def test_compiled_bf16_attention_is_written_out_and_is_causal_attention(random_gpt):
-    """Compiled on the CPU in bf16, the full-sequence attention is written out for inductor to
-    fuse (minilm.model.attention.fused_by_compiler): no SDPA in the graph, and still causal softmax
-    attention, gradients too."""
-    scheme = random_gpt({"kind": "rope"}).positions
+def test_cpu_bf16_causal_attention_is_float32_attention_rounded(random_gpt):
+    """On the CPU, bf16 q, k, v are attended in float32 (minilm.model.attention.causal_attention): the
+    output is float32 SDPA of the same bf16 values, rounded once, and the gradients reach the inputs."""
     pos = torch.arange(24, dtype=torch.float32)
-    exact = [torch.randn(2, 3, 24, 16, generator=torch.Generator().manual_seed(i)).requires_grad_() for i in range(3)]
-    half = [t.detach().to(torch.bfloat16).requires_grad_() for t in exact]
-
-    def attention(q, k, v):
-        return attend(q, k, v, pos, pos, scheme, cached=False, window=None)
-
-    graphs = []
-
-    def capture(graph_module, example_inputs):
-        graphs.append(str(graph_module.graph))
-        return graph_module.forward
-
-    torch.compile(attention, backend=capture)(*half)
-    assert graphs and "scaled_dot_product_attention" not in graphs[0] and "softmax" in graphs[0]
-    out = torch.compile(attention)(*half)
-    out.float().square().sum().backward()
+    draws = [torch.randn(2, 3, 24, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    half = [t.bfloat16().requires_grad_() for t in draws]
+    out = attend(*half, pos, pos, random_gpt({"kind": "rope"}).positions, cached=False, window=None)
+    exact = [t.detach().float().requires_grad_() for t in half]
     expected = F.scaled_dot_product_attention(*exact, is_causal=True)
-    expected.square().sum().backward()
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected.to(torch.bfloat16))
+    out.float().square().sum().backward()
+    expected.to(torch.bfloat16).float().square().sum().backward()
     for got, want in zip(half, exact):
-        torch.testing.assert_close(got.grad.float(), want.grad, atol=5e-2, rtol=5e-2)
+        assert torch.equal(got.grad, want.grad.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize(
@@ -136,3 +130,74 @@ def test_a_forward_pass_compiles_whole(random_gpt, position, training):
     got = compiled(idx)
     torch.manual_seed(1)
     torch.testing.assert_close(got, model(idx))
+
+
+def test_rope_tables_reach_a_compiled_body_as_inputs(random_gpt):
+    """GPT.forward starts rope's pass before the body: a compiled body is handed the cos/sin tables,
+    and computes no cos or sin of its own (folded into every rotated element, they cost more than the
+    rotation), with the eager logits."""
+    model = random_gpt({"kind": "rope"}, block_size=16)
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(str(graph_module.graph))
+        return graph_module.forward
+
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+    got = model(idx, body=torch.compile(model.body, backend=capture))
+    assert graphs and not any(op in graph for graph in graphs for op in ("torch.cos", "torch.sin", ".cos()", "cos ="))
+    torch.testing.assert_close(got, model(idx))
+
+
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+def test_the_compiled_softmax_gradient_is_the_eager_one(softcap):
+    """The fused loss's chunk, compiled (train.compile) and eager: the same loss and P - Y, bf16 logits too."""
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (4 * torch.randn(CHUNK_ROWS, 300, generator=torch.Generator().manual_seed(0))).to(dtype)
+        targets = torch.randint(0, 300, (CHUNK_ROWS,), generator=torch.Generator().manual_seed(1))
+        eager = softmax_gradient(logits.clone(), targets, softcap)
+        compiled = compiled_softmax_gradient()(logits.clone(), targets, softcap)
+        expected = F.cross_entropy(soft_capped(logits.float(), softcap), targets, reduction="sum")
+        torch.testing.assert_close(eager[0], expected, rtol=1e-5, atol=1e-3)
+        torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-3)
+        assert eager[1].dtype == compiled[1].dtype == dtype
+        torch.testing.assert_close(compiled[1].float(), eager[1].float(), rtol=1e-2, atol=1e-5)
+
+
+def soft_capped(logits, cap):
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_as_the_eager_run(tiny_config, monkeypatch):
+    """train.compile=true (GPT.body and the loss's softmax compiled): in float32 the losses of the
+    eager run, step by step, and the same held-out figure at the end."""
+    runs, compiled, real = {}, [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append(fn.__name__) or real(fn, **options))
+    for compile in ("false", "true"):
+        config = tiny_config(f"train.compile={compile}", "train.max_steps=6", out=f"run-{compile}")
+        summary = train(config, quiet=True)
+        losses = [
+            json.loads(line)["loss"]
+            for line in open(os.path.join(config.out_dir, "metrics.jsonl"))
+            if json.loads(line).get("event") == "train"
+        ]
+        runs[compile] = (losses, summary["final_val_loss"])
+    assert compiled == ["body"] and len(runs["true"][0]) == 6  # the true run compiled, the false one did not
+    assert runs["true"][0] == pytest.approx(runs["false"][0], rel=1e-4)
+    assert runs["true"][1] == pytest.approx(runs["false"][1], rel=1e-4)
+
+
+def test_when_a_run_compiles(monkeypatch):
+    """train.compile: false never, auto from COMPILE_PAYS_AFTER steps where the C++ compiler is found
+    ($CXX), true always, refused in one line where that compiler is missing."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("CXX", sys.executable)  # a program that exists
+    assert not compiles(TrainConfig(compile=False, max_steps=10**6), cpu)
+    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER - 1), cpu)
+    assert compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu)
+    assert compiles(TrainConfig(compile=True, max_steps=5), cpu)
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert not compiles(TrainConfig(compile="auto", max_steps=10**6), cpu)
+    with pytest.raises(TrainingError, match=r"^train.compile=true compiles .* no-such-compiler-here was not found"):
+        compiles(TrainConfig(compile=True, max_steps=5), cpu)

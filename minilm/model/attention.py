@@ -86,11 +86,8 @@ def attend(
             else:
                 mask = None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        # the full sequence: SDPA's causal kernel, no T x T scores, unless a compiler fuses them
-        # (only where one chunk holds them all: the backward pass keeps them, flash keeps O(T))
-        compiled = fused_by_compiler(q) and queries_per_chunk(q, Tk) >= Tq
-        if not cached and window is None and not masked and not compiled:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if not cached and window is None and not masked:  # the full sequence: no T x T scores
+            return causal_attention(q, k, v, dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None
     if reach is not None:  # a window's queries in chunks of about its width, each over its own band of keys
@@ -226,15 +223,15 @@ def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
     return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
 
 
-def fused_by_compiler(q: torch.Tensor) -> bool:
-    """Whether the full-sequence causal attention of queries ``q`` should be written out (two
-    matmuls and a masked softmax) rather than SDPA's causal kernel: inside a graph that
-    ``torch.compile`` builds for the CPU in bf16 (``attend`` also asks that one chunk of
-    queries holds the whole batch's scores), where inductor fuses the scaling, mask, softmax
-    and casts into one pass; the float32 step, eager code and CUDA keep SDPA (docs/design.md,
-    "Measured choices"). As everywhere on the written-out path, the scores are rounded to bf16
-    before the float32 softmax; the flash kernel keeps them in float32."""
-    return torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.bfloat16
+def causal_attention(q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
+    """Causal attention of the full sequence by SDPA's causal kernel. On the CPU, bf16 q, k and v
+    are attended in float32 and the output rounded back to bf16: the flash kernel's bf16 backward
+    pass takes about 1.6 times its float32 one at the main job's shape (docs/design.md, "Measured
+    choices"), and float32 is the more exact of the two."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, dropout_p=dropout_p)
+        return wide.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
 def attend_written_out(

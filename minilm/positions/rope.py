@@ -425,18 +425,20 @@ class RoPE(PositionScheme):
 
 
 class RopePass(SchemePass):
-    """A RoPE scheme (or xPos) over one forward pass: the tables of the pass's own positions
-    (``start``'s tensor, which every layer is handed) computed once per context length and dtype and
-    shared by the layers; other positions (rows of their own, renumbered keys) get tables of their own."""
+    """A RoPE scheme (or xPos) over one forward pass: the float32 tables of the pass's own positions
+    (``start``'s tensor, which every layer is handed) computed when the pass starts, once for every
+    layer, and cast once per dtype; other positions (rows of their own, renumbered keys) and other
+    lengths get tables of their own. Computed before ``GPT.body`` runs, the tables reach a compiled
+    body as inputs: inside its graph the compiler would fold cos and sin into every rotated element."""
 
     def __init__(self, scheme: RoPE, pos: torch.Tensor, context_len: int):
         super().__init__(scheme, pos, context_len)
-        self.held, self._rotate = {}, scheme._rotate
+        self._rotate = scheme._rotate
+        self.held = {torch.float32: scheme.tables(pos, context_len, torch.float32)}
 
     def tables(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
-        if pos is not self.pos:
+        if pos is not self.pos or context_len != self.context_len:
             return self.scheme.tables(pos, context_len, dtype)
-        key = (context_len, dtype)
-        if key not in self.held:
-            self.held[key] = self.scheme.tables(pos, context_len, dtype)
-        return self.held[key]
+        if dtype not in self.held:  # the float32 tables rounded: what scheme.tables gives in dtype
+            self.held[dtype] = tuple(table.to(dtype) for table in self.held[torch.float32])
+        return self.held[dtype]

@@ -44,6 +44,7 @@ import dataclasses
 import functools
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -146,6 +147,7 @@ class TrainingRun:
     lora_base: Optional[dict] = None  # train.lora: the base's path and weights' hash (minilm.training.adapters)
     rows: Any = None  # where the batches come from: the train tokens, or data.min_document_tokens' Documents
     crossing: list = dataclasses.field(default_factory=lambda: [0, 0])  # rows holding a document's end, rows drawn
+    body: Any = None  # train.compile: GPT.body compiled (the training passes run it; evaluation stays eager)
 
     @property
     def ckpt_path(self) -> str:
@@ -324,8 +326,6 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         raw.to(device)
     raw.checkpoint_blocks = t.activation_checkpointing
     model = spread(raw, t.parallel, dist, device, dtype)  # FSDP replaces raw's parameters by their shards
-    if t.compile:
-        model = torch.compile(model)
     run = TrainingRun(
         config,
         dist,
@@ -335,10 +335,11 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         prepared,
         raw,
         model,
-        make_optimizer(raw, t, device),
+        make_optimizer(raw, t, device, dtype),
         torch.Generator().manual_seed(config.batch_seed),
         started,
         lora_base=lora_base if t.lora.r else None,
+        body=torch.compile(raw.body, dynamic=False) if compiles(t, device) else None,
     )
     if state is not None and "model" not in state:
         load_sharded(state, raw, run.optimizer)
@@ -363,6 +364,24 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     )
     start_metrics(run, state, taken)
     return run
+
+
+COMPILE_PAYS_AFTER = 1000  # train.compile auto: steps from which compiling pays for itself (docs/benchmarks.md)
+
+
+def compiles(t, device: torch.device) -> bool:
+    """Whether the run compiles its training passes (``train.compile``): true, or ``auto`` on a run of
+    at least ``COMPILE_PAYS_AFTER`` steps where a compiler is at hand (on the CPU, inductor's C++
+    compiler: $CXX or g++). Refused in one line where true asks for a C++ compiler that is missing."""
+    if t.compile is False or (t.compile == "auto" and t.max_steps < COMPILE_PAYS_AFTER):
+        return False
+    found = device.type != "cpu" or shutil.which(os.environ.get("CXX") or "g++") is not None
+    if t.compile is True and not found:
+        raise TrainingError(
+            f"train.compile=true compiles the step with a C++ compiler on the CPU, and "
+            f"{os.environ.get('CXX') or 'g++'} was not found: install one (or set $CXX), or train.compile=false"
+        )
+    return found
 
 
 def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
@@ -403,8 +422,9 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
                     run.model(
                         x,
                         head=lambda hidden, weight, cap: mixed_loss(
-                            hidden, weight, cap, y, mask, t.retrieval_weight, run.loss_parts
+                            hidden, weight, cap, y, mask, t.retrieval_weight, run.loss_parts, run.body is not None
                         ),
+                        body=run.body,
                         **run.forward_options,
                     )
                     / A

@@ -14,8 +14,9 @@ docs/design.md, "Measured choices").
 Ours rather than ``torch.optim.Muon`` (torch >= 2.9), which is the same update but always
 orthogonalises in bfloat16: on a CPU without native bf16 units that is emulated and makes a
 step several times slower (docs/design.md, "Measured choices"). Here the
-iteration runs in float32 on the CPU (bfloat16 on CUDA), on all the matrices of one shape at
-once (a batched matmul), and works with any torch.
+iteration runs in the run's compute dtype: bfloat16 on CUDA and on a CPU that trains in bf16
+(one with native bf16 units: ``train.dtype: auto``), float32 on the others; on all the matrices
+of one shape at once (a batched matmul); and it works with any torch.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class Muon(torch.optim.Optimizer):
     orthogonalize(B); then decoupled weight decay p <- p (1 - lr wd) and p <- p - lr s O with
     s = 0.2 sqrt(max(rows, cols)). Parameters must be 2-D. ``blocks`` {parameter: row counts}
     orthogonalises those row blocks of a parameter apart, each with its own s: a fused q/k/v
-    projection as the three matrices it holds (as the modded-nanogpt speedrun does)."""
+    projection as the three matrices it holds (as the modded-nanogpt speedrun does). ``ns_dtype``:
+    the dtype of the iteration (always bfloat16 on CUDA)."""
 
     def __init__(
         self,
@@ -125,11 +127,12 @@ class Muon(torch.optim.Optimizer):
         nesterov: bool = True,
         ns_steps: int = 5,
         blocks: Optional[dict] = None,
+        ns_dtype: torch.dtype = torch.float32,
     ):
         super().__init__(
             params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
         )
-        self.blocks = blocks or {}
+        self.blocks, self.ns_dtype = blocks or {}, ns_dtype
 
     @torch.no_grad()
     def step(self) -> None:
@@ -151,7 +154,7 @@ class Muon(torch.optim.Optimizer):
                         (p[rows], piece.mT if tall else piece, tall)
                     )
             for (_, cols), items in by_shape.items():
-                dtype = torch.bfloat16 if items[0][0].is_cuda else torch.float32
+                dtype = torch.bfloat16 if items[0][0].is_cuda else self.ns_dtype
                 updates = orthogonalize(torch.stack([u for _, u, _ in items]).to(dtype), group["ns_steps"])
                 scale = 0.2 * math.sqrt(cols)
                 for (target, _, tall), update in zip(items, updates):
@@ -226,9 +229,10 @@ class Optimizers:
                 ) from None
 
 
-def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
+def make_optimizer(model: nn.Module, t, device: torch.device, dtype: torch.dtype = torch.float32) -> Optimizers:
     """AdamW (decay on 2-D weights, never on the position scheme's parameters), or with
-    ``t.optimizer == "muon"`` Muon for the blocks' matrices and AdamW for everything else.
+    ``t.optimizer == "muon"`` Muon for the blocks' matrices and AdamW for everything else; Muon's
+    iteration in bfloat16 where the run computes in it (``dtype``), else in float32.
 
     ``t.position_lr_scale`` != 1 gives the position scheme's parameters a group of their own at
     that multiple of the schedule's rate. A table that starts at zero, such as T5's per-bucket
@@ -263,7 +267,11 @@ def make_optimizer(model: nn.Module, t, device: torch.device) -> Optimizers:
         parts.insert(
             0,
             Muon(
-                [{"params": matrices, "lr_scale": t.muon_lr_scale}], lr=t.lr, weight_decay=t.weight_decay, blocks=blocks
+                [{"params": matrices, "lr_scale": t.muon_lr_scale}],
+                lr=t.lr,
+                weight_decay=t.weight_decay,
+                blocks=blocks,
+                ns_dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32,
             ),
         )
     return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)
