@@ -32,6 +32,17 @@ the conventional one, not an exact count.
     python bench/bench_train.py --dtype float32 --steps 9
     python bench/bench_train.py --compile                # + ours and the reference compiled
     python bench/bench_train.py --n-layer 4 --d-model 192 --n-head 4 --batch-size 8   # the main job's shape
+
+``--main-job`` times the main job's own step instead (``python train.py --config rope.yaml``:
+its model, data, optimiser and ``train.compile``), in one process each (``main_job_step.py``) taking
+turns on the cores: ours as shipped, ours eager, the step of an earlier commit (``--today``, by
+default 1fa6469, the step issue 61 measured: its tree from ``git archive``) and the nanoGPT-style
+step at the same shape. It prints each one's median ms per step, its ratio to the earlier commit's,
+the first step's seconds (where a compiled step compiles) and the projected training time (steps x
+ms per step, plus what the first step took beyond one step; compiled with an empty compile cache):
+
+    python bench/bench_train.py --main-job                 # ours against 1fa6469 and nanoGPT's, 2 threads
+    python bench/bench_train.py --main-job --rounds 9 --today 974be8b
 """
 
 from __future__ import annotations
@@ -40,7 +51,10 @@ import argparse
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 import torch
@@ -140,6 +154,78 @@ def median_seconds(steps: dict, rounds: int, device: torch.device) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def tree_of(commit: str, into: str) -> str:
+    """The minilm package of ``commit`` (this repository's git history) unpacked under ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", REPO, "archive", "--format=tar", commit, "minilm"], capture_output=True, check=False
+    )
+    if archive.returncode:
+        sys.exit(f"--today {commit}: git archive failed: {archive.stderr.decode().strip()}")
+    with tempfile.TemporaryFile() as tar:
+        tar.write(archive.stdout)
+        tar.seek(0)
+        tarfile.open(fileobj=tar).extractall(into, filter="data")
+    return into
+
+
+def main_job(args) -> None:
+    """``--main-job``: the main job's step, ours and an earlier commit's and nanoGPT's, in turns."""
+    worker = [sys.executable, os.path.join(HERE, "main_job_step.py")]
+    with tempfile.TemporaryDirectory() as old, tempfile.TemporaryDirectory() as cache:
+        # an empty compile cache: the first step compiles as it does on a machine that never compiled it
+        env = dict(
+            os.environ,
+            TORCHINDUCTOR_CACHE_DIR=cache,
+            **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}),
+        )
+        variants = {
+            "ours (rope.yaml as shipped)": (worker, env),
+            "ours, eager (train.compile=false)": (worker + ["train.compile=false"], env),
+            f"{args.today} (today's step)": (worker, dict(env, PYTHONPATH=tree_of(args.today, old))),
+            "nanoGPT-style, the same shape": (worker + ["--reference"], env),
+        }
+        procs, first = {}, {}
+        for name, (command, environment) in variants.items():  # set up one at a time: compiling is not timed
+            procs[name] = subprocess.Popen(
+                command, cwd=REPO, env=environment, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            ready = procs[name].stdout.readline().split()
+            if not ready or ready[0] != "ready":
+                sys.exit(f"{name}: the step did not start (exit {procs[name].wait()})")
+            first[name], steps = float(ready[1]), int(ready[2])
+
+        def ask(name: str, n: int) -> float:
+            procs[name].stdin.write(f"{n}\n")
+            procs[name].stdin.flush()
+            return float(procs[name].stdout.readline())
+
+        for name in procs:
+            ask(name, 3)  # warm-up
+        rounds = {name: [] for name in procs}
+        for _ in range(args.rounds):
+            for name in procs:
+                rounds[name].append(ask(name, args.steps))
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait()
+    ms = {name: statistics.median(values) for name, values in rounds.items()}
+    today = ms[f"{args.today} (today's step)"]
+    print(
+        f"the main job's step ({steps} steps), {torch.get_num_threads() if not args.threads else args.threads} "
+        f"threads, torch {torch.__version__}: median of {args.rounds} rounds of {args.steps} steps, in turns"
+    )
+    for name in procs:
+        projected = (steps * ms[name] / 1000 + max(0.0, first[name] - ms[name] / 1000)) / 60
+        print(
+            f"  {name:36s} {ms[name]:7.1f} ms/step  {ms[name] / today:5.2f}x today's  "
+            f"first step {first[name]:5.1f} s  projected {projected:5.1f} min"
+        )
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-layer", type=int, default=6)
@@ -164,7 +250,12 @@ def main(argv=None) -> None:
         action="store_true",
         help="also ours (learned) compiled, as train.compile runs it, and the reference compiled",
     )
+    parser.add_argument("--main-job", action="store_true", help="the main job's step against --today's and nanoGPT's")
+    parser.add_argument("--today", default="1fa6469", help="--main-job: the commit whose step is today's")
+    parser.add_argument("--rounds", type=int, default=7, help="--main-job: rounds of --steps steps each")
     args = parser.parse_args(argv)
+    if args.main_job:
+        return main_job(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -62,10 +62,14 @@ def check_fields(obj, section: str) -> None:
     for f in dataclasses.fields(obj):
         choices, value, valid = f.metadata.get("choices"), getattr(obj, f.name), f.metadata.get("valid")
         if choices and value not in choices and not (f.name == "device" and str(value).startswith("cuda:")):
-            allowed = ", ".join(str(choice).lower() if isinstance(choice, bool) else choice for choice in choices)
-            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {allowed}")
+            raise ConfigError(f"{section}.{f.name}={shown(value)} is invalid: valid: {', '.join(spelled(choices))}")
         if valid is not None:
             check_number(f"{section}.{f.name}" if section else f.name, value, valid, ConfigError)
+
+
+def spelled(choices: tuple) -> tuple:
+    """An option's ``choices`` as YAML writes them (true and false, not True and False)."""
+    return tuple(str(choice).lower() if isinstance(choice, bool) else choice for choice in choices)
 
 
 SEEDS = "an integer from 0 to 2**63 - 1"
@@ -727,5 +731,5 @@ def _section_keys(section, cls) -> list:
         default = default_of(f)
         shown_default = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
         key = f"{section}.{f.name}" if section else f.name
-        keys.append((key, shown_default, tuple(f.metadata.get("choices", ())), f.metadata.get("help", "")))
+        keys.append((key, shown_default, spelled(f.metadata.get("choices", ())), f.metadata.get("help", "")))
     return keys

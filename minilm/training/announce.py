@@ -33,6 +33,7 @@ def start_metrics(run, state: Optional[dict], taken: list = ()) -> None:
         f"parameters{f' ({trainable:,} trained, LoRA)' if frozen else ''}, position {position}, "
         f"{m.n_layer} layers x d_model {m.d_model}, block_size {m.block_size}; "
         f"device {run.device}, {str(run.dtype).replace('torch.', '')}"
+        f"{', compiled (the first step compiles)' if run.body is not None else ''}"
         f"{f', {dist.world} processes' if dist.enabled else ''}; "
         f"{run.tokens_per_step:,} tokens/step; out_dir {config.out_dir}"
     )
