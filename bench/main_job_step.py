@@ -9,6 +9,12 @@ turns on the same cores. The first line it prints gives the first step's seconds
 compiles there) and the steps the config runs.
 
     python bench/main_job_step.py [--reference] [section.key=value ...]
+
+With ``--profile N`` it profiles N steps instead (torch.profiler, after 5 warm-up steps) and prints
+the operators that take the most time, in ms per step of their own (self) CPU time:
+
+    python bench/main_job_step.py --profile 10                      # the main job's step as shipped
+    PYTHONPATH=/path/to/old/tree python bench/main_job_step.py --profile 10   # an earlier commit's
 """
 
 from __future__ import annotations
@@ -53,15 +59,36 @@ def reference_at_main_job_shape(overrides: list):
     return (lambda: reference_step(model, optimizer, x, y, autocast(device, dtype))), t.max_steps
 
 
+def profile(step, steps: int, rows: int = 15) -> None:
+    """The ``rows`` operators with the most self CPU time over ``steps`` steps, in ms per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    for _ in range(5):
+        step()
+    with profiler(activities=[ProfilerActivity.CPU]) as recorded:
+        for _ in range(steps):
+            step()
+    events = sorted(recorded.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) / steps / 1000
+    print(f"{total:.1f} ms per step of self CPU time over {steps} steps; the top {rows} operators:")
+    for event in events[:rows]:
+        ms = event.self_cpu_time_total / steps / 1000
+        print(f"  {ms:7.2f} ms  {ms / total:5.1%}  {event.count / steps:6.1f} calls  {event.key[:70]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", action="store_true", help="the nanoGPT-style step at the main job's shape")
+    parser.add_argument("--profile", type=int, default=0, help="profile this many steps, print the top operators")
     parser.add_argument("overrides", nargs="*", help="section.key=value settings of rope.yaml")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out_dir:
         step, max_steps = (
             reference_at_main_job_shape(args.overrides) if args.reference else main_job_step(args.overrides, out_dir)
         )
+        if args.profile:
+            return profile(step, args.profile)
         start = time.perf_counter()
         step()
         print(f"ready {time.perf_counter() - start:.3f} {max_steps}", flush=True)
