@@ -86,8 +86,8 @@ def attend(
             else:
                 mask = None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        if not cached and window is None and not masked:  # the full sequence: no T x T scores
-            return causal_attention(q, k, v, dropout_p)
+        if not cached and window is None and not masked:  # the full sequence: SDPA's causal kernel, no T x T scores
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None
     if reach is not None:  # a window's queries in chunks of about its width, each over its own band of keys
@@ -221,17 +221,6 @@ def queries_per_chunk(q: torch.Tensor, Tk: int) -> int:
     """Queries per chunk of the written-out path: at most QUERY_CHUNK, and at most MASK_BUDGET
     mask entries for the batch and heads of ``q`` over ``Tk`` keys."""
     return max(1, min(QUERY_CHUNK, MASK_BUDGET // (q.shape[0] * q.shape[1] * Tk)))
-
-
-def causal_attention(q, k, v, dropout_p: float = 0.0) -> torch.Tensor:
-    """Causal attention of the full sequence by SDPA's causal kernel. On the CPU, bf16 q, k and v
-    are attended in float32 and the output rounded back to bf16: the flash kernel's bf16 backward
-    pass takes about 1.6 times its float32 one at the main job's shape (docs/design.md, "Measured
-    choices"), and float32 is the more exact of the two."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        wide = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, dropout_p=dropout_p)
-        return wide.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
 
 
 def attend_written_out(

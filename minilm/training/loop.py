@@ -422,7 +422,7 @@ def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
                     run.model(
                         x,
                         head=lambda hidden, weight, cap: mixed_loss(
-                            hidden, weight, cap, y, mask, t.retrieval_weight, run.loss_parts, run.body is not None
+                            hidden, weight, cap, y, mask, t.retrieval_weight, run.loss_parts
                         ),
                         body=run.body,
                         **run.forward_options,

@@ -21,52 +21,19 @@ dL/dW and its V x C accumulator.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
 CHUNK_ROWS = 512  # rows of logits held at once: 512 x vocab floats
 
 
-def softmax_gradient(logits: torch.Tensor, targets: torch.Tensor, softcap: float) -> tuple:
-    """(summed loss, dL/ds) of one chunk of logits s (rows x V, any float dtype; overwritten) against
-    ``targets``: the loss in float32 (or wider), dL/ds = (P - Y) times the soft-cap's dz/ds, in the
-    logits' dtype (per row; the 1/N of the mean is applied in the backward pass)."""
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the softmax's dtype
-    if softcap:
-        slope = z.div_(softcap).tanh_()  # tanh(s / c), then z = c tanh(s / c)
-        z = slope * softcap
-        slope = slope.square_().neg_().add_(1.0)  # dz/ds
-    target_logit = z.gather(1, targets[:, None]).squeeze(1)
-    peak = z.amax(dim=-1, keepdim=True)
-    p = z.sub_(peak).exp_()  # one exponential per logit, in place
-    mass = p.sum(dim=-1, keepdim=True)
-    total = (peak + mass.log()).squeeze(1).sub_(target_logit).sum()  # logsumexp - target logit
-    p.div_(mass)  # softmax
-    if torch.compiler.is_compiling():  # P - Y: a mask the compiler fuses into the passes around it
-        p.sub_((torch.arange(p.shape[-1], device=p.device) == targets[:, None]).to(p.dtype))
-    else:  # eager: one element a row, a pass over the logits fewer
-        p[torch.arange(len(targets), device=p.device), targets] -= 1.0
-    if softcap:
-        p.mul_(slope)
-    return total, p.to(logits.dtype)
-
-
-@functools.cache
-def compiled_softmax_gradient():
-    """``softmax_gradient`` compiled by ``torch.compile`` for full chunks (fixed shapes): its passes over
-    the logits fused into two (``train.compile``)."""
-    return torch.compile(softmax_gradient, dynamic=False)
-
-
 class LinearCrossEntropy(torch.autograd.Function):
     """The LM head and the cross-entropy in one autograd function: mean loss of ``hidden`` @
     ``weight``.T against ``targets`` (logits soft-capped at ``softcap`` when > 0), the logits formed
-    a chunk of rows at a time and never kept for the backward pass; with ``compiled`` each full
-    chunk's softmax through ``compiled_softmax_gradient``."""
+    a chunk of rows at a time and never kept for the backward pass."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, softcap, compiled):
+    def forward(ctx, hidden, weight, targets, softcap):
         device = hidden.device.type
         autocasting = device != "meta" and torch.is_autocast_enabled(device)  # meta: the memory command's dry run
         dtype = torch.get_autocast_dtype(device) if autocasting else hidden.dtype
@@ -80,9 +47,21 @@ class LinearCrossEntropy(torch.autograd.Function):
             # meta (the memory dry run): every chunk holds the same at its peak, so one stands for all
             for start in range(0, CHUNK_ROWS if device == "meta" else n, CHUNK_ROWS):
                 rows, y = h[start : start + CHUNK_ROWS], targets[start : start + CHUNK_ROWS]
-                full = compiled and len(rows) == CHUNK_ROWS
-                loss, p = (compiled_softmax_gradient() if full else softmax_gradient)(rows @ w.t(), y, softcap)
-                total += loss
+                logits = (rows @ w.t()).to(wide)
+                if softcap:
+                    slope = logits.div_(softcap).tanh_()  # tanh(s / c), then z = c tanh(s / c)
+                    logits = slope * softcap
+                    slope = slope.square_().neg_().add_(1.0)  # dz/ds
+                target_logit = logits.gather(1, y[:, None]).squeeze(1)
+                peak = logits.amax(dim=-1, keepdim=True)
+                p = logits.sub_(peak).exp_()  # one exponential per logit, in place
+                mass = p.sum(dim=-1, keepdim=True)
+                total += (peak + mass.log()).squeeze(1).sub_(target_logit).sum()  # logsumexp - target logit
+                p.div_(mass)  # softmax
+                p[torch.arange(len(y), device=p.device), y] -= 1.0  # P - Y
+                if softcap:
+                    p.mul_(slope)
+                p = p.to(dtype)
                 grad_h[start : start + CHUNK_ROWS] = p @ w
                 if need_w and dtype == wide:
                     grad_w.addmm_(p.t(), rows)
@@ -96,15 +75,11 @@ class LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         grad_h, grad_w = ctx.saved_tensors
         scale = grad_loss / ctx.n
-        return grad_h * scale, None if grad_w is None else grad_w * scale, None, None, None
+        return grad_h * scale, None if grad_w is None else grad_w * scale, None, None
 
 
-def lm_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0, compiled: bool = False
-) -> torch.Tensor:
+def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
     """Mean cross-entropy of ``hidden`` (B, T, C) through the LM head ``weight`` (V, C), its
     logits soft-capped at ``softcap`` (0: none), against ``targets`` (B, T), without
-    materialising the (B, T, V) logits; ``compiled``: the softmax compiled (``train.compile``)."""
-    return LinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), softcap, compiled
-    )
+    materialising the (B, T, V) logits."""
+    return LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), softcap)

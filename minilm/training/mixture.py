@@ -77,27 +77,25 @@ def mixed_loss(
     mask,
     answer_weight: float = 0.0,
     parts: Optional[dict] = None,
-    compiled: bool = False,
 ) -> torch.Tensor:
     """The language-model loss of the corpus rows and the answer loss of the retrieval rows,
     each weighted by its share of the rows; with ``answer_weight`` w > 0 (``mask`` then marks
     the answers) every text target once and every answer w times (module docstring), and the two
-    means, detached, in ``parts`` (text_loss, task_loss); logits soft-capped at ``softcap``;
-    ``compiled``: the softmax compiled (``lm_loss``)."""
+    means, detached, in ``parts`` (text_loss, task_loss); logits soft-capped at ``softcap``."""
     if mask is None or not mask.any():
-        return lm_loss(hidden, weight, y, softcap, compiled)
+        return lm_loss(hidden, weight, y, softcap)
     if answer_weight > 0:
         text = (y != IGNORE) & ~mask
         n_text, n_answers = text.sum(), mask.sum()
-        text_loss, task_loss = (lm_loss(hidden[m], weight, y[m], softcap, compiled) for m in (text, mask))
+        text_loss, task_loss = (lm_loss(hidden[m], weight, y[m], softcap) for m in (text, mask))
         if parts is not None:
             parts.update(text_loss=text_loss.detach(), task_loss=task_loss.detach())
         return (n_text * text_loss + answer_weight * n_answers * task_loss) / (n_text + answer_weight * n_answers)
     rows = mask.shape[0]
     answers = y[mask] != IGNORE
-    loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers], softcap, compiled)
+    loss = mask.sum() / rows * lm_loss(hidden[mask][answers], weight, y[mask][answers], softcap)
     if not mask.all():
-        loss = loss + (~mask).sum() / rows * lm_loss(hidden[~mask], weight, y[~mask], softcap, compiled)
+        loss = loss + (~mask).sum() / rows * lm_loss(hidden[~mask], weight, y[~mask], softcap)
     return loss
 
 
