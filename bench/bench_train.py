@@ -106,7 +106,7 @@ def sync(device: torch.device) -> None:
 
 def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y, compile: bool = False):
     """(model, step function) of minilm's training step on this shape and position kind,
-    the forward pass compiled as the trainer does it with ``compile``."""
+    ``GPT.body`` compiled as the trainer compiles it with ``compile`` (``train.compile``)."""
     torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=args.vocab_size,
@@ -117,12 +117,12 @@ def our_step(args, position: str, device: torch.device, dtype: torch.dtype, x, y
         position={"kind": position},
     )
     model = GPT(config).to(device)
-    optimizer = make_optimizer(model, TrainConfig(optimizer=args.optimizer), device)
-    forward = torch.compile(model) if compile else model
+    optimizer = make_optimizer(model, TrainConfig(optimizer=args.optimizer), device, dtype)
+    body = torch.compile(model.body, dynamic=False) if compile else None
 
     def step():
         with autocast(device, dtype):
-            loss = lm_loss(forward(x, return_hidden=True), model.lm_head.weight, y)
+            loss = lm_loss(model(x, return_hidden=True, body=body), model.lm_head.weight, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

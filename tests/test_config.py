@@ -123,12 +123,14 @@ EXPORT_LAYOUTS = {  # what a transformers family needs: rope as Qwen3, learned a
 
 
 def test_shipped_configs_differ_only_in_position_out_dir_and_export_layout():
+    """... and rope.yaml, the main job, compiles its step (train.compile: auto; the others train eager)."""
     base = None
     for name in CONFIGS:
         config = load_config(f"{name}.yaml")
         assert config.out_dir == f"out/{name}"
         GPT(resolve_config(config).model)  # every one builds
         tree = config.to_dict()
+        assert tree["train"].pop("compile") == ("auto" if name == "rope" else False), name
         del tree["out_dir"], tree["model"]["position"]
         layout = EXPORT_LAYOUTS.get(name, {})
         assert {k: tree["model"][k] for k in layout} == layout, name
