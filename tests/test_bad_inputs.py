@@ -58,6 +58,7 @@ CASES = [
     ("unknown section", ["train.py", "trian.lr=1", "--print-config"], None, "trian"),
     ("lr nan", ["train.py", "train.lr=.nan", "--print-config"], None, "train.lr=nan"),
     ("lr inf", ["train.py", "train.lr=.inf", "--print-config"], None, "train.lr=inf"),
+    ("compile not a choice", ["train.py", "train.compile=maybe", "--print-config"], None, "valid: false, true, auto"),
     ("weight decay nan", ["train.py", "train.weight_decay=.nan", "--print-config"], None, "train.weight_decay=nan"),
     ("lr text", ["train.py", "train.lr=fast", "--print-config"], None, "train.lr='fast'"),
     ("max_steps text", ["train.py", "train.max_steps=abc", "--print-config"], None, "train.max_steps='abc'"),

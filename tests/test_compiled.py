@@ -6,6 +6,7 @@ one, when ``train.compile`` compiles, and forward passes that compile whole (no 
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ from minilm.generation.compiled import compiled_body
 from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
 from minilm.positions import available
 from minilm.training.loop import COMPILE_PAYS_AFTER, TrainingError, compiles, train
+from tests.conftest import REPO, tiny_overrides
 
 GREEDY = Sampling(temperature=0)
 
@@ -150,15 +152,26 @@ def test_a_compiled_run_trains_as_the_eager_run(tiny_config, monkeypatch):
 
 
 def test_when_a_run_compiles(monkeypatch):
-    """train.compile: false never, auto from COMPILE_PAYS_AFTER steps where the C++ compiler is found
-    ($CXX), true always, refused in one line where that compiler is missing."""
+    """train.compile: false never, auto from COMPILE_PAYS_AFTER steps on a CPU where the C++ compiler
+    is found ($CXX) and on CUDA (not MPS), true always, refused in one line where that compiler is missing."""
     cpu = torch.device("cpu")
     monkeypatch.setenv("CXX", sys.executable)  # a program that exists
     assert not compiles(TrainConfig(compile=False, max_steps=10**6), cpu)
     assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER - 1), cpu)
     assert compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu)
     assert compiles(TrainConfig(compile=True, max_steps=5), cpu)
+    assert not compiles(TrainConfig(compile="auto", max_steps=10**6), torch.device("mps"))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert not compiles(TrainConfig(compile="auto", max_steps=10**6), cpu)
     with pytest.raises(TrainingError, match=r"^train.compile=true compiles .* no-such-compiler-here was not found"):
         compiles(TrainConfig(compile=True, max_steps=5), cpu)
+
+
+def test_train_compile_true_without_a_compiler_is_one_line(tiny_corpus, tmp_path):
+    """From the command line: exit status 2 and the missing compiler named, before any step."""
+    argv = [sys.executable, "train.py", *tiny_overrides(tiny_corpus, tmp_path / "run", "train.compile=true")]
+    env = dict(os.environ, CXX="no-such-compiler-here")
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "no-such-compiler-here was not found" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "ckpt.pt").exists()

@@ -371,11 +371,13 @@ COMPILE_PAYS_AFTER = 1000  # train.compile auto: steps from which compiling pays
 
 def compiles(t, device: torch.device) -> bool:
     """Whether the run compiles its training passes (``train.compile``): true, or ``auto`` on a run of
-    at least ``COMPILE_PAYS_AFTER`` steps where a compiler is at hand (on the CPU, inductor's C++
-    compiler: $CXX or g++). Refused in one line where true asks for a C++ compiler that is missing."""
+    at least ``COMPILE_PAYS_AFTER`` steps on CUDA or on a CPU with inductor's C++ compiler ($CXX or
+    g++). Refused in one line where true asks for a C++ compiler that is missing."""
     if t.compile is False or (t.compile == "auto" and t.max_steps < COMPILE_PAYS_AFTER):
         return False
     found = device.type != "cpu" or shutil.which(os.environ.get("CXX") or "g++") is not None
+    if t.compile == "auto" and device.type not in ("cpu", "cuda"):
+        return False  # MPS: compiled training not measured here
     if t.compile is True and not found:
         raise TrainingError(
             f"train.compile=true compiles the step with a C++ compiler on the CPU, and "
