@@ -41,7 +41,7 @@ step at the same shape. It prints each one's median ms per step, its ratio to th
 the first step's seconds (where a compiled step compiles) and the projected training time (steps x
 ms per step, plus what the first step took beyond one step; compiled with an empty compile cache):
 
-    python bench/bench_train.py --main-job                 # ours against 1fa6469 and nanoGPT's, 2 threads
+    python bench/bench_train.py --main-job                 # ours against 1fa6469 and nanoGPT's, torch's threads
     python bench/bench_train.py --main-job --rounds 9 --today 974be8b
 """
 
@@ -168,7 +168,8 @@ def tree_of(commit: str, into: str) -> str:
     with tempfile.TemporaryFile() as tar:
         tar.write(archive.stdout)
         tar.seek(0)
-        tarfile.open(fileobj=tar).extractall(into, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.11.4, 3.10.12
+        tarfile.open(fileobj=tar).extractall(into, **safe)
     return into
 
 
@@ -252,7 +253,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--main-job", action="store_true", help="the main job's step against --today's and nanoGPT's")
     parser.add_argument("--today", default="1fa6469", help="--main-job: the commit whose step is today's")
-    parser.add_argument("--rounds", type=int, default=7, help="--main-job: rounds of --steps steps each")
+    parser.add_argument("--rounds", type=int, default=11, help="--main-job: rounds of --steps steps each")
     args = parser.parse_args(argv)
     if args.main_job:
         return main_job(args)

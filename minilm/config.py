@@ -463,8 +463,8 @@ class TrainConfig:
     compile: Union[bool, str] = option(
         False,
         choices=(False, True, "auto"),
-        help="torch.compile the training passes (on the CPU with a C++ compiler); auto: where one is found, "
-        "on runs of 1000 steps or more",
+        help="torch.compile the training passes (on the CPU with a C++ compiler); auto: on a CPU where one "
+        "is found, on runs of 1000 steps or more, not under FSDP",
     )
     parallel: str = option(
         "ddp",

@@ -339,7 +339,9 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         torch.Generator().manual_seed(config.batch_seed),
         started,
         lora_base=lora_base if t.lora.r else None,
-        body=torch.compile(raw.body, dynamic=False) if compiles(t, device) else None,
+        body=torch.compile(raw.body, dynamic=False)
+        if compiles(config.train, device, sharded=is_sharded(t.parallel, dist))
+        else None,
     )
     if state is not None and "model" not in state:
         load_sharded(state, raw, run.optimizer)
@@ -369,21 +371,22 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
 COMPILE_PAYS_AFTER = 1000  # train.compile auto: steps from which compiling pays for itself (docs/benchmarks.md)
 
 
-def compiles(t, device: torch.device) -> bool:
+def compiles(t, device: torch.device, sharded: bool = False) -> bool:
     """Whether the run compiles its training passes (``train.compile``): true, or ``auto`` on a run of
-    at least ``COMPILE_PAYS_AFTER`` steps on CUDA or on a CPU with inductor's C++ compiler ($CXX or
-    g++). Refused in one line where true asks for a C++ compiler that is missing."""
-    if t.compile is False or (t.compile == "auto" and t.max_steps < COMPILE_PAYS_AFTER):
+    at least ``COMPILE_PAYS_AFTER`` steps on a CPU with inductor's C++ compiler ($CXX or g++), not
+    sharded by FSDP (where it was measured). Refused in one line where true asks for a C++ compiler
+    that is missing."""
+    if t.compile is False or (t.compile == "auto" and (t.max_steps < COMPILE_PAYS_AFTER or sharded)):
         return False
     found = device.type != "cpu" or shutil.which(os.environ.get("CXX") or "g++") is not None
-    if t.compile == "auto" and device.type not in ("cpu", "cuda"):
-        return False  # MPS: compiled training not measured here
-    if t.compile is True and not found:
+    if t.compile == "auto":
+        return device.type == "cpu" and found
+    if not found:
         raise TrainingError(
             f"train.compile=true compiles the step with a C++ compiler on the CPU, and "
             f"{os.environ.get('CXX') or 'g++'} was not found: install one (or set $CXX), or train.compile=false"
         )
-    return found
+    return True
 
 
 def train_step(run: TrainingRun, stop: StopFlag) -> tuple:

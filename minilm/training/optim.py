@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from minilm.common import cpu_has_fast_bf16
 from minilm.config import ConfigError
 
 
@@ -232,7 +233,8 @@ class Optimizers:
 def make_optimizer(model: nn.Module, t, device: torch.device, dtype: torch.dtype = torch.float32) -> Optimizers:
     """AdamW (decay on 2-D weights, never on the position scheme's parameters), or with
     ``t.optimizer == "muon"`` Muon for the blocks' matrices and AdamW for everything else; Muon's
-    iteration in bfloat16 where the run computes in it (``dtype``), else in float32.
+    iteration in bfloat16 on CUDA and where the run computes in it (``dtype``) on a CPU with native
+    bf16 units, else in float32 (emulated bf16 is several times slower).
 
     ``t.position_lr_scale`` != 1 gives the position scheme's parameters a group of their own at
     that multiple of the schedule's rate. A table that starts at zero, such as T5's per-bucket
@@ -271,7 +273,7 @@ def make_optimizer(model: nn.Module, t, device: torch.device, dtype: torch.dtype
                 lr=t.lr,
                 weight_decay=t.weight_decay,
                 blocks=blocks,
-                ns_dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32,
+                ns_dtype=torch.bfloat16 if dtype == torch.bfloat16 and cpu_has_fast_bf16() else torch.float32,
             ),
         )
     return Optimizers("muon" if muon else "adamw", parts, t.position_lr_scale)
