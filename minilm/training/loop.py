@@ -374,8 +374,8 @@ COMPILE_PAYS_AFTER = 1000  # train.compile auto: steps from which compiling pays
 def compiles(t, device: torch.device, sharded: bool = False) -> bool:
     """Whether the run compiles its training passes (``train.compile``): true, or ``auto`` on a run of
     at least ``COMPILE_PAYS_AFTER`` steps on a CPU with inductor's C++ compiler ($CXX or g++), not
-    sharded by FSDP (where it was measured). Refused in one line where true asks for a C++ compiler
-    that is missing."""
+    ``sharded`` by FSDP (what was measured: a CPU, unsharded). Refused in one line where true asks for
+    a C++ compiler that is missing."""
     if t.compile is False or (t.compile == "auto" and (t.max_steps < COMPILE_PAYS_AFTER or sharded)):
         return False
     found = device.type != "cpu" or shutil.which(os.environ.get("CXX") or "g++") is not None
