@@ -376,17 +376,20 @@ def compiles(t, device: torch.device, sharded: bool = False) -> bool:
     at least ``COMPILE_PAYS_AFTER`` steps on a CPU with inductor's C++ compiler ($CXX or g++), not
     ``sharded`` by FSDP (what was measured: a CPU, unsharded). Refused in one line where true asks for
     a C++ compiler that is missing."""
-    if t.compile is False or (t.compile == "auto" and (t.max_steps < COMPILE_PAYS_AFTER or sharded)):
+    if t.compile is False or (
+        t.compile == "auto" and (t.max_steps < COMPILE_PAYS_AFTER or sharded or device.type != "cpu")
+    ):
         return False
-    found = device.type != "cpu" or shutil.which(os.environ.get("CXX") or "g++") is not None
-    if t.compile == "auto":
-        return device.type == "cpu" and found
-    if not found:
-        raise TrainingError(
-            f"train.compile=true compiles the step with a C++ compiler on the CPU, and "
-            f"{os.environ.get('CXX') or 'g++'} was not found: install one (or set $CXX), or train.compile=false"
-        )
-    return True
+    if device.type != "cpu":
+        return True
+    compiler = os.environ.get("CXX") or "g++"
+    found = shutil.which(compiler) is not None
+    if found or t.compile == "auto":
+        return found
+    raise TrainingError(
+        f"train.compile=true compiles the step with a C++ compiler on the CPU, and {compiler} was not found: "
+        f"install one (or set $CXX), or train.compile=false"
+    )
 
 
 def train_step(run: TrainingRun, stop: StopFlag) -> tuple:
