@@ -3,6 +3,7 @@
 
 import csv
 import json
+import math
 import os
 
 import pytest
@@ -76,7 +77,10 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
-    assert set(tuned) == set(experiments.KINDS) and set(tuned.values()) <= {0.5, 1.0, 2.0}
+    grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["scales"]
+    assert set(tuned) == set(experiments.KINDS)
+    for kind, scale in tuned.items():  # the tuning step extended every grid until its choice was inside it
+        assert {0.5, 1.0, 2.0} <= set(grids[kind]) and min(grids[kind]) < scale < max(grids[kind]), kind
     for name, run in json.load(open(out / "study.json"))["runs"].items():
         if run["section"] in ("scratch", "oracle"):
             kind = run["config"]["model"]["position"]["kind"]
@@ -184,21 +188,24 @@ def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seed
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
     cells = [c for c in state["cells"] if c["section"] == "sweep"]
     labels = extension.extension_labels(state["plan"])
-    # each row at each rate, fine-tuned from the tuning seed's model and scored at 4L on the holdout
+    # each row at each rate of its grid (the plan's, extended past a choice at an edge), fine-tuned from the
+    # tuning seed's model and scored at 4L on the holdout
+    grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["finetune_lrs"]
     assert {(c["label"], c["seed"], c["length"]) for c in cells} == {
-        (f"{label} {lr}", 101, 4 * L) for label in labels for lr in ("0.0001", "0.003")
+        (sweep.cell_label(label, lr), 101, 4 * L) for label in labels for lr in grids[label]
     }
     assert {c["tokens"] for c in cells} == {2047 // (4 * L) * 4 * L}
     val = next(c for c in state["cells"] if c["section"] == "scratch")
     assert val["tokens"] != cells[0]["tokens"]
     for label in labels:
-        ppl = {lr: c["ppl"] for c in cells for lr in ("0.0001", "0.003") if c["label"] == f"{label} {lr}"}
-        chosen = float(min(ppl, key=ppl.get))
-        assert state["finetune_lrs"][label] == chosen
+        assert {1e-4, 3e-3} <= set(grids[label])
+        ppl = {lr: c["ppl"] for c in cells for lr in grids[label] if c["label"] == sweep.cell_label(label, lr)}
+        chosen = min(ppl, key=ppl.get)
+        assert state["finetune_lrs"][label] == chosen and min(grids[label]) < chosen < max(grids[label])
         # the sweep's runs start from the tuning seed's model of the row's kind, at the scale chosen for it
         kind = extension.extension_runs(state["plan"])[label][0]
         source = f"{kind}-lr{state['lr_scales'][kind]:g}-t101"
-        sweep_run = state["runs"][f"{label}-lr{chosen:g}-t101"]
+        sweep_run = torch.load(out / "runs" / f"{label}-lr{chosen:g}-t101" / "ckpt.pt", weights_only=False)
         assert sweep_run["config"]["train"]["init_from"].endswith(source)
         # every extension run of the row (each seed) trained at the row's rate, as its checkpoint says
         for name, run in state["runs"].items():
@@ -400,6 +407,33 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
     assert "study.json" in capsys.readouterr().err
 
 
+def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
+    """Without a rates file, or with one tuned for other settings, a study stops in one line before any
+    job, naming the tuning step; --quick tunes first instead (the quick study above)."""
+    from minilm.study import rates
+
+    missing = tmp_path / "none.rates.yaml"
+    args = ["length-generalization", "--quiet", "--rates", str(missing), "--out", str(tmp_path / "a")]
+    assert experiment_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no frozen rates at '{missing}'" in err
+    assert "python -m minilm experiment length-generalization --tune" in err
+    other = experiments.make_plan("length-generalization", True, [1], ["model.d_model=64"])
+    path = rates.write(str(tmp_path / "other.rates.yaml"), frozen_rates(other))
+    args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "b")]
+    assert experiment_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "were tuned for other settings (model.d_model)" in err
+    fewer = experiments.make_plan("length-generalization", True, [1])
+    contents = frozen_rates(fewer)
+    del contents["scales"]["fire"]
+    path = rates.write(str(tmp_path / "fewer.rates.yaml"), contents)
+    args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "c")]
+    assert experiment_cli.main(args) == 2
+    assert "have no rate for ['fire']: run the tuning step again (--tune)" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "runs").exists()  # refused before any job
+
+
 def cells(section, label, length, per_seed, step=None, mode="nonoverlapping"):
     return [
         dict(section=section, label=label, length=length, mode=mode, step=step, seed=seed, ppl=ppl, status="ok")
@@ -515,7 +549,9 @@ def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_
 def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
     from minilm.study import tuning
 
-    plan = experiments.make_plan("length-generalization", True, [1], ["tuning.seeds=[101, 102]"])
+    plan = experiments.make_plan(
+        "length-generalization", True, [1], ["tuning.seeds=[101, 102]", "tuning.task_floor=0.5"]
+    )
     L = plan["model"]["block_size"]
 
     def cell(kind, scale, seed, ppl):
@@ -538,16 +574,71 @@ def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
         cell("t5", 2.0, 101, 10),
         cell("t5", 2.0, 102, float("inf")),
     ]
-    assert tuning.choose(plan, cells, "t5") == 1.0
+    grid = [0.5, 1.0, 2.0]
+    assert tuning.choose(plan, cells, [], "t5", grid) == 1.0
     tie = [cell("rope", 0.5, s, 50) for s in (101, 102)] + [cell("rope", 2.0, s, 50) for s in (101, 102)]
-    assert tuning.choose(plan, tie, "rope") == 0.5  # equally far from 1 (x0.5, x2): the first, the smaller
-    with pytest.raises(tuning.TuningError, match="no rate of tuning.lr_scales"):
-        tuning.choose(plan, [cell("fire", 1.0, 101, float("nan"))], "fire")
+    assert tuning.choose(plan, tie, [], "rope", grid) == 0.5  # equally far from 1 (x0.5, x2): the first, the smaller
+    with pytest.raises(tuning.TuningError, match=r"no scale of \[0.5, 1.0, 2.0\] .* left for fire .*x1 diverged"):
+        tuning.choose(plan, [cell("fire", 1.0, 101, float("nan"))], [], "fire", grid)
+
+    # a scale whose models fail the task is out: x1 retrieves 3 + 9 of 32 + 32 at L (mean 18.75%, below 50%)
+    def probed(kind, scale, seed, correct):
+        return dict(section="tuning", label=tuning.label(kind, scale), seed=seed, length=L, correct=correct, trials=32)
+
+    probes = [probed("t5", 1.0, 101, 3), probed("t5", 1.0, 102, 9), probed("t5", 0.5, 101, 32)]
+    assert tuning.task_accuracy(probes, "t5", 1.0) == pytest.approx((3 / 32 + 9 / 32) / 2)
+    assert tuning.rejected(plan, cells, probes, "t5", grid) == {
+        1.0: "failed the task: 19% retrieved at L, below 50%",
+        2.0: "diverged (no finite held-out perplexity on every tuning seed)",
+    }
+    assert tuning.choose(plan, cells, probes, "t5", grid) == 0.5  # the next best, geometric mean 60
+
+
+def test_a_choice_at_the_edge_of_its_grid_extends_the_grid_and_tunes_again():
+    """The tuning step's rounds (``minilm.study.tune``): a choice at either end adds the next value past
+    it (the grid's own ratio) and only those runs are built, until every choice is inside its grid."""
+    from minilm.study import tune, tuning
+
+    assert tuning.extend([0.5, 1.0, 2.0], 2.0) == 4.0 and tuning.extend([0.5, 1.0, 2.0], 0.5) == 0.25
+    assert tuning.extend([0.5, 1.0, 2.0], 1.0) is None and tuning.extend([1.0], 1.0) is None
+    assert tuning.extend([1e-4, 3e-3], 3e-3) == 0.09  # x30, and no float noise (1e-3 x 10 is 0.01, not 0.00999...)
+    assert tuning.extend([3e-5, 1e-4, 3e-4, 1e-3], 1e-3) == pytest.approx(
+        1e-3 * 1e-3 / 3e-4, rel=1e-5
+    )  # 6 significant digits
+    best = {"rope": 8.0, "t5": 0.25, "fire": 1.0}  # the scale each row's loss is lowest at
+    built = []
+
+    def choose(row, grid):  # the lowest of a bowl around the row's best, among the values run so far
+        ran = {v for r, v in built if r == row}
+        assert set(grid) == ran  # every value of the grid was built before the choice reads it
+        return min(grid, key=lambda v: abs(math.log(v / best[row])))
+
+    grids = {row: [0.5, 1.0, 2.0] for row in best}
+    chosen = tune._rounds(grids, built.extend, choose, "the rate scale")
+    assert chosen == best
+    assert sorted(grids["rope"]) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # 16 shows that 8 is inside
+    assert sorted(grids["t5"]) == [0.125, 0.25, 0.5, 1.0, 2.0] and grids["fire"] == [0.5, 1.0, 2.0]
+    assert len(built) == len(set(built)) == 3 * 3 + 3 + 2  # no (row, value) runs twice
+    with pytest.raises(tuning.TuningError, match="still at the edge of .* after 4 extensions: widen the grid"):
+        tune._rounds({"x": [1.0, 2.0]}, lambda pairs: None, lambda row, grid: max(grid), "the rate scale")
     with pytest.raises(experiments.ExperimentError, match="tuning seeds disjoint from the study's seeds"):
         experiments.make_plan("length-generalization", True, [1, 101])
     assert experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]", "sweep.lrs=[]"])  # allowed
     with pytest.raises(experiments.ExperimentError, match="sweep.lrs needs the tuning section"):
         experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]"])
+
+
+def frozen_rates(plan: dict) -> dict:
+    """A rates file's contents for ``plan``, as the tuning step would write them: each kind at x2,
+    each extension row at a rate of its own."""
+    from minilm.study import rates
+
+    rows = extension.extension_runs(plan)
+    chosen = {
+        "scales": {kind: 2.0 for kind in experiments.KINDS},
+        "finetune_lrs": {row: 1e-4 * (i + 1) for i, row in enumerate(rows)},
+    }
+    return rates.record(plan, chosen, {"scales": {}, "finetune_lrs": {}}, {}, [], [], {"commit": "test"})
 
 
 def test_the_protocol_names_the_schedule_the_runs_used(tmp_path):
@@ -572,6 +663,10 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     plan = experiments.make_plan("length-generalization", False, [1])
     study = experiments.Study(plan, str(tmp_path))
     study.scored_tokens = 8192  # what prepare_data would fix; the graph does not need the corpus
+    with pytest.raises(experiments.ExperimentError, match="frozen rates"):
+        study.build()  # a study never tunes: it trains at the tuning step's frozen rates
+    frozen = frozen_rates(plan)
+    study.use_rates(frozen, {"path": "rates.yaml", "commit": None, "registered": None})
     study.build()
     L, f = plan["model"]["block_size"], plan["extension"]["factor"]
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
@@ -593,22 +688,22 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
         str(tmp_path / "3"),
     )
     three.scored_tokens = 8192
+    three.use_rates(frozen_rates(three.plan), {"path": "rates.yaml", "commit": None, "registered": None})
     three.build()  # the oracle at its first oracle_seeds (2) seeds only
     assert {r.seed for r in three.runs.values() if r.section == "oracle"} == {1, 2}
     assert {r.label for r in three.runs.values() if r.section == "oracle"} == {"rope", "alibi"}
-    # an extension run waits for its row's sweep (its held-out evaluations at the tuning seed), which waits for the
-    # tuning of its source kind
+    # a frozen-rates run tunes nothing: no tuning or sweep run, every run at its kind's or row's frozen rate
     job = {j.key: j for j in study.jobs}
-    sweeps = [k for k in job if k.startswith("eval holdout yarn-lr")]
-    assert len(sweeps) == 4 and set(sweeps) <= set(job["train rope-yarn-512-s1"].after)
-    assert job["train rope-yarn-512-s1"].resolve is not None
-    assert set(job["train learned-pi-lr0.0001-t101"].after) == {
-        k for k in job if k.startswith("eval holdout learned-lr")
-    }
-    # a run from scratch waits for its kind's tuning runs, scored on held-out text at the tuning seed
-    tuned = [k for k in job if k.startswith("eval holdout rope-lr")]
-    assert len(tuned) == 3 and set(tuned) == set(job["train rope-s1"].after) and job["train rope-s1"].resolve
-    assert {r.seed for r in runs.values() if r.section in ("tuning", "sweep")} == {101}
+    assert not [k for k in job if "holdout" in k or "-t10" in k]
+    assert {r.section for r in runs.values()} == {"scratch", "extension", "oracle"}
+    for run in runs.values():
+        t = run.config.train
+        if run.section == "extension":
+            assert t.lr == frozen["finetune_lrs"][run.label] and t.min_lr == pytest.approx(t.lr / 10), run.key
+        else:
+            scale = frozen["scales"][run.config.model.position["kind"]]
+            assert t.lr == pytest.approx(plan["train"]["lr"] * scale), run.key
+    assert job["train rope-yarn-512-s1"].after == ("train rope-s1",)
     assert (
         runs["rope-512-oracle-s1"].config.model.block_size == 4 * L and runs["rope-512-oracle-s1"].section == "oracle"
     )
@@ -649,6 +744,7 @@ def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_pa
         ]
 
     # geometric means 100, 90 and 95: 2e-4 wins, though 5e-4 is best on tuning seed 101
+    grid = [1e-4, 2e-4, 5e-4]
     chosen = sweep.choose(
         plan,
         cells(
@@ -662,16 +758,20 @@ def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_pa
             }
         ),
         "yarn",
+        grid,
     )
     assert chosen == 2e-4
     assert (
         sweep.choose(
-            plan, cells({(1e-4, 101): float("inf"), (1e-4, 102): 1.0, (2e-4, 101): 50.0, (2e-4, 102): 50.0}), "yarn"
+            plan,
+            cells({(1e-4, 101): float("inf"), (1e-4, 102): 1.0, (2e-4, 101): 50.0, (2e-4, 102): 50.0}),
+            "yarn",
+            grid,
         )
         == 2e-4
     )
-    with pytest.raises(sweep.SweepError, match=r"no rate of sweep.lrs=\[0.0001, 0.0002, 0.0005\] gave yarn a finite"):
-        sweep.choose(plan, cells({(1e-4, 101): float("nan")}), "yarn")
+    with pytest.raises(sweep.SweepError, match=r"no rate of \[0.0001, 0.0002, 0.0005\] gave yarn a finite"):
+        sweep.choose(plan, cells({(1e-4, 101): float("nan")}), "yarn", grid)
     assert sweep.finetune_at(plan, 2e-4) == {**plan["finetune"], "lr": 2e-4, "min_lr": pytest.approx(2e-5)}
     short = experiments.Study(
         experiments.make_plan("length-generalization", True, [1], ["data.holdout_tokens=100"]), str(tmp_path)

@@ -59,13 +59,12 @@ def test_a_journal_gives_back_finished_jobs_and_reruns_changed_ones(workers, tmp
     first = run_jobs(
         [Job("a", operator.add, (1, 0)), Job("b", operator.mul, (3, 4))], workers=workers, quiet=True, journal=journal
     )
-    # read back, not run: run, "a" would divide by zero; "b" changed its arguments, so it runs again; "c"
-    # needs "a" and takes its arguments from a's value (as the study's tuned runs do)
+    # read back, not run: run, "a" would divide by zero; "b" changed its arguments, so it runs again; "c" is new
     again = run_jobs(
         [
             Job("a", operator.truediv, (1, 0)),
             Job("b", operator.mul, (3, 5)),
-            Job("c", operator.add, after=("a",), resolve=lambda done: (done["a"].value, 10)),
+            Job("c", operator.add, (1, 10), after=("a",)),
         ],
         workers=workers,
         quiet=True,

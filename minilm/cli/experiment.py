@@ -18,7 +18,8 @@ import time
 from minilm.cli import Parser, run_command, smoke
 from minilm.common import keep_aside
 from minilm.study import plan as experiments
-from minilm.study import primary, provenance, report
+from minilm.study import primary, provenance, rates, report, sweep, tune, tuning
+from minilm.study.extension import extension_runs
 from minilm.study.jobs import Interrupted
 from minilm.study.journal import Journal
 
@@ -57,6 +58,19 @@ def parse_args(argv):
         action="store_true",
         help="write report.md again from --out's study.json (e.g. after adding discussion.md)",
     )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="run the tuning step only: choose each kind's rate and each extension row's fine-tuning rate on the "
+        "tuning seeds and write them to --rates (default: minilm/study/registered/<experiment>.rates.yaml; "
+        "--quick: <out>/rates.yaml), which every run of the study then reads",
+    )
+    parser.add_argument(
+        "--rates",
+        metavar="FILE",
+        help="the frozen rates to train at (default: the registered file; --quick: <out>/rates.yaml, tuned first "
+        "when missing or tuned for other settings)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the runs of an earlier experiment in --out")
     parser.add_argument(
         "--resume",
@@ -81,7 +95,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     args.quick = smoke.quick(args.quick)
-    out = args.out or os.path.join("out", args.experiment + ("-quick" if args.quick else ""))
+    out = args.out or os.path.join(
+        "out", args.experiment + ("-quick" if args.quick else "") + ("-tuning" if args.tune else "")
+    )
     return run_command(
         lambda: stoppable(lambda: run(args, argv, out), out),
         on_interrupt=f"interrupted; the finished jobs are kept in {out}: continue with --resume",
@@ -106,6 +122,43 @@ def stoppable(body, out: str) -> int:
 
 def _terminated(signum, frame):
     raise Interrupted("SIGTERM")
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the repository when it lies inside it (the registered rates), else absolute."""
+    inside = os.path.abspath(path).startswith(REPO + os.sep)
+    return os.path.relpath(path, REPO) if inside else os.path.abspath(path)
+
+
+def sweep_rows(plan: dict) -> list:
+    """The extension rows whose fine-tuning rate the tuning step chooses."""
+    return list(extension_runs(plan)) if sweep.rates(plan) else []
+
+
+def frozen_rates(args, plan: dict, out: str, journal, commit: str, started: float) -> str:
+    """The path of the rates the study trains at. ``--tune`` runs the tuning step (``minilm.study.tune``)
+    and writes them there; so does ``--quick`` (a smoke test of the whole chain) when its file is
+    missing or was tuned for other settings. Otherwise the file must exist and fit the plan."""
+    path = args.rates or (os.path.join(out, rates.FILE) if args.quick else rates.registered_path(plan["experiment"]))
+    fits = os.path.exists(path) and not rates.differences(
+        rates.read(path, plan["experiment"])["tuned_for"], rates.tuned_for(plan)
+    )
+    if not (args.tune or (args.quick and not args.rates and not fits)):
+        return path
+    tuner = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
+    tuner.prepare_data()
+    about = {
+        "commit": commit,
+        "machine": provenance.machine(),
+        "command": "python -m minilm experiment "
+        + " ".join([plan["experiment"], *(["--quick"] if args.quick else []), *args.overrides, "--tune"]),
+    }
+    contents = tune.run_tuning(tuner, experiments.KINDS, about)
+    contents["about"]["minutes"] = round((time.time() - started) / 60, 1)
+    rates.write(path, contents)
+    say(f"the tuning step chose {contents['scales']} x train.lr and fine-tuning rates {contents['finetune_lrs']}")
+    print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
+    return path
 
 
 def say(message: str) -> None:
@@ -137,6 +190,14 @@ def run(args, argv, out: str) -> int:
     journal = Journal(os.path.join(out, "journal"))
     invocation = journal.start(commit, plan, resume=args.resume)
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
+    if tuning.scales(plan):  # an experiment whose rates are tuned: the tuning step, or its frozen rates
+        path = frozen_rates(args, plan, out, journal, commit, started)
+        if args.tune:
+            return 0
+        contents = rates.read(path, plan["experiment"])
+        rates.check(contents, path, plan, experiments.KINDS, sweep_rows(plan))
+        last, before = primary.registration(path, commit)
+        study.use_rates(contents, {"path": shown_path(path), "commit": last, "registered": before})
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now
     study.build()
     kept = keep_aside(os.path.join(out, "discussion.md")) if earlier and not args.resume else None

@@ -1,10 +1,8 @@
 """Independent jobs (training runs, evaluations) in parallel worker processes.
 
 A study is a graph of jobs: a ``Job`` names the keys of the jobs it needs (``after``); a job
-starts when they are done, with its arguments, or with what its ``resolve`` makes of the
-results so far (a setting chosen by earlier jobs: the study's fine-tuning rate). ``run_jobs`` keeps ``workers``
-processes busy, each limited to
-``threads`` torch threads: on a small CPU, independent one-thread runs side by side use the
+starts with its arguments when they are done. ``run_jobs`` keeps ``workers`` processes busy, each
+limited to ``threads`` torch threads: on a small CPU, independent one-thread runs side by side use the
 cores better than one run with many threads (small matrices scale poorly across threads).
 Ready jobs start in the order given, so list the ones that unblock others first.
 
@@ -54,10 +52,6 @@ class Job:
     args: tuple = ()
     after: tuple = ()  # keys of the jobs that must finish first
     phase: str = ""  # the report's wall time is given per phase
-    resolve: Optional[Callable] = None  # (done so far) -> args, called here when the job starts, instead of args
-
-    def arguments(self, done: dict) -> tuple:
-        return self.resolve(done) if self.resolve is not None else self.args
 
 
 @dataclass
@@ -155,7 +149,7 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1, threads: int = 1, quiet: boo
             _limit_threads(threads)
             try:
                 for job in jobs:
-                    args = job.arguments(done)
+                    args = job.args
                     done[job.key] = _recorded(journal, job, args)
                     if done[job.key] is None:
                         done[job.key] = Done(*_timed(job.fn, args), job.phase)
@@ -188,7 +182,7 @@ def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
                 if len(running) >= workers:
                     break
                 pending.remove(job)
-                args = job.arguments(done)
+                args = job.args
                 earlier = _recorded(journal, job, args)
                 if earlier is not None:
                     done[job.key] = earlier

@@ -85,7 +85,8 @@ FULL = {
     },
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
-    "tuning": {"seeds": [101], "lr_scales": [0.5, 1.0, 2.0]},
+    # (the tuning step, run once before the study: ``--tune``; the rates frozen in registered/<experiment>.rates.yaml)
+    "tuning": {"seeds": [101, 102], "lr_scales": [0.5, 1.0, 2.0], "task_floor": 0.5},
     # minilm.study.sweep: each extension row's rate, chosen on held-out text at the tuning seeds
     "sweep": {"lrs": [3.0e-5, 1.0e-4, 3.0e-4, 1.0e-3]},
     "extension": {
@@ -135,6 +136,7 @@ QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr"
 QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
 QUICK["sweep"]["lrs"] = [1.0e-4, 1.0e-3]
+QUICK["tuning"].update({"seeds": [101], "task_floor": 0.0})  # 30 steps learn no retrieval: nothing is rejected
 QUICK["controls"]["oracle_seeds"] = 1
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
@@ -321,12 +323,9 @@ class Study:
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
         self._evaluations: dict = {}  # (checkpoint, overrides, split) -> (key, {(mode, length)}) of its evaluation job
-        self._chosen: dict = {}  # name -> (position, seed, run_config keywords, choice) of the runs ``depends`` makes
-        self._tuning, self.lr_scales = {}, {}  # minilm.study.tuning: kind -> its evaluation keys; chosen scales
-        self._sweep, self.finetune_lrs = (
-            {},
-            {},
-        )  # minilm.study.sweep: extension row -> its evaluation keys; chosen rates
+        # the frozen rates (``use_rates``): kind -> its scale of train.lr; extension row -> its fine-tuning rate
+        self.lr_scales, self.finetune_lrs = {}, {}
+        self.rates: Optional[dict] = None  # where they were read: path, commit, registered, grids
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
@@ -343,56 +342,35 @@ class Study:
         phase: str,
         after=(),
         source: str = "",
-        depends: Optional[tuple] = None,
         **kw,
     ) -> str:
-        """A training job; ``depends``: (the keys of the jobs a choice reads, a function of the
-        results so far giving ``run_config`` keywords): a run at the rate the tuning chose for its
-        kind, or the sweep for its extension row, which waits for those jobs."""
+        """A training job of run ``name`` (``run_config``'s keywords in ``kw``); returns its key."""
         config = run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **kw)
         self.runs[name] = StudyRun(f"train {name}", section, label, seed, config, source)
-        resolve = None
-        if depends is not None:
-            self._chosen[name] = (position, seed, kw, depends[1])
-            after, resolve = [*after, *depends[0]], lambda done, name=name: (self._chosen_config(name, done).to_dict(),)
-        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(),), tuple(after), phase, resolve))
+        self.jobs.append(Job(f"train {name}", train_job, (config.to_dict(),), tuple(after), phase))
         return f"train {name}"
 
-    def _chosen_config(self, name: str, done: dict):
-        """The config of run ``name`` with the settings chosen from the results in ``done``."""
-        position, seed, kw, choice = self._chosen[name]
-        return run_config(self.plan, os.path.join(self.runs_dir, name), position, seed, **{**kw, **choice(done)})
-
-    def _cells(self, keys, done: dict) -> list:  # the rows of finished jobs ``keys``
+    def cells_of(self, keys, done: dict) -> list:
+        """The cells and retrieval rows that finished jobs ``keys`` gave."""
         return [row for key, read in self._readers if key in keys for row in read(done[key].value)]
 
-    def _scale(self, kind: str, done: dict) -> float:
-        """The rate scale the tuning chose for ``kind`` (``minilm.study.tuning``), once its runs are done."""
-        if kind not in self.lr_scales:
-            self.lr_scales[kind] = tuning.choose(self.plan, self._cells(self._tuning[kind], done), kind)
-        return self.lr_scales[kind]
+    def use_rates(self, contents: dict, where: dict) -> None:
+        """Train at the frozen rates ``contents`` (``minilm.study.rates``; ``where`` says where they
+        were read): each kind at its scale, each extension row at its rate. The tuning's held-out
+        cells and retrieval rows join the study's, for the report's tables of the choice."""
+        self.lr_scales = {k: float(v) for k, v in contents["scales"].items()}
+        self.finetune_lrs = {k: float(v) for k, v in contents["finetune_lrs"].items()}
+        self.rates = {**where, "grids": contents.get("grids", {}), "rejected": contents.get("rejected", [])}
+        self.cells.extend(contents.get("cells", []))
+        self.retrieval.extend(contents.get("retrieval", []))
 
-    def _rate(self, label: str, done: dict) -> float:
-        """The fine-tuning rate the sweep chose for extension row ``label`` (``minilm.study.sweep``)."""
-        if label not in self.finetune_lrs:
-            self.finetune_lrs[label] = sweep.choose(self.plan, self._cells(self._sweep[label], done), label)
-        return self.finetune_lrs[label]
+    def tuned_source(self, kind: str, seed: int) -> str:
+        """The tuning seed's run of ``kind`` at the scale chosen for it."""
+        return os.path.join(self.runs_dir, tuning.run_name(kind, self.lr_scales[kind], seed))
 
-    def tuned_source(self, kind: str, seed: int, done: Optional[dict] = None) -> str:
-        """The tuning seed's run of ``kind`` at the scale the tuning chose (before it is known: at x1)."""
-        scale = self._scale(kind, done) if done is not None else 1.0
-        return os.path.join(self.runs_dir, tuning.run_name(kind, scale, seed))
-
-    def _by_kind(self, kind: str) -> Optional[tuple]:
-        """``depends`` of a run from scratch of ``kind``: at the rate the tuning chose for it."""
-        return (
-            None
-            if kind not in self._tuning
-            else (
-                self._tuning[kind],
-                lambda done: {"settings": {"train": tuning.rates(self.plan, self._scale(kind, done))}},
-            )
-        )
+    def _by_kind(self, kind: str) -> dict:
+        """``run_config`` keywords of a run from scratch of ``kind``: at its frozen scale of the rate."""
+        return {"settings": {"train": tuning.rates(self.plan, self.lr_scales[kind])}} if kind in self.lr_scales else {}
 
     def _evaluate(
         self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="", split: str = "val"
@@ -455,17 +433,28 @@ class Study:
         )
         return key
 
-    def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str) -> None:
-        """Retrieval rows of ``where`` at the plan's lengths and depths; probes depend on the seed only."""
+    def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str, multiples=None) -> None:
+        """Retrieval rows of ``where`` at the plan's lengths (or ``multiples`` of L) and depths; probes
+        depend on the seed only. The tuning's runs (section tuning) are probed on the held-out text."""
         r = self.plan["retrieval"]
         key = f"retrieval {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
         if key not in {job.key for job in self.jobs}:
-            lengths = [int(m * self.L) for m in r["multiples"]]
+            lengths = [int(m * self.L) for m in (multiples or r["multiples"])]
+            split = "holdout" if where["section"] == tuning.SECTION else "val"
             self.jobs.append(
                 Job(
                     key,
                     retrieval_job,
-                    (path, list(overrides), lengths, r["depths"], r["trials"], seed, self.plan["train"]["device"]),
+                    (
+                        path,
+                        list(overrides),
+                        lengths,
+                        r["depths"],
+                        r["trials"],
+                        seed,
+                        self.plan["train"]["device"],
+                        split,
+                    ),
                     (after,),
                     phase,
                 )
@@ -508,9 +497,8 @@ class Study:
             return self.jobs
         seeds, controls = self.plan["seeds"], self.plan.get("controls", {})
         long = int(self.plan["extension"]["factor"] * self.L)
-        tune = (lambda kinds: tuning.build(self, kinds)) if tuning.scales(self.plan) else (lambda kinds: {})
-        self._tuning = tune(KINDS)  # the tuning seeds first: every run at the study's seeds waits for them
-        self._sweep = sweep.build(self) if sweep.rates(self.plan) else {}
+        if tuning.scales(self.plan) and self.rates is None:
+            raise ExperimentError("the study trains at frozen rates: read them first (Study.use_rates)")
         extensions = extension_runs(self.plan)
         for seed in seeds:  # rope first: its runs unblock the extension
             self._train(
@@ -520,7 +508,7 @@ class Study:
                 seed,
                 {"kind": "rope"},
                 "train from scratch",
-                depends=self._by_kind("rope"),
+                **self._by_kind("rope"),
             )
             for label, (kind, position, kw) in extensions.items():
                 if kind == "rope":
@@ -535,7 +523,7 @@ class Study:
                         seed,
                         {"kind": kind},
                         "train from scratch",
-                        depends=self._by_kind(kind),
+                        **self._by_kind(kind),
                     )
             for label, (kind, position, kw) in extensions.items():
                 if kind != "rope":
@@ -550,7 +538,7 @@ class Study:
                     seed,
                     {"kind": kind},
                     "train the oracle controls",
-                    depends=self._by_kind(kind),
+                    **self._by_kind(kind),
                     block_size=long,
                     batch_scale=scale,
                 )
@@ -561,11 +549,7 @@ class Study:
         """Extension row ``label``'s fine-tuning run from the seed's ``source_kind`` model (section
         extension), at the rate the sweep chose for the row."""
         source, name = f"{source_kind}-s{seed}", extension_run_name(label, seed, self.plan)
-        depends = (
-            None
-            if label not in self._sweep
-            else (self._sweep[label], lambda done: {"finetune": sweep.finetune_at(self.plan, self._rate(label, done))})
-        )
+        rate = self.finetune_lrs.get(label)
         self._train(
             name,
             "extension",
@@ -576,7 +560,7 @@ class Study:
             after=[f"train {source}"],
             source=source,
             init_from=os.path.join(self.runs_dir, source),
-            depends=depends,
+            finetune=sweep.finetune_at(self.plan, rate),
             **kw,
         )
 
@@ -667,8 +651,6 @@ class Study:
         if not self.jobs:
             self.build()
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, journal=self.journal)
-        for name in self._chosen:  # their configs as they ran, at the rates the tuning and the sweep chose
-            self.runs[name].config = self._chosen_config(name, self.done)
         for key, read in self._readers:
             rows = read(self.done[key].value)
             (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
@@ -681,6 +663,7 @@ class Study:
             "claims": self.claims,
             "finetune_lrs": self.finetune_lrs,
             "lr_scales": self.lr_scales,
+            "rates": self.rates,
             "invocations": self.invocations,
             "cells": self.cells,
             "retrieval": self.retrieval,
@@ -695,6 +678,7 @@ class Study:
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
         study.finetune_lrs, study.lr_scales = state.get("finetune_lrs", {}), state.get("lr_scales", {})
+        study.rates = state.get("rates")
         study.invocations = state.get("invocations", 1)
         study.runs = {
             name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()

@@ -250,13 +250,30 @@ def _length_table(cells, section, labels, lengths, mode, step=None, names=None) 
     )
 
 
+def _frozen_rates(study: Study) -> list:
+    """Where the frozen rates came from (``minilm.study.rates``), and whether git shows them committed
+    before this run."""
+    r = study.rates
+    if not r:
+        return []
+    when = {True: "committed before this run", False: "not committed before this run", None: "git cannot tell when"}
+    commit = f" at {r['commit'][:7]}" if r.get("commit") else ""
+    out = "; ".join(f"{x['kind']} x{x['scale']:g}: {x['why']}" for x in r.get("rejected", []))
+    return [
+        f"The rates were frozen by the tuning step in `{r['path']}`{commit} ({when[r.get('registered')]})."
+        + (f" Scales out of the choice: {out}." if out else ""),
+        "",
+    ]
+
+
 def _scratch(study: Study, figures: dict) -> list:
     plan, cells, L = study.plan, study.cells, study.L
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
     lines = [
         f"## 1. Perplexity: every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} tokens",
         "",
-        *tuning.report_lines(plan, cells, study.lr_scales),
+        *tuning.report_lines(plan, cells, study.lr_scales, (study.rates or {}).get("grids", {}).get("scales")),
+        *_frozen_rates(study),
     ]
     for mode in plan["eval"]["modes"]:
         lines += [f"Perplexity, {mode} protocol:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
@@ -370,7 +387,7 @@ def _extension(study: Study, figures: dict) -> list:
         )
         + ".",
         "",
-        *sweep.report_lines(plan, cells, study.finetune_lrs),
+        *sweep.report_lines(plan, cells, study.finetune_lrs, (study.rates or {}).get("grids", {}).get("finetune_lrs")),
         f"Perplexity at {f * L} ({f}L) after each number of fine-tuning steps ({modes[0]} protocol):",
         "",
         table(

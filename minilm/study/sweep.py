@@ -1,17 +1,19 @@
 """The extension's fine-tuning rates, each chosen on held-out training text at the tuning seeds
-(issues #27, #47).
+(issues #27, #47, #58).
 
-No extension row's rate is guessed, and no row borrows another's: every row of the extension
-(each rope scaling method, the other schemes' interpolations, the keep-training control) is
-fine-tuned at each rate of ``sweep.lrs`` (a grid from 3e-5 to 1e-3 in the full study), as its
-runs are, from the model of its source kind at each *tuning seed* (``tuning.seeds``: trained at
-the rate the tuning chose for that kind; no table reads them), and each run is scored at
-factor x L on the held-out end of the train split (``data.holdout_tokens``), never on the
-validation split the report reads. The rate with the lowest mean log perplexity over the tuning
-seeds is the row's (``choose``; the smaller rate on a tie; a rate that diverged is out); the
-cosine ends at the same fraction of it as ``finetune`` says (min_lr / lr). Tuned for perplexity:
-the rate that extends text best is not necessarily the one that retrieves best, and the report's
-retrieval tables say what it did. Without ``sweep.lrs`` every row uses ``finetune.lr`` as written.
+No extension row's rate is guessed, and no row borrows another's: in the tuning step
+(``minilm.study.tune``), after each kind's scale is chosen, every row of the extension (each rope
+scaling method, the other schemes' interpolations, the keep-training control) is fine-tuned at
+each rate of its grid (``sweep.lrs`` to start with, a grid from 3e-5 to 1e-3 in the full study),
+as its runs are, from the model of its source kind at each *tuning seed* (trained at the scale
+chosen for that kind; no table reads them), and each run is scored at factor x L on the held-out
+end of the train split (``data.holdout_tokens``), never on the validation split the report reads.
+The rate with the lowest mean log perplexity over the tuning seeds is the row's (``choose``; the
+smaller rate on a tie; a rate that diverged is out); a choice at either end of the grid extends
+it (``tuning.extend``) and the step sweeps again. The cosine ends at the same fraction of the rate
+as ``finetune`` says (min_lr / lr). Tuned for perplexity: the rate that extends text best is not
+necessarily the one that retrieves best, and the report's retrieval tables say what it did.
+Without ``sweep.lrs`` every row uses ``finetune.lr`` as written.
 """
 
 from __future__ import annotations
@@ -45,71 +47,71 @@ def cell_label(label: str, lr: float) -> str:
     return f"{label} {lr:g}"
 
 
-def build(study) -> dict:
-    """Add the sweep's fine-tuning runs and their held-out evaluations to ``study``; returns
-    {extension row: the keys of its evaluation jobs}, which the row's runs wait for."""
+def build(study, pairs) -> None:
+    """Add to ``study`` the sweep's fine-tuning runs of each (extension row, rate) of ``pairs`` at
+    every tuning seed, from the tuning run of the row's source kind at its chosen scale
+    (``study.lr_scales``), and their held-out evaluations at factor x L."""
     plan = study.plan
     factor = plan["extension"]["factor"]
-    keys: dict = {}
-    for label, (kind, position, kw) in extension_runs(plan).items():
+    runs = extension_runs(plan)
+    for label, lr in pairs:
+        kind, position, kw = runs[label]
         for seed in tuning.seeds(plan):
-            for lr in rates(plan):
-                name = f"{label}-lr{lr:g}-t{seed}"
-                key = study._train(
-                    name,
-                    SECTION,
-                    cell_label(label, lr),
-                    seed,
-                    position,
-                    "sweep the fine-tuning rates",
-                    depends=(
-                        study._tuning[kind],
-                        lambda done, kind=kind, seed=seed, lr=lr: {
-                            "init_from": study.tuned_source(kind, seed, done),
-                            "finetune": finetune_at(plan, lr),
-                        },
-                    ),
-                    init_from=study.tuned_source(kind, seed),
-                    finetune=finetune_at(plan, lr),
-                    **kw,
-                )
-                keys.setdefault(label, []).append(
-                    study._evaluate(
-                        key,
-                        study.runs[name].config.out_dir,
-                        [factor],
-                        [MODE],
-                        dict(section=SECTION, label=cell_label(label, lr), seed=seed, step=None),
-                        phase="evaluate the sweep on held-out training text",
-                        split="holdout",
-                    )
-                )
-    return keys
+            name = f"{label}-lr{lr:g}-t{seed}"
+            key = study._train(
+                name,
+                SECTION,
+                cell_label(label, lr),
+                seed,
+                position,
+                "sweep the fine-tuning rates",
+                init_from=study.tuned_source(kind, seed),
+                finetune=finetune_at(plan, lr),
+                **kw,
+            )
+            study._evaluate(
+                key,
+                study.runs[name].config.out_dir,
+                [factor],
+                [MODE],
+                dict(section=SECTION, label=cell_label(label, lr), seed=seed, step=None),
+                phase="evaluate the sweep on held-out training text",
+                split="holdout",
+            )
 
 
-def choose(plan: dict, cells: list, label: str) -> Optional[float]:
-    """The rate of extension row ``label`` with the lowest mean log perplexity over the tuning
-    seeds at factor x L on the held-out text (the smaller rate on a tie; a rate with a non-finite
-    perplexity on any seed is out); None without a sweep, a ``SweepError`` when no rate is left."""
+def choose(plan: dict, cells: list, label: str, grid) -> float:
+    """The rate of extension row ``label`` in ``grid`` with the lowest mean log perplexity over the
+    tuning seeds at factor x L on the held-out text (the smaller rate on a tie; a rate with a
+    non-finite perplexity on any seed is out); a ``SweepError`` when no rate is left."""
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
-    scores = {lr: mean_log_perplexity(cells, SECTION, cell_label(label, lr), long, MODE) for lr in rates(plan)}
+    scores = {lr: mean_log_perplexity(cells, SECTION, cell_label(label, lr), long, MODE) for lr in grid}
     scores = {lr: score for lr, score in scores.items() if score is not None}  # a rate that diverged is out
-    if rates(plan) and not scores:
+    if not scores:
         raise SweepError(
-            f"no rate of sweep.lrs={rates(plan)} gave {label} a finite held-out perplexity at {long} "
-            f"tokens on every tuning seed: try smaller rates"
+            f"no rate of {sorted(grid)} gave {label} a finite held-out perplexity at {long} "
+            f"tokens on every tuning seed: try smaller sweep.lrs"
         )
-    return min(sorted(scores), key=lambda lr: scores[lr]) if scores else None
+    return min(sorted(scores), key=lambda lr: scores[lr])
 
 
-def report_lines(plan: dict, cells: list, chosen: dict) -> list:
-    """The sweep's table for the report: held-out perplexity at factor x L per row and rate."""
+def report_lines(plan: dict, cells: list, chosen: dict, grids: Optional[dict] = None) -> list:
+    """The sweep's table for the report: held-out perplexity at factor x L per row and rate tried
+    (``grids``: {row: its rates}; without it, the plan's)."""
     if not rates(plan) or not chosen:
         return []
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
+    tried = sorted({lr for grid in (grids or {}).values() for lr in grid} or set(rates(plan)))
 
     return [
-        f"Fine-tuning rates, chosen on held-out training text: each row fine-tuned at each rate from the "
+        "Fine-tuning rates, chosen on held-out training text"
+        + (
+            " in the tuning step (frozen before this run): each row fine-tuned at each rate of its grid (extended past "
+            "any choice at its edge; blank: not tried)"
+            if grids
+            else ": each row fine-tuned at each rate"
+        )
+        + f" from the "
         f"tuning seeds' models ({', '.join(map(str, tuning.seeds(plan)))}; none of them a seed of the tables), "
         f"perplexity at {long} on the last {plan['data']['holdout_tokens']:,} tokens of the train split (held out "
         f"of every run; never the validation split), mean over tuning seeds; bold: chosen, the lowest mean log "
@@ -119,11 +121,11 @@ def report_lines(plan: dict, cells: list, chosen: dict) -> list:
             cells,
             SECTION,
             chosen,
-            rates(plan),
+            tried,
             cell_label,
             long,
             "method",
-            [f"lr {lr:g}" for lr in rates(plan)],
+            [f"lr {lr:g}" for lr in tried],
             LABEL_NAMES,
         ),
         "",

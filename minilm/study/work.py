@@ -51,11 +51,14 @@ def evaluate_job(
     )
 
 
-def retrieval_job(path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int, device: str) -> list:
-    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``);
-    torch's generator starts from ``seed``, as in ``evaluate_job``."""
+def retrieval_job(
+    path: str, overrides: list, lengths: list, depths: list, trials: int, seed: int, device: str, split: str = "val"
+) -> list:
+    """Retrieval rows {length, depth, correct, trials} of one checkpoint (``minilm.evaluation.retrieval``)
+    over ``split`` (val, or the holdout of the train split: the tuning's); torch's generator starts
+    from ``seed``, as in ``evaluate_job``."""
     torch.manual_seed(seed)
     model, tokenizer, config, _ = load_model(path, overrides, device=resolve_device(device))
     prepared = data.prepare(config.data, quiet=True, tokenizer=tokenizer)
     task = Task.from_tokens(prepared.train, config.model.vocab_size)
-    return retrieval.accuracy(model, task, prepared.val, lengths, depths, trials=trials, seed=seed)
+    return retrieval.accuracy(model, task, prepared.tokens(split), lengths, depths, trials=trials, seed=seed)
