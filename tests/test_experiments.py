@@ -66,25 +66,29 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
     assert f"cosine to {plan['train']['min_lr']:g} after" in text  # the plan's schedule, in words
-    for kind in experiments.KINDS:
+    for kind in experiments.scratch_labels(plan):
         assert f"\n| {kind} | " in text
     assert " ± " in text and "n/a (bounded)" in text
     cells = list(csv.DictReader(open(out / "results.csv")))
     scratch = [c for c in cells if c["section"] == "scratch"]
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
-    assert len(scratch) == len(experiments.KINDS) * 2 * len(modes) * len(lengths)
+    rows = experiments.scratch_labels(plan)  # the kinds, then the per-layer arms
+    assert len(rows) == len(experiments.KINDS) + 5 and {"rnope-swa", "nope-last", "p-rope", "sinks"} < set(rows)
+    assert len(scratch) == len(rows) * 2 * len(modes) * len(lengths)
     assert {c["seed"] for c in cells if c["section"] not in ("tuning", "sweep")} == {"3", "4"}
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
     grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["scales"]
-    assert set(tuned) == set(experiments.KINDS)
+    assert set(tuned) == set(experiments.scratch_labels(plan))
     for kind, scale in tuned.items():  # the tuning step extended every grid until its choice was inside it
         assert {0.5, 1.0, 2.0} <= set(grids[kind]) and min(grids[kind]) < scale < max(grids[kind]), kind
     for name, run in json.load(open(out / "study.json"))["runs"].items():
-        if run["section"] in ("scratch", "oracle"):
-            kind = run["config"]["model"]["position"]["kind"]
+        if run["section"] in ("scratch", "oracle", "oracle-source") and not run["config"]["train"]["init_from"]:
+            kind = run["label"] if run["section"] == "scratch" else run["config"]["model"]["position"]["kind"]
             assert run["config"]["train"]["lr"] == pytest.approx(plan["train"]["lr"] * tuned[kind]), name
+        elif run["section"] == "oracle":  # the equal-token oracle's fine-tuning: direct fine-tuning's rate
+            assert run["config"]["train"]["lr"] == json.load(open(out / "study.json"))["finetune_lrs"]["none"]
     assert "Each scheme's learning rate, chosen on held-out training text" in text
     holdout = ("sweep", "tuning")  # scored on the held-out end of the train split
     assert len({c["tokens"] for c in cells if c["section"] not in holdout}) == 1  # every cell scores the same tokens
@@ -128,7 +132,9 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         (m, w) for m in extension.extension_labels(plan) for w in ("before", "after")
     }
     scratch_probes = [p for p in probes if p["section"] == "scratch"]
-    assert len(scratch_probes) == len(experiments.KINDS) * 2 * len(r["multiples"]) * len(r["depths"])
+    assert len(scratch_probes) == len(experiments.scratch_labels(experiments.QUICK)) * 2 * len(r["multiples"]) * len(
+        r["depths"]
+    )
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
     assert all(p["trials"] == str(r["trials"]) for p in probes)
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
@@ -628,6 +634,35 @@ def test_a_choice_at_the_edge_of_its_grid_extends_the_grid_and_tunes_again():
         experiments.make_plan("length-generalization", True, [1], ["tuning.lr_scales=[]"])
 
 
+def test_the_answers_keep_their_share_of_the_loss_at_every_length():
+    """``weight_for_share``: at the weight it gives, the answers of a real retrieval row carry the same
+    share of its loss weight at L = 128 and 512 (17.1%, each answer 8 times at 128); at a fixed weight of
+    8 their share at 512 falls to 4.6%, where the first confirmatory run's oracle could not learn the task."""
+    from minilm.data.retrieval import IGNORE, Task, training_rows
+    from minilm.training.mixture import weight_for_share
+
+    task = Task(marker=1000, keys=tuple(range(1001, 1033)), values=tuple(range(1033, 1065)))
+
+    def share(length: int, weight: float) -> float:
+        generator = torch.Generator().manual_seed(length)
+        haystacks = torch.randint(0, 1000, (64, length + 1), generator=generator)
+        _, y = training_rows(haystacks, task, generator, keep_text=True)
+        answers = torch.isin(y, torch.tensor(task.values))
+        text = (y != IGNORE) & ~answers
+        assert (answers.sum(1) == 3).all()  # one pair, asked three times
+        return float((weight * answers.sum()) / (text.sum() + weight * answers.sum()))
+
+    assert weight_for_share(6 / 35, 128) == 8.0
+    for length in (128, 512, 2048):  # a slot at position 0 leaves one more text target: within 0.2%
+        assert share(length, weight_for_share(6 / 35, length)) == pytest.approx(6 / 35, rel=2e-3)
+    assert share(512, 8.0) == pytest.approx(0.046, abs=5e-4)
+    with pytest.raises(ValueError, match="answer share of 1.0 is invalid"):
+        weight_for_share(1.0, 128)
+    with pytest.raises(experiments.ExperimentError, match=r"retrieval.answer_share=1.5 is invalid"):
+        experiments.make_plan("length-generalization", True, [1], ["retrieval.answer_share=1.5"])
+    assert experiments.ABLATION_FULL["train"]["retrieval_weight"] == 8.0  # the ablation's rows at L, as the study's
+
+
 def frozen_rates(plan: dict) -> dict:
     """A rates file's contents for ``plan``, as the tuning step would write them: each kind at x2,
     each extension row at a rate of its own."""
@@ -635,7 +670,7 @@ def frozen_rates(plan: dict) -> dict:
 
     rows = extension.extension_runs(plan)
     chosen = {
-        "scales": {kind: 2.0 for kind in experiments.KINDS},
+        "scales": {kind: 2.0 for kind in experiments.scratch_labels(plan)},
         "finetune_lrs": {row: 1e-4 * (i + 1) for i, row in enumerate(rows)},
     }
     return rates.record(plan, chosen, {"scales": {}, "finetune_lrs": {}}, {}, [], [], {"commit": "test"})
@@ -677,6 +712,19 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
         == f * tokens(runs["rope-equal-tokens-512-oracle-s1"])
     )
     assert runs["rope-512-oracle-s1"].config.train.batch_size == runs["rope-s1"].config.train.batch_size
+    # the equal-token oracle then takes the extension's fine-tuning at 4L: the extension's tokens and steps in all
+    steps = lambda run: run.config.train.max_steps  # noqa
+    equal, tuned = runs["rope-equal-tokens-512-oracle-s1"], runs["rope-equal-tokens-512-oracle-tuned-s1"]
+    direct = runs["rope-none-512-s1"]  # rope fine-tuned at 4L without scaling
+    assert tokens(equal) + tokens(tuned) == tokens(runs["rope-s1"]) + tokens(direct)
+    assert steps(equal) + steps(tuned) == steps(runs["rope-s1"]) + steps(direct)
+    assert tuned.config.train.init_from.endswith("rope-equal-tokens-512-oracle-s1") and tuned.section == "oracle"
+    assert tuned.config.train.lr == direct.config.train.lr and equal.section == "oracle-source"
+    # the answers keep their share of the loss at every length: each answer 8 times at L, 34.48 at 4L
+    weight = {name: run.config.train.retrieval_weight for name, run in runs.items()}
+    assert weight["rope-s1"] == weight[f"rope-keep-{L}-s1"] == 8.0
+    assert weight["rope-512-oracle-s1"] == weight["rope-yarn-512-s1"] == weight["rope-equal-tokens-512-oracle-tuned-s1"]
+    assert weight["rope-yarn-512-s1"] == pytest.approx(8.0 * (4 * L - 12) / (L - 12), rel=1e-5)
     assert {r.seed for r in runs.values() if r.section == "oracle"} == {1}  # the study's oracle seeds: 3 of 5
     three = experiments.Study(
         experiments.make_plan(
@@ -695,11 +743,12 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     # a frozen-rates run tunes nothing: no tuning or sweep run, every run at its kind's or row's frozen rate
     job = {j.key: j for j in study.jobs}
     assert not [k for k in job if "holdout" in k or "-t10" in k]
-    assert {r.section for r in runs.values()} == {"scratch", "extension", "oracle"}
+    assert {r.section for r in runs.values()} == {"scratch", "extension", "oracle", "oracle-source"}
     for run in runs.values():
         t = run.config.train
-        if run.section == "extension":
-            assert t.lr == frozen["finetune_lrs"][run.label] and t.min_lr == pytest.approx(t.lr / 10), run.key
+        if run.section == "extension" or run.config.train.init_from:
+            row = run.label if run.section == "extension" else "none"  # the equal-token oracle: direct fine-tuning's
+            assert t.lr == frozen["finetune_lrs"][row] and t.min_lr == pytest.approx(t.lr / 10), run.key
         else:
             scale = frozen["scales"][run.config.model.position["kind"]]
             assert t.lr == pytest.approx(plan["train"]["lr"] * scale), run.key

@@ -153,7 +153,7 @@ def frozen_rates(args, plan: dict, out: str, journal, commit: str, started: floa
         "command": "python -m minilm experiment "
         + " ".join([plan["experiment"], *(["--quick"] if args.quick else []), *args.overrides, "--tune"]),
     }
-    contents = tune.run_tuning(tuner, experiments.KINDS, about)
+    contents = tune.run_tuning(tuner, experiments.scratch_labels(plan), about)
     contents["about"]["minutes"] = round((time.time() - started) / 60, 1)
     rates.write(path, contents)
     say(f"the tuning step chose {contents['scales']} x train.lr and fine-tuning rates {contents['finetune_lrs']}")
@@ -195,7 +195,7 @@ def run(args, argv, out: str) -> int:
         if args.tune:
             return 0
         contents = rates.read(path, plan["experiment"])
-        rates.check(contents, path, plan, experiments.KINDS, sweep_rows(plan))
+        rates.check(contents, path, plan, experiments.scratch_labels(plan), sweep_rows(plan))
         last, before = primary.registration(path, commit)
         study.use_rates(contents, {"path": shown_path(path), "commit": last, "registered": before})
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now

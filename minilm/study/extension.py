@@ -81,7 +81,8 @@ def oracle_runs(plan: dict) -> list:
     """(kind, label, batch scale) of the oracle controls, trained from scratch at factor x L: each
     kind of ``controls.oracle`` with ``oracle_batch_scale`` x the pretraining's rows per step (1: its
     sequences, factor x its tokens), and with ``oracle_equal_tokens`` the same kind on the
-    pretraining's tokens (1 / factor x the rows), label ``<kind>-equal-tokens``."""
+    pretraining's tokens (1 / factor x the rows), label ``<kind>-equal-tokens``, which then takes the
+    extension's fine-tuning (``Study._oracle``): the extension's tokens and steps."""
     controls, f = plan.get("controls", {}), plan["extension"]["factor"]
     runs = [(kind, kind, controls.get("oracle_batch_scale", 1.0)) for kind in controls.get("oracle", [])]
     return runs + [

@@ -19,7 +19,7 @@ from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.study.ablation import GROUPS, reference_of
 from minilm.study.claims import cell_interval, mean_accuracy, position_curves
 from minilm.study.extension import LABEL_NAMES, extension_labels
-from minilm.study.plan import KINDS
+from minilm.study.plan import scratch_labels
 from minilm.study.stats import interval
 
 DPI = 90
@@ -254,7 +254,7 @@ def study_figures(study) -> dict:
     path = lambda name: os.path.join(study.out, name)  # noqa: E731
     out = {
         "lengths": length_figure(
-            [(mode, _series(cells, "scratch", KINDS, lengths, mode)) for mode in modes],
+            [(mode, _series(cells, "scratch", scratch_labels(plan), lengths, mode)) for mode in modes],
             path("perplexity-by-length.png"),
             f"trained at L = {L} tokens: perplexity against length, mean and 95% interval over {seeds} seeds",
             L,
@@ -264,7 +264,10 @@ def study_figures(study) -> dict:
     labels = extension_labels(plan)
     names = {m: LABEL_NAMES[m] for m in labels}
     panels = [
-        (f"every scheme, trained at L = {L}", _position_series(cells, "scratch", KINDS, longest, bin_width=bin_width))
+        (
+            f"every scheme, trained at L = {L}",
+            _position_series(cells, "scratch", scratch_labels(plan), longest, bin_width=bin_width),
+        )
     ]
     if int(max(ext["curve_multiples"]) * L) >= longest:
         panels.append(
@@ -308,7 +311,7 @@ def study_figures(study) -> dict:
         return {(t, d): mean_accuracy(rows, section, label, t, d, when) for t in probe_lengths for d in r["depths"]}
 
     out["retrieval"] = heatmap_figure(
-        [(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in KINDS],
+        [(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in scratch_labels(plan)],
         path("retrieval-by-length-and-depth.png"),
         f"retrieval accuracy (%), trained at L = {L}; mean over {seeds} seeds",
     )

@@ -43,8 +43,16 @@ from minilm.study.extension import (
 )
 from minilm.study.jobs import Done, Job, run_jobs
 from minilm.study.work import evaluate_job, retrieval_job, train_job
+from minilm.training.mixture import weight_for_share
 
 KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire", "xpos", "shaw", "randomized")
+
+
+def scratch_labels(plan: dict) -> list:
+    """The rows trained from scratch: every kind of ``KINDS``, then the plan's ``arms`` (per-layer designs)."""
+    return [*KINDS, *plan.get("arms", {})]
+
+
 EXPERIMENTS = ("length-generalization", "ablation")
 
 # The full study (measurements: docs/design.md, "Measured choices"). dtype auto: bf16 autocast where the
@@ -81,7 +89,6 @@ FULL = {
         "dtype": "auto",
         "device": "cpu",
         "retrieval_share": 1.0,
-        "retrieval_weight": 8.0,
     },
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
@@ -103,7 +110,15 @@ FULL = {
         "batch_tokens": 8192,
         "position_bin": 8,
     },
-    "retrieval": {"multiples": [1, 2, 4, 8], "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 32},
+    # answer_share: the answers' share of a retrieval row's loss weight at every length (``run_config`` sets each
+    # run's train.retrieval_weight from it: ``minilm.training.mixture.weight_for_share``); 6 / 35 is each answer
+    # counted 8 times at L = 128 (24 / (116 + 24)), the weight the first confirmatory run used at every length
+    "retrieval": {
+        "multiples": [1, 2, 4, 8],
+        "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+        "trials": 32,
+        "answer_share": 6 / 35,
+    },
     # per kind, its reference code's settings where minilm's defaults differ (docs/design.md, "Baselines as
     # their reference code"): KERPLE's floor 1e-2; xPos's scale_base L / 2 (torchscale: 512 for 1,024);
     # randomized positions sampled at evaluation too (``randomized_reach``). T5 keeps its layout (32 buckets
@@ -113,6 +128,41 @@ FULL = {
         "kerple": {"position": {"floor": 1.0e-2}},
         "xpos": {"position": {"scale_base": 64.0}},
         "randomized": {"position": {"eval_positions": "sampled"}},
+    },
+    # the 2025 hybrids (issue #58): positions chosen per layer (``model.layers``, docs/concepts/layers.md), each an
+    # arm from scratch beside the kinds, at a rate the tuning step chooses for it; with 3 layers, "every 4th" is
+    # the last of three. label -> its position setting and model settings.
+    "arms": {
+        # Yang et al. 2025 (RNoPE-SWA): RoPE over a sliding window of L / 4 keys, then a global layer without positions
+        "rnope-swa": {
+            "position": {"kind": "rope"},
+            "model": {
+                "layers": {
+                    "pattern": ["local", "local", "global"],
+                    "local": {"window": 32},
+                    "global": {"position": {"kind": "none"}},
+                }
+            },
+        },
+        # SmolLM3 (Hugging Face 2025): NoPE on every 4th layer, RoPE on the rest, no window
+        "nope-last": {
+            "position": {"kind": "rope"},
+            "model": {
+                "layers": {"pattern": ["rope", "rope", "nope"], "rope": {}, "nope": {"position": {"kind": "none"}}}
+            },
+        },
+        # Barbero et al. 2025 (p-RoPE): the lowest quarter of the frequencies removed (p = 0.75)
+        "p-rope": {"position": {"kind": "rope", "scaling": {"type": "proportional", "fraction": 0.75}}, "model": {}},
+        # GPT-OSS (OpenAI 2025): a learned sink logit per head in every layer's softmax, RoPE
+        "sinks": {
+            "position": {"kind": "rope"},
+            "model": {"layers": {"pattern": ["all"], "all": {"sinks": "learned"}}},
+        },
+        # SSMax (Nakanishi 2025) as Llama 4 writes it: NoPE with queries scaled by 1 + 0.1 ln(1 + p + 1) at position p
+        "nope-qscale": {
+            "position": {"kind": "none"},
+            "model": {"layers": {"pattern": ["all"], "all": {"query_scale": {"beta": 0.1, "floor": 1, "offset": 1}}}},
+        },
     },
     # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
     # (1: its sequences, factor x its tokens), at the first oracle_seeds seeds, and (oracle_equal_tokens) on the
@@ -142,12 +192,22 @@ QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
 QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
 QUICK["schemes"]["xpos"]["position"]["scale_base"] = 16.0  # L / 2 again (L = 32)
+QUICK["arms"]["rnope-swa"]["model"]["layers"]["local"]["window"] = 8  # L / 4 again
+for _arm in QUICK["arms"].values():  # one layer: the last layer type of the design stands for it
+    if "layers" in _arm["model"]:
+        _last = _arm["model"]["layers"]["pattern"][-1]
+        _arm["model"]["layers"] = {"pattern": [_last], _last: _arm["model"]["layers"][_last]}
 
 # The ablation experiment (``minilm.study.ablation``): variants of the study's models against
-# references trained beside them, with the study's recipe and seeds; perplexity only.
+# references trained beside them, with the study's recipe and seeds (the answers' weight the study's share
+# gives at L); perplexity only.
 ABLATION_FULL, ABLATION_QUICK = (
     {
-        **{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "train", "schemes", "seeds")},
+        **{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "schemes", "seeds")},
+        "train": {
+            **study["train"],
+            "retrieval_weight": weight_for_share(study["retrieval"]["answer_share"], study["model"]["block_size"]),
+        },
         "experiment": "ablation",
         "ablation": {"groups": list(GROUPS), "multiples": multiples},
         "eval": {**study["eval"], "modes": ["nonoverlapping"]},
@@ -202,6 +262,9 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     problem = (plan_problem(plan, KINDS) if "extension" in plan else None) or tuning.check(plan)
     if problem:
         raise ExperimentError(problem)
+    share = plan.get("retrieval", {}).get("answer_share")
+    if share is not None and not (isinstance(share, (int, float)) and 0 < share < 1):
+        raise ExperimentError(f"retrieval.answer_share={share} is invalid: expected a fraction above 0 and below 1")
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
@@ -252,6 +315,9 @@ def run_config(
     if position["kind"] == "randomized" and "max_positions" not in position:
         position["max_positions"] = randomized_reach(plan)
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
+    share = plan.get("retrieval", {}).get("answer_share")
+    if share is not None and train_settings.get("retrieval_share"):  # the task's share of the loss at every length
+        train_settings["retrieval_weight"] = weight_for_share(share, block_size or plan["model"]["block_size"])
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
         train_settings.update(
@@ -368,9 +434,16 @@ class Study:
         """The tuning seed's run of ``kind`` at the scale chosen for it."""
         return os.path.join(self.runs_dir, tuning.run_name(kind, self.lr_scales[kind], seed))
 
+    def arm(self, label: str) -> tuple:
+        """(position setting, model settings) of row ``label`` from scratch: a kind, or one of the plan's arms."""
+        arm = self.plan.get("arms", {}).get(label)
+        return ({"kind": label}, {}) if arm is None else (arm["position"], dict(arm.get("model", {})))
+
     def _by_kind(self, kind: str) -> dict:
-        """``run_config`` keywords of a run from scratch of ``kind``: at its frozen scale of the rate."""
-        return {"settings": {"train": tuning.rates(self.plan, self.lr_scales[kind])}} if kind in self.lr_scales else {}
+        """``run_config`` keywords of a run from scratch of ``kind`` (or arm): its model settings, at its
+        frozen scale of the rate."""
+        train = tuning.rates(self.plan, self.lr_scales[kind]) if kind in self.lr_scales else {}
+        return {"settings": {"model": self.arm(kind)[1], "train": train}}
 
     def _evaluate(
         self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="", split: str = "val"
@@ -514,14 +587,14 @@ class Study:
                 if kind == "rope":
                     self._extend(label, seed, kind, position, kw)
         for seed in seeds:
-            for kind in KINDS:
+            for kind in scratch_labels(self.plan):
                 if kind != "rope":
                     self._train(
                         f"{kind}-s{seed}",
                         "scratch",
                         kind,
                         seed,
-                        {"kind": kind},
+                        self.arm(kind)[0],
                         "train from scratch",
                         **self._by_kind(kind),
                     )
@@ -531,19 +604,42 @@ class Study:
             for kind, label, scale in (
                 oracle_runs(self.plan) if seed in seeds[: controls.get("oracle_seeds", 1)] else []
             ):
-                self._train(
-                    f"{label}-{long}-oracle-s{seed}",
-                    "oracle",
-                    label,
-                    seed,
-                    {"kind": kind},
-                    "train the oracle controls",
-                    **self._by_kind(kind),
-                    block_size=long,
-                    batch_scale=scale,
-                )
+                self._oracle(kind, label, scale, seed, long)
         self._build_evaluations()
         return self.jobs
+
+    def _oracle(self, kind: str, label: str, scale: float, seed: int, long: int) -> None:
+        """An oracle control of ``kind`` trained from scratch at ``long`` tokens with ``scale`` x the
+        pretraining's rows per step. The equal-token oracle (``oracle_runs``: 1 / factor of the rows,
+        the pretraining's tokens in as many steps) then takes the extension's fine-tuning at ``long``
+        (its steps, its tokens, the rate of the no-scaling row): the extension's tokens and steps in
+        all, only never at L. Its pretraining (section oracle-source) is not evaluated."""
+        name, equal = f"{label}-{long}-oracle-s{seed}", label in {lbl for _, lbl, s in oracle_runs(self.plan) if s < 1}
+        key = self._train(
+            name,
+            "oracle-source" if equal else "oracle",
+            label,
+            seed,
+            {"kind": kind},
+            "train the oracle controls",
+            **self._by_kind(kind),
+            block_size=long,
+            batch_scale=scale,
+        )
+        if equal:
+            self._train(
+                f"{label}-{long}-oracle-tuned-s{seed}",
+                "oracle",
+                label,
+                seed,
+                {"kind": kind},
+                "train the oracle controls",
+                after=[key],
+                source=name,
+                init_from=os.path.join(self.runs_dir, name),
+                block_size=long,
+                finetune=sweep.finetune_at(self.plan, self.finetune_lrs.get("none")),
+            )
 
     def _extend(self, label: str, seed: int, source_kind: str, position: dict, kw: dict) -> None:
         """Extension row ``label``'s fine-tuning run from the seed's ``source_kind`` model (section

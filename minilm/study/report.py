@@ -37,10 +37,11 @@ from minilm.study.claims import (
 )
 from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.figures import study_figures
-from minilm.study.plan import DATA_SEED_OFFSET, KINDS, ExperimentError, Study
+from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study, scratch_labels
 from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
 from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.stats import interval
+from minilm.training.mixture import weight_for_share
 
 # --------------------------------------------------------------------------- writing
 
@@ -161,8 +162,9 @@ def _protocol(study: Study) -> list:
         f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a later query `MARK k`, "
         f"written over the text, "
         + (
-            f"the text's loss kept: every text token counts once and each answer {t['retrieval_weight']:g} times "
-            if t.get("retrieval_weight")
+            f"the text's loss kept: every text token counts once and each answer {first.train.retrieval_weight:g} "
+            f"times at L{_answer_share(plan)} "
+            if first.train.retrieval_weight
             else "loss on the answers only, each sequence weighted alike "
         )
         + f"(`minilm.training.mixture`); input and output embeddings "
@@ -250,6 +252,18 @@ def _length_table(cells, section, labels, lengths, mode, step=None, names=None) 
     )
 
 
+def _answer_share(plan: dict) -> str:
+    """How the answers keep their share of the loss at every length (``retrieval.answer_share``)."""
+    share = plan.get("retrieval", {}).get("answer_share")
+    if share is None:
+        return ""
+    long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
+    return (
+        f", {weight_for_share(share, long):g} times at {long}: the answers carry {100 * share:.1f}% of a row's loss "
+        f"weight at every length (`retrieval.answer_share`)"
+    )
+
+
 def _frozen_rates(study: Study) -> list:
     """Where the frozen rates came from (``minilm.study.rates``), and whether git shows them committed
     before this run."""
@@ -276,7 +290,12 @@ def _scratch(study: Study, figures: dict) -> list:
         *_frozen_rates(study),
     ]
     for mode in plan["eval"]["modes"]:
-        lines += [f"Perplexity, {mode} protocol:", "", _length_table(cells, "scratch", KINDS, lengths, mode), ""]
+        lines += [
+            f"Perplexity, {mode} protocol:",
+            "",
+            _length_table(cells, "scratch", scratch_labels(plan), lengths, mode),
+            "",
+        ]
     if "lengths" in figures:
         lines += [f"![perplexity against length]({figures['lengths']})", ""]
     return lines
@@ -304,7 +323,7 @@ def _positions(study: Study, figures: dict) -> list:
 
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
     last = plan["extension"]["curve_steps"][-1]
-    rows = [[kind] + spans("scratch", kind) for kind in KINDS]
+    rows = [[kind] + spans("scratch", kind) for kind in scratch_labels(plan)]
     rows += [
         [f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
         + spans("extension", m, last)
@@ -349,7 +368,7 @@ def _retrieval(study: Study, figures: dict) -> list:
         + ("" if passed else "; no accuracy past L is read below")
     )
     header = ["model"] + [f"{t} ({t // L}L)" for t in lengths]
-    body = [[kind] + [_accuracy(rows, "scratch", kind, t) for t in lengths] for kind in KINDS]
+    body = [[kind] + [_accuracy(rows, "scratch", kind, t) for t in lengths] for kind in scratch_labels(plan)]
     lines = [
         "## 3. Retrieval: every scheme at 1L to 8L and every needle depth",
         "",
@@ -379,7 +398,8 @@ def _extension(study: Study, figures: dict) -> list:
         f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
         f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
         f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-        f"{f}x its tokens, and on its tokens)"
+        f"{f}x its tokens, and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
+        f"and steps)"
         + (
             f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only"
             if oracle and plan["controls"].get("oracle_seeds", len(plan["seeds"])) < len(plan["seeds"])
@@ -479,7 +499,7 @@ def _oracle_names(plan: dict) -> dict:
     f, rows = plan["extension"]["factor"], plan["train"]["batch_size"]
     return {
         label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
-        f"{f * scale:g}x the tokens)"
+        + (f"{f * scale:g}x the tokens)" if scale >= 1 else "then fine-tuned: the extension's tokens and steps)")
         for kind, label, scale in oracle_runs(plan)
     }
 

@@ -69,14 +69,15 @@ def build(study, pairs: Sequence[tuple]) -> None:
         for seed in seeds(study.plan):
             name = run_name(kind, scale, seed)
             where = dict(section=SECTION, label=label(kind, scale), seed=seed)
+            position, model = study.arm(kind)
             key = study._train(
                 name,
                 SECTION,
                 label(kind, scale),
                 seed,
-                {"kind": kind},
+                position,
                 "tune each scheme's rate",
-                settings={"train": rates(study.plan, scale)},
+                settings={"model": model, "train": rates(study.plan, scale)},
             )
             out_dir = study.runs[name].config.out_dir
             study._evaluate(

@@ -19,6 +19,11 @@ With ``train.retrieval_weight`` w > 0 a retrieval row keeps its text (``training
 is, and each answer counts w times: loss = (sum of text losses + w * sum of answer losses) /
 (text targets + w * answers). The share may then be 1 (a needle in every row). Targets whose
 next token the task wrote (a marker, a key, a pair's random value) carry no loss.
+
+The answers' share of a row's loss weight is then w a / (t + w a), a row of T tokens with one
+pair asked q times holding a = q answers and t = T - 3 (1 + q) text targets: at w = 8, q = 3 it
+is 24 / 140 = 17.1% at T = 128 but 24 / 524 = 4.6% at T = 512. ``weight_for_share`` gives the w
+that keeps a share at any length (issue #58: a task that keeps its share of the loss).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Optional
 import torch
 
 from minilm.data.batches import Documents, get_batch
-from minilm.data.retrieval import IGNORE, Task, training_rows
+from minilm.data.retrieval import IGNORE, QUERIES, SLOT, Task, training_rows
 from minilm.training.losses import lm_loss
 
 
@@ -97,6 +102,20 @@ def mixed_loss(
     if not mask.all():
         loss = loss + (~mask).sum() / rows * lm_loss(hidden[~mask], weight, y[~mask], softcap)
     return loss
+
+
+def weight_for_share(share: float, block_size: int, queries: int = QUERIES) -> float:
+    """``train.retrieval_weight`` w at which the answers of a retrieval row of ``block_size`` tokens
+    (one pair asked ``queries`` times) carry ``share`` of its loss weight: w = share / (1 - share) x
+    t / q, t = block_size - SLOT (1 + queries) text targets (module docstring). 0 <= share < 1."""
+    if not 0 <= share < 1:
+        raise ValueError(f"an answer share of {share} is invalid: expected a fraction from 0 to below 1")
+    text = block_size - SLOT * (1 + queries)
+    if text <= 0:
+        raise ValueError(
+            f"block_size {block_size} leaves no text beside the retrieval task's {SLOT * (1 + queries)} tokens"
+        )
+    return float(f"{share / (1 - share) * text / queries:.6g}")  # 8.0 at 6 / 35 and 128, not 8.000000000000002
 
 
 def task_for(config, prepared) -> "Task | None":
