@@ -447,6 +447,12 @@ class TrainConfig:
         "answer counting w tokens (0: answers only, rows weighted alike); 0 without a share",
         valid=Range(0, 1e4, text=RETRIEVAL_WEIGHT),
     )
+    retrieval_queries: int = option(
+        3,
+        role=TRAJECTORY,
+        help="queries of the needle in each retrieval training row (minilm.data.retrieval; a probe asks once)",
+        valid=Range(1, 1000, integer=True),
+    )
     eval_interval: int = option(250, help="steps between held-out evaluations", valid=Range(1, MAX_COUNT, integer=True))
     eval_iters: int = option(20, help="held-out batches per evaluation", valid=Range(1, MAX_COUNT, integer=True))
     log_interval: int = option(10, help="steps between metrics.jsonl lines", valid=Range(1, MAX_COUNT, integer=True))

@@ -2,6 +2,7 @@
 --quick end to end with 2 seeds, the extension curve's snapshots, the plan, the verdicts."""
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -643,24 +644,61 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
 
     task = Task(marker=1000, keys=tuple(range(1001, 1033)), values=tuple(range(1033, 1065)))
 
-    def share(length: int, weight: float) -> float:
+    def share(length: int, weight: float, queries: int = 3) -> float:
         generator = torch.Generator().manual_seed(length)
         haystacks = torch.randint(0, 1000, (64, length + 1), generator=generator)
-        _, y = training_rows(haystacks, task, generator, keep_text=True)
+        _, y = training_rows(haystacks, dataclasses.replace(task, queries=queries), generator, keep_text=True)
         answers = torch.isin(y, torch.tensor(task.values))
         text = (y != IGNORE) & ~answers
-        assert (answers.sum(1) == 3).all()  # one pair, asked three times
+        assert (answers.sum(1) == queries).all()  # one pair, asked ``queries`` times
         return float((weight * answers.sum()) / (text.sum() + weight * answers.sum()))
 
     assert weight_for_share(6 / 35, 128) == 8.0
+    plan = experiments.make_plan("length-generalization", False, [1])
     for length in (128, 512, 2048):  # a slot at position 0 leaves one more text target: within 0.2%
         assert share(length, weight_for_share(6 / 35, length)) == pytest.approx(6 / 35, rel=2e-3)
+        queries = experiments.queries_for(plan, length)  # 3, 12, 48: the answers as dense as at L
+        assert queries == 3 * length // 128
+        assert share(length, weight_for_share(6 / 35, length, queries), queries) == pytest.approx(6 / 35, rel=2e-3)
     assert share(512, 8.0) == pytest.approx(0.046, abs=5e-4)
     with pytest.raises(ValueError, match="answer share of 1.0 is invalid"):
         weight_for_share(1.0, 128)
     with pytest.raises(experiments.ExperimentError, match=r"retrieval.answer_share=1.5 is invalid"):
         experiments.make_plan("length-generalization", True, [1], ["retrieval.answer_share=1.5"])
+    with pytest.raises(experiments.ExperimentError, match=r"retrieval.query_density=\[3\] is invalid"):
+        experiments.make_plan("length-generalization", True, [1], ["retrieval.query_density=[3]"])
     assert experiments.ABLATION_FULL["train"]["retrieval_weight"] == 8.0  # the ablation's rows at L, as the study's
+
+
+def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
+    """replication-512: the L = 128 design at L = 512 (extended to 2048) on seeds and tuning seeds no run of the
+    first study used, each run on the first study's tokens, its claims file the first's thirteen claims."""
+    from minilm.study import primary
+
+    first, plan = (experiments.make_plan(name, False) for name in ("length-generalization", "replication-512"))
+    assert plan["model"]["block_size"] == 4 * first["model"]["block_size"] == 512
+    used = set(first["seeds"]) | set(first["tuning"]["seeds"])
+    assert not used & (set(plan["seeds"]) | set(plan["tuning"]["seeds"])) and len(plan["seeds"]) == 5
+    assert set(experiments.scratch_labels(plan)) == {"rope", "alibi", "sinusoidal", "t5", "randomized", "none"}
+    study = experiments.Study(plan, str(tmp_path))
+    study.scored_tokens = 8192
+    study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
+    study.build()
+    runs = study.runs
+    tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
+    assert tokens(runs["rope-s11"]) == first["train"]["max_steps"] * first["train"]["batch_size"] * 128
+    assert runs["rope-yarn-2048-s11"].config.model.block_size == 2048
+    assert runs["rope-yarn-2048-s11"].config.model.position["scaling"] == {"type": "yarn", "factor": 4}
+    # the answers' share of the loss is the first study's at every length
+    share = first["retrieval"]["answer_share"]
+    assert plan["retrieval"]["answer_share"] == share
+    # every claim reads cells the plan makes
+    _, _, claims = primary.load(primary.path_for("replication-512"))
+    made = {(r.section, r.label) for r in runs.values()}
+    for claim in claims:
+        for cell in filter(None, (claim.a, claim.b)):
+            assert (cell["section"], cell["label"]) in made, claim.id
+    assert [c.id for c in claims] == [c.id for c in primary.load(primary.path_for("length-generalization"))[2]][:13]
 
 
 def frozen_rates(plan: dict) -> dict:
@@ -720,11 +758,15 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     assert steps(equal) + steps(tuned) == steps(runs["rope-s1"]) + steps(direct)
     assert tuned.config.train.init_from.endswith("rope-equal-tokens-512-oracle-s1") and tuned.section == "oracle"
     assert tuned.config.train.lr == direct.config.train.lr and equal.section == "oracle-source"
-    # the answers keep their share of the loss at every length: each answer 8 times at L, 34.48 at 4L
-    weight = {name: run.config.train.retrieval_weight for name, run in runs.items()}
-    assert weight["rope-s1"] == weight[f"rope-keep-{L}-s1"] == 8.0
+    # the answers keep their density and share of the loss at every length: 3 queries a row of L, each answer
+    # counted 8 times; 12 a row of 4L, each 8.155 times (share 6 / 35: 12 w / (512 - 39 + 12 w))
+    weight = {
+        name: (run.config.train.retrieval_queries, run.config.train.retrieval_weight) for name, run in runs.items()
+    }
+    assert weight["rope-s1"] == weight[f"rope-keep-{L}-s1"] == (3, 8.0)
     assert weight["rope-512-oracle-s1"] == weight["rope-yarn-512-s1"] == weight["rope-equal-tokens-512-oracle-tuned-s1"]
-    assert weight["rope-yarn-512-s1"] == pytest.approx(8.0 * (4 * L - 12) / (L - 12), rel=1e-5)
+    queries, w = weight["rope-yarn-512-s1"]
+    assert queries == 12 and 12 * w / (4 * L - 39 + 12 * w) == pytest.approx(6 / 35, rel=1e-5)
     assert {r.seed for r in runs.values() if r.section == "oracle"} == {1}  # the study's oracle seeds: 3 of 5
     three = experiments.Study(
         experiments.make_plan(

@@ -29,6 +29,7 @@ from minilm.common import MinilmError, atomic_write
 from minilm.config import ConfigError, build_config, resolve_config
 from minilm.configfile import apply_overrides
 from minilm.data import corpus as data
+from minilm.data.retrieval import QUERIES
 from minilm.evaluation.scoring import MODES
 from minilm.study import sweep, tuning
 from minilm.study.ablation import GROUPS, select
@@ -49,11 +50,12 @@ KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none", "kerple", "fire
 
 
 def scratch_labels(plan: dict) -> list:
-    """The rows trained from scratch: every kind of ``KINDS``, then the plan's ``arms`` (per-layer designs)."""
-    return [*KINDS, *plan.get("arms", {})]
+    """The rows trained from scratch: the plan's ``kinds`` (default ``KINDS``), then its ``arms`` (per-layer
+    designs)."""
+    return [*plan.get("kinds", KINDS), *plan.get("arms", {})]
 
 
-EXPERIMENTS = ("length-generalization", "ablation")
+EXPERIMENTS = ("length-generalization", "replication-512", "ablation")
 
 # The full study (measurements: docs/design.md, "Measured choices"). dtype auto: bf16 autocast where the
 # CPU has native bf16 (1.4x float32's tokens/s at this shape, torch 2.13; the ablation's dtype group is the
@@ -110,14 +112,17 @@ FULL = {
         "batch_tokens": 8192,
         "position_bin": 8,
     },
-    # answer_share: the answers' share of a retrieval row's loss weight at every length (``run_config`` sets each
-    # run's train.retrieval_weight from it: ``minilm.training.mixture.weight_for_share``); 6 / 35 is each answer
+    # query_density [q, T]: a training row of T tokens asks its needle q times, a row of n tokens round(q n / T)
+    # times (``queries_for``: the answers as dense at 4L as at L; with 3 a row at 512 the oracle learned nothing);
+    # answer_share: the answers' share of a row's loss weight at every length (``run_config`` sets each run's
+    # train.retrieval_weight from both: ``minilm.training.mixture.weight_for_share``); 6 / 35 is each answer
     # counted 8 times at L = 128 (24 / (116 + 24)), the weight the first confirmatory run used at every length
     "retrieval": {
         "multiples": [1, 2, 4, 8],
         "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
         "trials": 32,
         "answer_share": 6 / 35,
+        "query_density": [3, 128],
     },
     # per kind, its reference code's settings where minilm's defaults differ (docs/design.md, "Baselines as
     # their reference code"): KERPLE's floor 1e-2; xPos's scale_base L / 2 (torchscale: 512 for 1,024);
@@ -178,6 +183,14 @@ FULL = {
     },
 }
 
+
+def queries_for(plan: dict, length: int) -> int:
+    """Queries of the needle in a training row of ``length`` tokens: ``retrieval.query_density`` [q, T]
+    in proportion, at least one (without it, ``minilm.data.retrieval.QUERIES``)."""
+    count, per = plan.get("retrieval", {}).get("query_density") or (QUERIES, length)
+    return max(1, round(count * length / per))
+
+
 # --quick: the same graph with tiny models and budgets (a smoke test of a few minutes).
 QUICK = copy.deepcopy(FULL)
 QUICK["seeds"] = [1, 2]
@@ -206,7 +219,12 @@ ABLATION_FULL, ABLATION_QUICK = (
         **{k: copy.deepcopy(v) for k, v in study.items() if k in ("model", "data", "schemes", "seeds")},
         "train": {
             **study["train"],
-            "retrieval_weight": weight_for_share(study["retrieval"]["answer_share"], study["model"]["block_size"]),
+            "retrieval_weight": weight_for_share(
+                study["retrieval"]["answer_share"],
+                study["model"]["block_size"],
+                queries_for(study, study["model"]["block_size"]),
+            ),
+            "retrieval_queries": queries_for(study, study["model"]["block_size"]),
         },
         "experiment": "ablation",
         "ablation": {"groups": list(GROUPS), "multiples": multiples},
@@ -214,9 +232,31 @@ ABLATION_FULL, ABLATION_QUICK = (
     }
     for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4]))
 )
+# The replication at L = 512 (issue #58): the frozen design on fresh seeds at 4x the training length, the
+# kinds the claims read and NoPE, extended 512 -> 2048. Each run trains on the L = 128 study's tokens (4 rows of
+# 512 a step); the answers keep their share of the loss (``retrieval.answer_share``); xPos is not in it; the
+# evaluation stops at 4L (the claims read L and 4L). Its claims: registered/replication-512.yaml.
+REPLICATION = copy.deepcopy(FULL)
+REPLICATION.update(experiment="replication-512", seeds=[11, 12, 13, 14, 15])
+REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none"]
+REPLICATION.pop("arms")
+REPLICATION["model"]["block_size"] = 512
+REPLICATION["train"]["batch_size"] = 4
+REPLICATION["tuning"]["seeds"] = [111, 112]
+REPLICATION["schemes"] = {k: v for k, v in REPLICATION["schemes"].items() if k in REPLICATION["kinds"]}
+REPLICATION["extension"]["curve_multiples"] = [1, 2, 4]
+REPLICATION["eval"]["multiples"] = [1, 2, 4]
+REPLICATION["retrieval"]["multiples"] = [1, 2, 4]
+REPLICATION_QUICK = copy.deepcopy(QUICK)
+REPLICATION_QUICK.update(experiment="replication-512", kinds=REPLICATION["kinds"])
+REPLICATION_QUICK.pop("arms")
+REPLICATION_QUICK["schemes"] = {k: v for k, v in QUICK["schemes"].items() if k in REPLICATION["kinds"]}
+REPLICATION_QUICK["model"]["block_size"] = 64  # twice QUICK's 32, as 512 is to 128 (at 4x it would be the full's)
 PLANS = {
     ("length-generalization", False): FULL,
     ("length-generalization", True): QUICK,
+    ("replication-512", False): REPLICATION,
+    ("replication-512", True): REPLICATION_QUICK,
     ("ablation", False): ABLATION_FULL,
     ("ablation", True): ABLATION_QUICK,
 }
@@ -259,12 +299,25 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     plan["seeds"] = list(seeds) if seeds is not None else plan["seeds"]
     if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
         raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
-    problem = (plan_problem(plan, KINDS) if "extension" in plan else None) or tuning.check(plan)
+    kinds = plan.get("kinds", KINDS)
+    if any(k not in KINDS for k in kinds) or "rope" not in kinds or len(set(kinds)) != len(kinds):
+        raise ExperimentError(
+            f"kinds={kinds} is invalid: expected distinct kinds of {', '.join(KINDS)}, rope among them"
+        )
+    problem = (plan_problem(plan, kinds) if "extension" in plan else None) or tuning.check(plan)
     if problem:
         raise ExperimentError(problem)
     share = plan.get("retrieval", {}).get("answer_share")
     if share is not None and not (isinstance(share, (int, float)) and 0 < share < 1):
         raise ExperimentError(f"retrieval.answer_share={share} is invalid: expected a fraction above 0 and below 1")
+    density = plan.get("retrieval", {}).get("query_density")
+    if density is not None and not (
+        isinstance(density, list) and len(density) == 2 and all(isinstance(x, (int, float)) and x > 0 for x in density)
+    ):
+        raise ExperimentError(
+            f"retrieval.query_density={density} is invalid: expected [queries, tokens], e.g. [3, 128]: 3 queries a "
+            f"row of 128 tokens"
+        )
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")
@@ -315,9 +368,10 @@ def run_config(
     if position["kind"] == "randomized" and "max_positions" not in position:
         position["max_positions"] = randomized_reach(plan)
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
-    share = plan.get("retrieval", {}).get("answer_share")
-    if share is not None and train_settings.get("retrieval_share"):  # the task's share of the loss at every length
-        train_settings["retrieval_weight"] = weight_for_share(share, block_size or plan["model"]["block_size"])
+    share, length = plan.get("retrieval", {}).get("answer_share"), block_size or plan["model"]["block_size"]
+    if share is not None and train_settings.get("retrieval_share"):  # the task's density and share at every length
+        queries = queries_for(plan, length)
+        train_settings.update(retrieval_queries=queries, retrieval_weight=weight_for_share(share, length, queries))
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
         train_settings.update(

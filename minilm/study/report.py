@@ -20,7 +20,7 @@ import yaml
 
 from minilm.common import atomic_write, write_csv
 from minilm.common import markdown_table as table
-from minilm.data.retrieval import PAIRS, QUERIES
+from minilm.data.retrieval import PAIRS
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import ablation, sweep, tuning
@@ -37,7 +37,7 @@ from minilm.study.claims import (
 )
 from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.figures import study_figures
-from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study, scratch_labels
+from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study, queries_for, scratch_labels
 from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
 from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.stats import interval
@@ -159,8 +159,8 @@ def _protocol(study: Study) -> list:
         f"{_falling(first.train, t['min_lr'])} after {t['warmup_steps']} warmup steps. Every scheme of seed s "
         f"sees the same batches. "
         f"**{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every scheme) are retrieval "
-        f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {QUERIES} times by a later query `MARK k`, "
-        f"written over the text, "
+        f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {first.train.retrieval_queries} times by "
+        f"a later query `MARK k`, written over the text, "
         + (
             f"the text's loss kept: every text token counts once and each answer {first.train.retrieval_weight:g} "
             f"times at L{_answer_share(plan)} "
@@ -258,9 +258,11 @@ def _answer_share(plan: dict) -> str:
     if share is None:
         return ""
     long = int(plan["extension"]["factor"] * plan["model"]["block_size"])
+    queries = queries_for(plan, long)
     return (
-        f", {weight_for_share(share, long):g} times at {long}: the answers carry {100 * share:.1f}% of a row's loss "
-        f"weight at every length (`retrieval.answer_share`)"
+        f"; a row of {long} asks {queries} times, each answer {weight_for_share(share, long, queries):g} times: at "
+        f"every length the answers are as dense (`retrieval.query_density`) and carry {100 * share:.1f}% of a row's "
+        f"loss weight (`retrieval.answer_share`)"
     )
 
 
