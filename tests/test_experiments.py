@@ -15,7 +15,7 @@ from minilm.cli import experiment as experiment_cli
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import claims, extension, report, sweep
+from minilm.study import claims, designs, extension, report, sweep
 from minilm.study import plan as experiments
 
 
@@ -47,7 +47,7 @@ def quick_study(tiny_corpus, tmp_path_factory):
 
 @pytest.mark.slow
 def test_quick_study_end_to_end_with_two_seeds(quick_study):
-    out, plan, L = quick_study, experiments.QUICK, experiments.QUICK["model"]["block_size"]
+    out, plan, L = quick_study, designs.QUICK, designs.QUICK["model"]["block_size"]
     text = (out / "report.md").read_text(encoding="utf-8")
     for heading in (
         "## Protocol",
@@ -67,21 +67,21 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         assert heading in text
     assert "Sinusoidal base" not in text  # an experiment of its own
     assert f"cosine to {plan['train']['min_lr']:g} after" in text  # the plan's schedule, in words
-    for kind in experiments.scratch_labels(plan):
+    for kind in designs.scratch_labels(plan):
         assert f"\n| {kind} | " in text
     assert " ± " in text and "n/a (bounded)" in text
     cells = list(csv.DictReader(open(out / "results.csv")))
     scratch = [c for c in cells if c["section"] == "scratch"]
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
-    rows = experiments.scratch_labels(plan)  # the kinds, then the per-layer arms
-    assert len(rows) == len(experiments.KINDS) + 5 and {"rnope-swa", "nope-last", "p-rope", "sinks"} < set(rows)
+    rows = designs.scratch_labels(plan)  # the kinds, then the per-layer arms
+    assert len(rows) == len(designs.KINDS) + 5 and {"rnope-swa", "nope-last", "p-rope", "sinks"} < set(rows)
     assert len(scratch) == len(rows) * 2 * len(modes) * len(lengths)
     assert {c["seed"] for c in cells if c["section"] not in ("tuning", "sweep")} == {"3", "4"}
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
     grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["scales"]
-    assert set(tuned) == set(experiments.scratch_labels(plan))
+    assert set(tuned) == set(designs.scratch_labels(plan))
     for kind, scale in tuned.items():  # the tuning step extended every grid until its choice was inside it
         assert {0.5, 1.0, 2.0} <= set(grids[kind]) and min(grids[kind]) < scale < max(grids[kind]), kind
     for name, run in json.load(open(out / "study.json"))["runs"].items():
@@ -133,7 +133,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         (m, w) for m in extension.extension_labels(plan) for w in ("before", "after")
     }
     scratch_probes = [p for p in probes if p["section"] == "scratch"]
-    assert len(scratch_probes) == len(experiments.scratch_labels(experiments.QUICK)) * 2 * len(r["multiples"]) * len(
+    assert len(scratch_probes) == len(designs.scratch_labels(designs.QUICK)) * 2 * len(r["multiples"]) * len(
         r["depths"]
     )
     assert {p["correct"] for p in scratch_probes if p["label"] == "learned" and int(p["length"]) > L} == {""}
@@ -160,8 +160,8 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
 
 @pytest.mark.slow
 def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
-    out, L = quick_study, experiments.QUICK["model"]["block_size"]
-    middle = experiments.QUICK["extension"]["curve_steps"][1]
+    out, L = quick_study, designs.QUICK["model"]["block_size"]
+    middle = designs.QUICK["extension"]["curve_steps"][1]
     run = out / "runs" / f"rope-linear-{4 * L}-s3"
     snapshot = run / "snapshots" / f"step-{middle}.pt"
     assert snapshot.is_file()
@@ -191,7 +191,7 @@ def test_the_extension_curve_reads_the_intermediate_snapshots(quick_study):
 
 @pytest.mark.slow
 def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seeds(quick_study):
-    out, L = quick_study, experiments.QUICK["model"]["block_size"]
+    out, L = quick_study, designs.QUICK["model"]["block_size"]
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
     cells = [c for c in state["cells"] if c["section"] == "sweep"]
     labels = extension.extension_labels(state["plan"])
@@ -276,7 +276,7 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     }
     assert {c["seed"] for c in cells} == {"1", "2"}
     # a ratio in the table is the per-seed ratio of the two cells, averaged
-    L = experiments.QUICK["model"]["block_size"]
+    L = designs.QUICK["model"]["block_size"]
     ppl = {(c["label"], c["seed"]): float(c["ppl"]) for c in cells if int(c["length"]) == L}
     mean = sum(ppl[("sinusoidal-base1000", s)] / ppl[("sinusoidal", s)] for s in "12") / 2
     assert "| sinusoidal | base 1,000 | " in text and f"| {mean:.3f} ± " in text
@@ -392,7 +392,7 @@ def test_ablation_variants_are_sized_for_the_plan():
 def test_plan_overrides_and_errors(capsys, tmp_path):
     plan = experiments.make_plan("length-generalization", True, [5, 6], ["data.corpus=texts/", "finetune.lr=1e-4"])
     assert plan["seeds"] == [5, 6] and plan["data"]["corpus"] == "texts/" and plan["finetune"]["lr"] == 1e-4
-    assert experiments.FULL["data"]["corpus"] == "shakespeare" and experiments.FULL["seeds"] == [1, 2, 3, 4, 5]
+    assert designs.FULL["data"]["corpus"] == "shakespeare" and designs.FULL["seeds"] == [1, 2, 3, 4, 5]
     with pytest.raises(experiments.ExperimentError, match="unknown section 'modle'"):
         experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
@@ -431,6 +431,11 @@ def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
     assert experiment_cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "were tuned for other settings (model.d_model)" in err
+    denser = experiments.make_plan("length-generalization", True, [1], ["retrieval.query_density=[6, 128]"])
+    path = rates.write(str(tmp_path / "denser.rates.yaml"), frozen_rates(denser))
+    args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "d")]
+    assert experiment_cli.main(args) == 2  # the task's rows are part of what the rates were tuned for
+    assert "were tuned for other settings (retrieval.query_density)" in capsys.readouterr().err
     fewer = experiments.make_plan("length-generalization", True, [1])
     contents = frozen_rates(fewer)
     del contents["scales"]["fire"]
@@ -532,9 +537,7 @@ def test_the_plans_scheme_settings_reach_only_that_schemes_runs(tmp_path):
 def test_every_scheme_shares_one_embedding_recipe_and_randomized_draws_past_the_longest_length(tmp_path):
     plan = experiments.make_plan("length-generalization", True, [1])
     L = plan["model"]["block_size"]
-    configs = {
-        kind: experiments.run_config(plan, str(tmp_path / kind), {"kind": kind}, 1) for kind in experiments.KINDS
-    }
+    configs = {kind: experiments.run_config(plan, str(tmp_path / kind), {"kind": kind}, 1) for kind in designs.KINDS}
     recipes = {(c.model.embedding_init_std, c.model.embedding_scale) for c in configs.values()}
     assert recipes == {(0.02, "auto")}  # GPT-2's table; each scheme's own input multiplier
     assert configs["kerple"].model.position["floor"] == 1e-2  # chijames/KERPLE's clamp
@@ -657,7 +660,7 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
     plan = experiments.make_plan("length-generalization", False, [1])
     for length in (128, 512, 2048):  # a slot at position 0 leaves one more text target: within 0.2%
         assert share(length, weight_for_share(6 / 35, length)) == pytest.approx(6 / 35, rel=2e-3)
-        queries = experiments.queries_for(plan, length)  # 3, 12, 48: the answers as dense as at L
+        queries = designs.queries_for(plan, length)  # 3, 12, 48: the answers as dense as at L
         assert queries == 3 * length // 128
         assert share(length, weight_for_share(6 / 35, length, queries), queries) == pytest.approx(6 / 35, rel=2e-3)
     assert share(512, 8.0) == pytest.approx(0.046, abs=5e-4)
@@ -667,7 +670,7 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
         experiments.make_plan("length-generalization", True, [1], ["retrieval.answer_share=1.5"])
     with pytest.raises(experiments.ExperimentError, match=r"retrieval.query_density=\[3\] is invalid"):
         experiments.make_plan("length-generalization", True, [1], ["retrieval.query_density=[3]"])
-    assert experiments.ABLATION_FULL["train"]["retrieval_weight"] == 8.0  # the ablation's rows at L, as the study's
+    assert designs.ABLATION_FULL["train"]["retrieval_weight"] == 8.0  # the ablation's rows at L, as the study's
 
 
 def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
@@ -679,7 +682,7 @@ def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
     assert plan["model"]["block_size"] == 4 * first["model"]["block_size"] == 512
     used = set(first["seeds"]) | set(first["tuning"]["seeds"])
     assert not used & (set(plan["seeds"]) | set(plan["tuning"]["seeds"])) and len(plan["seeds"]) == 5
-    assert set(experiments.scratch_labels(plan)) == {"rope", "alibi", "sinusoidal", "t5", "randomized", "none"}
+    assert set(designs.scratch_labels(plan)) == {"rope", "alibi", "sinusoidal", "t5", "randomized", "none"}
     study = experiments.Study(plan, str(tmp_path))
     study.scored_tokens = 8192
     study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
@@ -708,7 +711,7 @@ def frozen_rates(plan: dict) -> dict:
 
     rows = extension.extension_runs(plan)
     chosen = {
-        "scales": {kind: 2.0 for kind in experiments.scratch_labels(plan)},
+        "scales": {kind: 2.0 for kind in designs.scratch_labels(plan)},
         "finetune_lrs": {row: 1e-4 * (i + 1) for i, row in enumerate(rows)},
     }
     return rates.record(plan, chosen, {"scales": {}, "finetune_lrs": {}}, {}, [], [], {"commit": "test"})

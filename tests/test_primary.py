@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from minilm.study import extension, primary, stats
+from minilm.study import designs, extension, primary, stats
 from minilm.study import plan as experiments
 from tests.test_experiments import cells, probes
 
@@ -216,7 +216,7 @@ def test_the_shipped_claims_name_cells_the_full_study_makes():
         for cell in (claim.a, claim.b):
             if cell is None:
                 continue
-            labels = experiments.KINDS if cell["section"] == "scratch" else extension.extension_labels(plan)
+            labels = designs.KINDS if cell["section"] == "scratch" else extension.extension_labels(plan)
             assert cell["label"] in labels, claim.id
             multiples = plan["retrieval" if primary.TESTS[claim.test] == "retrieval" else "eval"]["multiples"]
             if cell["section"] == "extension" and "step" in cell:

@@ -17,8 +17,8 @@ import time
 
 from minilm.cli import Parser, run_command, smoke
 from minilm.common import keep_aside
+from minilm.study import designs, primary, provenance, rates, report, sweep, tune, tuning
 from minilm.study import plan as experiments
-from minilm.study import primary, provenance, rates, report, sweep, tune, tuning
 from minilm.study.extension import extension_runs
 from minilm.study.jobs import Interrupted
 from minilm.study.journal import Journal
@@ -32,10 +32,10 @@ def parse_args(argv):
         description=experiments.__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="overrides: section.key=value on the plan (sections: "
-        + ", ".join(experiments.FULL)
+        + ", ".join(designs.FULL)
         + "), e.g. data.corpus=texts/ train.max_steps=500",
     )
-    parser.add_argument("experiment", choices=experiments.EXPERIMENTS)
+    parser.add_argument("experiment", choices=designs.EXPERIMENTS)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     parser.add_argument(
         "--quick",
@@ -153,7 +153,7 @@ def frozen_rates(args, plan: dict, out: str, journal, commit: str, started: floa
         "command": "python -m minilm experiment "
         + " ".join([plan["experiment"], *(["--quick"] if args.quick else []), *args.overrides, "--tune"]),
     }
-    contents = tune.run_tuning(tuner, experiments.scratch_labels(plan), about)
+    contents = tune.run_tuning(tuner, designs.scratch_labels(plan), about)
     contents["about"]["minutes"] = round((time.time() - started) / 60, 1)
     rates.write(path, contents)
     say(f"the tuning step chose {contents['scales']} x train.lr and fine-tuning rates {contents['finetune_lrs']}")
@@ -195,7 +195,7 @@ def run(args, argv, out: str) -> int:
         if args.tune:
             return 0
         contents = rates.read(path, plan["experiment"])
-        rates.check(contents, path, plan, experiments.scratch_labels(plan), sweep_rows(plan))
+        rates.check(contents, path, plan, designs.scratch_labels(plan), sweep_rows(plan))
         last, before = primary.registration(path, commit)
         study.use_rates(contents, {"path": shown_path(path), "commit": last, "registered": before})
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now

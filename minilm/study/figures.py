@@ -18,8 +18,8 @@ import numpy as np
 from minilm.figures.canvas import log2_axes, require_matplotlib, save_figure
 from minilm.study.ablation import GROUPS, reference_of
 from minilm.study.claims import cell_interval, mean_accuracy, position_curves
+from minilm.study.designs import scratch_labels
 from minilm.study.extension import LABEL_NAMES, extension_labels
-from minilm.study.plan import scratch_labels
 from minilm.study.stats import interval
 
 DPI = 90

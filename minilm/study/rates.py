@@ -25,7 +25,8 @@ from minilm.yamlfile import parse_yaml
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
 # the plan's sections whose settings the rates depend on (eval, retrieval probes, seeds and controls do not)
-TUNED_FOR = ("model", "data", "train", "finetune", "schemes", "tuning", "sweep")
+TUNED_FOR = ("model", "data", "train", "finetune", "schemes", "arms", "tuning", "sweep")
+TRAINING_RETRIEVAL = ("answer_share", "query_density")  # the retrieval section's keys that shape training rows
 FILE = "rates.yaml"  # the file's name in an experiment's --out when it is not the registered one (--quick)
 
 
@@ -38,9 +39,11 @@ def registered_path(experiment: str) -> str:
 
 
 def tuned_for(plan: dict) -> dict:
-    """The settings of ``plan`` the rates were chosen under: ``TUNED_FOR`` and the extension's factor."""
+    """The settings of ``plan`` the rates were chosen under: ``TUNED_FOR``, how the task enters a training
+    row (``TRAINING_RETRIEVAL``) and the extension's factor."""
     return {
         **{key: copy.deepcopy(plan.get(key)) for key in TUNED_FOR},
+        "retrieval": {key: copy.deepcopy(plan.get("retrieval", {}).get(key)) for key in TRAINING_RETRIEVAL},
         "extension": {"factor": plan.get("extension", {}).get("factor")},
     }
 

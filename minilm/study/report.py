@@ -35,9 +35,10 @@ from minilm.study.claims import (
     seed_accuracies,
     verdicts,
 )
+from minilm.study.designs import queries_for, scratch_labels
 from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.figures import study_figures
-from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study, queries_for, scratch_labels
+from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study
 from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
 from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.stats import interval
