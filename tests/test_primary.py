@@ -208,15 +208,16 @@ def test_a_run_tests_the_claims_it_recorded_and_a_diverged_cell_is_not_tested(tm
         primary.outcomes(study, [], plan, "x.yaml", yaml.safe_dump({"mode": "strided", "claims": [WORSE]}))
 
 
-def test_the_shipped_claims_name_cells_the_full_study_makes():
-    plan = experiments.make_plan("length-generalization")
-    alpha, mode, claims = primary.load(primary.path_for("length-generalization"))
+@pytest.mark.parametrize("experiment", ["length-generalization", "replication-512"])
+def test_the_shipped_claims_name_cells_the_full_study_makes(experiment):
+    plan = experiments.make_plan(experiment)
+    alpha, mode, claims = primary.load(primary.path_for(experiment))
     assert alpha == 0.05 and mode in plan["eval"]["modes"] and len(claims) >= 5
     for claim in claims:
         for cell in (claim.a, claim.b):
             if cell is None:
                 continue
-            labels = designs.KINDS if cell["section"] == "scratch" else extension.extension_labels(plan)
+            labels = designs.scratch_labels(plan) if cell["section"] == "scratch" else extension.extension_labels(plan)
             assert cell["label"] in labels, claim.id
             multiples = plan["retrieval" if primary.TESTS[claim.test] == "retrieval" else "eval"]["multiples"]
             if cell["section"] == "extension" and "step" in cell:
