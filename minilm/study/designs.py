@@ -67,9 +67,11 @@ FULL = {
     "finetune": {"batch_size": 1, "lr": 5.0e-4, "min_lr": 5.0e-5, "warmup_steps": 10},
     # minilm.study.tuning: each kind's rate, x these scales of train.lr, chosen on held-out text at the tuning seeds
     # (the tuning step, run once before the study: ``--tune``; the rates frozen in registered/<experiment>.rates.yaml)
-    "tuning": {"seeds": [101, 102], "lr_scales": [0.5, 1.0, 2.0], "task_floor": 0.5},
+    # (the grids start where the first confirmatory run's choices lay: x0.5 and 3e-5 were never chosen; a choice at an
+    # edge extends its grid, x0.5 and 3e-5 included)
+    "tuning": {"seeds": [101, 102], "lr_scales": [1.0, 2.0, 4.0], "task_floor": 0.5},
     # minilm.study.sweep: each extension row's rate, chosen on held-out text at the tuning seeds
-    "sweep": {"lrs": [3.0e-5, 1.0e-4, 3.0e-4, 1.0e-3]},
+    "sweep": {"lrs": [1.0e-4, 3.0e-4, 1.0e-3]},
     "extension": {
         "factor": 4,
         "methods": list(METHOD_NAMES),
