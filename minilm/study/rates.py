@@ -60,7 +60,7 @@ def record(plan: dict, chosen: dict, grids: dict, rejected: dict, cells: list, r
         "finetune_lrs": chosen["finetune_lrs"],
         "grids": grids,
         "rejected": [{"kind": k, "scale": s, "why": why} for k, out in rejected.items() for s, why in out.items()],
-        "cells": [{k: v for k, v in c.items() if k != "by_position"} for c in cells],
+        "cells": [{k: v for k, v in c.items() if k not in ("by_position", "truncated_by_position")} for c in cells],
         "retrieval": list(retrieval),
     }
 
