@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from minilm.cli import experiment as experiment_cli
+from minilm.data.retrieval import distance
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
@@ -132,7 +133,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == {
         (m, w) for m in extension.extension_labels(plan) for w in ("before", "after")
     }
-    scratch_probes = [p for p in probes if p["section"] == "scratch"]
+    scratch_probes = [p for p in probes if p["section"] == "scratch" and p["keys"] == "1"]  # the single needle's
     assert len(scratch_probes) == len(designs.scratch_labels(designs.QUICK)) * 2 * len(r["multiples"]) * len(
         r["depths"]
     )
@@ -156,6 +157,38 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
             "extension-retrieval-by-length-and-depth.png",
         ):
             assert f"]({figure})" in text and os.path.getsize(out / figure) > 1000
+
+
+@pytest.mark.slow
+def test_the_study_reads_retrieval_by_distance_multikey_probes_and_the_truncated_control(quick_study):
+    """Issue #58, item 5: multi-key probes beside the single needle's, every row with its distance, the
+    tables by distance, and the loss by position with the context cut to L beside the whole segment's."""
+    out, plan, L = quick_study, designs.QUICK, designs.QUICK["model"]["block_size"]
+    keys = str(plan["retrieval"]["keys"])
+    probes = list(csv.DictReader(open(out / "retrieval.csv")))
+    assert {p["keys"] for p in probes if p["section"] not in ("tuning",)} == {"1", keys}
+    assert {p["keys"] for p in probes if p["section"] == "tuning"} == {"1"}  # the tuning asks the single needle
+    cell = lambda p: (p["label"], p["seed"], p["length"], p["depth"])  # noqa: E731
+    single, multi = ([cell(p) for p in probes if p["keys"] == k and p["section"] == "scratch"] for k in ("1", keys))
+    assert sorted(single) == sorted(multi)  # the same cells, each probed both ways
+    assert all(int(p["distance"]) == distance(int(p["length"]), float(p["depth"])) for p in probes)
+    text = (out / "report.md").read_text(encoding="utf-8")
+    section = text.split("## 3. Retrieval")[1].split("## 4. ")[0]
+    assert "| model | [0, L) | [L, 2L) | [2L, 4L) | [4L, 8L) |" in section
+    assert f"Multi-key probes: {keys} pairs" in section
+    assert "Retrieval by distance to the needle, before and after fine-tuning" in text
+    assert "The control: the same positions scored with the context cut to L" in text
+    assert f"| cut to L, {L}-{2 * L - 1} | cut - whole, {L}-{2 * L - 1} |" in text
+    width = plan["eval"]["position_bin"]
+    cells = json.loads((out / "study.json").read_text(encoding="utf-8"))["cells"]
+    longest = [c for c in cells if c["mode"] == "nonoverlapping" and c["length"] == 8 * L and c["status"] == "ok"]
+    assert {c["section"] for c in longest if c["truncated_by_position"]} == {"scratch", "extension", "oracle"}
+    for c in longest:
+        if c["truncated_by_position"]:  # below L nothing is cut; past it, the cut context changes the losses
+            assert c["truncated_by_position"][: L // width] == c["by_position"][: L // width]
+            assert c["truncated_by_position"][L // width :] != c["by_position"][L // width :]
+        else:  # the loss by position reads the extension's last step only
+            assert c["section"] == "extension" and c["step"] != plan["extension"]["curve_steps"][-1]
 
 
 @pytest.mark.slow
@@ -194,7 +227,7 @@ def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seed
     out, L = quick_study, designs.QUICK["model"]["block_size"]
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
     cells = [c for c in state["cells"] if c["section"] == "sweep"]
-    labels = extension.extension_labels(state["plan"])
+    labels = extension.extension_labels(state["plan"], text_only=False)  # the rows the sweep tunes
     # each row at each rate of its grid (the plan's, extended past a choice at an edge), fine-tuned from the
     # tuning seed's model and scored at 4L on the holdout
     grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["finetune_lrs"]
@@ -215,13 +248,38 @@ def test_the_sweep_chooses_each_methods_rate_on_held_out_text_at_the_tuning_seed
         sweep_run = torch.load(out / "runs" / f"{label}-lr{chosen:g}-t101" / "ckpt.pt", weights_only=False)
         assert sweep_run["config"]["train"]["init_from"].endswith(source)
         # every extension run of the row (each seed) trained at the row's rate, as its checkpoint says
-        for name, run in state["runs"].items():
-            if run["section"] == "extension" and run["label"] == label:
+        for name, run in state["runs"].items():  # and its text-only twin, at the same rate
+            if run["section"] == "extension" and extension.twin_of(run["label"]) == label:
                 config = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]
                 assert config["train"]["lr"] == pytest.approx(chosen) and run["config"]["train"]["lr"] == chosen
                 assert config["train"]["min_lr"] == pytest.approx(chosen / 10)
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "Fine-tuning rates, chosen on held-out training text" in text and "The plateau:" in text
+
+
+@pytest.mark.slow
+def test_the_study_fine_tunes_on_text_alone_and_asks_the_passkey_before_and_after(quick_study):
+    """Issue #58, item 3: every extension row's text-only twin trained with no retrieval rows (its checkpoint
+    says so) and read like its twin; the PI paper's passkey at 4L for every row, zero-shot and after; the
+    perplexity against the keep-at-L control."""
+    out, plan, L = quick_study, designs.QUICK, designs.QUICK["model"]["block_size"]
+    labels = extension.extension_labels(plan)
+    assert len(labels) == 2 * len(extension.extension_labels(plan, text_only=False))
+    for name, run in json.loads((out / "study.json").read_text(encoding="utf-8"))["runs"].items():
+        if run["section"] == "extension":
+            train = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]["train"]
+            assert (train["retrieval_share"] == 0) == extension.is_text_only(run["label"]), name
+    rows = list(csv.DictReader(open(out / "passkey.csv")))
+    assert {(r["label"], r["when"]) for r in rows} == {(m, w) for m in labels for w in ("before", "after")}
+    assert {(r["seed"], int(r["length"]), int(r["trials"])) for r in rows} == {
+        (s, 4 * L - 8, plan["extension"]["passkey_trials"]) for s in ("3", "4")
+    }
+    assert {float(r["depth"]) for r in rows} == set(plan["retrieval"]["depths"])
+    text = (out / "report.md").read_text(encoding="utf-8")
+    section = text.split("## 4. ")[1].split("## 5. ")[0]
+    assert f"Passkey retrieval at {4 * L - 8} tokens" in section and "| PI (linear), text-only | " in section
+    assert f"| method | ppl at {4 * L} | / kept at L, at {L} | / kept at L, at {4 * L} | / source at {L} |" in section
+    assert "**Text-only fine-tuning**" in text and "**Passkey**" in text
 
 
 @pytest.mark.slow
@@ -792,7 +850,8 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     for run in runs.values():
         t = run.config.train
         if run.section == "extension" or run.config.train.init_from:
-            row = run.label if run.section == "extension" else "none"  # the equal-token oracle: direct fine-tuning's
+            # the equal-token oracle: direct fine-tuning's; a text-only row: its twin's
+            row = extension.twin_of(run.label) if run.section == "extension" else "none"
             assert t.lr == frozen["finetune_lrs"][row] and t.min_lr == pytest.approx(t.lr / 10), run.key
         else:
             scale = frozen["scales"][run.config.model.position["kind"]]

@@ -71,7 +71,8 @@ def test_each_claim_is_its_own_test_and_holm_runs_over_the_family(tmp_path):
         + probes("linear", 4 * L, [30, 31, 29], section="extension", when="after", seeds=(1, 2, 3))
         + probes("none", 4 * L, [20, 24, 22], section="extension", when="after", seeds=(1, 2, 3))
     )
-    alpha, tested = primary.outcomes(study, rows, plan, write(tmp_path, [FLAT, WORSE, LOST, GAIN]))
+    path = write(tmp_path, [FLAT, WORSE, LOST, GAIN], retrieval_test="t-test")  # the rule of runs before issue #58
+    alpha, tested = primary.outcomes(study, rows, plan, path)
     by_id = {o.claim.id: o for o in tested}
     flat = [math.log(a / b) for a, b in zip([40.4, 50.2, 44.9], [40, 50, 45])]
     assert by_id["flat"].p == pytest.approx(stats.tost(flat, -math.log(1.1), math.log(1.1)))
@@ -102,7 +103,7 @@ def test_retrieval_claims_take_the_seed_as_the_unit(tmp_path):
         rows = probes("rope", L, [32 * scale] * 3, trials=32 * scale, seeds=(1, 2, 3)) + probes(
             "rope", 4 * L, [14 * scale, 17 * scale, 13 * scale], trials=32 * scale, seeds=(1, 2, 3)
         )
-        (lost,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
+        (lost,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST], retrieval_test="t-test"))[1]
         found[scale] = lost
     assert found[1].p == pytest.approx(found[100].p, rel=1e-12)
     assert found[1].p == pytest.approx(stats.t_test([14 / 32, 17 / 32, 13 / 32], 0.5, "<"))
@@ -145,9 +146,8 @@ def test_a_log_probability_claim_ranks_models_at_the_accuracy_ceiling(tmp_path):
             {(0.0, 32): [(32, -0.50), (32, -0.40), (32, -0.90)], (1.0, 96): [(96, -0.70), (96, -0.80), (96, -0.70)]},
         )
     )
-    by_accuracy, by_logprob = primary.outcomes(
-        [], study, plan, write(tmp_path, [GAIN, {**GAIN, "id": "gain-logprob", "metric": "logprob"}])
-    )[1]
+    claims = [GAIN, {**GAIN, "id": "gain-logprob", "metric": "logprob"}]
+    by_accuracy, by_logprob = primary.outcomes([], study, plan, write(tmp_path, claims, retrieval_test="t-test"))[1]
     assert by_accuracy.verdict == "not supported"  # 100% against 100%: no evidence either way
     # per seed, weighted by probes: linear -0.25, -0.35, -0.45; none -0.65, -0.70, -0.75: differences .40, .35, .30
     assert by_logprob.p == pytest.approx(stats.t_test([0.40, 0.35, 0.30], 0.0, ">"))
@@ -257,3 +257,139 @@ def test_registration_reads_whether_the_claims_were_committed_before_the_run(tmp
     assert primary.registration(str(claims), run)[1] is False
     assert primary.registration(str(claims), "unknown (not a git checkout)")[1] is None
     assert primary.registration(str(tmp_path / "elsewhere.yaml"), run) == (None, None)
+
+
+SEEDS = (1, 2, 3, 4, 5)
+
+
+def test_each_kind_of_claim_takes_its_documented_test(tmp_path):
+    """Retrieval claims (proportion, difference, on accuracy or log-probability) take the exact
+    sign-flip test and print the interval it decides on; perplexity claims take Student's t or TOST,
+    and the sign-flip test only where their per-seed values have no spread (no t statistic)."""
+    plan = experiments.make_plan("length-generalization", True, list(SEEDS))
+    L = plan["model"]["block_size"]
+    study = (
+        cells("scratch", "alibi", L, [40, 50, 45, 42, 48])
+        + cells("scratch", "alibi", 4 * L, [40.4, 50.2, 44.9, 42.1, 48.3])
+        + cells("scratch", "rope", L, [40, 50, 45, 42, 48])
+        + cells("scratch", "rope", 4 * L, [48, 61, 53, 50, 57])
+        + cells("scratch", "t5", L, [40, 50, 45, 42, 48])
+        + cells("scratch", "t5", 4 * L, [50, 62.5, 56.25, 52.5, 60])  # every seed exactly 25% worse
+    )
+    rows = (
+        probes("rope", L, [32, 32, 32, 31, 32], seeds=SEEDS)
+        + probes("rope", 4 * L, [9, 12, 10, 15, 3], seeds=SEEDS)
+        + probes("linear", 4 * L, [30, 31, 29, 32, 30], section="extension", when="after", seeds=SEEDS)
+        + probes("none", 4 * L, [20, 24, 22, 25, 30], section="extension", when="after", seeds=SEEDS)
+    )
+    flat_t5 = {**FLAT, "id": "t5-flat", "a": {**FLAT["a"], "label": "t5"}, "b": {**FLAT["b"], "label": "t5"}}
+    worse_t5 = {**WORSE, "id": "t5-worse", "a": flat_t5["a"], "b": flat_t5["b"]}
+    path = write(tmp_path, [FLAT, WORSE, LOST, GAIN, flat_t5, worse_t5])
+    assert primary.retrieval_test(path) == "sign-flip"  # the default of a file that names none
+    by_id = {o.claim.id: o for o in primary.outcomes(study, rows, plan, path)[1]}
+    assert {i: o.method for i, o in by_id.items()} == {
+        "flat": "TOST",
+        "worse": "t-test",
+        "lost": "sign-flip",
+        "gain": "sign-flip",
+        "t5-flat": "sign-flip TOST",
+        "t5-worse": "sign-flip",
+    }
+    lost = [c / 32 for c in (9, 12, 10, 15, 3)]
+    assert by_id["lost"].p == stats.sign_flip_test(lost, 0.5, "<") == 1 / 32  # every seed below 50%
+    gain = [(a - b) / 32 for a, b in zip([30, 31, 29, 32, 30], [20, 24, 22, 25, 30])]  # 10, 7, 7, 7, 0 of 32
+    assert by_id["gain"].p == stats.sign_flip_test(gain, 0.0, ">") == 2 / 32  # the zero flips with itself
+    low, high = stats.sign_flip_interval(gain, 0.90)
+    assert f"[{100 * low:.1f}, {100 * high:.1f}] (90% CI, n=5 seeds)" in by_id["gain"].estimate
+    logs = [math.log(a / b) for a, b in zip([48, 61, 53, 50, 57], [40, 50, 45, 42, 48])]
+    assert by_id["worse"].p == pytest.approx(stats.t_test(logs, 0.0, ">"))
+    # t5: log 1.25 on every seed, no spread: the sign-flip tests, "worse" at 2^-5 and "flat" at 1 (past the margin)
+    assert by_id["t5-worse"].p == 1 / 32 and by_id["t5-flat"].p == 1.0
+    # under the rule of the runs before issue #58 the same retrieval claims take Student's t
+    by_t = {
+        o.claim.id: o
+        for o in primary.outcomes(study, rows, plan, write(tmp_path, [LOST, GAIN], retrieval_test="t-test"))[1]
+    }
+    assert by_t["lost"].method == by_t["gain"].method == "t-test"
+    assert by_t["lost"].p == pytest.approx(stats.t_test(lost, 0.5, "<"))
+
+
+def test_saturated_retrieval_is_no_longer_a_cliff(tmp_path):
+    """Five seeds at 100% against four at 100% and one at 31/32 (the issue's pair): the t-test with
+    its sign-test fallback gave 0.031 and 7.7e-8; the sign-flip test gives 1/32 to both."""
+    plan = experiments.make_plan("length-generalization", True, list(SEEDS))
+    L = plan["model"]["block_size"]
+    kept = {**LOST, "id": "kept", "expect": ">", "threshold": 0.5, "a": {**LOST["a"], "length": 1}}
+    found = {}
+    for name, per_seed in (("saturated", [32] * 5), ("one probe less", [32, 32, 32, 32, 31])):
+        (outcome,) = primary.outcomes([], probes("rope", L, per_seed, seeds=SEEDS), plan, write(tmp_path, [kept]))[1]
+        found[name] = outcome
+    assert found["saturated"].p == found["one probe less"].p == 1 / 32
+    assert found["saturated"].method == "sign-flip" and "[100.0, 100.0]" in found["saturated"].estimate
+    (old,) = primary.outcomes(
+        [], probes("rope", L, [32, 32, 32, 32, 31], seeds=SEEDS), plan, write(tmp_path, [kept], retrieval_test="t-test")
+    )[1]
+    assert old.p == pytest.approx(7.7e-8, rel=0.05)  # what the t-test made of one probe
+
+
+def test_a_run_is_reread_with_the_test_it_recorded(tmp_path):
+    """A record from before runs recorded their retrieval test (3e29b1a's) is re-read with Student's
+    t, as it was tested; a run now records the test its file takes."""
+    assert primary.recorded_test({"text": "claims: []", "commit": "x", "registered": True}) == "t-test"
+    assert primary.recorded_test({"text": "", "retrieval_test": "sign-flip"}) == "sign-flip"
+    assert primary.recorded_test(None) == primary.RETRIEVAL_TEST == "sign-flip"
+    recorded = primary.snapshot("length-generalization", "unknown (not a git checkout)")
+    assert recorded["retrieval_test"] == "sign-flip" and "retrieval_test: sign-flip" in recorded["text"]
+    with pytest.raises(primary.ClaimsError, match="retrieval_test='wilcoxon' is invalid") as error:
+        primary.load(write(tmp_path, [FLAT], retrieval_test="wilcoxon"))
+    assert "\n" not in str(error.value)
+    assert "Student's t over seeds" in primary.tests_text("t-test", 0.05)
+    assert "sign-flip permutation test" in primary.tests_text("sign-flip", 0.05)
+
+
+EARLIER = {"commit": "897d2b4", "what": "three seeds", "outcome": "1 of 1 supported", "claims": {"flat": "supported"}}
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"commit": "abc", "what": "x"}, "needs commit, what and outcome"),
+        ({**EARLIER, "seeds": 3}, "needs commit, what and outcome"),
+        ({**EARLIER, "claims": {"other": "supported"}}, "claims {'other': 'supported'} is invalid"),
+        ({**EARLIER, "claims": {"flat": "held"}}, "claims {'flat': 'held'} is invalid"),
+        ({**EARLIER, "claims": ["flat"]}, "claims ['flat'] is invalid"),
+    ],
+)
+def test_earlier_runs_are_checked_entry_by_entry(tmp_path, entry, message):
+    with pytest.raises(primary.ClaimsError, match="earlier_runs entry 2") as error:
+        primary.load(write(tmp_path, [FLAT], earlier_runs=["8f901d4: as files wrote it before", entry]))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_earlier_runs_print_one_line_each(tmp_path):
+    runs = ["8f901d4: a line as written", EARLIER, {**EARLIER, "commit": None, "report": "no artifact"}]
+    path = write(tmp_path, [FLAT], earlier_runs=runs, confirmatory_run="the next one")
+    assert primary.confirmatory_run(path) == (
+        "the next one",
+        [
+            "8f901d4: a line as written",
+            "897d2b4: three seeds (1 of 1 supported)",
+            "no commit recorded: three seeds (1 of 1 supported; no artifact)",
+        ],
+    )
+
+
+def test_the_shipped_claims_list_every_earlier_run_with_its_outcome():
+    """length-generalization.yaml's earlier runs: 897d2b4, 69b0ab9, the unseen-corpus run (no
+    artifact, no commit) and 3e29b1a, each with its verdict per claim, whose count of supported
+    claims is the outcome's "N of 13"; 8f901d4 tested none."""
+    path = primary.path_for("length-generalization")
+    runs = {entry["commit"]: entry for entry in primary.earlier_runs(path)}
+    assert list(runs) == ["8f901d4", "897d2b4", "69b0ab9", None, "3e29b1a"]
+    assert "no claim" in runs["8f901d4"]["outcome"] and "claims" not in runs["8f901d4"]
+    assert "no artifact" in runs[None]["report"]
+    for commit, supported in (("897d2b4", 8), ("69b0ab9", 7), (None, 7), ("3e29b1a", 10)):
+        verdicts = runs[commit]["claims"]
+        assert len(verdicts) == 13 and list(verdicts.values()).count("supported") == supported, commit
+        assert runs[commit]["outcome"].startswith(f"{supported} of 13 supported"), commit
+    assert runs[None]["claims"] == runs["69b0ab9"]["claims"]  # issue #47: the same 13 verdicts

@@ -9,7 +9,19 @@ import torch
 
 from minilm.config import ModelConfig
 from minilm.data.batches import get_batch
-from minilm.data.retrieval import IGNORE, SLOT, SUITE, RetrievalError, Task, probe, suite_probe, training_rows
+from minilm.data.retrieval import (
+    IGNORE,
+    SLOT,
+    SUITE,
+    RetrievalError,
+    Task,
+    distance,
+    multikey_probe,
+    needle_at,
+    probe,
+    suite_probe,
+    training_rows,
+)
 from minilm.evaluation.retrieval import accuracy
 from minilm.model.gpt import GPT
 from minilm.study.stats import normal_quantile, wilson
@@ -314,3 +326,58 @@ def test_suite_accuracy_scores_a_probe_right_only_when_every_answer_is():
         assert [r["correct"] for r in rows] == [3, 3], name
         rows = accuracy(Knower(known, True), task, tokens, [120], [0.0, 1.0], trials=3, seed=1, name=name, items=3)
         assert [r["correct"] for r in rows] == [0, 0], name
+
+
+# --------------------------------------------------------------------------- multi-key probes and distance
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_a_multikey_probe_asks_the_pair_at_its_depth_among_distinct_keys(depth):
+    task, T = Task.from_tokens(corpus(), VOCAB), 128
+    haystacks = torch.from_numpy(corpus(64 * T, seed=8).astype(np.int64)).view(64, T)
+    prompts, answers = multikey_probe(haystacks, task, 4, depth, torch.Generator().manual_seed(9))
+    assert prompts.shape == (64, T) and answers.shape == (64,)
+    at, repeated = needle_at(T, depth), 0
+    for prompt, answer in zip(prompts.tolist(), answers.tolist()):
+        marks = [j for j in range(T - 2) if prompt[j] == task.marker]
+        pairs = {prompt[j + 1]: prompt[j + 2] for j in marks}
+        assert len(marks) == 4 and len(pairs) == 4 and set(pairs) <= set(task.keys)  # 4 pairs, distinct keys
+        assert prompt[-2:] == [task.marker, prompt[at + 1]] and pairs[prompt[-1]] == answer  # the one at depth
+        assert prompt[at : at + SLOT] == [task.marker, prompt[-1], answer]
+        repeated += len(set(pairs.values())) < 4  # values drawn independently: some prompts repeat one
+    assert repeated > 0
+    again, same = multikey_probe(haystacks, task, 4, depth, torch.Generator().manual_seed(9))
+    assert torch.equal(again, prompts) and torch.equal(same, answers)  # the seed decides the probes
+    with pytest.raises(RetrievalError, match="keys=11 is invalid for a probe of 128 tokens: expected an integer"):
+        multikey_probe(haystacks, task, 11, depth, torch.Generator())  # at most 128 // 12 = 10 pairs fit
+
+
+@pytest.mark.parametrize("keys", [None, 4])
+def test_every_probe_row_records_how_far_back_its_answer_lies(keys):
+    """The fake model finds the asked key's value in each prompt and notes how far back from the last
+    position it lies; every row's ``distance`` is that, and ``keys`` the pairs it saw."""
+    task, seen = Task.from_tokens(corpus(), VOCAB), {}
+
+    class Finder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.positions = type("P", (), {"position_limit": staticmethod(lambda: None)})()
+            self.logits = lambda h: h
+
+        def forward(self, x, return_hidden=True):
+            out = torch.zeros(x.shape[0], x.shape[1], VOCAB)
+            for b, row in enumerate(x.tolist()):
+                marks = [j for j in range(len(row) - 2) if row[j] == task.marker]
+                j = next(j for j in marks if row[j + 1] == row[-1]) + 2  # the asked pair's value
+                seen.setdefault(len(row), set()).add((len(row) - 1 - j, len(marks)))
+                out[b, -1, row[j]] = 1
+            return out
+
+    for depth in (0.0, 0.25, 1.0):
+        seen.clear()
+        rows = accuracy(Finder(), task, corpus(20000, seed=10), [64, 128], [depth], trials=5, seed=3, keys=keys)
+        for r in rows:
+            assert seen[r["length"]] == {(r["distance"], r["keys"])} and r["correct"] == 5
+            assert r["distance"] == distance(r["length"], depth) and r["keys"] == (keys or 1)
+    assert distance(128, 1.0) == 2 and distance(128, 0.0) == 125  # the value right before the query; the start

@@ -16,10 +16,13 @@ Arora et al. 2023, "Zoology", on a text haystack as in needle-in-a-haystack test
   training split; the only targets are the answers (every other target is ``IGNORE``).
   Distances are spread over the whole sequence.
 * ``probe``: evaluation prompts of exactly ``T`` tokens over the validation split: the
-  *needle* pair at depth ``d`` (its marker at ``round(d * (T - 5))``, so depth 0 is the start
-  and depth 1 is right before the query), ``pairs - 1`` distractor pairs with other keys at
-  random slots elsewhere, and ``MARK k`` of the needle as the last two tokens. The model's
-  prediction at the last position is scored by exact match with the needle's value.
+  *needle* pair at depth ``d`` (its marker at ``round(d * (T - 5))``, ``needle_at``, so depth 0
+  is the start and depth 1 is right before the query), ``pairs - 1`` distractor pairs with other
+  keys at random slots elsewhere, and ``MARK k`` of the needle as the last two tokens. The model's
+  prediction at the last position is scored by exact match with the needle's value, which lies
+  ``distance(T, d)`` positions before it. ``multikey_probe``: ``keys`` pairs with distinct keys
+  and independent values, the one at the depth asked, so which pair is asked moves with the
+  depth and a model must bind the key to its value (a single marker can be found by content alone).
 
 ``Task.from_tokens`` picks its tokens among the ids that the training split never uses (with
 minilm's byte-fallback tokenizer: the specials and most byte pieces): the lowest is the
@@ -135,6 +138,19 @@ def _free_slots(length: int, taken: Sequence[int]) -> list:
     return [s * SLOT for s in range(length // SLOT) if all(s * SLOT + SLOT <= t or s * SLOT >= t + SLOT for t in taken)]
 
 
+def needle_at(length: int, depth: float) -> int:
+    """Where ``probe`` writes the needle's marker in a prompt of ``length`` tokens at ``depth`` (0 to 1):
+    ``round(depth * (length - 5))``, from the start (depth 0) to right before the query (depth 1)."""
+    return round(depth * (length - SLOT - 2))
+
+
+def distance(length: int, depth: float) -> int:
+    """How far back the answer lies in a ``probe`` of ``length`` tokens at ``depth``: the positions from the
+    query's last token (where the answer is predicted) to the needle's value (the token an induction head
+    copies), ``length - 3 - needle_at(length, depth)``; from 2 (depth 1) to ``length - 3`` (depth 0)."""
+    return length - 1 - (needle_at(length, depth) + SLOT - 1)
+
+
 def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Generator) -> tuple:
     """(prompts (B, T), answers (B,)) from haystacks (B, T) of validation tokens: the needle at
     ``depth`` (0 to 1), distractor pairs elsewhere, and the query as the last two tokens."""
@@ -147,7 +163,7 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
         raise RetrievalError(
             f"length {T} is too short for a retrieval probe: it needs at least {2 * SLOT * n + 2} tokens"
         )
-    needle = round(depth * (T - SLOT - 2))
+    needle = needle_at(T, depth)
     keys, values = torch.tensor(task.keys), torch.tensor(task.values)
     # distractors go on slots of the grid that end before the query and miss the needle
     free = _free_slots(T - 2, [needle])
@@ -161,6 +177,19 @@ def probe(haystacks: torch.Tensor, task: Task, depth: float, generator: torch.Ge
         prompts[b, T - 2 :] = torch.stack([torch.tensor(task.marker), key[0]])
         answers[b] = value[0]
     return prompts, answers
+
+
+def multikey_probe(haystacks: torch.Tensor, task: Task, keys: int, depth: float, generator: torch.Generator) -> tuple:
+    """(prompts (B, T), answers (B,)) of ``probe`` with ``keys`` pairs in every prompt: distinct keys, values
+    drawn independently, the pair at ``depth`` asked and the others at random slots elsewhere (associative
+    recall, Arora et al. 2023; RULER's multi-key needle, Hsieh et al. 2024). A RetrievalError when ``keys``
+    pairs do not fit in T tokens (``Task.pairs_for``) or the key set is smaller."""
+    fits = replace(task, pairs=len(task.keys)).pairs_for(haystacks.shape[1])  # at most half the slots hold pairs
+    if not isinstance(keys, int) or isinstance(keys, bool) or not 1 <= keys <= fits:
+        raise RetrievalError(
+            f"keys={keys!r} is invalid for a probe of {haystacks.shape[1]} tokens: expected an integer from 1 to {fits}"
+        )
+    return probe(haystacks, replace(task, pairs=keys), depth, generator)
 
 
 # --------------------------------------------------------------------------- the long-context suite

@@ -74,6 +74,7 @@ class Result:
     nll: Optional[float]
     status: str = "ok"  # ok | bounded
     by_position: Optional[list] = None  # nonoverlapping with position_bin: mean nats per bin of positions
+    truncated_by_position: Optional[list] = None  # the same bins with the context cut to ``truncate`` tokens
 
     @property
     def ppl(self) -> Optional[float]:
@@ -146,6 +147,8 @@ def evaluate_checkpoints(
     fixed_stride: Optional[int] = None,
     max_tokens: Optional[int] = DEFAULT_MAX_TOKENS,
     position_bin: int = 0,
+    truncate: Optional[int] = None,
+    truncated_stride: Optional[int] = None,
     overrides: Sequence[str] = (),
     labels: Optional[Sequence[str]] = None,
     batch_tokens: int = 8192,
@@ -163,11 +166,15 @@ def evaluate_checkpoints(
     applied to every checkpoint's config (position scaling at evaluation time, another
     corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
     overridden position). ``position_bin`` > 0: each nonoverlapping Result also holds the
-    mean loss by position in the segment, averaged over bins of that many positions. ``split``
+    mean loss by position in the segment, averaged over bins of that many positions; with ``truncate``
+    also the same bins with the context cut to ``truncate`` tokens (``truncated_by_position``, the
+    control of ``truncated_curve``: sliding windows of ``truncate`` tokens advancing by
+    ``truncated_stride``, default ``truncate // 2``, the sliding protocol's, whose runs it shares). ``split``
     "holdout" scores the train split's held-out text (``data.holdout_tokens``) instead."""
     modes = _checked_modes(mode, stride)
     _check_lengths(lengths, multiples, labels, paths, dtype)
     _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin)
+    control = _control_request(truncate, truncated_stride) if position_bin else None
     device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, device)
     loaded = _load_all(paths, overrides, device, lengths, multiples)
@@ -197,9 +204,9 @@ def evaluate_checkpoints(
             "sliding": lambda t: stride or max(1, t // 2),
             "fixed-stride": lambda t: fixed_stride or config.model.block_size,
         }
-        requests = [(t, m, strides[m](t)) for m, t in cells]
+        requests = [(t, m, strides[m](t)) for m, t in cells] + ([control] if control else [])
         total = sum(len(segments(n, *request)) for request in requests)
-        started, positions = time.time(), []
+        started, positions, by_target = time.time(), [], ([] if control else None)
         with tqdm(
             total=total, desc=f"eval {label}", unit="segment", file=sys.stderr, disable=quiet, leave=False
         ) as bar:
@@ -214,11 +221,17 @@ def evaluate_checkpoints(
                         dtype=compute_dtype,
                         progress=bar,
                         by_position=positions,
+                        by_target=by_target,
                         forward=document_forward(config.data, tokenizer.eos_id),
                     ),
                 )
             )
         binned = {cell: _binned(curve, position_bin) for cell, curve in zip(cells, positions)}
+        cut = {
+            cell: _binned(truncated_curve(curve, by_target[-1], cell[1], control[0]), position_bin)
+            for cell, curve in zip(cells, positions)
+            if control and curve is not None and cell[1] > control[0]
+        }
         for m in modes:
             for t in these:
                 common = dict(
@@ -233,7 +246,7 @@ def evaluate_checkpoints(
                     chars=chars,
                 )
                 results.append(
-                    Result(nll=nll[(m, t)], by_position=binned[(m, t)], **common)
+                    Result(nll=nll[(m, t)], by_position=binned[(m, t)], truncated_by_position=cut.get((m, t)), **common)
                     if (m, t) in nll
                     else Result(nll=None, status="bounded", **common)
                 )
@@ -281,6 +294,31 @@ def _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin) -> None:
         raise EvaluationError(f"fixed_stride={fixed_stride!r} is invalid: expected an integer >= 1")
     if not isinstance(position_bin, int) or position_bin < 0:
         raise EvaluationError(f"position_bin={position_bin!r} is invalid: expected an integer >= 0 (0: none)")
+
+
+def _control_request(truncate: Optional[int], stride: Optional[int]) -> Optional[tuple]:
+    """The scoring request (length, mode, stride) of the truncated-context control, or None without ``truncate``."""
+    if truncate is None:
+        return None
+    if not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < 1:
+        raise EvaluationError(f"truncate={truncate!r} is invalid: expected an integer >= 1 (None: no control)")
+    stride = (truncate // 2 or 1) if stride is None else stride
+    if not isinstance(stride, int) or isinstance(stride, bool) or not 1 <= stride <= truncate:
+        raise EvaluationError(f"truncated_stride={stride!r} is invalid: expected an integer from 1 to {truncate}")
+    return (truncate, "sliding", stride)
+
+
+def truncated_curve(curve: torch.Tensor, losses: torch.Tensor, length: int, truncate: int) -> torch.Tensor:
+    """The loss by position of nonoverlapping segments of ``length`` tokens with the context cut to
+    ``truncate`` tokens: ``curve`` (the segments' mean nats at each position, full context) where the
+    position p < ``truncate`` (no context to cut), and past it the mean over the segments of ``losses``
+    (per-target nats of a sliding request at ``truncate``, ``score_many``'s ``by_target``) at their
+    position p, so every position p >= truncate is scored with at most ``truncate`` tokens visible (with
+    stride 1, exactly tokens[p - truncate + 1 : p + 1]). A drop past L in both curves is the text, not
+    context use (the issue's control for the loss-by-position table)."""
+    padded = torch.cat([losses, losses.new_full(((-len(losses)) % length,), math.nan)]).view(-1, length)
+    cut = padded.nanmean(dim=0)
+    return torch.cat([curve[:truncate], cut[truncate:]])
 
 
 def _binned(curve, width: int) -> Optional[list]:
@@ -339,6 +377,7 @@ def write_csv(results: Sequence, path: str) -> str:
         row["nll"] = "" if r.nll is None else f"{r.nll:.6g}"
         row["stride"] = "" if r.stride is None else r.stride
         row.pop("by_position")
+        row.pop("truncated_by_position")
         rows.append(row)
     return common_write_csv(rows, path, keep=True)  # an earlier result is set aside, never replaced
 

@@ -9,6 +9,10 @@ ranks models where exact match is at its floor or its ceiling.
 Each probe asks one question, so the trials of a cell are independent given the model and
 its accuracy is a binomial proportion (intervals: ``minilm.study.stats.wilson``). A length
 past a bounded scheme's table (learned positions) is not run: its rows have ``correct`` None.
+The study's probes (no suite task named) also record the pairs in each prompt (``keys``: 1 for
+the single needle; ``keys`` > 1 for ``multikey_probe``) and how far back the answer lies
+(``distance``: ``minilm.data.retrieval.distance``), so accuracy can be read by distance in units
+of the training length instead of pooled over depths (``minilm.study.context``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import torch
 
 from minilm.common import autocast
-from minilm.data.retrieval import Task, probe, suite_probe
+from minilm.data.retrieval import Task, distance, multikey_probe, probe, suite_probe
 
 
 @torch.no_grad()
@@ -36,10 +40,12 @@ def accuracy(
     dtype: Optional[torch.dtype] = None,
     name: Optional[str] = None,
     items: int = 4,
+    keys: Optional[int] = None,
     progress=None,
 ) -> list:
     """Rows {length, depth, correct, trials, logprob} of exact-match retrieval over ``tokens`` (the validation
-    split): the study's ``probe`` of ``task``, or with ``name`` a task of the long-context suite
+    split): the study's ``probe`` of ``task`` (with ``keys`` pairs: ``multikey_probe``; the rows add the pairs
+    in each prompt, ``keys``, and the answer's ``distance``), or with ``name`` a task of the long-context suite
     (``minilm.data.retrieval.suite_probe``, right when every answer of the probe is). ``progress`` (a tqdm
     bar, or None): ``progress.update(1)`` after each (length, depth) cell."""
     device = next(model.parameters()).device
@@ -53,9 +59,14 @@ def accuracy(
                 np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts.tolist()])
             )
             # drawn even where not run, so the generator stays in step: every model of a seed gets the same probes
+            where = {}
             if name is None:
-                prompts, answers = probe(haystacks, task, depth, generator)
+                if keys is None:
+                    prompts, answers = probe(haystacks, task, depth, generator)
+                else:
+                    prompts, answers = multikey_probe(haystacks, task, keys, depth, generator)
                 positions, targets = torch.full((trials, 1), length - 1), answers[:, None]
+                where = dict(keys=keys or task.pairs_for(length), distance=distance(length, depth))
             else:
                 prompts, positions, targets = suite_probe(haystacks, task, name, depth, generator, items)
             if limit is not None and length > limit:
@@ -64,7 +75,7 @@ def accuracy(
                 per_batch = max(1, batch_tokens // length)
                 correct, logprob = _score_cell(model, (prompts, positions, targets), per_batch, device, dtype)
                 row = dict(length=length, depth=depth, correct=correct, trials=trials, logprob=logprob / trials)
-            rows.append(row)
+            rows.append({**row, **where})
             if progress is not None:
                 progress.update(1)
     return rows

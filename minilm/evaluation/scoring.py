@@ -33,6 +33,7 @@ validation split in non-overlapping segments).
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Optional
 
@@ -146,6 +147,7 @@ def score_many(
     dtype: Optional[torch.dtype] = None,
     progress=None,
     by_position: Optional[list] = None,
+    by_target: Optional[list] = None,
     forward: Optional[dict] = None,
 ) -> list:
     """Mean nats per target over targets 1..len(tokens)-1 for each request (length, mode,
@@ -155,10 +157,14 @@ def score_many(
 
     ``by_position``: a list that receives, for each request, the mean nats at each position
     0..length-1 of its segments (a float64 tensor) for ``nonoverlapping`` requests (every
-    segment scored from position 0) and None for the others. ``forward`` goes to every forward
-    pass (``document_forward``; a document mask keeps every segment's prefix its own, so
-    segments still share runs)."""
+    segment scored from position 0) and None for the others. ``by_target``: a list that receives,
+    for each request, a float64 tensor (n,) of the nats of every target as that request scores it,
+    indexed by the position of its input (entry i: tokens[i + 1] predicted), e.g. a ``sliding``
+    request's losses of each token with at most ``length`` tokens visible (every target is scored
+    once by every request). ``forward`` goes to every forward pass (``document_forward``; a document
+    mask keeps every segment's prefix its own, so segments still share runs)."""
     n = len(tokens) - 1
+    targets = [torch.full((n,), math.nan, dtype=torch.float64) for _ in requests] if by_target is not None else None
     sums = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     counts = [torch.zeros(r[0], dtype=torch.float64) if r[1] == "nonoverlapping" else None for r in requests]
     device = next(model.parameters()).device
@@ -182,11 +188,15 @@ def score_many(
                 for index, end, scored in runs[(begin, stop)]:
                     hi = end - begin - first
                     totals[index] += cumulative[row][hi] - cumulative[row][hi - scored]
+                    if targets is not None:
+                        targets[index][end - scored : end] = losses[row, hi - scored : hi]
                     if sums[index] is not None:  # a nonoverlapping segment: scored from position 0 == first
                         sums[index][:hi] += losses[row, :hi]
                         counts[index][:hi] += 1
             if progress is not None:
                 progress.update(sum(len(runs[span]) for span in batch))
+    if by_target is not None:
+        by_target.extend(targets)
     if by_position is not None:
         by_position.extend(None if total is None else total / count.clamp(min=1) for total, count in zip(sums, counts))
     return [total / n for total in totals]

@@ -25,12 +25,18 @@ from minilm.study.extension import METHOD_NAMES
 from minilm.study.stats import Interval, interval, verdict
 
 GATE = 0.90
+# a cell's ``when`` (retrieval) or step (perplexity) that reads what fine-tuning changed, per seed: accuracy
+# after - before, or perplexity after / before (after - before in log perplexity)
+CHANGE = "change"
 
 # --------------------------------------------------------------------------- reading the cells
 
 
 def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode: str, step=None) -> dict:
-    """{seed: perplexity} of one cell of the study (no entry where it was not run)."""
+    """{seed: perplexity} of one cell of the study (no entry where it was not run); ``step`` ``CHANGE``:
+    {seed: ppl(after) / ppl(before)} (``perplexity_changes``)."""
+    if step == CHANGE:
+        return perplexity_changes(cells, section, label, length, mode)
     return {
         c["seed"]: c["ppl"]
         for c in cells
@@ -43,6 +49,27 @@ def per_seed(cells: Sequence[dict], section: str, label: str, length: int, mode:
     }
 
 
+def perplexity_changes(cells: Sequence[dict], section: str, label: str, length: int, mode: str) -> dict:
+    """{seed: ppl(after) / ppl(before)} of an extension row at ``length``: what its fine-tuning changed, per
+    seed (paired: one model before and after); before is step 0 (the method applied zero-shot), after the
+    row's last step. Empty where the row has no step 0 or no later step."""
+    steps = sorted(
+        c["step"]
+        for c in cells
+        if (c["section"], c["label"], c["length"], c["mode"]) == (section, label, length, mode)
+        and c.get("step") is not None
+    )
+    if not steps or steps[0] != 0 or steps[-1] == 0:
+        return {}
+    before, after = (per_seed(cells, section, label, length, mode, step=s) for s in (0, steps[-1]))
+    return {s: after[s] / before[s] for s in sorted(after) if s in before and before[s] > 0}
+
+
+def cell_step(cell: dict):
+    """The step a perplexity claim's cell reads: ``CHANGE`` for ``when: change``, else its ``step``."""
+    return CHANGE if cell.get("when") == CHANGE else cell.get("step")
+
+
 def mean_log_perplexity(cells: Sequence[dict], section: str, label: str, length: int, mode: str) -> Optional[float]:
     """The mean over seeds of a cell's log perplexity, what a choice of rate on held-out text
     minimises (``sweep``, ``tuning``); None where nothing was run or any seed's is not finite
@@ -53,17 +80,20 @@ def mean_log_perplexity(cells: Sequence[dict], section: str, label: str, length:
     return sum(math.log(p) for p in values) / len(values)
 
 
-def position_curves(cells: Sequence[dict], section: str, label: str, length: int, step=None) -> list:
-    """The per-seed loss-by-position curves (binned) of one run's nonoverlapping cell at ``length``."""
+def position_curves(
+    cells: Sequence[dict], section: str, label: str, length: int, step=None, key: str = "by_position"
+) -> list:
+    """The per-seed loss-by-position curves (binned) of one run's nonoverlapping cell at ``length``;
+    ``key`` "truncated_by_position": the same positions with the context cut to L (the control)."""
     return [
-        c["by_position"]
+        c[key]
         for c in cells
         if c["section"] == section
         and c["label"] == label
         and c["length"] == length
         and c["mode"] == "nonoverlapping"
         and c.get("step") == step
-        and c.get("by_position")
+        and c.get(key)
     ]
 
 
@@ -199,6 +229,17 @@ def expectations(plan: dict) -> list:
                 1.0,
             )
         )
+        if plan.get("controls", {}).get("keep_training"):  # the same comparison with the fine-tuning's tokens
+            out.append(
+                (
+                    f"{METHOD_NAMES[method]} after {last} steps: ppl at {f}L below training kept at L's at L",
+                    "PI paper: 7.20 at 2k before, 6.95 at 8k after; here against the same tokens trained at L",
+                    E(method, last),
+                    E("keep", last, 1),
+                    "<",
+                    1.0,
+                )
+            )
     for step in [s for s in ext["curve_steps"] if 0 < s <= 50] if "none" in ext["methods"] else []:
         for method in methods:
             out.append(
@@ -244,7 +285,11 @@ def verdicts(cells, plan: dict) -> list:
 # --------------------------------------------------------------------------- retrieval
 
 
-def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth=None, when=None) -> list:
+def _matching(
+    rows: Sequence[dict], section: str, label: str, length: int, depth=None, when=None, keys: int = 1
+) -> list:
+    """The rows of one cell; ``keys``: the pairs in each probe (1, the single needle; rows written before
+    multi-key probes existed are single-needle ones)."""
     return [
         r
         for r in rows
@@ -253,16 +298,24 @@ def _matching(rows: Sequence[dict], section: str, label: str, length: int, depth
         and r["length"] == length
         and (depth is None or r["depth"] == depth)
         and (when is None or r.get("when") == when)
+        and r.get("keys", 1) == keys
     ]
 
 
 def seed_accuracies(
-    rows, section: str, label: str, length: int, depth=None, when=None, metric: str = "accuracy"
+    rows, section: str, label: str, length: int, depth=None, when=None, metric: str = "accuracy", keys: int = 1
 ) -> Optional[dict]:
     """{seed: accuracy} of a cell, each seed's probes counted together (and its depths, when
     ``depth`` is None); None where nothing was run or the length is past a bounded scheme's table.
-    ``metric="logprob"``: each seed's mean log-probability of the answers over the same probes."""
-    these = _matching(rows, section, label, length, depth, when)
+    ``metric="logprob"``: each seed's mean log-probability of the answers over the same probes.
+    ``keys``: the single needle's probes (1) or the multi-key probes with that many pairs.
+    ``when`` ``CHANGE``: {seed: after - before} (what fine-tuning changed, paired within the seed)."""
+    if when == CHANGE:
+        found = [seed_accuracies(rows, section, label, length, depth, w, metric, keys) for w in ("after", "before")]
+        if any(f is None for f in found):
+            return None
+        return {s: found[0][s] - found[1][s] for s in found[0] if s in found[1]} or None
+    these = _matching(rows, section, label, length, depth, when, keys)
     key = "correct" if metric == "accuracy" else "logprob"
     if not these or any(r.get(key) is None for r in these):
         return None

@@ -77,6 +77,10 @@ FULL = {
         "methods": list(METHOD_NAMES),
         "curve_steps": [0, 25, 50, 100, 200, 400],
         "curve_multiples": [1, 2, 4, 8],
+        # minilm.study.papers: every row again fine-tuned on text alone (its twin's rate), and the PI paper's
+        # passkey at factor x L before (the method zero-shot) and after fine-tuning, this many keys per depth
+        "text_only": True,
+        "passkey_trials": 8,
     },
     "eval": {
         "multiples": [1, 2, 4, 8],
@@ -85,6 +89,9 @@ FULL = {
         "max_tokens": 32768,
         "batch_tokens": 8192,
         "position_bin": 8,
+        # the loss by position's control with the context cut to L: windows of L advancing by this (None: L / 2,
+        # the sliding protocol's, whose runs it shares; 1: exactly the last L tokens, L / 2 times the cost)
+        "truncated_stride": None,
     },
     # query_density [q, T]: a training row of T tokens asks its needle q times, a row of n tokens round(q n / T)
     # times (``queries_for``: the answers as dense at 4L as at L; with 3 a row at 512 the oracle learned nothing);
@@ -97,6 +104,7 @@ FULL = {
         "trials": 32,
         "answer_share": 6 / 35,
         "query_density": [3, 128],
+        "keys": 4,  # multi-key probes beside the single needle: 4 pairs, the one at the depth asked (``context``)
     },
     # per kind, its reference code's settings where minilm's defaults differ (docs/design.md, "Baselines as
     # their reference code"): KERPLE's floor 1e-2; xPos's scale_base L / 2 (torchscale: 512 for 1,024);
@@ -171,13 +179,15 @@ QUICK["seeds"] = [1, 2]
 QUICK["model"].update({"n_layer": 1, "n_head": 2, "d_model": 32, "block_size": 32})
 QUICK["train"].update({"batch_size": 8, "max_steps": 30, "warmup_steps": 5, "lr": 3.0e-3, "min_lr": 3.0e-4})
 QUICK["finetune"].update({"warmup_steps": 2})
-QUICK["extension"].update({"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10]})
+QUICK["extension"].update(
+    {"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10], "passkey_trials": 2}
+)
 QUICK["sweep"]["lrs"] = [1.0e-4, 1.0e-3]
 QUICK["tuning"].update({"seeds": [101], "task_floor": 0.0})  # 30 steps learn no retrieval: nothing is rejected
 QUICK["controls"]["oracle_seeds"] = 1
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
-QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4})
+QUICK["retrieval"].update({"depths": [0.0, 0.5, 1.0], "trials": 4, "keys": 2})  # 2 pairs fit at L = 32
 QUICK["schemes"]["xpos"]["position"]["scale_base"] = 16.0  # L / 2 again (L = 32)
 QUICK["arms"]["rnope-swa"]["model"]["layers"]["local"]["window"] = 8  # L / 4 again
 for _arm in QUICK["arms"].values():  # one layer: the last layer type of the design stands for it
@@ -208,8 +218,9 @@ ABLATION_FULL, ABLATION_QUICK = (
 )
 # The replication at L = 512 (issue #58): the frozen design on fresh seeds at 4x the training length, the
 # kinds the claims read and NoPE, extended 512 -> 2048. Each run trains on the L = 128 study's tokens (4 rows of
-# 512 a step); the answers keep their share of the loss (``retrieval.answer_share``); xPos is not in it; the
-# evaluation stops at 4L (the claims read L and 4L). Its claims: registered/replication-512.yaml.
+# 512 a step); the answers keep their density and share of the loss (``retrieval``); xPos is not in it; the
+# evaluation stops at 4L (the claims read L and 4L); no text-only twins or passkey (none of its claims reads
+# them; they would double its fine-tuning at 2048). Its claims: registered/replication-512.yaml.
 REPLICATION = copy.deepcopy(FULL)
 REPLICATION.update(experiment="replication-512", seeds=[11, 12, 13, 14, 15])
 REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none"]
@@ -218,11 +229,12 @@ REPLICATION["model"]["block_size"] = 512
 REPLICATION["train"]["batch_size"] = 4
 REPLICATION["tuning"]["seeds"] = [111, 112]
 REPLICATION["schemes"] = {k: v for k, v in REPLICATION["schemes"].items() if k in REPLICATION["kinds"]}
-REPLICATION["extension"]["curve_multiples"] = [1, 2, 4]
+REPLICATION["extension"].update(curve_multiples=[1, 2, 4], text_only=False, passkey_trials=0)  # its claims read neither
 REPLICATION["eval"]["multiples"] = [1, 2, 4]
 REPLICATION["retrieval"]["multiples"] = [1, 2, 4]
 REPLICATION_QUICK = copy.deepcopy(QUICK)
 REPLICATION_QUICK.update(experiment="replication-512", kinds=REPLICATION["kinds"])
+REPLICATION_QUICK["extension"].update(text_only=False, passkey_trials=0)
 REPLICATION_QUICK.pop("arms")
 REPLICATION_QUICK["schemes"] = {k: v for k, v in QUICK["schemes"].items() if k in REPLICATION["kinds"]}
 REPLICATION_QUICK["model"]["block_size"] = 64  # twice QUICK's 32, as 512 is to 128 (at 4x it would be the full's)

@@ -1,6 +1,9 @@
 """The extension arm of the length-generalization study: rope's scaling methods, the other
 schemes' extensions by position interpolation, the keep-training control, their names in the
-report, and the evaluation-time overrides that apply a method to its source zero-shot (step 0)."""
+report, and the evaluation-time overrides that apply a method to its source zero-shot (step 0).
+
+With ``extension.text_only`` every row has a twin, ``<row> text-only`` (``text_only_label``): the same
+fine-tuning with no retrieval rows in its data (``minilm.study.papers``), beside it in every table."""
 
 from __future__ import annotations
 
@@ -19,6 +22,22 @@ METHOD_NAMES = {
 OTHER_EXTENSIONS = {"learned-pi": ("learned", "learned + PI"), "sinusoidal-pi": ("sinusoidal", "sinusoidal + PI")}
 CONTROL_NAMES = {"keep": "rope, training kept at L"}
 LABEL_NAMES = {**METHOD_NAMES, **{k: name for k, (_, name) in OTHER_EXTENSIONS.items()}, **CONTROL_NAMES}
+TEXT_ONLY = " text-only"  # the suffix of a row's text-only twin: its label, and its name in the report
+LABEL_NAMES.update({f"{label}{TEXT_ONLY}": f"{name},{TEXT_ONLY}" for label, name in list(LABEL_NAMES.items())})
+
+
+def text_only_label(label: str) -> str:
+    """The label of extension row ``label``'s text-only twin (the same fine-tuning without retrieval rows)."""
+    return f"{label}{TEXT_ONLY}"
+
+
+def twin_of(label: str) -> str:
+    """The row a text-only row is the twin of (any other row: itself)."""
+    return label[: -len(TEXT_ONLY)] if label.endswith(TEXT_ONLY) else label
+
+
+def is_text_only(label: str) -> bool:
+    return label.endswith(TEXT_ONLY)
 
 
 def interpolated_position(name: str, factor: float) -> dict:
@@ -33,7 +52,9 @@ def interpolated_position(name: str, factor: float) -> dict:
 def scaling_override(method: str, factor: float, length: int = 0) -> list:
     """The evaluation-time overrides that apply extension ``method`` to its source checkpoint
     zero-shot, as at ``length`` tokens (rope's scaling methods; learned or sinusoidal inside
-    interpolated for ``OTHER_EXTENSIONS``; nothing for no scaling and the keep-training control)."""
+    interpolated for ``OTHER_EXTENSIONS``; nothing for no scaling and the keep-training control); a
+    text-only row's are its twin's (the same source, the same method: the same step 0)."""
+    method = twin_of(method)
     if method in OTHER_EXTENSIONS:
         position = interpolated_position(method, factor)
         text = yaml.safe_dump(position, default_flow_style=True, sort_keys=False).strip()
@@ -41,40 +62,47 @@ def scaling_override(method: str, factor: float, length: int = 0) -> list:
     return [] if method in ("none", "keep") else [f"model.position.scaling={{type: {method}, factor: {factor}}}"]
 
 
-def extension_labels(plan: dict) -> list:
+def extension_labels(plan: dict, text_only: bool = True) -> list:
     """The rows of the extension's tables: the plan's methods, the other schemes' extensions and
-    the keep-training control it runs."""
+    the keep-training control it runs, each followed by its text-only twin when the plan's
+    ``extension.text_only`` is on and ``text_only`` asks for them (False: the rows the sweep tunes)."""
     controls = plan.get("controls", {})
-    return [
+    rows = [
         *plan["extension"]["methods"],
         *controls.get("other_extensions", []),
         *(["keep"] if controls.get("keep_training") else []),
     ]
+    twins = text_only and plan["extension"].get("text_only")
+    return [label for row in rows for label in ([row, text_only_label(row)] if twins else [row])]
 
 
-def extension_runs(plan: dict) -> dict:
+def extension_runs(plan: dict, text_only: bool = False) -> dict:
     """Every extension row's run: label -> (the kind it starts from, its position setting, its
     ``run_config`` keywords: the extended block size; the keep-training control's rows of L,
-    factor x as many per step for the same tokens)."""
+    factor x as many per step for the same tokens). The rows the sweep tunes; with ``text_only``
+    their text-only twins too (``extension_labels``), each with its twin's run."""
     f, L = plan["extension"]["factor"], plan["model"]["block_size"]
     runs = {}
-    for label in extension_labels(plan):
+    for row in extension_labels(plan, text_only):
+        label = twin_of(row)
         if label in OTHER_EXTENSIONS:
-            runs[label] = (OTHER_EXTENSIONS[label][0], interpolated_position(label, f), {"block_size": int(f * L)})
+            runs[row] = (OTHER_EXTENSIONS[label][0], interpolated_position(label, f), {"block_size": int(f * L)})
         elif label == "keep":
-            runs[label] = ("rope", {"kind": "rope"}, {"block_size": L, "batch_scale": f})
+            runs[row] = ("rope", {"kind": "rope"}, {"block_size": L, "batch_scale": f})
         else:
             scaling = {"scaling": {"type": label, "factor": f}} if label != "none" else {}
-            runs[label] = ("rope", {"kind": "rope", **scaling}, {"block_size": int(f * L)})
+            runs[row] = ("rope", {"kind": "rope", **scaling}, {"block_size": int(f * L)})
     return runs
 
 
 def extension_run_name(label: str, seed: int, plan: dict) -> str:
-    """The run directory's name of extension row ``label`` at ``seed``."""
-    f, L = plan["extension"]["factor"], plan["model"]["block_size"]
+    """The run directory's name of extension row ``label`` at ``seed`` (a text-only twin: its twin's with
+    ``-text-only`` before the seed)."""
+    f, L, text = plan["extension"]["factor"], plan["model"]["block_size"], "-text-only" if is_text_only(label) else ""
+    label = twin_of(label)
     if label == "keep":
-        return f"rope-keep-{L}-s{seed}"
-    return f"{'rope-' if label in METHOD_NAMES else ''}{label}-{int(f * L)}-s{seed}"
+        return f"rope-keep-{L}{text}-s{seed}"
+    return f"{'rope-' if label in METHOD_NAMES else ''}{label}-{int(f * L)}{text}-s{seed}"
 
 
 def oracle_runs(plan: dict) -> list:
@@ -100,6 +128,12 @@ def plan_problem(plan: dict, kinds) -> "str | None":
             f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, e.g. "
             "[0, 10, 25, 50, 100, 200]"
         )
+    ext = plan["extension"]
+    if not isinstance(ext.get("text_only", False), bool):
+        return f"extension.text_only={ext['text_only']!r} is invalid: expected true or false"
+    trials = ext.get("passkey_trials", 0)
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
+        return f"extension.passkey_trials={trials!r} is invalid: expected an integer >= 0 (0: no passkey)"
     unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
     if unknown:
         return f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}"

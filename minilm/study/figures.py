@@ -261,7 +261,7 @@ def study_figures(study) -> dict:
         )
     }
     longest, last, bin_width = max(lengths), ext["curve_steps"][-1], plan["eval"]["position_bin"]
-    labels = extension_labels(plan)
+    labels = extension_labels(plan, text_only=False)  # the text-only twins are in the report's tables
     names = {m: LABEL_NAMES[m] for m in labels}
     panels = [
         (

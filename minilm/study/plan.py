@@ -10,7 +10,8 @@ For every seed s (every run of seed s sees the same batches, so comparisons are 
    position; **retrieval** probes at ``retrieval.multiples`` and ``depths``.
 3. **Extension** to ``factor`` x L: rope with each of ``extension.methods``, learned and sinusoidal
    by interpolation, fine-tuned with snapshots at ``curve_steps`` (step 0: the method zero-shot),
-   at the rate ``minilm.study.sweep`` chose on held-out training text.
+   at the rate ``minilm.study.sweep`` chose on held-out training text; with ``extension.text_only`` each
+   row again on text alone, and the PI paper's passkey before and after (``minilm.study.papers``).
 4. **Controls**: rope trained on at L with the fine-tuning's tokens (``keep_training``), and
    ``controls.oracle`` trained from scratch at factor x L on the pretraining's sequences.
 **ablation**: variants of the study's models against references (``minilm.study.ablation``).
@@ -30,7 +31,7 @@ from minilm.config import ConfigError, build_config, resolve_config
 from minilm.configfile import apply_overrides
 from minilm.data import corpus as data
 from minilm.evaluation.scoring import MODES
-from minilm.study import sweep, tuning
+from minilm.study import context, papers, sweep, tuning
 from minilm.study.ablation import GROUPS, select
 from minilm.study.designs import EXPERIMENTS, KINDS, PLANS, queries_for, scratch_labels
 from minilm.study.extension import (
@@ -87,7 +88,7 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
         raise ExperimentError(
             f"kinds={kinds} is invalid: expected distinct kinds of {', '.join(KINDS)}, rope among them"
         )
-    problem = (plan_problem(plan, kinds) if "extension" in plan else None) or tuning.check(plan)
+    problem = (plan_problem(plan, kinds) if "extension" in plan else None) or tuning.check(plan) or context.check(plan)
     if problem:
         raise ExperimentError(problem)
     share = plan.get("retrieval", {}).get("answer_share")
@@ -209,9 +210,11 @@ class Study:
 
     ``cells``: dicts with section, label, seed, step (fine-tuning steps; None outside the
     extension), mode, length, ppl, bpc, nll, tokens, chars, status, by_position (nonoverlapping:
-    mean nats per bin of ``eval.position_bin`` positions). ``retrieval``: dicts with section,
-    label, seed, when (extension: before | after), length, depth, correct (None: bounded), trials. ``runs``: name
-    -> StudyRun;
+    mean nats per bin of ``eval.position_bin`` positions; truncated_by_position: the same, context cut
+    to L). ``retrieval``: dicts with section, label, seed, when (extension: before | after), length, depth,
+    correct (None: bounded), trials, logprob, keys (pairs per probe), distance (to the answer:
+    ``minilm.study.context``). ``passkey``: the same for the passkey (``minilm.study.papers``). ``runs``: name ->
+    StudyRun;
     ``done``: job key -> ``minilm.study.jobs.Done`` (values and times)."""
 
     def __init__(self, plan: dict, out: str, *, workers: int = 1, quiet: bool = False, journal=None):
@@ -223,6 +226,7 @@ class Study:
         self._readers: list = []  # (job key, function turning its value into cells)
         self.cells: list = []
         self.retrieval: list = []
+        self.passkey: list = []
         self.done: dict = {}
         self.scored_tokens: Optional[int] = None
         self._evaluations: dict = {}  # (checkpoint, overrides, split) -> (key, {(mode, length)}) of its evaluation job
@@ -283,13 +287,23 @@ class Study:
         return {"settings": {"model": self.arm(kind)[1], "train": train}}
 
     def _evaluate(
-        self, after: str, path: str, multiples, modes, where: dict, overrides=(), phase="", split: str = "val"
+        self,
+        after: str,
+        path: str,
+        multiples,
+        modes,
+        where: dict,
+        overrides=(),
+        phase="",
+        split: str = "val",
+        truncated: bool = False,
     ) -> str:
-        """Cells of ``where`` at ``multiples`` of L in ``modes``, from a new evaluation job (all
-        its cells in one ``score_many`` pass) or from one already planned for the same checkpoint,
-        overrides and split with (at least) those cells; returns the job's key."""
+        """Cells of ``where`` at ``multiples`` of L in ``modes`` (``truncated``: with the loss by position's
+        control, the context cut to L), from a new evaluation job (all its cells in one ``score_many`` pass)
+        or from one already planned for the same checkpoint, overrides and split with (at least) those cells
+        (the control a cell of its own); returns the job's key."""
         lengths = [int(m * self.L) for m in multiples]
-        cells = {(mode, t) for mode in modes for t in lengths}
+        cells = {(mode, t) for mode in modes for t in lengths} | ({("truncated", self.L)} if truncated else set())
         what = (path, tuple(overrides), split)
         key, planned = self._evaluations.get(what, (None, set()))
         if not cells <= planned:
@@ -301,12 +315,14 @@ class Study:
                     *overrides,
                     ",".join(modes),
                     ",".join(map(str, lengths)),
+                    *(["truncated"] if truncated else []),
                 ]
             )
             settings = {
                 **self.plan["eval"],
                 "max_tokens": self.scored_tokens if split == "val" else self.plan["data"]["holdout_tokens"] - 1,
                 "fixed_stride": self.plan["eval"]["fixed_stride"] or self.L,
+                "truncate": self.L if truncated else None,
             }
             args = (
                 path,
@@ -335,6 +351,7 @@ class Study:
                         "chars": r.chars,
                         "status": r.status,
                         "by_position": r.by_position,
+                        "truncated_by_position": r.truncated_by_position,
                     }
                     for r in results
                     if (r.mode, r.length) in cells
@@ -344,8 +361,9 @@ class Study:
         return key
 
     def _retrieval(self, after: str, path: str, overrides, where: dict, seed: int, phase: str, multiples=None) -> None:
-        """Retrieval rows of ``where`` at the plan's lengths (or ``multiples`` of L) and depths; probes
-        depend on the seed only. The tuning's runs (section tuning) are probed on the held-out text."""
+        """Retrieval rows of ``where`` at the plan's lengths (or ``multiples`` of L) and depths, the single
+        needle's and the multi-key probes (``retrieval.keys``); probes depend on the seed only. The tuning's
+        runs (section tuning) are probed on the held-out text, with the single needle only."""
         r = self.plan["retrieval"]
         key = f"retrieval {os.path.relpath(path, self.runs_dir)} {' '.join(overrides)}".strip()
         if key not in {job.key for job in self.jobs}:
@@ -364,6 +382,7 @@ class Study:
                         seed,
                         self.plan["train"]["device"],
                         split,
+                        r.get(context.KEYS, 1) if split == "val" else 1,
                     ),
                     (after,),
                     phase,
@@ -409,7 +428,7 @@ class Study:
         long = int(self.plan["extension"]["factor"] * self.L)
         if tuning.scales(self.plan) and self.rates is None:
             raise ExperimentError("the study trains at frozen rates: read them first (Study.use_rates)")
-        extensions = extension_runs(self.plan)
+        extensions = extension_runs(self.plan, text_only=True)  # with their text-only twins
         for seed in seeds:  # rope first: its runs unblock the extension
             self._train(
                 f"rope-s{seed}",
@@ -480,9 +499,8 @@ class Study:
 
     def _extend(self, label: str, seed: int, source_kind: str, position: dict, kw: dict) -> None:
         """Extension row ``label``'s fine-tuning run from the seed's ``source_kind`` model (section
-        extension), at the rate the sweep chose for the row."""
+        extension), at the rate the sweep chose for the row (a text-only row: its twin's, no retrieval rows)."""
         source, name = f"{source_kind}-s{seed}", extension_run_name(label, seed, self.plan)
-        rate = self.finetune_lrs.get(label)
         self._train(
             name,
             "extension",
@@ -493,7 +511,7 @@ class Study:
             after=[f"train {source}"],
             source=source,
             init_from=os.path.join(self.runs_dir, source),
-            finetune=sweep.finetune_at(self.plan, rate),
+            finetune=papers.finetune_of(self.plan, label, self.finetune_lrs),
             **kw,
         )
 
@@ -529,6 +547,7 @@ class Study:
                 modes,
                 dict(section=run.section, label=run.label, seed=run.seed, step=None),
                 phase=f"evaluate {phase}",
+                truncated=True,
             )
             self._retrieval(
                 run.key,
@@ -560,6 +579,7 @@ class Study:
                     {**where, "step": step},
                     overrides=start if step == 0 else (),
                     phase="evaluate the extension curves",
+                    truncated=step == ext["curve_steps"][-1],  # the loss by position reads the last step
                 )
             self._retrieval(
                 f"train {os.path.basename(source)}",
@@ -577,6 +597,7 @@ class Study:
                 run.seed,
                 "retrieval before and after extension",
             )
+            papers.build_passkey(self, run, source, start)
 
     def run(self) -> None:
         os.makedirs(self.runs_dir, exist_ok=True)
@@ -586,7 +607,13 @@ class Study:
         self.done = run_jobs(self.jobs, workers=self.workers, quiet=self.quiet, journal=self.journal)
         for key, read in self._readers:
             rows = read(self.done[key].value)
-            (self.retrieval if key.startswith("retrieval") else self.cells).extend(rows)
+            (
+                self.retrieval
+                if key.startswith("retrieval")
+                else self.passkey
+                if key.startswith(papers.SECTION)
+                else self.cells
+            ).extend(rows)
 
     def state(self) -> dict:
         """Everything the report needs, as plain data (``study.json``; ``from_state`` reads it back)."""
@@ -600,6 +627,7 @@ class Study:
             "invocations": self.invocations,
             "cells": self.cells,
             "retrieval": self.retrieval,
+            "passkey": self.passkey,
             "runs": {
                 name: {**dataclasses.asdict(run), "config": run.config.to_dict()} for name, run in self.runs.items()
             },
@@ -611,7 +639,7 @@ class Study:
         study = cls(state["plan"], out, workers=state["workers"])
         study.cells, study.retrieval, study.claims = state["cells"], state["retrieval"], state.get("claims")
         study.finetune_lrs, study.lr_scales = state.get("finetune_lrs", {}), state.get("lr_scales", {})
-        study.rates = state.get("rates")
+        study.rates, study.passkey = state.get("rates"), state.get("passkey", [])
         study.invocations = state.get("invocations", 1)
         study.runs = {
             name: StudyRun(**{**run, "config": build_config(run["config"])}) for name, run in state["runs"].items()

@@ -2,7 +2,8 @@
 every table as means and 95% intervals over seeds (``minilm.study.stats``), the figures with error
 bands (``minilm.study.figures``), the published expectations with paired verdicts, the
 protocol, the configs, the git commit, the machine and the wall time per phase; plus
-``results.csv`` (one line per cell and seed) and ``retrieval.csv`` (one per retrieval cell).
+``results.csv`` (one line per cell and seed), ``retrieval.csv`` (one per retrieval cell) and
+``passkey.csv`` (one per passkey cell, ``minilm.study.papers``).
 
 A hand-written ``discussion.md`` in the output directory (the explanation of what disagrees
 with the literature, written after looking at the numbers) is included as the last section
@@ -23,7 +24,7 @@ from minilm.common import markdown_table as table
 from minilm.data.retrieval import PAIRS
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import ablation, sweep, tuning
+from minilm.study import ablation, context, papers, sweep, tuning
 from minilm.study.claims import (
     GATE,
     accuracy_text,
@@ -39,7 +40,16 @@ from minilm.study.designs import queries_for, scratch_labels
 from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.figures import study_figures
 from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study
-from minilm.study.primary import confirmatory_run, hypothesis, outcomes, path_for, registration
+from minilm.study.primary import (
+    confirmatory_run,
+    hypothesis,
+    outcomes,
+    path_for,
+    recorded_test,
+    registration,
+    retrieval_test,
+    tests_text,
+)
 from minilm.study.provenance import busy_seconds, cpu_flags, machine
 from minilm.study.stats import interval
 from minilm.training.mixture import weight_for_share
@@ -66,11 +76,13 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
         ),
     )
     write_csv(
-        [{k: v for k, v in c.items() if k != "by_position"} for c in study.cells],
+        [{k: v for k, v in c.items() if k not in ("by_position", "truncated_by_position")} for c in study.cells],
         os.path.join(study.out, "results.csv"),
     )
     if study.retrieval:
         write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
+    if study.passkey:
+        write_csv(study.passkey, os.path.join(study.out, "passkey.csv"))
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
     if study.plan["experiment"] == "ablation":
@@ -233,11 +245,13 @@ def _retrieval_protocol(study: Study) -> list:
         f"1/32 = 3.1%. The unit is the seed (the trained model): intervals are t-intervals over the per-seed "
         f"accuracies, given beside them. **Gate, set before the run**: retrieval past L is read only if the best "
         f"scheme reaches {100 * GATE:.0f}% at L with depths pooled.",
+        *context.protocol_lines(plan),
         f"- **Extension** of the rope model of each seed to {long} ({ext['factor']:g}x): {steps[-1]} steps x "
         f"{ft['batch_size']} x {long} tokens ({ft_tokens / 1e6:.3f}M tokens, **{100 * ft_tokens / pre_tokens:.1f}% "
         f"of pretraining**, the same share of retrieval sequences), {_finetune_rate(study)}; one "
         f"run per method and seed, with snapshots at steps {', '.join(map(str, steps[1:-1]))}; step 0 ('before') is "
         f"the source with the scaling applied zero-shot.",
+        *papers.protocol_lines(plan),
     ]
 
 
@@ -326,13 +340,13 @@ def _positions(study: Study, figures: dict) -> list:
 
     header = ["model"] + [f"positions {a}-{b - 1}" for a, b in zip(edges, edges[1:])]
     last = plan["extension"]["curve_steps"][-1]
-    rows = [[kind] + spans("scratch", kind) for kind in scratch_labels(plan)]
-    rows += [
-        [f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned"]
-        + spans("extension", m, last)
+    specs = [(kind, "scratch", kind, None) for kind in scratch_labels(plan)]  # (row name, section, label, step)
+    specs += [
+        (f"{'rope + ' if m in plan['extension']['methods'] else ''}{LABEL_NAMES[m]}, fine-tuned", "extension", m, last)
         for m in extension_labels(plan)
     ]
-    rows += [[name] + spans("oracle", label) for label, name in _oracle_names(plan).items()]
+    specs += [(name, "oracle", label, None) for label, name in _oracle_names(plan).items()]
+    rows = [[name] + spans(section, label, step) for name, section, label, step in specs]
     lines = [
         "## 2. Loss by position: does a scheme use the context past L?",
         "",
@@ -341,6 +355,7 @@ def _positions(study: Study, figures: dict) -> list:
         "",
         table(header, rows, "l" + "r" * (len(header) - 1)),
         "",
+        *context.control_lines(study, specs, longest, edges),
     ]
     if "positions" in figures:
         lines += [f"![loss by position]({figures['positions']})", ""]
@@ -382,6 +397,7 @@ def _retrieval(study: Study, figures: dict) -> list:
         "",
         table(header, body, "l" + "r" * len(lengths)),
         "",
+        *context.retrieval_lines(study, scratch_labels(plan)),
     ]
     if "retrieval" in figures:
         lines += [f"![retrieval by length and depth]({figures['retrieval']})", ""]
@@ -420,7 +436,7 @@ def _extension(study: Study, figures: dict) -> list:
         ),
         "",
     ]
-    lines += _plateau(cells, labels, names, f * L, modes[0], steps)
+    lines += _plateau(cells, labels, names, f * L, modes[0], steps) + papers.control_lines(study, labels, names)
     if "extension" in figures:
         lines += [f"![extension perplexity by step]({figures['extension']})", ""]
     lengths = [int(m * L) for m in ext["curve_multiples"]]
@@ -454,6 +470,11 @@ def _extension(study: Study, figures: dict) -> list:
     ]
     if "extension_retrieval" in figures:
         lines += [f"![extension retrieval by length and depth]({figures['extension_retrieval']})", ""]
+    lines += context.extension_retrieval_lines(
+        study,
+        [(f"{names[m]}, {when}", "extension", m, when) for m in labels for when in ("before", "after")]
+        + [(name, "oracle", label, None) for label, name in oracle_names.items()],
+    )
 
     def logprob(section, label, t, when=None):
         values = seed_accuracies(study.retrieval, section, label, t, when=when, metric="logprob")
@@ -465,15 +486,21 @@ def _extension(study: Study, figures: dict) -> list:
         for when in ("before", "after")
     ]
     body += [[name, "-"] + [logprob("oracle", label, t) for t in probe_lengths] for label, name in oracle_names.items()]
-    return lines + [
-        "The same probes scored by the answers' mean log-probability (nats; 0 is certainty; a model "
-        "that knows only that the answer is one of the 32 value ids scores log 1/32 = -3.47), which ranks "
-        "methods that all retrieve at the ceiling: mean ± 95% interval "
-        "over seeds:",
-        "",
-        table(["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body, "ll" + "r" * len(probe_lengths)),
-        "",
-    ]
+    return (
+        lines
+        + [
+            "The same probes scored by the answers' mean log-probability (nats; 0 is certainty; a model "
+            "that knows only that the answer is one of the 32 value ids scores log 1/32 = -3.47), which ranks "
+            "methods that all retrieve at the ceiling: mean ± 95% interval "
+            "over seeds:",
+            "",
+            table(
+                ["method", "when"] + [f"{t} ({t // L}L)" for t in probe_lengths], body, "ll" + "r" * len(probe_lengths)
+            ),
+            "",
+        ]
+        + papers.passkey_lines(study, labels, names)
+    )
 
 
 def _finetune_rate(study: Study) -> str:
@@ -543,11 +570,12 @@ def _plateau(cells, labels, names, long: int, mode: str, steps) -> list:
 def _primary(study: Study, number: int, commit: str) -> list:
     """The pre-registered claims (``minilm.study.primary``), their tests and Holm's correction."""
     path, recorded = path_for(study.plan["experiment"]), study.claims
+    rows = study.retrieval + study.passkey  # a claim may read the passkey (section passkey)
     if recorded:  # the file as the run read it when it started
-        alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path, recorded["text"])
+        alpha, tested = outcomes(study.cells, rows, study.plan, path, recorded["text"], recorded_test(recorded))
         last, before = recorded["commit"], recorded["registered"]
     else:  # a run from before runs recorded their claims: the file and git as they are now
-        alpha, tested = outcomes(study.cells, study.retrieval, study.plan, path)
+        alpha, tested = outcomes(study.cells, rows, study.plan, path)
         last, before = registration(path, commit)
     shown = os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
     if before:
@@ -568,17 +596,18 @@ def _primary(study: Study, number: int, commit: str) -> list:
         )
         title = f"## {number}. The claims of `{shown}` (not pre-registered for this run: exploratory)"
     named, earlier = confirmatory_run(path, recorded["text"] if recorded else None)
+    rule = retrieval_test(path, recorded["text"] if recorded else None, recorded_test(recorded))
     if named:
         status += (
-            f" The file names the run that tests these claims: {named}. Earlier runs that tested claims of "
-            f"this file under other protocols: {len(earlier)}" + (f" ({'; '.join(earlier)})." if earlier else ".")
+            f" The file names the run that tests these claims: {named}. Earlier runs the file lists, under "
+            f"other protocols: {len(earlier)}" + (f" ({'; '.join(earlier)})." if earlier else ".")
         )
     rows = [
         [
             o.claim.id,
             o.claim.claim,
             o.claim.source,
-            o.claim.test,
+            f"{o.claim.test} ({o.method})" if o.method else o.claim.test,
             hypothesis(o.claim),
             o.estimate,
             "n/a" if o.p is None else f"{o.p:.3g}",
@@ -590,12 +619,7 @@ def _primary(study: Study, number: int, commit: str) -> list:
     return [
         title,
         "",
-        f"The claims file: {status} Perplexity claims test the per-seed log ratio ppl(a) / ppl(b) "
-        f"(a t-test, or two one-sided tests against the margin for equivalence); retrieval claims test each "
-        f"seed's accuracy against the threshold, or the per-seed difference of two cells (paired: every model of "
-        f"a seed sees the same probes), with Student's t over seeds. Estimates carry the {100 * (1 - 2 * alpha):g}% "
-        f"interval, the one the test at level {alpha:g} decides on (for TOST: equivalence holds at level "
-        f"{alpha:g} exactly when that interval lies inside the margins). p-values are one-sided; Holm's "
+        f"The claims file: {status} {tests_text(rule, alpha)} p-values are one-sided; Holm's "
         f"correction runs over all {len(tested)} claims (an untested claim counts as p = 1); *supported* means "
         f"adjusted p < {alpha:g}, *not supported* is not evidence of the opposite.",
         "",

@@ -21,8 +21,7 @@ whose interval is ``wilson``'s (Wilson 1927), the score interval
 
 which stays inside [0, 1] and is not empty at k = 0 or k = n (``longeval`` on one checkpoint).
 Across seeds the study does not pool probes: each seed's accuracy is one value (the trained
-model is the unit), read with the t-interval above, and seeds that agree exactly are tested by
-the sign test (``t_test``).
+model is the unit), read with the t-interval above, and tested by the sign-flip test below.
 
 Hypothesis tests, for claims written down before a run (each gives a p-value, so that many
 claims can be corrected together):
@@ -30,12 +29,27 @@ claims can be corrected together):
 * ``t_test``: the one-sided one-sample t-test (Student 1908) of "the mean of the per-seed
   values is below (above) a threshold": t = (mean - threshold) / (s / sqrt(n)), n - 1
   degrees of freedom. Superiority claims ("A beats B": log(ppl_A / ppl_B) < 0 per seed).
+  Values without any spread have no t statistic (s = 0): ``t_test`` refuses them, and the
+  caller tests them with ``sign_flip_test`` (at five agreeing seeds the t-test's p would jump
+  from 2^-5 to nearly 0 as soon as one seed moved by a probe).
 * ``tost``: two one-sided tests for equivalence (Schuirmann 1987): "the mean lies inside
   (low, high)" holds when both "mean > low" and "mean < high" are rejected-against, i.e.
   p = max(p_low, p_high); at level alpha this is the same as the (1 - 2 alpha) t-interval
   lying inside the margins. "Flat" and "ties" claims, with their margin stated beforehand.
-  Retrieval claims take it too, on per-seed accuracies (against a threshold) or per-seed
-  differences (paired): the seed, not the probe, is the unit.
+* ``sign_flip_test``: the exact one-sided paired sign-flip permutation test (Fisher 1935,
+  section 21; Pitman 1937) of "the mean of the per-seed values is below (above) a threshold",
+  for values whose distribution the t-test cannot assume normal: retrieval accuracies, bounded
+  in [0, 1] and saturating at 0% or 100%, and differences of them or of log-probabilities. With
+  d_i = value_i - threshold and the statistic S = sum d_i, under the null hypothesis each d_i is
+  as likely to carry either sign (d_i symmetric about 0: for a paired difference, the two cells
+  exchangeable within a seed), so each of the 2^n sign patterns e_i = +-1 gives an equally
+  likely S(e) = sum e_i d_i; p is the share of patterns with S(e) at least as extreme as the
+  observed S (the identity included, so p >= 2^-n; all d_i = 0 gives p = 1). The test is exact
+  at any n and moves in steps of 2^-n as the values move: no spread gives 2^-n, as does one
+  seed a probe below the others; its smallest p at five seeds is 1/32 = 0.031, at eight 0.0039.
+  ``sign_flip_interval`` inverts it (Pitman 1937): the thresholds that neither one-sided test
+  at level (1 - c) / 2 rejects, the interval the test decides on. ``sign_flip_tost`` is its
+  equivalence version (two one-sided sign-flip tests, p the larger).
 * ``holm``: Holm's step-down adjusted p-values (Holm 1979): sort p_(1) <= ... <= p_(m),
   adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)); a claim holds at family-wise
   error rate alpha when its adjusted p-value is below alpha.
@@ -46,6 +60,7 @@ beta function (continued fraction, Numerical Recipes section 6.4), inverted by b
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -205,29 +220,33 @@ def _check_expect(expect: str) -> None:
         raise ValueError(f"expect={expect!r}: valid: '<', '>'")
 
 
+def no_spread(values: Sequence[float]) -> bool:
+    """Whether every value is the same (then the t statistic is undefined: s = 0)."""
+    return max(values) == min(values)
+
+
 def t_statistic(values: Sequence[float], threshold: float) -> tuple:
-    """(t, degrees of freedom) of the one-sample t-test of ``values`` against ``threshold``."""
+    """(t, degrees of freedom) of the one-sample t-test of ``values`` against ``threshold``; t is
+    +-inf (0 at the threshold) for values without spread."""
     values = [float(v) for v in values]
     n = len(values)
     if n < 2:
         raise ValueError(f"a t-test needs at least 2 values, got {n}")
     mean = sum(values) / n
+    if no_spread(values):
+        return (math.copysign(math.inf, values[0] - threshold) if values[0] != threshold else 0.0), n - 1
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    if sd == 0.0:
-        return (math.copysign(math.inf, mean - threshold) if mean != threshold else 0.0), n - 1
     return (mean - threshold) / (sd / math.sqrt(n)), n - 1
 
 
 def t_test(values: Sequence[float], threshold: float, expect: str) -> float:
     """p-value of the one-sided one-sample t-test of "mean ``expect`` threshold" (``expect``
     '<' or '>'; the null hypothesis is the other side, equality included). Values without any
-    spread (t = +-inf: seeds that agreed exactly, e.g. retrieval saturated at 0% or 100%) fall
-    back to the exact sign test over the n values, 0.5^n when all lie on the expected side and
-    1 otherwise: the t-test would give p = 0 from two agreeing seeds."""
+    spread have no t statistic and are refused (ValueError): test them with ``sign_flip_test``."""
     _check_expect(expect)
     t, df = t_statistic(values, threshold)
-    if math.isinf(t):
-        return 0.5 ** len(values) if (t < 0) == (expect == "<") else 1.0
+    if no_spread(values):
+        raise ValueError(f"a t-test needs values with some spread, got {len(values)} equal values: use sign_flip_test")
     return t_cdf(t, df) if expect == "<" else 1.0 - t_cdf(t, df)
 
 
@@ -237,6 +256,85 @@ def tost(values: Sequence[float], low: float, high: float) -> float:
     if not low < high:
         raise ValueError(f"tost needs low < high, got low={low}, high={high}")
     return max(t_test(values, low, ">"), t_test(values, high, "<"))
+
+
+SIGN_FLIP_MAX = 32  # values a sign-flip test counts exactly: two halves of 2^16 subset sums at most
+TIE_TOLERANCE = 1e-9  # sign patterns whose sums differ by less than this share of sum |d_i| are tied
+
+
+def sign_flip_test(values: Sequence[float], threshold: float, expect: str) -> float:
+    """p-value of the exact one-sided paired sign-flip permutation test (Fisher 1935; Pitman 1937)
+    of "mean ``expect`` threshold" (``expect`` '<' or '>'; the null hypothesis: each
+    d_i = value_i - threshold symmetric about 0). Of the 2^n sign patterns e, the share whose
+    S(e) = sum e_i d_i is >= sum d_i (for '>'; <= for '<'), the identity counted: p >= 2^-n, and
+    p = 1 when every d_i is 0. Sums within ``TIE_TOLERANCE`` x sum |d_i| of the observed one count
+    as tied (so as extreme), so float noise cannot flip a tie.
+
+    Counted exactly, not sampled: flipping the signs of a set F changes S by -2 sum_F d_i, so for
+    '>' the count is the number of subsets F with sum_F d_i <= the tolerance, found by splitting
+    the values in two halves, listing each half's 2^(n/2) subset sums and counting the pairs by
+    bisection (meet in the middle). At most ``SIGN_FLIP_MAX`` values (ValueError beyond)."""
+    _check_expect(expect)
+    d = [float(v) - threshold for v in values]
+    if not d or len(d) > SIGN_FLIP_MAX or not all(math.isfinite(x) for x in d):
+        raise ValueError(f"a sign-flip test needs 1 to {SIGN_FLIP_MAX} finite values, got {len(d)}: {list(values)}")
+    if expect == "<":
+        d = [-x for x in d]
+    return _subsets_at_most(d, TIE_TOLERANCE * sum(abs(x) for x in d)) / 2 ** len(d)
+
+
+def _subset_sums(values: Sequence[float]) -> list:
+    """The 2^n sums of the subsets of ``values`` (the empty one included)."""
+    sums = [0.0]
+    for v in values:
+        sums += [s + v for s in sums]
+    return sums
+
+
+def _subsets_at_most(values: Sequence[float], bound: float) -> int:
+    """How many of the 2^n subsets of ``values`` sum to at most ``bound`` (meet in the middle)."""
+    half = len(values) // 2
+    left, right = _subset_sums(values[:half]), sorted(_subset_sums(values[half:]))
+    return sum(bisect.bisect_right(right, bound - s) for s in left)
+
+
+def sign_flip_tost(values: Sequence[float], low: float, high: float) -> float:
+    """p-value of two one-sided sign-flip tests of "low < mean < high": the larger of the
+    p-values of "mean > low" and "mean < high" (Schuirmann's procedure, the tests exact)."""
+    if not low < high:
+        raise ValueError(f"sign_flip_tost needs low < high, got low={low}, high={high}")
+    return max(sign_flip_test(values, low, ">"), sign_flip_test(values, high, "<"))
+
+
+def sign_flip_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple:
+    """(low, high): the thresholds that neither one-sided sign-flip test at level (1 - c) / 2
+    rejects (the test inverted, Pitman 1937), so "mean > t" is decided at that level exactly when
+    t < low (to the tie tolerance). Inside [min, max] of the values ([min, max] itself at five
+    values and 90%); (-inf, inf) when 2^-n > (1 - c) / 2 (no pattern count can reach the level:
+    four values or fewer at 90%)."""
+    values = [float(v) for v in values]
+    level = (1.0 - confidence) / 2.0
+    if not values or 0.5 ** len(values) > level:
+        return -math.inf, math.inf
+    return max(min(values), _boundary(values, level, ">")), min(max(values), _boundary(values, level, "<"))
+
+
+def _boundary(values: list, level: float, expect: str) -> float:
+    """Where the one-sided test of "mean ``expect`` t" stops rejecting as t moves towards the
+    values (bisection: its p-value is monotone in t). Below the least value every d_i > 0 and
+    '>' gets p = 2^-n <= level; at the largest, p = 1."""
+    low, high = min(values), max(values)
+    step = (high - low) or max(1.0, abs(low))
+    rejected, kept = (low - step, high) if expect == ">" else (high + step, low)
+    for _ in range(200):
+        middle = 0.5 * (rejected + kept)
+        if middle in (rejected, kept):
+            break
+        if sign_flip_test(values, middle, expect) <= level:
+            rejected = middle
+        else:
+            kept = middle
+    return kept
 
 
 def holm(pvalues: Sequence[float]) -> list:
