@@ -72,12 +72,19 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         assert f"\n| {kind} | " in text
     assert " ± " in text and "n/a (bounded)" in text
     cells = list(csv.DictReader(open(out / "results.csv")))
-    scratch = [c for c in cells if c["section"] == "scratch"]
+    scratch = [c for c in cells if c["section"] == "scratch" and c["seed"] != "9"]  # 9: the claim seed
     modes, lengths = plan["eval"]["modes"], [int(m * L) for m in plan["eval"]["multiples"]]
     rows = designs.scratch_labels(plan)  # the kinds, then the per-layer arms
     assert len(rows) == len(designs.KINDS) + 5 and {"rnope-swa", "nope-last", "p-rope", "sinks"} < set(rows)
     assert len(scratch) == len(rows) * 2 * len(modes) * len(lengths)
-    assert {c["seed"] for c in cells if c["section"] not in ("tuning", "sweep")} == {"3", "4"}
+    assert {c["seed"] for c in cells if c["section"] not in ("tuning", "sweep")} == {"3", "4", "9"}
+    # the claim seed (9) trains only the rows the retrieval claims read, and rope, their extensions' source
+    assert {c["label"] for c in cells if c["seed"] == "9" and c["section"] == "scratch"} == {
+        "rope",
+        "alibi",
+        "rnope-swa",
+    }
+    assert "seeds 9 train only the rows the retrieval claims read" in text
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
@@ -133,7 +140,9 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == {
         (m, w) for m in extension.extension_labels(plan) for w in ("before", "after")
     }
-    scratch_probes = [p for p in probes if p["section"] == "scratch" and p["keys"] == "1"]  # the single needle's
+    scratch_probes = [  # the single needle's, at the tables' seeds (9: the claim seed)
+        p for p in probes if p["section"] == "scratch" and p["keys"] == "1" and p["seed"] != "9"
+    ]
     assert len(scratch_probes) == len(designs.scratch_labels(designs.QUICK)) * 2 * len(r["multiples"]) * len(
         r["depths"]
     )
@@ -270,9 +279,12 @@ def test_the_study_fine_tunes_on_text_alone_and_asks_the_passkey_before_and_afte
             train = torch.load(out / "runs" / name / "ckpt.pt", weights_only=False)["config"]["train"]
             assert (train["retrieval_share"] == 0) == extension.is_text_only(run["label"]), name
     rows = list(csv.DictReader(open(out / "passkey.csv")))
-    assert {(r["label"], r["when"]) for r in rows} == {(m, w) for m in labels for w in ("before", "after")}
+    assert {(r["label"], r["when"]) for r in rows if r["seed"] != "9"} == {
+        (m, w) for m in labels for w in ("before", "after")
+    }
     assert {(r["seed"], int(r["length"]), int(r["trials"])) for r in rows} == {
-        (s, 4 * L - 8, plan["extension"]["passkey_trials"]) for s in ("3", "4")
+        (s, 4 * L - 8, plan["extension"]["passkey_trials"])
+        for s in ("3", "4", "9")  # 9: the claim seed's rows
     }
     assert {float(r["depth"]) for r in rows} == set(plan["retrieval"]["depths"])
     text = (out / "report.md").read_text(encoding="utf-8")
@@ -760,6 +772,31 @@ def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
         for cell in filter(None, (claim.a, claim.b)):
             assert (cell["section"], cell["label"]) in made, claim.id
     assert [c.id for c in claims] == [c.id for c in primary.load(primary.path_for("length-generalization"))[2]][:13]
+
+
+def test_the_rows_the_retrieval_claims_read_train_at_the_claim_seeds_too(tmp_path):
+    """The exact test's p cannot fall below 2^-n: the rows the registered retrieval claims read (and the
+    runs they start from) train again at ``claim_seeds``, so those claims are tested on 8 seeds; nothing
+    else does."""
+    from minilm.study import primary
+
+    plan = experiments.make_plan("length-generalization", False)
+    study = experiments.Study(plan, str(tmp_path))
+    study.scored_tokens = 8192
+    study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
+    study.claimed = primary.retrieval_rows(primary.path_for("length-generalization"))
+    assert ("scratch", "alibi") in study.claimed and ("extension", "linear") in study.claimed
+    assert ("scratch", "t5") not in study.claimed  # t5's claims are all on perplexity
+    study.build()
+    extra = {(r.section, r.label) for r in study.runs.values() if r.seed in plan["claim_seeds"]}
+    assert extra == study.claimed | {("scratch", "rope")}  # rope: the extension rows' source
+    for seed in plan["claim_seeds"]:
+        assert study.runs[f"rope-linear-512-s{seed}"].source == f"rope-s{seed}"
+    assert len(plan["seeds"]) + len(plan["claim_seeds"]) >= 8
+    with pytest.raises(experiments.ExperimentError, match=r"claim_seeds=\[5\] is invalid"):
+        experiments.make_plan("length-generalization", False, None, ["claim_seeds=[5]"])
+    with pytest.raises(experiments.ExperimentError, match=r"claim_seeds=\[101\] is invalid"):
+        experiments.make_plan("length-generalization", False, None, ["claim_seeds=[101]"])
 
 
 def frozen_rates(plan: dict) -> dict:

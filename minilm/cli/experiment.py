@@ -199,6 +199,8 @@ def run(args, argv, out: str) -> int:
         last, before = primary.registration(path, commit)
         study.use_rates(contents, {"path": shown_path(path), "commit": last, "registered": before})
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now
+    if study.claims:  # the rows the retrieval claims read, trained at the plan's claim_seeds too
+        study.claimed = primary.retrieval_rows(primary.path_for(plan["experiment"]), study.claims["text"])
     study.build()
     kept = keep_aside(os.path.join(out, "discussion.md")) if earlier and not args.resume else None
     if kept:  # it discussed the earlier run: this run's report must not carry it, and nothing written is lost

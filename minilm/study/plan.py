@@ -83,6 +83,13 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
     plan["seeds"] = list(seeds) if seeds is not None else plan["seeds"]
     if not plan["seeds"] or len(set(plan["seeds"])) != len(plan["seeds"]):
         raise ExperimentError(f"seeds={plan['seeds']} are invalid: expected distinct integers")
+    extra = plan.get("claim_seeds", [])
+    taken = set(plan["seeds"]) | set(plan.get("tuning", {}).get("seeds", []))
+    if not isinstance(extra, list) or len(set(extra)) != len(extra) or taken & set(extra):
+        raise ExperimentError(
+            f"claim_seeds={extra} is invalid: expected a list of seeds apart from the seeds {plan['seeds']} and "
+            f"the tuning seeds"
+        )
     kinds = plan.get("kinds", KINDS)
     if any(k not in KINDS for k in kinds) or "rope" not in kinds or len(set(kinds)) != len(kinds):
         raise ExperimentError(
@@ -233,6 +240,7 @@ class Study:
         # the frozen rates (``use_rates``): kind -> its scale of train.lr; extension row -> its fine-tuning rate
         self.lr_scales, self.finetune_lrs = {}, {}
         self.rates: Optional[dict] = None  # where they were read: path, commit, registered, grids
+        self.claimed: set = set()  # (section, label) the retrieval claims read: trained at ``claim_seeds`` too
         self.claims: Optional[dict] = None  # the claims file as the run read it (``minilm.study.primary.snapshot``)
 
     @property
@@ -461,8 +469,30 @@ class Study:
                 oracle_runs(self.plan) if seed in seeds[: controls.get("oracle_seeds", 1)] else []
             ):
                 self._oracle(kind, label, scale, seed, long)
+        self._build_claim_seeds(extensions)
         self._build_evaluations()
         return self.jobs
+
+    def _build_claim_seeds(self, extensions: dict) -> None:
+        """The rows the retrieval claims read (``claimed``), and the runs they start from, at each of
+        the plan's ``claim_seeds``: seeds beyond the tables' five for the exact test, whose p cannot fall
+        below 2^-n (``minilm.study.primary``). Rope first, as in ``build``."""
+        rows = [label for section, label in self.claimed if section == "extension" and label in extensions]
+        kinds = {label for section, label in self.claimed if section == "scratch"} | {extensions[r][0] for r in rows}
+        for seed in self.plan.get("claim_seeds", []) if self.claimed else []:
+            for kind in sorted(kinds, key=lambda k: k != "rope"):
+                if kind in scratch_labels(self.plan):
+                    self._train(
+                        f"{kind}-s{seed}",
+                        "scratch",
+                        kind,
+                        seed,
+                        self.arm(kind)[0],
+                        "train from scratch",
+                        **self._by_kind(kind),
+                    )
+            for label in rows:
+                self._extend(label, seed, *extensions[label])
 
     def _oracle(self, kind: str, label: str, scale: float, seed: int, long: int) -> None:
         """An oracle control of ``kind`` trained from scratch at ``long`` tokens with ``scale`` x the

@@ -397,6 +397,19 @@ def hypothesis(claim: Claim) -> str:
 # --------------------------------------------------------------------------- registration
 
 
+def retrieval_rows(path: str, text: Optional[str] = None) -> set:
+    """(section, label) of every cell a retrieval claim of the file reads: the rows that the plan's
+    ``claim_seeds`` train again, since the exact test needs more than five seeds (module docstring)."""
+    _, _, claims = load(path, text)
+    return {
+        (c["section"], c["label"])
+        for claim in claims
+        if TESTS[claim.test] == "retrieval"
+        for c in (claim.a, claim.b)
+        if c
+    }
+
+
 def snapshot(experiment: str, run_commit: str) -> Optional[dict]:
     """What a run records of its claims file when it starts (``Study.claims``): the text it tests,
     the commit that last changed the file, whether that commit is in the run's history and the

@@ -143,7 +143,7 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
         f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "
         f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']} (the runs trained in "
         f"{', '.join(sorted({s.get('dtype', '?') for s in study.summaries().values()})) or 'n/a'}; evaluation "
-        f"in float32)",
+        f"in float32){_claim_seeds(study)}",
         "",
     ]
 
@@ -264,6 +264,19 @@ def _length_table(cells, section, labels, lengths, mode, step=None, names=None) 
             for label in labels
         ],
         "l" + "r" * len(lengths),
+    )
+
+
+def _claim_seeds(study: Study) -> str:
+    """Which rows the plan's ``claim_seeds`` trained again (the rows the retrieval claims read)."""
+    extra = sorted({run.seed for run in study.runs.values()} & set(study.plan.get("claim_seeds", [])))
+    rows = sorted({run.label for run in study.runs.values() if run.seed in extra})
+    if not extra:
+        return ""
+    return (
+        f"; seeds {', '.join(map(str, extra))} train only the rows the retrieval claims read ({', '.join(rows)}), "
+        f"so their exact tests have {len(study.plan['seeds']) + len(extra)} seeds; every table's mean is over the "
+        f"seeds a row has"
     )
 
 
