@@ -668,10 +668,18 @@ def test_each_scheme_takes_the_scale_with_the_lowest_held_out_log_perplexity():
     probes = [probed("t5", 1.0, 101, 3), probed("t5", 1.0, 102, 9), probed("t5", 0.5, 101, 32)]
     assert tuning.task_accuracy(probes, "t5", 1.0) == pytest.approx((3 / 32 + 9 / 32) / 2)
     assert tuning.rejected(plan, cells, probes, "t5", grid) == {
-        1.0: "failed the task: 19% retrieved at L, below 50%",
+        1.0: "failed the task: 18.8% retrieved at L, below 50%",
         2.0: "diverged (no finite held-out perplexity on every tuning seed)",
     }
     assert tuning.choose(plan, cells, probes, "t5", grid) == 0.5  # the next best, geometric mean 60
+    # a kind that fails the task at every scale is chosen by its perplexity alone, and listed
+    failing = [probed("t5", s, seed, 3) for s in (0.5, 1.0) for seed in (101, 102)]
+    assert tuning.rejected(plan, cells, failing, "t5", grid) == {
+        2.0: "diverged (no finite held-out perplexity on every tuning seed)"
+    }
+    assert tuning.choose(plan, cells, failing, "t5", grid) == 1.0
+    assert tuning.task_failures(plan, failing, {"t5": [0.5, 1.0]}) == ["t5"]
+    assert tuning.task_failures(plan, probes, {"t5": [0.5, 1.0]}) == []
 
 
 def test_a_choice_at_the_edge_of_its_grid_extends_the_grid_and_tunes_again():

@@ -275,7 +275,12 @@ class Study:
         cells and retrieval rows join the study's, for the report's tables of the choice."""
         self.lr_scales = {k: float(v) for k, v in contents["scales"].items()}
         self.finetune_lrs = {k: float(v) for k, v in contents["finetune_lrs"].items()}
-        self.rates = {**where, "grids": contents.get("grids", {}), "rejected": contents.get("rejected", [])}
+        self.rates = {
+            **where,
+            "grids": contents.get("grids", {}),
+            "rejected": contents.get("rejected", []),
+            "task_failures": contents.get("task_failures", []),
+        }
         self.cells.extend(contents.get("cells", []))
         self.retrieval.extend(contents.get("retrieval", []))
 

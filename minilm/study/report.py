@@ -305,7 +305,12 @@ def _frozen_rates(study: Study) -> list:
     out = "; ".join(f"{x['kind']} x{x['scale']:g}: {x['why']}" for x in r.get("rejected", []))
     return [
         f"The rates were frozen by the tuning step in `{r['path']}`{commit} ({when[r.get('registered')]})."
-        + (f" Scales out of the choice: {out}." if out else ""),
+        + (f" Scales out of the choice: {out}." if out else "")
+        + (
+            f" Below the task floor at every scale, so chosen by perplexity alone: {', '.join(r['task_failures'])}."
+            if r.get("task_failures")
+            else ""
+        ),
         "",
     ]
 

@@ -3,8 +3,8 @@
 ``python -m minilm experiment NAME --tune`` chooses, on the tuning seeds only:
 
 1. each kind's scale of ``train.lr`` (``minilm.study.tuning``: held-out perplexity at L, a scale
-   whose models fail the retrieval task rejected), in rounds: a kind whose choice sits at an end
-   of its grid gets the next scale past that end, and is tuned again, until every choice is
+   whose models fail the retrieval task rejected where another scale learns it), in rounds: a kind
+   whose choice sits at an end of its grid gets the next scale past that end, and is tuned again, until every choice is
    inside its grid (at most ``tuning.MAX_EXTENSIONS`` added scales, else a ``TuningError``);
 2. then each extension row's fine-tuning rate (``minilm.study.sweep``), from the tuning runs at
    the chosen scales, in rounds the same way.
@@ -84,6 +84,7 @@ def run_tuning(study, kinds, about: dict) -> dict:
         for kind in kinds
         if (out := tuning.rejected(plan, results["cells"], results["retrieval"], kind, grids[kind]))
     }
+    failures = tuning.task_failures(plan, results["retrieval"], grids)
     rows = {row: sorted(sweep.rates(plan)) for row in extension_runs(plan)} if sweep.rates(plan) else {}
     try:
         finetune_lrs = _rounds(
@@ -94,7 +95,7 @@ def run_tuning(study, kinds, about: dict) -> dict:
         )
     except TuningError as exc:
         raise SweepError(str(exc)) from None
-    return rates.record(
+    contents = rates.record(
         plan,
         {"scales": study.lr_scales, "finetune_lrs": finetune_lrs},
         {"scales": grids, "finetune_lrs": rows},
@@ -103,3 +104,5 @@ def run_tuning(study, kinds, about: dict) -> dict:
         [r for r in results["retrieval"] if r["section"] == tuning.SECTION],
         about,
     )
+    contents["task_failures"] = failures  # kinds below tuning.task_floor at every scale: chosen by perplexity
+    return contents

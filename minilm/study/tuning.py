@@ -11,8 +11,10 @@ validation split the report reads) and probed for the retrieval task at L on tha
 ``choose``: the scale with the lowest mean log perplexity over the tuning seeds (the scale nearer
 1 on a tie). A scale is out when it diverged on any tuning seed, or when the kind *fails the task*
 there: its retrieval accuracy at L, mean over the tuning seeds, below ``tuning.task_floor`` (a rate
-that buys text at the task's expense is no rate for a study of retrieval). ``extend``: a choice
-at either end of the grid adds the next scale past it (the grid's own ratio), and the tuning step
+that buys text at the task's expense is no rate for a study of retrieval) where another scale of the
+grid reaches it. A kind below the floor at every scale is chosen by perplexity alone and listed in the
+rates file (``task_failures``). ``extend``: a choice at either end of the grid adds the next scale past
+it (the grid's own ratio), and the tuning step
 tunes again, until every choice is inside its grid. The chosen scales are frozen in the rates file
 (``minilm.study.rates``) that the confirmatory runs read.
 """
@@ -105,16 +107,31 @@ def task_accuracy(retrieval: Sequence[dict], kind: str, scale: float) -> Optiona
     return sum(hits / trials for hits, trials in by_seed.values()) / len(by_seed)
 
 
+def fails_task(plan: dict, retrieval: list, kind: str, scale: float) -> bool:
+    """Whether ``kind`` at ``scale`` retrieves less than ``tuning.task_floor`` at L (mean over tuning seeds)."""
+    accuracy = task_accuracy(retrieval, kind, scale)
+    return accuracy is not None and accuracy < task_floor(plan)
+
+
 def rejected(plan: dict, cells: list, retrieval: list, kind: str, grid: Sequence[float]) -> dict:
-    """{scale: why it is out} of ``kind``'s ``grid``: it diverged on a tuning seed, or failed the task."""
+    """{scale: why it is out} of ``kind``'s ``grid``: it diverged on a tuning seed, or it failed the task
+    where another scale of the grid did not (a kind that fails the task at every scale is chosen by its
+    perplexity alone, and the rates file lists it: ``task_failures``)."""
     L, out = plan["model"]["block_size"], {}
+    finite = [s for s in grid if mean_log_perplexity(cells, SECTION, label(kind, s), L, MODE) is not None]
+    learns = any(not fails_task(plan, retrieval, kind, s) for s in finite)
     for scale in grid:
         accuracy = task_accuracy(retrieval, kind, scale)
-        if mean_log_perplexity(cells, SECTION, label(kind, scale), L, MODE) is None:
+        if scale not in finite:
             out[scale] = "diverged (no finite held-out perplexity on every tuning seed)"
-        elif accuracy is not None and accuracy < task_floor(plan):
-            out[scale] = f"failed the task: {100 * accuracy:.0f}% retrieved at L, below {100 * task_floor(plan):g}%"
+        elif learns and fails_task(plan, retrieval, kind, scale):
+            out[scale] = f"failed the task: {100 * accuracy:.1f}% retrieved at L, below {100 * task_floor(plan):g}%"
     return out
+
+
+def task_failures(plan: dict, retrieval: list, grids: dict) -> list:
+    """The kinds that fail the task at every scale of their grid (chosen by perplexity alone)."""
+    return [kind for kind, grid in grids.items() if all(fails_task(plan, retrieval, kind, s) for s in grid)]
 
 
 def choose(plan: dict, cells: list, retrieval: list, kind: str, grid: Sequence[float]) -> float:
