@@ -18,6 +18,7 @@ from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import claims, designs, extension, report, sweep
 from minilm.study import plan as experiments
+from minilm.study.jobs import check_graph
 
 
 @pytest.fixture(scope="module")
@@ -768,7 +769,10 @@ def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
     runs = study.runs
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     assert tokens(runs["rope-s11"]) == first["train"]["max_steps"] * first["train"]["batch_size"] * 128
+    check_graph(study.jobs)  # every job's sources are in the graph (no extension from a kind it does not train)
     assert runs["rope-yarn-2048-s11"].config.model.block_size == 2048
+    with pytest.raises(experiments.ExperimentError, match=r"other_extensions has \['learned-pi'\], whose source kind"):
+        experiments.make_plan("replication-512", False, None, ["controls.other_extensions=[learned-pi]"])
     assert runs["rope-yarn-2048-s11"].config.model.position["scaling"] == {"type": "yarn", "factor": 4}
     # the answers' share of the loss is the first study's at every length
     share = first["retrieval"]["answer_share"]

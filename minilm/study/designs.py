@@ -228,6 +228,7 @@ ABLATION_FULL, ABLATION_QUICK = (
 REPLICATION = copy.deepcopy(FULL)
 REPLICATION.update(experiment="replication-512", seeds=[11, 12, 13, 14, 15], claim_seeds=[16, 17, 18])
 REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none"]
+REPLICATION["controls"]["other_extensions"] = ["sinusoidal-pi"]  # learned is not among its kinds
 REPLICATION.pop("arms")
 REPLICATION["model"]["block_size"] = 512
 REPLICATION["train"]["batch_size"] = 4
@@ -238,6 +239,7 @@ REPLICATION["eval"]["multiples"] = [1, 2, 4]
 REPLICATION["retrieval"]["multiples"] = [1, 2, 4]
 REPLICATION_QUICK = copy.deepcopy(QUICK)
 REPLICATION_QUICK.update(experiment="replication-512", kinds=REPLICATION["kinds"])
+REPLICATION_QUICK["controls"]["other_extensions"] = ["sinusoidal-pi"]
 REPLICATION_QUICK["extension"].update(text_only=False, passkey_trials=0)
 REPLICATION_QUICK.pop("arms")
 REPLICATION_QUICK["schemes"] = {k: v for k, v in QUICK["schemes"].items() if k in REPLICATION["kinds"]}

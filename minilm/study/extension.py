@@ -134,6 +134,16 @@ def plan_problem(plan: dict, kinds) -> "str | None":
     trials = ext.get("passkey_trials", 0)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 0:
         return f"extension.passkey_trials={trials!r} is invalid: expected an integer >= 0 (0: no passkey)"
+    sourceless = [
+        e
+        for e in plan.get("controls", {}).get("other_extensions", [])
+        if OTHER_EXTENSIONS.get(e, ("",))[0] not in kinds
+    ]
+    if sourceless:
+        return (
+            f"controls.other_extensions has {sourceless}, whose source kind the plan does not train: kinds are "
+            f"{', '.join(kinds)}"
+        )
     unknown = [m for m in plan["extension"]["methods"] if m not in METHOD_NAMES]
     if unknown:
         return f"extension.methods has {unknown}: valid: {', '.join(METHOD_NAMES)}"

@@ -109,6 +109,15 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
             f"retrieval.query_density={density} is invalid: expected [queries, tokens], e.g. [3, 128]: 3 queries a "
             f"row of 128 tokens"
         )
+    for length in {
+        plan["model"]["block_size"],
+        int(plan.get("extension", {}).get("factor", 1) * plan["model"]["block_size"]),
+    }:
+        try:
+            if share is not None:
+                weight_for_share(share, length, queries_for(plan, length))
+        except (ValueError, TypeError) as exc:
+            raise ExperimentError(f"retrieval.query_density: {exc}: use fewer queries") from None
     unknown = [m for m in plan["eval"]["modes"] if m not in MODES]
     if unknown or not plan["eval"]["modes"]:
         raise ExperimentError(f"eval.modes={plan['eval']['modes']} is invalid: valid: {', '.join(MODES)}")

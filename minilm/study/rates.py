@@ -24,9 +24,10 @@ from minilm.common import MinilmError, atomic_write
 from minilm.yamlfile import parse_yaml
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
-# the plan's sections whose settings the rates depend on (eval, retrieval probes, seeds and controls do not)
+# the plan's sections whose settings the rates depend on (eval, seeds and controls do not); the retrieval keys that
+# shape training rows or decide the task floor; the extension's factor and fine-tuning length
 TUNED_FOR = ("model", "data", "train", "finetune", "schemes", "arms", "tuning", "sweep")
-TRAINING_RETRIEVAL = ("answer_share", "query_density")  # the retrieval section's keys that shape training rows
+TRAINING_RETRIEVAL = ("answer_share", "query_density", "depths", "trials")
 FILE = "rates.yaml"  # the file's name in an experiment's --out when it is not the registered one (--quick)
 
 
@@ -44,7 +45,7 @@ def tuned_for(plan: dict) -> dict:
     return {
         **{key: copy.deepcopy(plan.get(key)) for key in TUNED_FOR},
         "retrieval": {key: copy.deepcopy(plan.get("retrieval", {}).get(key)) for key in TRAINING_RETRIEVAL},
-        "extension": {"factor": plan.get("extension", {}).get("factor")},
+        "extension": {key: plan.get("extension", {}).get(key) for key in ("factor", "curve_steps")},
     }
 
 

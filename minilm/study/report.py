@@ -122,8 +122,11 @@ def rewrite_report(out: str) -> str:
 def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> list:
     plan = study.plan
     return [
-        "# Length generalization: train short, test long, then extend"
-        if plan["experiment"] == "length-generalization"
+        (
+            "# Length generalization: train short, test long, then extend"
+            + (f" (the replication at L = {study.L})" if plan["experiment"] == "replication-512" else "")
+        )
+        if plan["experiment"] != "ablation"
         else "# Ablations: variants of the study's models against references",
         "",
         f"Command: `{command}`  ",
@@ -210,7 +213,7 @@ def _protocol(study: Study) -> list:
             )
             + "."
         )
-    if plan["experiment"] == "length-generalization":
+    if plan["experiment"] != "ablation":
         lines += _retrieval_protocol(study)
     return lines + [""]
 
@@ -662,7 +665,7 @@ def _comparison(study: Study, number: int) -> list:
         table(header, verdicts(study.cells, study.plan)),
         "",
     ]
-    if study.plan["experiment"] == "length-generalization":
+    if study.plan["experiment"] != "ablation":
         lines += [
             "Retrieval: each seed's accuracy (its probes and depths counted together unless a depth is "
             "named), or the per-seed difference of two cells (paired); mean and 95% t-interval over seeds.",

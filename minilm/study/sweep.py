@@ -4,7 +4,7 @@
 No extension row's rate is guessed, and no row borrows another's: in the tuning step
 (``minilm.study.tune``), after each kind's scale is chosen, every row of the extension (each rope
 scaling method, the other schemes' interpolations, the keep-training control) is fine-tuned at
-each rate of its grid (``sweep.lrs`` to start with, a grid from 3e-5 to 1e-3 in the full study),
+each rate of its grid (``sweep.lrs`` to start with, a grid from 1e-4 to 1e-3 in the full study),
 as its runs are, from the model of its source kind at each *tuning seed* (trained at the scale
 chosen for that kind; no table reads them), and each run is scored at factor x L on the held-out
 end of the train split (``data.holdout_tokens``), never on the validation split the report reads.
