@@ -40,6 +40,7 @@ def quick_study(tiny_corpus, tmp_path_factory):
             f"data.dir={tiny_corpus / 'data'}",
             "train.max_steps=20",
             "sweep.lrs=[1.0e-4, 3.0e-3]",
+            "tuning.lr_scales=[1.0, 2.0, 4.0]",  # grids of several values: the tuning step's rounds run
             "tuning.seeds=[101]",
         ]
     )  # neither is finetune.lr (5e-4)

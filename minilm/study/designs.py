@@ -186,8 +186,11 @@ QUICK["finetune"].update({"warmup_steps": 2})
 QUICK["extension"].update(
     {"methods": ["none", "linear", "dynamic", "yarn"], "curve_steps": [0, 5, 10], "passkey_trials": 2}
 )
-QUICK["sweep"]["lrs"] = [1.0e-4, 1.0e-3]
-QUICK["tuning"].update({"seeds": [101], "task_floor": 0.0})  # 30 steps learn no retrieval: nothing is rejected
+# one scale and one rate: the smoke test runs the tuning step's chain once; its rounds are the tests'
+QUICK["sweep"]["lrs"] = [1.0e-3]
+QUICK["tuning"].update(
+    {"seeds": [101], "lr_scales": [1.0], "task_floor": 0.0}
+)  # 30 steps learn no retrieval: nothing is rejected
 QUICK["controls"]["oracle_seeds"] = 1
 QUICK["eval"].update({"max_tokens": 2048, "position_bin": 4})
 QUICK["data"]["holdout_tokens"] = 2048
