@@ -452,30 +452,14 @@ class Study:
             raise ExperimentError("the study trains at frozen rates: read them first (Study.use_rates)")
         extensions = extension_runs(self.plan, text_only=True)  # with their text-only twins
         for seed in seeds:  # rope first: its runs unblock the extension
-            self._train(
-                f"rope-s{seed}",
-                "scratch",
-                "rope",
-                seed,
-                {"kind": "rope"},
-                "train from scratch",
-                **self._by_kind("rope"),
-            )
+            self._scratch("rope", seed)
             for label, (kind, position, kw) in extensions.items():
                 if kind == "rope":
                     self._extend(label, seed, kind, position, kw)
         for seed in seeds:
             for kind in scratch_labels(self.plan):
                 if kind != "rope":
-                    self._train(
-                        f"{kind}-s{seed}",
-                        "scratch",
-                        kind,
-                        seed,
-                        self.arm(kind)[0],
-                        "train from scratch",
-                        **self._by_kind(kind),
-                    )
+                    self._scratch(kind, seed)
             for label, (kind, position, kw) in extensions.items():
                 if kind != "rope":
                     self._extend(label, seed, kind, position, kw)
@@ -496,17 +480,15 @@ class Study:
         for seed in self.plan.get("claim_seeds", []) if self.claimed else []:
             for kind in sorted(kinds, key=lambda k: k != "rope"):
                 if kind in scratch_labels(self.plan):
-                    self._train(
-                        f"{kind}-s{seed}",
-                        "scratch",
-                        kind,
-                        seed,
-                        self.arm(kind)[0],
-                        "train from scratch",
-                        **self._by_kind(kind),
-                    )
+                    self._scratch(kind, seed)
             for label in rows:
                 self._extend(label, seed, *extensions[label])
+
+    def _scratch(self, kind: str, seed: int) -> None:
+        """The run of ``kind`` (or arm) from scratch at ``seed``, at its frozen rate."""
+        self._train(
+            f"{kind}-s{seed}", "scratch", kind, seed, self.arm(kind)[0], "train from scratch", **self._by_kind(kind)
+        )
 
     def _oracle(self, kind: str, label: str, scale: float, seed: int, long: int) -> None:
         """An oracle control of ``kind`` trained from scratch at ``long`` tokens with ``scale`` x the

@@ -119,8 +119,3 @@ def check(contents: dict, path: str, plan: dict, kinds, rows) -> None:
     ]
     if missing:
         raise RatesError(f"the rates in {path!r} have no rate for {missing}: run the tuning step again (--tune)")
-
-
-def scale_of(contents: Optional[dict], kind: str) -> float:
-    """The frozen scale of ``kind`` (1 without a tuning)."""
-    return float((contents or {}).get("scales", {}).get(kind, 1.0))
