@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Optional
 
 import yaml
 
