@@ -23,7 +23,7 @@ from minilm.study.extension import extension_runs
 from minilm.study.jobs import Interrupted
 from minilm.study.journal import Journal
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = primary.REPO
 
 
 def parse_args(argv):

@@ -234,6 +234,7 @@ REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none
 REPLICATION["controls"]["other_extensions"] = ["sinusoidal-pi"]  # learned is not among its kinds
 REPLICATION.pop("arms")
 REPLICATION["model"]["block_size"] = 512
+REPLICATION["replicates"] = "reports/length-generalization"  # its report's side-by-side verdicts read that record
 REPLICATION["train"]["batch_size"] = 4
 REPLICATION["tuning"]["seeds"] = [111, 112]
 REPLICATION["schemes"] = {k: v for k, v in REPLICATION["schemes"].items() if k in REPLICATION["kinds"]}
@@ -243,6 +244,7 @@ REPLICATION["retrieval"]["multiples"] = [1, 2, 4]
 REPLICATION_QUICK = copy.deepcopy(QUICK)
 REPLICATION_QUICK.update(experiment="replication-512", kinds=REPLICATION["kinds"])
 REPLICATION_QUICK["controls"]["other_extensions"] = ["sinusoidal-pi"]
+REPLICATION_QUICK["replicates"] = "out/length-generalization-quick"  # the quick study's default --out
 REPLICATION_QUICK["extension"].update(text_only=False, passkey_trials=0)
 REPLICATION_QUICK.pop("arms")
 REPLICATION_QUICK["schemes"] = {k: v for k, v in QUICK["schemes"].items() if k in REPLICATION["kinds"]}

@@ -80,6 +80,7 @@ from minilm.study.stats import (
 )
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(REGISTERED)))  # the checkout holding the package
 TESTS = {"superiority": "perplexity", "equivalence": "perplexity", "proportion": "retrieval", "difference": "retrieval"}
 CELL_KEYS = {"section", "label", "length", "step", "when", "depth"}
 RETRIEVAL_TESTS = ("sign-flip", "t-test")

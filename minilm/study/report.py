@@ -24,7 +24,7 @@ from minilm.common import markdown_table as table
 from minilm.data.retrieval import PAIRS
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import ablation, context, papers, sweep, tuning
+from minilm.study import ablation, compare, context, papers, sweep, tuning
 from minilm.study.claims import (
     GATE,
     accuracy_text,
@@ -41,9 +41,9 @@ from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
 from minilm.study.figures import study_figures
 from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study
 from minilm.study.primary import (
+    REPO,
     confirmatory_run,
     hypothesis,
-    outcomes,
     path_for,
     recorded_test,
     registration,
@@ -90,6 +90,7 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
             ablation.report_lines(study.plan, study.cells, figures) + _primary(study, 2, commit) + _discussion(study, 3)
         )
     else:
+        both = compare.side_by_side(study, 7, REPO)  # a replication: every claim's verdict at both lengths
         lines += (
             _scratch(study, figures)
             + _positions(study, figures)
@@ -97,7 +98,8 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
             + _extension(study, figures)
             + _primary(study, 5, commit)
             + _comparison(study, 6)
-            + _discussion(study, 7)
+            + both
+            + _discussion(study, 8 if both else 7)
         )
     lines += _runs_and_configs(study)
     return str(atomic_write(os.path.join(study.out, "report.md"), "\n".join(lines)))
@@ -591,14 +593,9 @@ def _plateau(cells, labels, names, long: int, mode: str, steps) -> list:
 def _primary(study: Study, number: int, commit: str) -> list:
     """The pre-registered claims (``minilm.study.primary``), their tests and Holm's correction."""
     path, recorded = path_for(study.plan["experiment"]), study.claims
-    rows = study.retrieval + study.passkey  # a claim may read the passkey (section passkey)
-    if recorded:  # the file as the run read it when it started
-        alpha, tested = outcomes(study.cells, rows, study.plan, path, recorded["text"], recorded_test(recorded))
-        last, before = recorded["commit"], recorded["registered"]
-    else:  # a run from before runs recorded their claims: the file and git as they are now
-        alpha, tested = outcomes(study.cells, rows, study.plan, path)
-        last, before = registration(path, commit)
-    shown = os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path)))))
+    alpha, tested = compare.tested(study)  # the file as the run read it when it started, else as it is now
+    last, before = (recorded["commit"], recorded["registered"]) if recorded else registration(path, commit)
+    shown = os.path.relpath(path, REPO)
     if before:
         status = (
             f"last changed in commit `{last[:12]}`, which the run's commit contains: written before the run. "
