@@ -12,6 +12,7 @@ import yaml
 from minilm import GPT
 from minilm.checkpoints import format as checkpoint
 from minilm.config import build_config
+from minilm.evaluation import passkey
 from minilm.study import claims, extension, papers, primary, stats
 from minilm.study import plan as experiments
 from minilm.training.mixture import draw, task_for
@@ -249,3 +250,36 @@ def test_the_extension_is_read_against_the_keep_at_L_control(tmp_path):
     assert body["rope, training kept at L"][2:4] == ["(the control)"] * 2
     assert table[0][2:4] == [f"/ kept at L, at {L}", f"/ kept at L, at {4 * L}"]
     assert papers.control_lines(study, ["linear"], {"linear": "PI"}) == []  # no control run: no table
+
+
+def test_a_passkey_claim_reads_its_windows_prompts_and_its_rows_train_at_the_claim_seeds(tmp_path):
+    """A passkey cell of length m names the window m x L: its prompts are m x L less the answer's tokens
+    (``papers.passkey_length``), and the extension row it reads trains again at the claim seeds."""
+    plan = experiments.make_plan("length-generalization", True, [1, 2, 3])
+    prompt = papers.passkey_length(plan)
+    assert prompt == 4 * plan["model"]["block_size"] - passkey.MAX_NEW_TOKENS
+    rows = passkey_rows("linear text-only", "after", [6, 7, 8], prompt) + passkey_rows(
+        "none text-only", "after", [1, 0, 2], prompt
+    )
+    claim = {
+        "id": "pk",
+        "claim": "PI keeps the passkey where direct fine-tuning loses it",
+        "source": "paper",
+        "test": "difference",
+        "expect": ">",
+        "a": {"section": "passkey", "label": "linear text-only", "length": 4, "when": "after"},
+        "b": {"section": "passkey", "label": "none text-only", "length": 4, "when": "after"},
+    }
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump({"alpha": 0.05, "claims": [claim]}), encoding="utf-8")
+    gate = probes("rope", plan["model"]["block_size"], [32, 32, 32], seeds=(1, 2, 3))  # the task learned at L
+    _, (outcome,) = primary.outcomes([], rows + gate, plan, str(path))
+    assert outcome.p is not None and outcome.estimate.startswith("difference 75.0% [")
+    study = experiments.Study(plan, str(tmp_path))
+    study.scored_tokens = 8192
+    study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
+    study.claimed = primary.retrieval_rows(str(path))
+    study.build()
+    extra = {(r.section, r.label) for r in study.runs.values() if r.seed in plan["claim_seeds"]}
+    assert extra == {("scratch", "rope"), ("extension", "linear text-only"), ("extension", "none text-only")}
+    assert any(j.key.startswith("passkey rope-linear") and j.args[-2] in plan["claim_seeds"] for j in study.jobs)

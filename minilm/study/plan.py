@@ -475,7 +475,13 @@ class Study:
         """The rows the retrieval claims read (``claimed``), and the runs they start from, at each of
         the plan's ``claim_seeds``: seeds beyond the tables' five for the exact test, whose p cannot fall
         below 2^-n (``minilm.study.primary``). Rope first, as in ``build``."""
-        rows = [label for section, label in self.claimed if section == "extension" and label in extensions]
+        rows = sorted(  # a passkey claim reads an extension row's passkey: that row
+            {
+                label
+                for section, label in self.claimed
+                if section in ("extension", papers.SECTION) and label in extensions
+            }
+        )
         kinds = {label for section, label in self.claimed if section == "scratch"} | {extensions[r][0] for r in rows}
         for seed in self.plan.get("claim_seeds", []) if self.claimed else []:
             for kind in sorted(kinds, key=lambda k: k != "rope"):
