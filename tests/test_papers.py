@@ -275,6 +275,14 @@ def test_a_passkey_claim_reads_its_windows_prompts_and_its_rows_train_at_the_cla
     gate = probes("rope", plan["model"]["block_size"], [32, 32, 32], seeds=(1, 2, 3))  # the task learned at L
     _, (outcome,) = primary.outcomes([], rows + gate, plan, str(path))
     assert outcome.p is not None and outcome.estimate.startswith("difference 75.0% [")
+    for change, message in (
+        ({"metric": "logprob"}, "the passkey has no log-probability: metric accuracy"),
+        ({"a": {**claim["a"], "length": 2}}, "a passkey cell's length must be extension.factor 4"),
+    ):
+        path.write_text(yaml.safe_dump({"alpha": 0.05, "claims": [{**claim, **change}]}), encoding="utf-8")
+        with pytest.raises(primary.ClaimsError, match=message):
+            primary.outcomes([], rows + gate, plan, str(path))
+    path.write_text(yaml.safe_dump({"alpha": 0.05, "claims": [claim]}), encoding="utf-8")
     study = experiments.Study(plan, str(tmp_path))
     study.scored_tokens = 8192
     study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})

@@ -251,6 +251,8 @@ def _claim(path: str, entry) -> Claim:
         raise ClaimsError(
             f"{path}: claim {name!r}: metric={claim.metric!r} is invalid: accuracy, or logprob with the difference test"
         )
+    if claim.metric == "logprob" and any(c and c["section"] == SECTION for c in (claim.a, claim.b)):
+        raise ClaimsError(f"{path}: claim {name!r}: the passkey has no log-probability: metric accuracy")
     if claim.test == "proportion" and not (isinstance(claim.threshold, (int, float)) and 0 < claim.threshold < 1):
         raise ClaimsError(f"{path}: claim {name!r}: a proportion test needs 0 < threshold < 1, got {claim.threshold!r}")
     if (
@@ -292,7 +294,10 @@ def outcomes(
     rule = retrieval_test(path, text, default_test)
     if mode not in plan["eval"]["modes"]:
         raise ClaimsError(f"{path}: mode={mode!r} is not among the study's eval.modes {plan['eval']['modes']}")
-    L = plan["model"]["block_size"]
+    L, factor = plan["model"]["block_size"], plan.get("extension", {}).get("factor")
+    for claim in claims:  # the passkey is asked in the extended window only (``papers.passkey_length``)
+        if any(c and c["section"] == SECTION and c["length"] != factor for c in (claim.a, claim.b)):
+            raise ClaimsError(f"{path}: claim {claim.id!r}: a passkey cell's length must be extension.factor {factor}")
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
     tested = [_test(claim, cells, rows, L, mode, passed, alpha, rule) for claim in claims]
     tested = [
