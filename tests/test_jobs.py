@@ -89,6 +89,16 @@ def test_a_journal_belongs_to_one_commit_and_plan(tmp_path):
     assert journal.read("a", (1, 0)) is None
 
 
+def test_a_journal_resumes_only_in_the_precision_its_jobs_trained_in(tmp_path):
+    """dtype auto trains in bf16 on a CPU with native bf16 units and in float32 elsewhere: a study
+    resumed on the other kind of CPU would mix the two, so it is refused in one line."""
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {"seeds": [1]}, resume=False, precision="torch.bfloat16")
+    with pytest.raises(JournalError, match="trained in torch.bfloat16, this machine trains the plan in torch.float32"):
+        journal.start("abc", {"seeds": [1]}, resume=True, precision="torch.float32")
+    assert journal.start("abc", {"seeds": [1]}, resume=True, precision="torch.bfloat16") == 2
+
+
 class Payload:
     """What a crafted pickle would run on loading: here it only leaves a file behind."""
 

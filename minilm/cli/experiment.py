@@ -16,7 +16,7 @@ import threading
 import time
 
 from minilm.cli import Parser, run_command, smoke
-from minilm.common import keep_aside
+from minilm.common import keep_aside, resolve_device, resolve_dtype
 from minilm.study import designs, primary, provenance, rates, report, sweep, tune, tuning
 from minilm.study import plan as experiments
 from minilm.study.extension import extension_runs
@@ -188,7 +188,9 @@ def run(args, argv, out: str) -> int:
             f"--report-only to rewrite its report, or another --out"
         )
     journal = Journal(os.path.join(out, "journal"))
-    invocation = journal.start(commit, plan, resume=args.resume)
+    train = plan.get("train", {})
+    precision = str(resolve_dtype(train.get("dtype", "auto"), resolve_device(train.get("device", "cpu"))))
+    invocation = journal.start(commit, plan, resume=args.resume, precision=precision)
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
     if tuning.scales(plan):  # an experiment whose rates are tuned: the tuning step, or its frozen rates
         path = frozen_rates(args, plan, out, journal, commit, started)

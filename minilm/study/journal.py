@@ -109,9 +109,11 @@ class Journal:
         stored = to_plain(args, self.relative) if _plain(args) else args
         return os.path.join(self.directory, fingerprint(key, (stored,)) + ".json")
 
-    def start(self, commit: str, plan: dict, resume: bool) -> int:
+    def start(self, commit: str, plan: dict, resume: bool, precision: Optional[str] = None) -> int:
         """Begin a journal (``resume=False``: any earlier one is cleared) or continue one written
-        by the same commit and plan; returns which invocation of the study this is (1: the first)."""
+        by the same commit and plan, and in the same ``precision`` (the dtype the plan's runs train in on
+        this machine: dtype auto is bf16 on a CPU with native bf16 units only, so a study resumed on
+        another kind of CPU would mix precisions); returns which invocation of the study this is (1: the first)."""
         meta_path = os.path.join(self.directory, META)
         if resume:
             meta = self._meta(meta_path)
@@ -125,13 +127,18 @@ class Journal:
                     "--resume: the plan differs from the journal's (seeds, overrides or --quick): "
                     "give the same arguments, or start again with --overwrite"
                 )
+            if precision and meta.get("precision", precision) != precision:
+                raise JournalError(
+                    f"--resume: the journal's jobs trained in {meta['precision']}, this machine trains the plan in "
+                    f"{precision}: resume on a machine like the first (lscpu), or start again with --overwrite"
+                )
             meta["invocations"] += 1
         else:
             os.makedirs(self.directory, exist_ok=True)
             for name in os.listdir(self.directory):
                 if ENTRY.match(name):
                     os.remove(os.path.join(self.directory, name))
-            meta = {"commit": commit, "plan": plan, "invocations": 1}
+            meta = {"commit": commit, "plan": plan, "invocations": 1, "precision": precision}
             atomic_write(
                 os.path.join(self.directory, ".gitignore"), "# the study's journal of finished jobs: not for git\n*\n"
             )
