@@ -399,7 +399,7 @@ def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_pat
         f"data.dir={tiny_corpus / 'data'}",
         "train.max_steps=5",
     ]
-    assert experiment_cli.main(args) == 0
+    assert experiment_cli.main([*args, "--overwrite"]) == 0  # as a confirmatory run begins, over any earlier one
     first = (out / "results.csv").read_text()
     journal = sorted(p for p in (out / "journal").glob("*.json") if p.name != "meta.json")  # the jobs' entries
     kept = {p: p.stat().st_mtime_ns for p in journal[::2]}
@@ -415,7 +415,8 @@ def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_pat
         and len(list((out / "journal").glob("*.json"))) == len(journal) + 1
     )
     text = (out / "report.md").read_text(encoding="utf-8")
-    assert "the last of 2 invocations" in text and "--resume" not in text.split("\n")[2]  # the command as first given
+    command = next(line for line in text.splitlines() if line.startswith("Command: "))
+    assert "the last of 2 invocations" in text and "--overwrite" in command and "--resume" not in command  # as begun
     assert experiment_cli.main([*args[:-1], "train.max_steps=6", "--resume"]) == 2
     assert "the plan differs" in capsys.readouterr().err
     assert experiment_cli.main([*args, "--resume", "--overwrite"]) == 2

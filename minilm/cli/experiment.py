@@ -190,7 +190,8 @@ def run(args, argv, out: str) -> int:
     journal = Journal(os.path.join(out, "journal"))
     train = plan.get("train", {})
     precision = str(resolve_dtype(train.get("dtype", "auto"), resolve_device(train.get("device", "cpu"))))
-    invocation = journal.start(commit, plan, resume=args.resume, precision=precision)
+    command = "python -m minilm experiment " + " ".join(a for a in argv if a != "--resume")
+    invocation = journal.start(commit, plan, resume=args.resume, precision=precision, command=command)
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
     if tuning.scales(plan):  # an experiment whose rates are tuned: the tuning step, or its frozen rates
         path = frozen_rates(args, plan, out, journal, commit, started)
@@ -214,9 +215,8 @@ def run(args, argv, out: str) -> int:
         say(f"{len(study.jobs)} jobs ({len(study.runs)} training runs) on {args.workers} worker processes")
     study.run()
     study.invocations = invocation
-    command = "python -m minilm experiment " + " ".join(a for a in argv if a != "--resume")
     path = report.write_report(
-        study, command, time.time() - started, started_at, (load_start, provenance.load_average()), commit
+        study, journal.command, time.time() - started, started_at, (load_start, provenance.load_average()), commit
     )
     print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
     return 0

@@ -109,11 +109,15 @@ class Journal:
         stored = to_plain(args, self.relative) if _plain(args) else args
         return os.path.join(self.directory, fingerprint(key, (stored,)) + ".json")
 
-    def start(self, commit: str, plan: dict, resume: bool, precision: Optional[str] = None) -> int:
+    def start(
+        self, commit: str, plan: dict, resume: bool, precision: Optional[str] = None, command: Optional[str] = None
+    ) -> int:
         """Begin a journal (``resume=False``: any earlier one is cleared) or continue one written
         by the same commit and plan, and in the same ``precision`` (the dtype the plan's runs train in on
         this machine: dtype auto is bf16 on a CPU with native bf16 units only, so a study resumed on
-        another kind of CPU would mix precisions); returns which invocation of the study this is (1: the first)."""
+        another kind of CPU would mix precisions); returns which invocation of the study this is (1: the first).
+        ``self.command`` is then the command that began it (``command`` at the first invocation), which a
+        report records: a resumed invocation's own arguments (``--resume``) do not run the study from the start."""
         meta_path = os.path.join(self.directory, META)
         if resume:
             meta = self._meta(meta_path)
@@ -133,16 +137,18 @@ class Journal:
                     f"{precision}: resume on a machine like the first (lscpu), or start again with --overwrite"
                 )
             meta["invocations"] += 1
+            meta.setdefault("command", command)  # journals of earlier versions did not record it
         else:
             os.makedirs(self.directory, exist_ok=True)
             for name in os.listdir(self.directory):
                 if ENTRY.match(name):
                     os.remove(os.path.join(self.directory, name))
-            meta = {"commit": commit, "plan": plan, "invocations": 1, "precision": precision}
+            meta = {"commit": commit, "plan": plan, "invocations": 1, "precision": precision, "command": command}
             atomic_write(
                 os.path.join(self.directory, ".gitignore"), "# the study's journal of finished jobs: not for git\n*\n"
             )
         atomic_write(meta_path, json.dumps(meta, indent=1))
+        self.command = meta["command"]
         return meta["invocations"]
 
     def _meta(self, meta_path: str) -> dict:

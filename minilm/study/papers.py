@@ -57,8 +57,14 @@ def finetune_of(plan: dict, label: str, lrs: dict) -> dict:
 
 
 def passkey_length(plan: dict) -> int:
-    """The passkey prompt's tokens: factor x L less the answer's (``passkey.MAX_NEW_TOKENS``)."""
-    return int(plan["extension"]["factor"] * plan["model"]["block_size"]) - passkey.MAX_NEW_TOKENS
+    """The passkey prompt's tokens in the plan's extended window (``prompt_tokens``)."""
+    return prompt_tokens(plan["extension"]["factor"], plan["model"]["block_size"])
+
+
+def prompt_tokens(multiple: float, L: int) -> int:
+    """A passkey prompt's tokens in the window ``multiple`` x L: the window less the answer's
+    (``passkey.MAX_NEW_TOKENS``), so that prompt and answer fit in it."""
+    return int(multiple * L) - passkey.MAX_NEW_TOKENS
 
 
 def passkey_job(path: str, overrides: list, length: int, depths: list, trials: int, seed: int, device: str) -> list:

@@ -67,9 +67,8 @@ from typing import Optional
 import yaml
 
 from minilm.common import MinilmError
-from minilm.evaluation.passkey import MAX_NEW_TOKENS
 from minilm.study.claims import CHANGE, cell_step, gate, paired_differences, paired_ratio, seed_accuracies
-from minilm.study.papers import SECTION
+from minilm.study.papers import SECTION, prompt_tokens
 from minilm.study.stats import (
     holm,
     interval,
@@ -381,8 +380,9 @@ def _perplexity(claim: Claim, cells, L: int, mode: str, alpha: float) -> Outcome
 
 def _accuracies(rows, cell: dict, L: int, metric: str = "accuracy"):
     """{seed: accuracy} of a retrieval claim's cell; a passkey cell's length m is the window m x L, whose prompt
-    is m x L less the answer's tokens (``papers.passkey_length``)."""
-    tokens = int(cell["length"] * L) - (MAX_NEW_TOKENS if cell["section"] == SECTION else 0)
+    is m x L less the answer's tokens (``papers.prompt_tokens``)."""
+    passkey = cell["section"] == SECTION
+    tokens = prompt_tokens(cell["length"], L) if passkey else int(cell["length"] * L)
     return seed_accuracies(
         rows,
         cell["section"],
