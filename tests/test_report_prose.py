@@ -61,14 +61,20 @@ def rows(directory: str, name: str) -> list:
         return list(csv.DictReader(f))
 
 
-def seeds(directory: str) -> int:
-    """How many seeds the run has, from report.md's header ("Seeds: 1, 2, 3, 4, 5 (...")."""
-    return len(re.search(r"^Seeds: ([\d, ]+)", read(directory, "report.md"), re.M).group(1).split(","))
+def seeds(directory: str) -> set:
+    """How many seeds a row of the run has, from report.md's header ("Seeds: 1, 2, 3, 4, 5 (..."): every
+    row has those, and the rows the retrieval claims read have the claim seeds too ("seeds 6, 7, 8 train
+    only the rows ...")."""
+    report = read(directory, "report.md")
+    n = len(re.search(r"^Seeds: ([\d, ]+)", report, re.M).group(1).split(","))
+    extra = re.search(r"seeds ([\d, ]+) train only the rows", report)
+    return {n, n + len(extra.group(1).split(","))} if extra else {n}
 
 
 def per_seed_lists(directory: str) -> list:
     """Every per-seed list the run's records hold, (value, ...) in seed order: the perplexities of
-    results.csv, the accuracies (%) of retrieval.csv by depth and with the depths pooled, and the
+    results.csv, the accuracies (%) of retrieval.csv by depth and with the depths pooled (single-needle and
+    multi-key probes apart), and the
     lists report.md prints ("99/100/100/100/100", "400 / 200 / 400 / 200 / 400")."""
     groups = defaultdict(dict)
     for r in rows(directory, "results.csv"):
@@ -78,7 +84,8 @@ def per_seed_lists(directory: str) -> list:
     for r in rows(directory, "retrieval.csv"):
         if r["correct"]:  # empty: a bounded scheme past its table
             for depth in (r["depth"], "pooled"):
-                cell = counts[(r["section"], r["label"], r["length"], r["when"], depth, int(r["seed"]))]
+                key = (r["section"], r["label"], r["length"], r["when"], depth, r.get("keys") or "1")
+                cell = counts[(*key, int(r["seed"]))]
                 cell[0], cell[1] = cell[0] + int(r["correct"]), cell[1] + int(r["trials"])
     for (*cell, seed), (correct, trials) in counts.items():
         groups[tuple(cell)][seed] = 100 * correct / trials
@@ -120,11 +127,11 @@ def checks(directory: str) -> dict:
             found["supported"].append((match.group(0), truth, (int(match[1]), int(match[2])) == truth))
         for match in LIST.finditer(block):
             items = [x.strip().rstrip("%") for x in match.group(0).split(" / ")]
-            if len(items) == n:
-                agree = any(len(c) == n and all(shown(v, x) == x for v, x in zip(c, items)) for c in lists)
+            if len(items) in n:
+                agree = any(len(c) == len(items) and all(shown(v, x) == x for v, x in zip(c, items)) for c in lists)
                 found["per-seed list"].append((match.group(0), "a list of the records", agree))
         for match in KEEP.finditer(block):
-            before = [m for m in LIST.finditer(block[: match.start()]) if len(m.group(0).split(" / ")) == n]
+            before = [m for m in LIST.finditer(block[: match.start()]) if len(m.group(0).split(" / ")) in n]
             values = [float(x.strip().rstrip("%")) for x in before[-1].group(0).split(" / ")] if before else []
             truth = (sum(v >= 50 for v in values), len(values), sum(v < 50 for v in values))
             said = (count(match[1]), count(match[2]), count(match[3]))

@@ -57,8 +57,12 @@ from minilm.training.mixture import weight_for_share
 # --------------------------------------------------------------------------- writing
 
 
-def write_report(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> str:
-    """Write report.md, results.csv, retrieval.csv and the figures under the study's output directory."""
+def write_report(
+    study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str, host: Optional[str] = None
+) -> str:
+    """Write report.md, results.csv, retrieval.csv and the figures under the study's output directory;
+    ``host`` is the machine the jobs ran on (None: this one, for a run that has just ended)."""
+    host = host or f"{machine()}; CPU flags: {cpu_flags()}"
     atomic_write(
         os.path.join(study.out, "study.json"),
         json.dumps(
@@ -70,6 +74,7 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
                     "started_at": started_at,
                     "loads": list(loads),
                     "commit": commit,
+                    "machine": host,
                 },
             },
             indent=1,
@@ -84,7 +89,7 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
     if study.passkey:
         write_csv(study.passkey, os.path.join(study.out, "passkey.csv"))
     figures = study_figures(study) if have_matplotlib() else {}
-    lines = _header(study, command, wall, started_at, loads, commit) + _protocol(study)
+    lines = _header(study, command, wall, started_at, loads, commit, host) + _protocol(study)
     if study.plan["experiment"] == "ablation":
         lines += (
             ablation.report_lines(study.plan, study.cells, figures) + _primary(study, 2, commit) + _discussion(study, 3)
@@ -106,7 +111,8 @@ def write_report(study: Study, command: str, wall: float, started_at: str, loads
 
 
 def rewrite_report(out: str) -> str:
-    """Write report.md again from ``<out>/study.json`` with this code (and ``discussion.md``)."""
+    """Write report.md again from ``<out>/study.json`` with this code (and ``discussion.md``), naming the
+    machine the jobs ran on, not the one that rewrites it (``recorded_host``)."""
     path = os.path.join(out, "study.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -117,11 +123,32 @@ def rewrite_report(out: str) -> str:
         raise ExperimentError(f"{path!r} is not a study record: {exc}") from None
     run = state["run"]
     return write_report(
-        Study.from_state(state, out), run["command"], run["wall"], run["started_at"], tuple(run["loads"]), run["commit"]
+        Study.from_state(state, out),
+        run["command"],
+        run["wall"],
+        run["started_at"],
+        tuple(run["loads"]),
+        run["commit"],
+        recorded_host(run, out),
     )
 
 
-def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str) -> list:
+def recorded_host(run: dict, out: str) -> str:
+    """The machine a study's jobs ran on: study.json's record, or (records of earlier versions) the
+    Machine line of the report.md the run wrote; else this machine, said to be the rewriter's."""
+    if run.get("machine"):
+        return run["machine"]
+    try:
+        with open(os.path.join(out, "report.md"), encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("Machine: "):
+                    return line[len("Machine: ") :].rstrip()
+    except OSError:
+        pass
+    return f"{machine()}; CPU flags: {cpu_flags()} (not recorded by the run: the machine that rewrote this report)"
+
+
+def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str, host: str) -> list:
     plan = study.plan
     return [
         (
@@ -144,7 +171,7 @@ def _header(study: Study, command: str, wall: float, started_at: str, loads: tup
             else []
         ),
         f"Git commit at the start: `{commit}`  ",
-        f"Machine: {machine()}; CPU flags: {cpu_flags()}  ",
+        f"Machine: {host}  ",
         f"Seeds: {', '.join(map(str, plan['seeds']))} (seed s initialises every model of that seed; its "
         f"batches follow data seed {DATA_SEED_OFFSET} + s); dtype: {plan['train']['dtype']} (the runs trained in "
         f"{', '.join(sorted({s.get('dtype', '?') for s in study.summaries().values()})) or 'n/a'}; evaluation "
