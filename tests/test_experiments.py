@@ -18,6 +18,7 @@ from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
 from minilm.study import claims, designs, extension, report, sweep
 from minilm.study import plan as experiments
+from minilm.study.figures import ORDER, style
 from minilm.study.jobs import check_graph
 
 
@@ -1006,3 +1007,11 @@ def test_the_sweep_choice_skips_diverged_rates_and_says_when_none_is_left(tmp_pa
         match="data.holdout_tokens=100 is too few for the sweep: it scores 128-token segments; hold out at least 129",
     ):
         short.prepare_data()
+
+
+def test_every_series_of_the_study_figures_has_its_own_look():
+    """Sixteen kinds from scratch and the extension's rows share the figures: no two may look alike."""
+    plan = experiments.make_plan("length-generalization")
+    labels = sorted(set(designs.scratch_labels(plan)) | set(ORDER))
+    looks = {tuple(sorted(style(label).items())) for label in labels}
+    assert len(looks) == len(labels), "two series of the figures share colour, line style and marker"

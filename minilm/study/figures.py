@@ -23,8 +23,10 @@ from minilm.study.extension import LABEL_NAMES, extension_labels
 from minilm.study.stats import interval
 
 DPI = 90
-# 12 colours that differ in hue and lightness (tab20's dark and light halves, interleaved) and
-# 4 line styles x 3 markers: a series' look depends on its label only, never on its rank.
+# 20 colours (tab20's dark half, then its light half: a light colour shares a dark one's hue 10 labels on,
+# where line style and marker differ), 4 line styles and 3 markers: 60 looks before one repeats, and the
+# sixteen kinds from scratch, drawn together, have a colour each. A series' look depends on its label only,
+# never on its rank.
 COLOURS = (
     "#1f77b4",
     "#ff7f0e",
@@ -37,7 +39,15 @@ COLOURS = (
     "#bcbd22",
     "#17becf",
     "#aec7e8",
+    "#ffbb78",
     "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#c7c7c7",
+    "#dbdb8d",
+    "#9edae5",
 )
 LINES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^")
@@ -53,12 +63,24 @@ ORDER = (
     "xpos",
     "shaw",
     "randomized",
+    "rnope-swa",
+    "nope-last",
+    "p-rope",
+    "sinks",
+    "nope-qscale",
     "no scaling",
     "PI (linear)",
     "NTK-aware",
     "YaRN",
     "llama3",
 )
+
+
+def _seeds(study) -> str:
+    """How many seeds a figure's means are over: the plan's, and more on the rows its claim seeds trained."""
+    n = len(study.plan["seeds"])
+    extra = {run.seed for run in study.runs.values()} & set(study.plan.get("claim_seeds", []))
+    return f"{n} seeds" + (f" ({n + len(extra)} on the rows the claims read)" if extra else "")
 
 
 def style(label: str) -> dict:
@@ -249,14 +271,14 @@ def study_figures(study) -> dict:
     if study.plan["experiment"] == "ablation":
         return _ablation_figures(study)
     plan, cells, L = study.plan, study.cells, study.L
-    modes, ext, seeds = plan["eval"]["modes"], plan["extension"], len(plan["seeds"])
+    modes, ext, seeds = plan["eval"]["modes"], plan["extension"], _seeds(study)
     lengths = [int(m * L) for m in plan["eval"]["multiples"]]
     path = lambda name: os.path.join(study.out, name)  # noqa: E731
     out = {
         "lengths": length_figure(
             [(mode, _series(cells, "scratch", scratch_labels(plan), lengths, mode)) for mode in modes],
             path("perplexity-by-length.png"),
-            f"trained at L = {L} tokens: perplexity against length, mean and 95% interval over {seeds} seeds",
+            f"trained at L = {L} tokens: perplexity against length, mean and 95% interval over {seeds}",
             L,
         )
     }
@@ -281,7 +303,7 @@ def study_figures(study) -> dict:
         path("loss-by-position.png"),
         f"mean loss at each position of "
         f"{longest}-token segments (bins of {bin_width}; mean and 95% interval over "
-        f"{seeds} seeds)",
+        f"{seeds})",
         L,
     )
     steps = ext["curve_steps"]
@@ -313,7 +335,7 @@ def study_figures(study) -> dict:
     out["retrieval"] = heatmap_figure(
         [(kind, probe_lengths, r["depths"], grid("scratch", kind)) for kind in scratch_labels(plan)],
         path("retrieval-by-length-and-depth.png"),
-        f"retrieval accuracy (%), trained at L = {L}; mean over {seeds} seeds",
+        f"retrieval accuracy (%), trained at L = {L}; mean over {seeds}",
     )
     out["extension_retrieval"] = heatmap_figure(
         [
