@@ -4,7 +4,7 @@ bands, and retrieval accuracy as length x depth heatmaps.
 Each figure is a PNG written with matplotlib's object API (no pyplot, no display); callers
 check ``minilm.figures.canvas.have_matplotlib()`` first. A series is (label, [(x, Interval)]);
 a band is drawn where the interval exists (two seeds or more). Every series label has its own
-colour, line style and marker (``style``), the same in every figure, so eleven schemes stay
+colour, line style and marker (``style``), the same in every figure, so the sixteen kinds stay
 apart in print and in greyscale.
 """
 
