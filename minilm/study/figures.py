@@ -78,8 +78,7 @@ ORDER = (
 
 def _seeds(study) -> str:
     """How many seeds a figure's means are over: the plan's, and more on the rows its claim seeds trained."""
-    n = len(study.plan["seeds"])
-    extra = {run.seed for run in study.runs.values()} & set(study.plan.get("claim_seeds", []))
+    n, extra = len(study.plan["seeds"]), study.extra_seeds
     return f"{n} seeds" + (f" ({n + len(extra)} on the rows the claims read)" if extra else "")
 
 

@@ -256,6 +256,11 @@ class Study:
     def L(self) -> int:
         return self.plan["model"]["block_size"]
 
+    @property
+    def extra_seeds(self) -> list:
+        """The plan's ``claim_seeds`` that trained runs (the rows the retrieval claims read), sorted."""
+        return sorted({run.seed for run in self.runs.values()} & set(self.plan.get("claim_seeds", [])))
+
     def _train(
         self,
         name: str,

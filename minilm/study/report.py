@@ -301,7 +301,7 @@ def _length_table(cells, section, labels, lengths, mode, step=None, names=None) 
 
 def _claim_seeds(study: Study) -> str:
     """Which rows the plan's ``claim_seeds`` trained again (the rows the retrieval claims read)."""
-    extra = sorted({run.seed for run in study.runs.values()} & set(study.plan.get("claim_seeds", [])))
+    extra = study.extra_seeds
     rows = sorted({run.label for run in study.runs.values() if run.seed in extra})
     if not extra:
         return ""
