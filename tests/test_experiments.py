@@ -308,7 +308,7 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
     state = json.loads((out / "study.json").read_text(encoding="utf-8"))
     assert state["run"]["command"].startswith("python -m minilm experiment length-generalization --quick")
     ran_on = machine_line((out / "report.md").read_text(encoding="utf-8"))
-    monkeypatch.setattr(report, "machine", lambda: "another machine")  # rewritten elsewhere, or with other threads
+    monkeypatch.setattr(report, "host_line", lambda: "another machine")  # rewritten elsewhere, or with other threads
     assert experiment_cli.main(["length-generalization", "--out", str(out), "--report-only"]) == 0
     text = (out / "report.md").read_text(encoding="utf-8")
     assert "## 7. Discussion" in text and "mean nothing" in text
@@ -318,7 +318,7 @@ def test_report_only_rewrites_from_the_record_and_keeps_a_discussion(quick_study
 def test_a_rewritten_report_names_the_machine_its_jobs_ran_on(tmp_path, monkeypatch):
     """A record of an earlier version has no machine: the report that run wrote names it; with neither,
     the rewriting machine is named as such, never passed off as the run's."""
-    monkeypatch.setattr(report, "machine", lambda: "this machine")
+    monkeypatch.setattr(report, "host_line", lambda: "this machine")
     assert report.recorded_host({"machine": "the run's machine"}, str(tmp_path)) == "the run's machine"
     (tmp_path / "report.md").write_text(
         "# A study\n\nMachine: the first machine; CPU flags: avx2  \n", encoding="utf-8"

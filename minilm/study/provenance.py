@@ -68,6 +68,11 @@ def cpu_flags() -> str:
     return (", ".join(shown) or "none of avx2/avx512/amx") + f"; torch sees native bf16: {cpu_has_fast_bf16()}"
 
 
+def host_line() -> str:
+    """This machine and the CPU extensions that decide its speed, as a report's Machine line gives them."""
+    return f"{machine()}; CPU flags: {cpu_flags()}"
+
+
 def busy_seconds(done: dict) -> float:
     """The time during which at least one job ran (the union of the jobs' intervals): the wall
     time of a study that ran in several invocations (``--resume``), without the gaps between them."""

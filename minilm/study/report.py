@@ -50,7 +50,7 @@ from minilm.study.primary import (
     retrieval_test,
     tests_text,
 )
-from minilm.study.provenance import busy_seconds, cpu_flags, machine
+from minilm.study.provenance import busy_seconds, host_line
 from minilm.study.stats import interval
 from minilm.training.mixture import weight_for_share
 
@@ -62,7 +62,7 @@ def write_report(
 ) -> str:
     """Write report.md, results.csv, retrieval.csv and the figures under the study's output directory;
     ``host`` is the machine the jobs ran on (None: this one, for a run that has just ended)."""
-    host = host or f"{machine()}; CPU flags: {cpu_flags()}"
+    host = host or host_line()
     atomic_write(
         os.path.join(study.out, "study.json"),
         json.dumps(
@@ -145,7 +145,7 @@ def recorded_host(run: dict, out: str) -> str:
                     return line[len("Machine: ") :].rstrip()
     except OSError:
         pass
-    return f"{machine()}; CPU flags: {cpu_flags()} (not recorded by the run: the machine that rewrote this report)"
+    return f"{host_line()} (not recorded by the run: the machine that rewrote this report)"
 
 
 def _header(study: Study, command: str, wall: float, started_at: str, loads: tuple, commit: str, host: str) -> list:
