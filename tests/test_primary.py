@@ -332,6 +332,30 @@ def test_saturated_retrieval_is_no_longer_a_cliff(tmp_path):
     assert old.p == pytest.approx(7.7e-8, rel=0.05)  # what the t-test made of one probe
 
 
+def test_a_claim_that_retrieval_fails_past_L_reads_only_models_that_learned_the_task(tmp_path):
+    """ "Rope at 4L retrieves fewer than half" is not evidence from a model that retrieves nothing at L
+    either: the seeds below the task floor at L are not read, and the estimate says how many."""
+    seeds = (1, 2, 3, 4, 5)
+    plan = experiments.make_plan("length-generalization", False, list(seeds))
+    L = plan["model"]["block_size"]
+    rows = (
+        probes("alibi", L, [32] * 5, seeds=seeds)  # the gate: a scheme that learned the task
+        + probes("rope", L, [32, 32, 32, 1, 0], seeds=seeds)
+        + probes("rope", 4 * L, [30, 31, 29, 0, 0], seeds=seeds)
+    )
+    (read,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
+    assert read.p == stats.sign_flip_test([30 / 32, 31 / 32, 29 / 32], 0.5, "<")
+    assert "n=3 seeds" in read.estimate and "2 of 5 rope models did not learn the task at L" in read.estimate
+    assert read.verdict == "not supported"
+    plan["tuning"]["task_floor"] = 0.0  # every model read: the two that never learned pull the mean under 50%
+    (all_read,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
+    assert "n=5 seeds" in all_read.estimate and "did not learn" not in all_read.estimate
+    assert all_read.p < read.p
+    kept = {**LOST, "id": "kept", "expect": ">"}  # failing models only weigh against a claim that it retrieves
+    (more,) = primary.outcomes([], rows, {**plan, "tuning": {"task_floor": 0.5}}, write(tmp_path, [kept]))[1]
+    assert "n=5 seeds" in more.estimate
+
+
 def test_a_run_is_reread_with_the_test_it_recorded(tmp_path):
     """A record from before runs recorded their retrieval test (3e29b1a's) is re-read with Student's
     t, as it was tested; a run now records the test its file takes."""

@@ -15,7 +15,11 @@ A claim names its test (the file's header says what each computes):
   probes of all seeds into one binomial sample would treat 3 x 32 probes as 96 independent models.
   With ``metric: logprob`` a ``difference`` reads each seed's mean log-probability of the answers
   instead (nats), which ranks models that all retrieve at the ceiling. Retrieval past L is not
-  read when the gate fails (``claims.gate``): such a claim is "not tested".
+  read when the gate fails (``claims.gate``): such a claim is "not tested". A ``proportion`` claim
+  that a row retrieves *less* than its threshold past L reads only the seeds whose model of that row
+  retrieves at least ``tuning.task_floor`` at L (depths pooled): a model that never learned the task
+  retrieves nothing anywhere and would support it by failing (``learners``); the estimate says how
+  many models it read.
 * A cell with ``when: change`` reads what fine-tuning changed, per seed (``claims.CHANGE``): an
   extension row's (or its passkey's) accuracy after - before, or its perplexity after / before
   (the last step over step 0); every cell of such a claim reads a change, so ``difference`` and
@@ -79,6 +83,7 @@ from minilm.study.stats import (
     t_test,
     tost,
 )
+from minilm.study.tuning import task_floor
 
 REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registered")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(REGISTERED)))  # the checkout holding the package
@@ -298,7 +303,8 @@ def outcomes(
         if any(c and c["section"] == SECTION and c["length"] != factor for c in (claim.a, claim.b)):
             raise ClaimsError(f"{path}: claim {claim.id!r}: a passkey cell's length must be extension.factor {factor}")
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
-    tested = [_test(claim, cells, rows, L, mode, passed, alpha, rule) for claim in claims]
+    floor = task_floor(plan)
+    tested = [_test(claim, cells, rows, L, mode, passed, alpha, rule, floor) for claim in claims]
     tested = [
         o
         if o.p is None or math.isfinite(o.p)
@@ -313,7 +319,15 @@ def outcomes(
 
 
 def _test(
-    claim: Claim, cells, rows, L: int, mode: str, passed: bool, alpha: float, rule: str = RETRIEVAL_TEST
+    claim: Claim,
+    cells,
+    rows,
+    L: int,
+    mode: str,
+    passed: bool,
+    alpha: float,
+    rule: str = RETRIEVAL_TEST,
+    floor: float = 0.0,
 ) -> Outcome:
     if TESTS[claim.test] == "perplexity":
         return _perplexity(claim, cells, L, mode, alpha)
@@ -323,9 +337,12 @@ def _test(
         return Outcome(claim, "not run", None)
     if past_L and not passed:
         return Outcome(claim, "not read (the gate failed)", None)
+    unread = ""
+    if claim.test == "proportion" and claim.expect == "<" and past_L:
+        found[0], unread = learners(found[0], rows, claim.a, L, floor)
     values = list(found[0].values()) if claim.test == "proportion" else paired_differences(*found)
     if len(values) < 2:
-        return Outcome(claim, "one seed: no test" if values else "no seed in both cells", None)
+        return Outcome(claim, ("one seed: no test" if values else "no seed in both cells") + unread, None)
     p, method, (low, high) = _retrieval_test(
         values, claim.threshold if claim.test == "proportion" else 0.0, claim.expect, rule, alpha
     )
@@ -336,9 +353,21 @@ def _test(
     digits = 3 if scale == 1 else 1
     estimate = (
         f"{what} {scale * mean:.{digits}f}{unit} [{scale * low:.{digits}f}, {scale * high:.{digits}f}] "
-        f"({100 * (1 - 2 * alpha):g}% CI, n={len(values)} seeds)"
+        f"({100 * (1 - 2 * alpha):g}% CI, n={len(values)} seeds){unread}"
     )
     return Outcome(claim, estimate, p, method=method)
+
+
+def learners(accuracies: dict, rows, cell: dict, L: int, floor: float) -> tuple:
+    """({seed: accuracy} of ``accuracies`` whose model of ``cell``'s row retrieves at least ``floor`` at
+    L, depths pooled; what the estimate adds when some did not: ``"; K of N <label> models did not learn
+    the task at L (below F%): not read"``)."""
+    at_L = _accuracies(rows, {**{k: v for k, v in cell.items() if k != "depth"}, "length": 1}, L) or {}
+    kept = {seed: a for seed, a in accuracies.items() if at_L.get(seed, 0.0) >= floor}
+    left = len(accuracies) - len(kept)
+    said = f"; {left} of {len(accuracies)} {cell['label']} models did not learn the task at L"
+    said += f" (below {100 * floor:g}%): not read"
+    return kept, said if left else ""
 
 
 def _retrieval_test(values: list, threshold: float, expect: str, rule: str, alpha: float) -> tuple:
