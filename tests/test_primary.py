@@ -333,27 +333,46 @@ def test_saturated_retrieval_is_no_longer_a_cliff(tmp_path):
 
 
 def test_a_claim_that_retrieval_fails_past_L_reads_only_models_that_learned_the_task(tmp_path):
-    """ "Rope at 4L retrieves fewer than half" is not evidence from a model that retrieves nothing at L
-    either: the seeds below the task floor at L are not read, and the estimate says how many."""
+    """ "Rope at 4L retrieves fewer than half the needles 4L back" is no evidence from a model that
+    retrieves nothing at L either: the seeds below the task floor at L (depths pooled) and the seeds
+    not probed at L are not read, and the estimate says how many; a claim that it retrieves more
+    reads every seed, failing models included."""
     seeds = (1, 2, 3, 4, 5)
     plan = experiments.make_plan("length-generalization", False, list(seeds))
     L = plan["model"]["block_size"]
     rows = (
         probes("alibi", L, [32] * 5, seeds=seeds)  # the gate: a scheme that learned the task
-        + probes("rope", L, [32, 32, 32, 1, 0], seeds=seeds)
-        + probes("rope", 4 * L, [30, 31, 29, 0, 0], seeds=seeds)
+        + probes("rope", L, [32, 32, 32, 1], depth=0.0, seeds=seeds[:4])  # seed 5 was not probed at L
+        + probes("rope", L, [32, 32, 32, 0], depth=1.0, seeds=seeds[:4])
+        + probes("rope", 4 * L, [30, 31, 29, 0, 2], depth=0.0, seeds=seeds)
     )
-    (read,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
+    far = {**LOST, "a": {**LOST["a"], "depth": 0.0}}
+    (read,) = primary.outcomes([], rows, plan, write(tmp_path, [far]))[1]
     assert read.p == stats.sign_flip_test([30 / 32, 31 / 32, 29 / 32], 0.5, "<")
-    assert "n=3 seeds" in read.estimate and "2 of 5 rope models did not learn the task at L" in read.estimate
-    assert read.verdict == "not supported"
-    plan["tuning"]["task_floor"] = 0.0  # every model read: the two that never learned pull the mean under 50%
-    (all_read,) = primary.outcomes([], rows, plan, write(tmp_path, [LOST]))[1]
-    assert "n=5 seeds" in all_read.estimate and "did not learn" not in all_read.estimate
-    assert all_read.p < read.p
-    kept = {**LOST, "id": "kept", "expect": ">"}  # failing models only weigh against a claim that it retrieves
-    (more,) = primary.outcomes([], rows, {**plan, "tuning": {"task_floor": 0.5}}, write(tmp_path, [kept]))[1]
-    assert "n=5 seeds" in more.estimate
+    assert "n=3 seeds" in read.estimate
+    said = "1 of 5 rope models did not learn the task at L (below 50%), 1 of 5 not probed at L: not read"
+    assert said in read.estimate
+    plan["tuning"]["task_floor"] = 0.0  # the model that never learned is read: it pulls the mean down
+    (with_failure,) = primary.outcomes([], rows, plan, write(tmp_path, [far]))[1]
+    assert "n=4 seeds" in with_failure.estimate and "did not learn" not in with_failure.estimate
+    assert with_failure.p < read.p
+    plan["tuning"]["task_floor"] = 0.5
+    (more,) = primary.outcomes([], rows, plan, write(tmp_path, [{**far, "id": "kept", "expect": ">"}]))[1]
+    assert "n=5 seeds" in more.estimate and "not read" not in more.estimate
+
+
+def test_an_extension_rows_change_is_read_for_the_models_that_do_the_task_after_fine_tuning(tmp_path):
+    seeds = (1, 2, 3)
+    plan = experiments.make_plan("length-generalization", False, list(seeds))
+    L = plan["model"]["block_size"]
+    rows = probes("alibi", L, [32] * 3, seeds=seeds)
+    for when, at_L, far in (("before", [0, 0, 0], [0, 0, 0]), ("after", [32, 32, 2], [8, 6, 1])):
+        rows += probes("linear", L, at_L, section="extension", when=when, seeds=seeds)
+        rows += probes("linear", 4 * L, far, section="extension", when=when, seeds=seeds)
+    little = {**LOST, "a": {"section": "extension", "label": "linear", "length": 4, "when": "change"}}
+    (read,) = primary.outcomes([], rows, plan, write(tmp_path, [little]))[1]
+    assert "n=2 seeds" in read.estimate and "1 of 3 linear models did not learn the task at L" in read.estimate
+    assert read.p == stats.sign_flip_test([8 / 32, 6 / 32], 0.5, "<")
 
 
 def test_a_run_is_reread_with_the_test_it_recorded(tmp_path):

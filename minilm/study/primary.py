@@ -338,8 +338,10 @@ def _test(
     if past_L and not passed:
         return Outcome(claim, "not read (the gate failed)", None)
     unread = ""
-    if claim.test == "proportion" and claim.expect == "<" and past_L:
+    if claim.test == "proportion" and claim.expect == "<" and past_L and claim.a["section"] != SECTION:
         found[0], unread = learners(found[0], rows, claim.a, L, floor)
+        if not found[0]:
+            return Outcome(claim, "no model read" + unread, None)
     values = list(found[0].values()) if claim.test == "proportion" else paired_differences(*found)
     if len(values) < 2:
         return Outcome(claim, ("one seed: no test" if values else "no seed in both cells") + unread, None)
@@ -359,15 +361,25 @@ def _test(
 
 
 def learners(accuracies: dict, rows, cell: dict, L: int, floor: float) -> tuple:
-    """({seed: accuracy} of ``accuracies`` whose model of ``cell``'s row retrieves at least ``floor`` at
-    L, depths pooled; what the estimate adds when some did not: ``"; K of N <label> models did not learn
-    the task at L (below F%): not read"``)."""
-    at_L = _accuracies(rows, {**{k: v for k, v in cell.items() if k != "depth"}, "length": 1}, L) or {}
-    kept = {seed: a for seed, a in accuracies.items() if at_L.get(seed, 0.0) >= floor}
-    left = len(accuracies) - len(kept)
-    said = f"; {left} of {len(accuracies)} {cell['label']} models did not learn the task at L"
-    said += f" (below {100 * floor:g}%): not read"
-    return kept, said if left else ""
+    """({seed: accuracy} of ``accuracies`` whose model of ``cell``'s row retrieves at least ``floor`` at L,
+    depths pooled (an extension row's ``when: change`` is read at L after fine-tuning, the model it ends
+    with); what the estimate adds about the others: ``"; K of N <label> models did not learn the task at L
+    (below F%), J not probed at L: not read"``, else ""). The claim's population is the models that do
+    the task: a model that retrieves nothing anywhere would support "retrieves less than t past L" by
+    failing. Leaving seeds out can move p either way, as any change of the seeds read does; the rule is
+    fixed before the run, and the estimate names what it left out."""
+    at = {**{k: v for k, v in cell.items() if k != "depth"}, "length": 1}
+    at = {**at, "when": "after"} if cell.get("when") == CHANGE else at
+    at_L = _accuracies(rows, at, L) or {}
+    kept = {seed: a for seed, a in accuracies.items() if at_L.get(seed, -1.0) >= floor}
+    unlearned = sum(seed in at_L and at_L[seed] < floor for seed in accuracies)
+    unprobed = sum(seed not in at_L for seed in accuracies)
+    n, parts = len(accuracies), []
+    if unlearned:
+        parts.append(f"{unlearned} of {n} {cell['label']} models did not learn the task at L (below {100 * floor:g}%)")
+    if unprobed:
+        parts.append(f"{unprobed} of {n} not probed at L")
+    return kept, f"; {', '.join(parts)}: not read" if parts else ""
 
 
 def _retrieval_test(values: list, threshold: float, expect: str, rule: str, alpha: float) -> tuple:
