@@ -91,7 +91,9 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     assert {c["seed"] for c in cells if c["section"] == "tuning"} == {"101"}  # tuning seeds are not test seeds
     # every scheme tuned at each scale on held-out text, and every run of the test seeds at its kind's choice
     tuned = json.load(open(out / "study.json"))["lr_scales"]
-    grids = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))["grids"]["scales"]
+    frozen = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))
+    grids = frozen["grids"]["scales"]
+    assert 0 < frozen["about"]["minutes"] <= frozen["about"]["process_minutes"]  # the jobs' union, their sum
     assert set(tuned) == set(designs.scratch_labels(plan))
     for kind, scale in tuned.items():  # the tuning step extended every grid until its choice was inside it
         assert {1.0, 2.0, 4.0} <= set(grids[kind]) and min(grids[kind]) < scale < max(grids[kind]), kind

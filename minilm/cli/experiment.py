@@ -154,10 +154,12 @@ def frozen_rates(args, plan: dict, out: str, journal, commit: str, started: floa
         + " ".join([plan["experiment"], *(["--quick"] if args.quick else []), *args.overrides, "--tune"]),
     }
     contents = tune.run_tuning(tuner, designs.scratch_labels(plan), about)
-    contents["about"]["minutes"] = round((time.time() - started) / 60, 1)
     rates.write(path, contents)
     say(f"the tuning step chose {contents['scales']} x train.lr and fine-tuning rates {contents['finetune_lrs']}")
-    print(f"wrote {path} ({(time.time() - started) / 60:.1f} min)")
+    print(
+        f"wrote {path} ({(time.time() - started) / 60:.1f} min this invocation; the step's jobs ran "
+        f"{contents['about']['minutes']} min, {contents['about']['process_minutes']} process-minutes)"
+    )
     return path
 
 

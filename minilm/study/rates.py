@@ -51,7 +51,8 @@ def tuned_for(plan: dict) -> dict:
 def record(plan: dict, chosen: dict, grids: dict, rejected: dict, cells: list, retrieval: list, about: dict) -> dict:
     """The file's contents: ``chosen`` {"scales": {kind: scale}, "finetune_lrs": {row: lr}}, ``grids``
     {"scales": {kind: [tried]}, "finetune_lrs": {row: [tried]}}, ``rejected`` {kind: {scale: why}},
-    the tuning's held-out ``cells`` and ``retrieval`` rows, and ``about`` (commit, machine, minutes)."""
+    the tuning's held-out ``cells`` and ``retrieval`` rows, and ``about`` (commit, machine, command, and the
+    tuning jobs' minutes and process_minutes)."""
     return {
         "experiment": plan["experiment"],
         "about": about,

@@ -19,6 +19,7 @@ from __future__ import annotations
 from minilm.study import rates, sweep, tuning
 from minilm.study.extension import extension_runs
 from minilm.study.jobs import run_jobs
+from minilm.study.provenance import busy_seconds
 from minilm.study.sweep import SweepError
 from minilm.study.tuning import MAX_EXTENSIONS, TuningError
 
@@ -63,7 +64,8 @@ def _rounds(grids: dict, build, choose, what: str) -> dict:
 
 def run_tuning(study, kinds, about: dict) -> dict:
     """The tuning step of ``study`` (a ``minilm.study.plan.Study`` of the plan to tune) for ``kinds``;
-    returns the rates file's contents (``rates.record``), ``about`` recorded in it."""
+    returns the rates file's contents (``rates.record``), ``about`` recorded in it with the step's
+    ``minutes`` (the union of its jobs' running times) and ``process_minutes`` (their sum)."""
     plan, done, results = study.plan, {}, {"cells": [], "retrieval": []}
 
     def build(make):
@@ -95,6 +97,11 @@ def run_tuning(study, kinds, about: dict) -> dict:
         )
     except TuningError as exc:
         raise SweepError(str(exc)) from None
+    about = {  # the jobs' running time, over every invocation of a resumed step (not the last one's wall time)
+        **about,
+        "minutes": round(busy_seconds(done) / 60, 1),
+        "process_minutes": round(sum(d.ended - d.started for d in done.values()) / 60, 1),
+    }
     contents = rates.record(
         plan,
         {"scales": study.lr_scales, "finetune_lrs": finetune_lrs},
