@@ -326,8 +326,8 @@ def _test(
     mode: str,
     passed: bool,
     alpha: float,
-    rule: str = RETRIEVAL_TEST,
-    floor: float = 0.0,
+    rule: str,
+    floor: float,
 ) -> Outcome:
     if TESTS[claim.test] == "perplexity":
         return _perplexity(claim, cells, L, mode, alpha)
