@@ -119,4 +119,6 @@ def test_attention_equals_gpt_oss(layer):
             pos = cache.begin(end - start)
             steps.append(attention(x[:, start:end], layer, pass_of(ours, pos, cache.capacity, cache)))
             cache.commit()
-        torch.testing.assert_close(torch.cat(steps, dim=1), expected, rtol=0, atol=1e-5)
+        # one token at a time sums in another order than the whole sequence: outputs near 6 differ by up to
+        # ~2e-6 relative on an AVX2-only CPU (1.1e-5 absolute), where a wrong position moves them by O(1)
+        torch.testing.assert_close(torch.cat(steps, dim=1), expected, rtol=1e-5, atol=1e-5)
