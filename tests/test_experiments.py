@@ -94,6 +94,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
     frozen = yaml.safe_load((out / "rates.yaml").read_text(encoding="utf-8"))
     grids = frozen["grids"]["scales"]
     assert 0 < frozen["about"]["minutes"] <= frozen["about"]["process_minutes"]  # the jobs' union, their sum
+    assert "CPU flags:" in frozen["about"]["machine"]  # bf16 units or not: what the rates were tuned in
     assert set(tuned) == set(designs.scratch_labels(plan))
     for kind, scale in tuned.items():  # the tuning step extended every grid until its choice was inside it
         assert {1.0, 2.0, 4.0} <= set(grids[kind]) and min(grids[kind]) < scale < max(grids[kind]), kind

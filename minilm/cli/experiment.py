@@ -149,7 +149,7 @@ def frozen_rates(args, plan: dict, out: str, journal, commit: str, started: floa
     tuner.prepare_data()
     about = {
         "commit": commit,
-        "machine": provenance.machine(),
+        "machine": provenance.host_line(),  # with the CPU flags, as a report's Machine line
         "command": "python -m minilm experiment "
         + " ".join([plan["experiment"], *(["--quick"] if args.quick else []), *args.overrides, "--tune"]),
     }
