@@ -151,10 +151,12 @@ def checks(directory: str) -> dict:
 
 
 def pooled_at(directory: str, label: str, length: str) -> list:
-    """The per-seed accuracies (%, depths pooled) of the scheme ``label`` trained from scratch at ``length``."""
+    """The per-seed accuracies (%, depths pooled) of the scheme ``label`` trained from scratch at ``length``, on the
+    single needle (the task it trained on; the multi-key probes are a probe of their own)."""
     by_seed = defaultdict(lambda: [0, 0])
     for r in rows(directory, "retrieval.csv"):
-        if r["section"] == "scratch" and r["label"] == label and r["length"] == length and r["correct"]:
+        single = (r.get("keys") or "1") == "1"
+        if r["section"] == "scratch" and r["label"] == label and r["length"] == length and r["correct"] and single:
             by_seed[int(r["seed"])][0] += int(r["correct"])
             by_seed[int(r["seed"])][1] += int(r["trials"])
     return [100 * c / t for _, (c, t) in sorted(by_seed.items())]
