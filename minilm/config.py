@@ -453,6 +453,12 @@ class TrainConfig:
         help="queries of the needle in each retrieval training row (minilm.data.retrieval; a probe asks once)",
         valid=Range(1, 1000, integer=True),
     )
+    retrieval_spread: bool = option(
+        False,
+        role=TRAJECTORY,
+        help="the first query of a retrieval row at a distance drawn uniformly over the row, the others after it "
+        "(false: all on random slots, so each answer can be copied from a query a few tokens back)",
+    )
     eval_interval: int = option(250, help="steps between held-out evaluations", valid=Range(1, MAX_COUNT, integer=True))
     eval_iters: int = option(20, help="held-out batches per evaluation", valid=Range(1, MAX_COUNT, integer=True))
     log_interval: int = option(10, help="steps between metrics.jsonl lines", valid=Range(1, MAX_COUNT, integer=True))

@@ -534,6 +534,13 @@ def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
     args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "d")]
     assert experiment_cli.main(args) == 2  # the task's rows are part of what the rates were tuned for
     assert "were tuned for other settings (retrieval.query_density)" in capsys.readouterr().err
+    spread = experiments.make_plan("length-generalization", True, [1], ["retrieval.spread=true"])
+    assert experiments.run_config(spread, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
+    assert not experiments.run_config(denser, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
+    path = rates.write(str(tmp_path / "spread.rates.yaml"), frozen_rates(spread))
+    args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "e")]
+    assert experiment_cli.main(args) == 2  # rows whose lookups reach further are another task to tune for
+    assert "were tuned for other settings (retrieval.spread)" in capsys.readouterr().err
     fewer = experiments.make_plan("length-generalization", True, [1])
     contents = frozen_rates(fewer)
     del contents["scales"]["fire"]
@@ -753,10 +760,10 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
 
     task = Task(marker=1000, keys=tuple(range(1001, 1033)), values=tuple(range(1033, 1065)))
 
-    def share(length: int, weight: float, queries: int = 3) -> float:
+    def share(length: int, weight: float, queries: int = 3, spread: bool = False) -> float:
         generator = torch.Generator().manual_seed(length)
         haystacks = torch.randint(0, 1000, (64, length + 1), generator=generator)
-        _, y = training_rows(haystacks, dataclasses.replace(task, queries=queries), generator, keep_text=True)
+        _, y = training_rows(haystacks, dataclasses.replace(task, queries=queries, spread=spread), generator, True)
         answers = torch.isin(y, torch.tensor(task.values))
         text = (y != IGNORE) & ~answers
         assert (answers.sum(1) == queries).all()  # one pair, asked ``queries`` times
@@ -769,6 +776,9 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
         queries = designs.queries_for(plan, length)  # 3, 12, 48: the answers as dense as at L
         assert queries == 3 * length // 128
         assert share(length, weight_for_share(6 / 35, length, queries), queries) == pytest.approx(6 / 35, rel=2e-3)
+        # retrieval.spread: the same slots written, elsewhere in the row: the same share at the same weight
+        weight = weight_for_share(6 / 35, length, queries)
+        assert share(length, weight, queries, spread=True) == pytest.approx(6 / 35, rel=2e-3)
     assert share(512, 8.0) == pytest.approx(0.046, abs=5e-4)
     with pytest.raises(ValueError, match="answer share of 1.0 is invalid"):
         weight_for_share(1.0, 128)
@@ -776,6 +786,8 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
         experiments.make_plan("length-generalization", True, [1], ["retrieval.answer_share=1.5"])
     with pytest.raises(experiments.ExperimentError, match=r"retrieval.query_density=\[3\] is invalid"):
         experiments.make_plan("length-generalization", True, [1], ["retrieval.query_density=[3]"])
+    with pytest.raises(experiments.ExperimentError, match=r"retrieval.spread=3 is invalid: expected true or false"):
+        experiments.make_plan("length-generalization", True, [1], ["retrieval.spread=3"])
     assert designs.ABLATION_FULL["train"]["retrieval_weight"] == 8.0  # the ablation's rows at L, as the study's
 
 

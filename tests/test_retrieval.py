@@ -182,6 +182,31 @@ def test_a_needle_in_every_row_keeps_the_text_and_weighs_each_answer_w_tokens():
     assert mixed_loss(hidden, weight, 0.0, y, answers, w).item() == pytest.approx(manual.item(), rel=1e-5)
 
 
+def test_the_spread_placement_draws_the_first_lookup_uniformly_over_the_row():
+    """train.retrieval_spread: the pair, its first query d slots later (d uniform on 1 .. slots - q), the other
+    queries after that one. Written on random slots instead, each answer can be copied from the query just
+    before it, and the first lookup is as short as the gaps between 1 + q random slots."""
+    T, queries = 512, 12
+    slots = (T + 1) // SLOT
+    haystacks = torch.from_numpy(corpus(400 * (T + 1), seed=8).astype(np.int64)).view(400, T + 1)
+    first = {}
+    for spread in (False, True):
+        task = Task.from_tokens(corpus(), VOCAB, queries=queries, spread=spread)
+        x, y = training_rows(haystacks, task, torch.Generator().manual_seed(9), keep_text=True)
+        first[spread] = []
+        for row_x, row_y in zip(x.tolist(), y.tolist()):
+            asked = [i for i, t in enumerate(row_y) if t in task.values]
+            pair = row_x.index(task.marker)  # the first marker is the pair's, and its value is every answer
+            assert len(asked) == queries and {row_y[i] for i in asked} == {row_x[pair + 2]} and pair < asked[0]
+            first[spread].append((asked[0] - 1 - pair) // SLOT)  # the first query's distance, in slots
+    d = np.array(first[True])
+    assert d.min() >= 1 and d.max() <= slots - queries and d.max() > 0.9 * (slots - queries)
+    assert abs(d.mean() - (slots - queries + 1) / 2) < 6  # uniform on 1 .. 158: mean 79.5, sd 45.6 / sqrt(400) = 2.3
+    assert np.median(first[False]) * SLOT < T / 8  # random slots: the first lookup is short
+    with pytest.raises(RetrievalError, match="one pair a row"):
+        training_rows(haystacks[:4], Task.from_tokens(corpus(), VOCAB, pairs=8, spread=True), torch.Generator())
+
+
 def test_wilson_intervals_match_published_values():
     assert normal_quantile(0.975) == pytest.approx(1.959964, abs=1e-6)
     # Newcombe (1998), table I: 0/10 -> 0 to 0.2775; 1/29 -> 0.0061 to 0.1718; 81/263 -> 0.2553 to 0.3662

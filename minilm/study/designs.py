@@ -100,7 +100,11 @@ FULL = {
     # times (``queries_for``: the answers as dense at 4L as at L; with 3 a row at 512 the oracle learned nothing);
     # answer_share: the answers' share of a row's loss weight at every length (``run_config`` sets each run's
     # train.retrieval_weight from both: ``minilm.training.mixture.weight_for_share``); 6 / 35 is each answer
-    # counted 8 times at L = 128 (24 / (116 + 24)), the weight the first confirmatory run used at every length
+    # counted 8 times at L = 128 (24 / (116 + 24)), the weight the first confirmatory run used at every length;
+    # spread (unset: false; train.retrieval_spread): the first query of a row at a distance drawn uniformly over
+    # it. Unset, each answer can be copied from the query before it and the lookups stay short at every length,
+    # which is why the oracle misses far needles (docs/design.md, "Measured choices"); the frozen rates were tuned
+    # without it, so a design that sets it tunes again
     "retrieval": {
         "multiples": [1, 2, 4, 8],
         "depths": [0.0, 0.25, 0.5, 0.75, 1.0],

@@ -109,6 +109,9 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
             f"retrieval.query_density={density} is invalid: expected [queries, tokens], e.g. [3, 128]: 3 queries a "
             f"row of 128 tokens"
         )
+    spread = plan.get("retrieval", {}).get("spread", False)
+    if not isinstance(spread, bool):
+        raise ExperimentError(f"retrieval.spread={spread!r} is invalid: expected true or false")
     for length in {
         plan["model"]["block_size"],
         int(plan.get("extension", {}).get("factor", 1) * plan["model"]["block_size"]),
@@ -170,8 +173,12 @@ def run_config(
     train_settings = {**RUN_DEFAULTS, **plan["train"], **tweaks.get("train", {})}
     share, length = plan.get("retrieval", {}).get("answer_share"), block_size or plan["model"]["block_size"]
     if share is not None and train_settings.get("retrieval_share"):  # the task's density and share at every length
-        queries = queries_for(plan, length)
-        train_settings.update(retrieval_queries=queries, retrieval_weight=weight_for_share(share, length, queries))
+        queries, spread = queries_for(plan, length), plan["retrieval"].get("spread", False)
+        train_settings.update(
+            retrieval_queries=queries,
+            retrieval_weight=weight_for_share(share, length, queries),
+            retrieval_spread=spread,
+        )
     if init_from is not None:
         steps = plan["extension"]["curve_steps"]
         train_settings.update(

@@ -26,7 +26,7 @@ REGISTERED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "registere
 # the plan's sections whose settings the rates depend on (eval, seeds and controls do not); the retrieval keys that
 # shape training rows or decide the task floor; the extension's factor and fine-tuning length
 TUNED_FOR = ("model", "data", "train", "finetune", "schemes", "arms", "tuning", "sweep")
-TRAINING_RETRIEVAL = ("answer_share", "query_density", "depths", "trials")
+TRAINING_RETRIEVAL = ("answer_share", "query_density", "spread", "depths", "trials")
 FILE = "rates.yaml"  # the file's name in an experiment's --out when it is not the registered one (--quick)
 
 

@@ -205,7 +205,12 @@ def _protocol(study: Study) -> list:
         f"sees the same batches. "
         f"**{100 * t['retrieval_share']:g}% of the sequences** (the same rows for every scheme) are retrieval "
         f"sequences (`minilm.data.retrieval`): {_pairs_text()}, each asked {first.train.retrieval_queries} times by "
-        f"a later query `MARK k`, written over the text, "
+        f"a later query `MARK k v`, written over the text (a query may copy its answer from the one before"
+        + (
+            "; the first query's distance to the needle drawn uniformly over the row: `retrieval.spread`), "
+            if first.train.retrieval_spread
+            else "), "
+        )
         + (
             f"the text's loss kept: every text token counts once and each answer {first.train.retrieval_weight:g} "
             f"times at L{_answer_share(plan)} "

@@ -122,4 +122,9 @@ def task_for(config, prepared) -> "Task | None":
     """The run's retrieval task (None without retrieval sequences): picked from its training split."""
     if config.train.retrieval_share <= 0:
         return None
-    return Task.from_tokens(prepared.train, config.model.vocab_size, queries=config.train.retrieval_queries)
+    return Task.from_tokens(
+        prepared.train,
+        config.model.vocab_size,
+        queries=config.train.retrieval_queries,
+        spread=config.train.retrieval_spread,
+    )
