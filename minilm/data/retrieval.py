@@ -121,9 +121,9 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
     A query is written whole (``MARK k v``), so each answer can be copied from the nearest earlier
     query: with the pair and its queries on random slots the lookups stay short at any length (a
     median of 20 tokens at T = 128 with 3 queries, 26 at 512 with 12, 29 at 2048 with 48).
-    ``task.spread`` (one pair a row) draws the first query's distance to the pair uniformly over
-    the slots that leave room for the rest, and the other queries after it: one lookup a row as
-    far back as a probe's, anywhere up to T - 3 queries' slots."""
+    ``task.spread`` (one pair a row) draws the first query's distance to the pair uniformly, from
+    one slot to as many as leave room for the other queries after it: one lookup a row reaches
+    back as far as a probe's."""
     rows = haystacks.clone()
     B, T = rows.shape[0], rows.shape[1] - 1
     group, slots = 1 + task.queries, (T + 1) // SLOT  # the slots of one pair: the pair, then its queries

@@ -103,7 +103,7 @@ FULL = {
     # counted 8 times at L = 128 (24 / (116 + 24)), the weight the first confirmatory run used at every length;
     # spread (unset: false; train.retrieval_spread): the first query of a row at a distance drawn uniformly over
     # it. Unset, each answer can be copied from the query before it and the lookups stay short at every length,
-    # which is why the oracle misses far needles (docs/design.md, "Measured choices"); the frozen rates were tuned
+    # which is why the oracle misses far needles (docs/guides/study.md, the pilots); the frozen rates were tuned
     # without it, so a design that sets it tunes again
     "retrieval": {
         "multiples": [1, 2, 4, 8],
