@@ -119,8 +119,8 @@ def training_rows(haystacks: torch.Tensor, task: Task, generator: torch.Generato
     ``keep_text`` the text's own next tokens wherever the next token is still the text's.
 
     A query is written whole (``MARK k v``), so each answer can be copied from the nearest earlier
-    query: with the pair and its queries on random slots the lookups stay short at any length (a
-    median of 20 tokens at T = 128 with 3 queries, 26 at 512 with 12, 29 at 2048 with 48).
+    query: with the pair and its queries on random slots the lookups stay short at any length
+    (measured in docs/guides/study.md).
     ``task.spread`` (one pair a row) draws the first query's distance to the pair uniformly, from
     one slot to as many as leave room for the other queries after it: one lookup a row reaches
     back as far as a probe's."""
