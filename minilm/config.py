@@ -9,6 +9,7 @@ A run is one YAML file with the sections ``model`` (including ``model.position``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -618,13 +619,19 @@ def _type_name(annotation) -> str:
     return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
+@functools.cache
+def _type_hints(cls) -> dict:
+    """``cls``'s field annotations resolved (read once per class: resolving them compiles each one)."""
+    return typing.get_type_hints(cls)
+
+
 def from_dict(cls, data: Any, prefix: str = ""):
     """Build dataclass ``cls`` from a plain mapping, recursing into nested dataclasses."""
     where = prefix.rstrip(".") or "config"
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {shown(data)}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for key, value in data.items():
         if key not in fields:

@@ -143,6 +143,17 @@ def hf_tokenizer_dir(tmp_path_factory):
     return directory
 
 
+# The files that take longest, started first: a file runs whole in one worker (``--dist loadfile``), so
+# one started last would run on alone after the other worker has finished (their times: --durations).
+LONGEST_FIRST = ("test_docs.py", "test_experiments.py", "test_fsdp.py", "test_bad_inputs.py")
+
+
+def pytest_collection_modifyitems(items):
+    """Run the files of ``LONGEST_FIRST`` first, in that order; every other test keeps its place."""
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))
+
+
 def pytest_terminal_summary(terminalreporter):
     """What tests/test_docs.py ran of README.md and the manual: its count of commands."""
     docs = sys.modules.get("tests.test_docs") or sys.modules.get("test_docs")

@@ -3,8 +3,6 @@ errors; checkpoints written by earlier commits still load and generate the same 
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,6 +16,7 @@ from minilm.generation.decode import Sampling, generate_ids
 from minilm.training.resume import check_run_state
 from minilm.training.saving import RECORD, RECORD_FORMAT, read_record
 from tests.conftest import REPO
+from tests.forkrun import run_python
 
 
 def state(value: float) -> dict:
@@ -69,14 +68,7 @@ def test_a_process_killed_during_save_keeps_the_previous_checkpoint(tmp_path):
         checkpoint.save({{"model": {{"w": torch.zeros(4)}}, "config": {{}}, "tokenizer": b"x", "step": 2}},
         {str(tmp_path)!r})
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(["-c", script], cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
     assert result.returncode == -9, result.stderr
     assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))  # the half-written temp file
     assert checkpoint.load(str(tmp_path))["step"] == 1

@@ -2,8 +2,6 @@
 
 import dataclasses
 import os
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -16,15 +14,14 @@ from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConf
 from minilm.configfile import find_config_file, load_config
 from minilm.model.gpt import GPT
 from tests.conftest import REPO
+from tests.forkrun import run_python
 
 CONFIGS = ("sinusoidal", "learned", "rope", "alibi", "t5", "nope", "interpolated")
 
 
 def run_cli(*args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_python(["train.py", *args], cwd=REPO, env=env, timeout=120)
 
 
 def test_overrides_are_typed_as_yaml():

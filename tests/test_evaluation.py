@@ -6,8 +6,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,6 +27,7 @@ from minilm.evaluation import passkey, scoring
 from minilm.positions import available
 from minilm.training.loop import train
 from tests.conftest import tiny_overrides
+from tests.forkrun import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "the grass is green sky blue sun yellow here we go there and back again king queen night 0 1 2 3 4 5 6 7 8 9"
@@ -346,9 +345,7 @@ def test_bad_requests_are_one_line_errors(corpus):
 
 def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run(
-        [sys.executable, os.path.join(ROOT, "evaluate.py"), *args], capture_output=True, text=True, env=env, cwd=ROOT
-    )
+    return run_python([os.path.join(ROOT, "evaluate.py"), *args], cwd=ROOT, env=env)
 
 
 @pytest.mark.slow
@@ -438,11 +435,9 @@ def test_evaluating_from_another_directory_reads_the_data_the_run_prepared(tiny_
     [result] = evaluation.evaluate_checkpoints(["out/run"], lengths=[32], max_tokens=256, quiet=True)
     ppl = f"| {math.exp(result.nll):.2f} |"
     options = ["--lengths", "32", "--max-tokens", "256", "--no-files", "--quiet"]
-    out = subprocess.run(  # a process of its own: nothing read in this one helps it
-        [sys.executable, "-m", "minilm", "evaluate", str(run_dir / "out/run"), *options],
+    out = run_python(  # a process of its own: nothing read in this one helps it
+        ["-m", "minilm", "evaluate", str(run_dir / "out/run"), *options],
         cwd=elsewhere,
-        capture_output=True,
-        text=True,
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     assert out.returncode == 0 and out.stderr == "" and ppl in out.stdout, out.stderr

@@ -14,6 +14,7 @@ import pytest
 from minilm.cli import experiment as experiment_cli
 from minilm.training import loop
 from minilm.training.optim import lr_at
+from tests.forkrun import run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,7 +105,7 @@ def test_a_sigterm_stops_the_workers_and_resume_finishes_the_study(tiny_corpus, 
     entries = [p.read_text() for p in (out / "journal").glob("*.json") if p.name != "meta.json"]
     assert all('"SIGTERM"' not in text for text in entries)  # a run stopped part way is not journaled as done
 
-    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    resumed = run_python([*command[1:], "--resume"], cwd=REPO, env=env, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
     assert (out / "report.md").exists() and (out / "results.csv").exists()
 

@@ -26,6 +26,7 @@ from minilm.training import saving
 from minilm.training.loop import TrainingError, train
 from minilm.training.parallel import FSDP2_ON_CPU
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import run_python
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 fsdp_on_cpu = pytest.mark.skipif(
@@ -160,26 +161,12 @@ def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpu
         processes=2,
     )
     env = {**os.environ, "PYTHONPATH": REPO}
-    proc = subprocess.run(
-        [sys.executable, "-m", "minilm", "unshard", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_python(["-m", "minilm", "unshard", str(out)], cwd=REPO, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "step 5" in proc.stdout and proc.stderr == ""
     model, _, config, _ = load_model(str(out / "ckpt.pt"))
     assert config.model.n_layer == 2 and model.num_params() > 0
-    again = subprocess.run(
-        [sys.executable, "-m", "minilm", "unshard", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = run_python(["-m", "minilm", "unshard", str(out)], cwd=REPO, env=env, timeout=120)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr
     config = resolve_config(load_config(None, overrides(tiny_corpus, out, 1, "train.max_steps=10")))
     train(config, resume=True, quiet=True)  # the file, optimiser and all, continues the run
@@ -218,9 +205,7 @@ def test_damaged_shards_are_one_line_errors(tiny_config, tmp_path):
         (["unshard", str(damaged)], "cannot read the shards of"),
         (["unshard", os.path.join(config.out_dir, "nothing")], "is not a sharded checkpoint"),
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "minilm", *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
-        )
+        proc = run_python(["-m", "minilm", *argv], cwd=REPO, env=env, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
 
 
@@ -283,11 +268,9 @@ def test_a_save_killed_before_its_link_moves_leaves_the_previous_checkpoint(tiny
     given = tiny_overrides(
         tiny_corpus, out, "train.max_steps=6", "train.checkpoint_interval=3", "train.checkpoint_format=sharded"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", KILLED_SAVE, *given],
+    proc = run_python(
+        ["-c", KILLED_SAVE, *given],
         cwd=REPO,
-        capture_output=True,
-        text=True,
         env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"},
         timeout=300,
     )

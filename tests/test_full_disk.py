@@ -5,13 +5,13 @@ leave no temporary or partial files."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from minilm.checkpoints import format as checkpoint
 from minilm.training import saving
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import run_python
 
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "main-7334668", "rope.pt")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
@@ -42,7 +42,7 @@ def small_disk(tmp_path):
 
 
 def run(*argv):
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    return run_python([*argv], cwd=REPO, env=ENV, timeout=300)
 
 
 def one_line_error(result, *words):

@@ -13,6 +13,7 @@ import pytest
 from minilm.checkpoints import format as checkpoint
 from minilm.cli import generate as generate_script
 from minilm.config import Config
+from tests.forkrun import run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "generate.py")
@@ -261,8 +262,6 @@ def test_bad_input_is_one_line_and_exit_2(checkpoints, capsys, argv, message):
 def test_unreadable_checkpoint_in_a_subprocess_has_no_traceback(tmp_path):
     bad = tmp_path / "ckpt.pt"
     bad.write_bytes(b"not a checkpoint")
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, "--checkpoint", str(bad), "hi"], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
+    proc = run_python([SCRIPT, "--checkpoint", str(bad), "hi"], cwd=REPO, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

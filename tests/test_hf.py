@@ -8,8 +8,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,6 +25,7 @@ from minilm.config import Config, DataConfig  # noqa: E402
 from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
 from minilm.hf.export import convert, export_model  # noqa: E402
 from minilm.hf.family import HFError  # noqa: E402
+from tests.forkrun import run_python  # noqa: E402
 
 TOLERANCE = 1e-4
 LENGTH = 40
@@ -523,14 +522,7 @@ def test_export_never_writes_into_a_used_directory(gen_tokenizer, tmp_path):
 
 
 def cli(*args, cwd):
-    result = subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": REPO},
-    )
+    result = run_python([*args], cwd=cwd, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -843,9 +835,8 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
     reference.generation_config.save_pretrained(directory)
     counts = []
     for flags in ([], ["--ignore-eos"]):
-        result = subprocess.run(
+        result = run_python(
             [
-                sys.executable,
                 os.path.join(REPO, "generate.py"),
                 "--checkpoint",
                 str(directory),
@@ -858,10 +849,8 @@ def test_greedy_generation_stops_where_transformers_stops(hf_tokenizer_dir, tmp_
                 *flags,
             ],
             cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
             env={**os.environ, "PYTHONPATH": REPO},
+            timeout=300,
         )
         assert result.returncode == 0, result.stderr[-2000:]
         counts.append(int(result.stderr.split("new: ")[1].split(" tokens")[0]))

@@ -8,8 +8,6 @@ past the original context must be transformers'. Every shipped config trains and
 is refused in one line."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ from minilm.checkpoints.loading import load_model  # noqa: E402
 from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
 from minilm.hf.export import export_model  # noqa: E402
 from minilm.hf.family import HFError  # noqa: E402
+from tests.forkrun import run_python  # noqa: E402
 
 ORIGINAL = 16  # the original context of the LongRoPE cases; sequences of 40 pass it
 LONGROPE = {
@@ -757,23 +756,9 @@ def test_every_shipped_config_trains_and_exports_or_is_refused(name, tiny_corpus
         "train.final_eval_tokens=0",
         "model.n_head=4",
     )
-    train = subprocess.run(
-        [sys.executable, "-m", "minilm", "train", "--config", name, *tiny],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    train = run_python(["-m", "minilm", "train", "--config", name, *tiny], cwd=tmp_path, env=env)
     assert train.returncode == 0, train.stderr[-2000:]
-    result = subprocess.run(
-        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    result = run_python(["-m", "minilm", "export", tmp_path / "run", tmp_path / "hf"], cwd=tmp_path, env=env)
     if name not in EXPORTS:
         assert result.returncode == 2 and not (tmp_path / "hf").exists()
         lines = result.stderr.strip().splitlines()
@@ -790,11 +775,8 @@ def test_memory_counts_an_imported_familys_cache_per_layer_type(hf_tokenizer_dir
     """``minilm memory`` reads a family's layer design from config.json alone (``train.init_from``):
     EXAONE 4's three local layers keep their window of keys, its global one the whole context."""
     _, directory = hf_model_dir("exaone4-lllg-gqa", hf_tokenizer_dir, tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "minilm", "memory", "rope.yaml", f"train.init_from={directory}", "--context", "64"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+    done = run_python(
+        ["-m", "minilm", "memory", "rope.yaml", f"train.init_from={directory}", "--context", "64"], cwd=REPO
     )
     assert done.returncode == 0, done.stderr
     assert "| local | 3 | 4 |" in done.stdout and "| global | 1 | 64 |" in done.stdout

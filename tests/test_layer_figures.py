@@ -3,8 +3,6 @@ and its figure, whose grids are the attention's own mask (``minilm.model.attenti
 command end to end in a process of its own, and bad input as one ``error:`` line with exit status 2."""
 
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,6 +12,7 @@ from minilm.cli import positions
 from minilm.model.attention import visible
 from minilm.positions.layers import layer_types
 from tests.conftest import REPO
+from tests.forkrun import run_python
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,14 +78,7 @@ def test_the_figure_draws_what_visible_computes(tmp_path):
 
 def run_cli(*args, cwd=REPO):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO, "MPLBACKEND": "Agg"}
-    return subprocess.run(
-        [sys.executable, "-m", "minilm", "positions", "layers", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_python(["-m", "minilm", "positions", "layers", *args], cwd=cwd, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ the merged model exported to transformers."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -27,6 +25,7 @@ from minilm.training.loop import setup, train, train_step
 from minilm.training.mixture import mixed_loss
 from minilm.training.resume import StopFlag
 from tests.conftest import tiny_overrides
+from tests.forkrun import run_python
 from tests.test_hf import greedy_both, scramble
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,14 +147,7 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     llama_base(gen_tokenizer, tmp_path / "base")
     env = {**os.environ, "PYTHONPATH": REPO}
     args = lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "run", "train.max_steps=20")
-    done = subprocess.run(
-        [sys.executable, "-m", "minilm", "train", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    done = run_python(["-m", "minilm", "train", *args], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     state = load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))
     shape = GPT(ModelConfig(vocab_size=gen_tokenizer.vocab_size, **LLAMA))
@@ -166,13 +158,8 @@ def test_lora_extension_from_the_command_line_exports_to_transformers(tiny_corpu
     assert state["lora_base"]["path"] == str(tmp_path / "base") and len(state["lora_base"]["sha256"]) == 64
     weights = os.path.getsize(tmp_path / "base" / "model.safetensors")
     assert os.path.getsize(tmp_path / "run" / "ckpt.pt") < weights / 10
-    exported = subprocess.run(
-        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    exported = run_python(
+        ["-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "hf")], cwd=tmp_path, env=env, timeout=300
     )
     assert exported.returncode == 0, exported.stderr[-2000:]
     (tmp_path / "plain.txt").write_text("x")  # every exported file has an ordinary file's permissions
@@ -285,22 +272,13 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(
         )
         if not o.startswith("model.")
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "minilm", "train", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    done = run_python(["-m", "minilm", "train", *args], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    exported = subprocess.run(
-        [sys.executable, "-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "peft"), "--adapter"],
+    exported = run_python(
+        ["-m", "minilm", "export", str(tmp_path / "run"), str(tmp_path / "peft"), "--adapter"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
         env=env,
+        timeout=300,
     )
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert sorted(os.listdir(tmp_path / "peft")) == ["adapter_config.json", "adapter_model.safetensors"]
@@ -312,13 +290,11 @@ def test_adapters_export_in_peft_format_and_peft_computes_the_same_model(
         plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)(ids).logits
         delta = (theirs(ids).logits - ours(ids)).abs().max()
     assert delta < 1e-4 and (plain - ours(ids)).abs().max() > 100 * delta  # the adapters matter, and match
-    refused = subprocess.run(
-        [sys.executable, "-m", "minilm", "export", str(tmp_path / "base"), str(tmp_path / "x"), "--adapter"],
+    refused = run_python(
+        ["-m", "minilm", "export", str(tmp_path / "base"), str(tmp_path / "x"), "--adapter"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
         env=env,
+        timeout=300,
     )
     assert refused.returncode == 2 and "is not a LoRA run's checkpoint" in refused.stderr
     if shape is None:  # --family names the base's family: written as it, or refused, never ignored

@@ -4,8 +4,6 @@ their formulas under DDP and FSDP."""
 
 import dataclasses
 import os
-import subprocess
-import sys
 from functools import partial
 
 import pytest
@@ -20,6 +18,7 @@ from minilm.model.lora import add_adapters
 from minilm.training import memory
 from minilm.training.memory import LAYOUTS, activation_bytes, lora_counts, parameter_counts, step_memory
 from tests.conftest import REPO
+from tests.forkrun import run_python
 
 SHAPES = {
     "rope": dict(position={"kind": "rope"}),
@@ -151,11 +150,11 @@ def test_a_count_too_long_for_the_dry_run_is_refused_before_or_while_it_runs(mon
 @pytest.mark.slow
 def test_the_memory_command_answers_at_its_largest_depth_and_length_in_seconds():
     env = {**os.environ, "PYTHONPATH": REPO}
-    run = partial(subprocess.run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    deep = run([sys.executable, "-m", "minilm", "memory", "model.n_layer=1024", "model.block_size=16777216"])
+    run = partial(run_python, cwd=REPO, env=env, timeout=120)
+    deep = run(["-m", "minilm", "memory", "model.n_layer=1024", "model.block_size=16777216"])
     assert deep.returncode == 0, deep.stderr
     assert "1024 layers x d_model 192, vocabulary 4,096, 8 x 16777216 tokens per process" in deep.stdout
-    long = run([sys.executable, "-m", "minilm", "memory", "alibi.yaml", "model.block_size=16777216"])
+    long = run(["-m", "minilm", "memory", "alibi.yaml", "model.block_size=16777216"])
     assert long.returncode == 2 and long.stderr.count("\n") == 1, long.stderr
     assert long.stderr.startswith("error: model.block_size=16777216: the count would run") and "<= " in long.stderr
 
@@ -163,13 +162,8 @@ def test_the_memory_command_answers_at_its_largest_depth_and_length_in_seconds()
 @pytest.mark.slow
 def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     env = {**os.environ, "PYTHONPATH": REPO}
-    proc = subprocess.run(
-        [sys.executable, "-m", "minilm", "memory", "llama3_8b_shape.yaml", "--ranks", "8"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = run_python(
+        ["-m", "minilm", "memory", "llama3_8b_shape.yaml", "--ranks", "8"], cwd=REPO, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
     assert "32 layers x d_model 4096, vocabulary 128,256, 1 x 8192 tokens per process, 8 processes" in proc.stdout
@@ -181,14 +175,7 @@ def test_the_memory_command_counts_a_llama_3_8b_shape_without_allocating_it():
     weights = {(r[0].strip(), r[1].strip()): float(r[2]) for r in rows}
     assert weights["ddp", "no"] == pytest.approx(8.03e9 * 4 / 2**30, rel=0.01)  # 8.03B float32 weights
     assert weights["fsdp", "yes"] == pytest.approx(weights["ddp", "no"] / 8, abs=0.06)  # one decimal
-    bad = subprocess.run(
-        [sys.executable, "-m", "minilm", "memory", "--ranks", "0"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_python(["-m", "minilm", "memory", "--ranks", "0"], cwd=REPO, env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr == "error: --ranks 0 is invalid: expected a number of processes >= 1\n"
 
 

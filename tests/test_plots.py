@@ -1,7 +1,6 @@
 """Figures of the position schemes (python -m minilm positions) and attention maps (minilm.figures.attention)."""
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ from minilm.figures.canvas import PlotError  # noqa: E402
 from minilm.positions import available, build, scheme_class  # noqa: E402
 from minilm.positions.alibi import alibi_slopes  # noqa: E402
 from minilm.positions.t5 import t5_bucket  # noqa: E402
+from tests.forkrun import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = dict(d_model=64, n_head=4, block_size=64)
@@ -265,9 +265,8 @@ def test_missing_matplotlib_is_one_line(monkeypatch, tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_subprocess_writes_the_png(tmp_path):
     out = tmp_path / "figs" / "alibi_pi.png"
-    result = subprocess.run(
+    result = run_python(
         [
-            sys.executable,
             "-m",
             "minilm",
             "positions",
@@ -286,8 +285,6 @@ def test_cli_subprocess_writes_the_png(tmp_path):
             str(out),
         ],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -297,9 +294,7 @@ def test_cli_subprocess_writes_the_png(tmp_path):
 
 @pytest.mark.slow
 def test_the_old_invocation_names_the_new_one():
-    result = subprocess.run(
-        [sys.executable, "-m", "minilm.positions", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    result = run_python(["-m", "minilm.positions", "list"], cwd=ROOT, timeout=120)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: this command moved: use python -m minilm positions ...\n"
 

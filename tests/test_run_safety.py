@@ -16,6 +16,7 @@ from minilm.common import keep_aside
 from minilm.training.loop import train
 from minilm.training.outdir import OutDirError, OutDirLock
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import run_python
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
 
@@ -58,9 +59,7 @@ def test_a_second_run_on_a_busy_out_dir_refuses_and_the_first_finishes_intact(ti
     first = start(args)
     wait_for(out / "metrics.jsonl")
     for extra in ([], ["--overwrite"], ["--resume"]):  # however it asks, the out_dir is taken
-        second = subprocess.run(
-            [sys.executable, "train.py", *args, *extra], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
-        )
+        second = run_python(["train.py", *args, *extra], cwd=REPO, env=ENV, timeout=300)
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
         assert "in use by another run" in second.stderr and f"process {first.pid}" in second.stderr
     first.send_signal(signal.SIGTERM)  # the first run ends as it would on Ctrl-C: saved, resumable
@@ -71,13 +70,8 @@ def test_a_second_run_on_a_busy_out_dir_refuses_and_the_first_finishes_intact(ti
     saved = checkpoint.load(str(out))["step"]
     assert steps == list(range(1, len(steps) + 1)) and steps[-1] == saved  # one writer: no gaps, no repeats
     # the lock died with its process: the same out_dir can now be resumed, to the end
-    again = subprocess.run(
-        [sys.executable, "train.py", *args[:-1], f"train.max_steps={saved + 2}", "--resume", "--quiet"],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    again = run_python(
+        ["train.py", *args[:-1], f"train.max_steps={saved + 2}", "--resume", "--quiet"], cwd=REPO, env=ENV, timeout=300
     )
     assert again.returncode == 0, again.stderr
     log = records(out)
@@ -99,17 +93,10 @@ def test_a_fresh_run_keeps_the_old_metrics_and_refuses_the_old_checkpoint(tiny_c
 def test_a_failing_run_leaves_the_previous_files_alone(tiny_corpus, tmp_path):
     out = tmp_path / "kept"
     args = tiny_overrides(tiny_corpus, out, "train.max_steps=2", "train.sample_tokens=0") + ["--quiet"]
-    assert subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=ENV, timeout=300).returncode == 0
+    assert run_python(["train.py", *args], cwd=REPO, env=ENV, timeout=300, text=False).returncode == 0
     before, weights = records(out), (out / "ckpt.pt").read_bytes()
     for bad in ("model.position={kind: learned, max_positions: 16}", "data.corpus=/nonexistent/texts"):
-        result = subprocess.run(
-            [sys.executable, "train.py", *args, bad, "--overwrite"],
-            cwd=REPO,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = run_python(["train.py", *args, bad, "--overwrite"], cwd=REPO, env=ENV, timeout=300)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert records(out) == before and (out / "ckpt.pt").read_bytes() == weights
 
@@ -131,9 +118,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tiny_corpus, tm
         sys.argv = ["train.py", *{args!r}]
         runpy.run_path("train.py", run_name="__main__")
     """)
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300
-    )
+    result = run_python(["-c", script], cwd=REPO, env=ENV, timeout=300)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no space left on the device" in result.stderr and "the previous checkpoint is kept" in result.stderr
@@ -160,12 +145,10 @@ def test_sigkill_at_any_moment_leaves_a_loadable_checkpoint(tiny_corpus, tmp_pat
     proc.communicate(timeout=60)
     state = checkpoint.load(str(out))  # never a half-written file
     assert state["step"] >= 1
-    resumed = subprocess.run(
-        [sys.executable, "train.py", *args[:-1], f"train.max_steps={state['step'] + 1}", "--resume", "--quiet"],
+    resumed = run_python(
+        ["train.py", *args[:-1], f"train.max_steps={state['step'] + 1}", "--resume", "--quiet"],
         cwd=REPO,
         env=ENV,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
@@ -188,26 +171,17 @@ def test_the_lock_is_exclusive_and_rotate_never_overwrites(tmp_path):
 @pytest.mark.slow
 def test_resuming_with_other_train_settings_says_so(tiny_corpus, tmp_path):
     out = tmp_path / "sched"
-    first = subprocess.run(
-        [sys.executable, "train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=4", "train.sample_tokens=0")],
+    first = run_python(
+        ["train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=4", "train.sample_tokens=0")],
         cwd=REPO,
         env=ENV,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert first.returncode == 0, first.stderr
-    longer = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            *tiny_overrides(tiny_corpus, out, "train.max_steps=6", "train.sample_tokens=0"),
-            "--resume",
-        ],
+    longer = run_python(
+        ["train.py", *tiny_overrides(tiny_corpus, out, "train.max_steps=6", "train.sample_tokens=0"), "--resume"],
         cwd=REPO,
         env=ENV,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert longer.returncode == 0, longer.stderr

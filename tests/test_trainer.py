@@ -25,6 +25,7 @@ from minilm.training.mixture import draw
 from minilm.training.optim import lr_at, make_optimizer
 from minilm.training.resume import trajectory_changes
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import run_python
 
 
 def read_metrics(out_dir, event="train"):
@@ -32,11 +33,8 @@ def read_metrics(out_dir, event="train"):
         return [r for r in map(json.loads, f) if r["event"] == event]
 
 
-def cli(args, **kwargs):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    return subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kwargs
-    )
+def cli(args):
+    return run_python(args, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO})
 
 
 # --------------------------------------------------------------------------- pieces

@@ -4,8 +4,6 @@ commands racing for one name both keep their work (or the second is refused); a 
 says whose settings it takes; paths and overrides go anywhere among the options."""
 
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,14 +14,13 @@ from minilm.config import resolve_config
 from minilm.configfile import load_config
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
+from tests.forkrun import run_python
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
 
 
 def run(*argv, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "minilm", *argv], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV
-    )
+    return run_python(["-m", "minilm", *argv], cwd=cwd, env=ENV, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -175,41 +172,22 @@ def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_co
     base = tiny_overrides(tiny_corpus, tmp_path / "run", "train.sample_tokens=0", "train.final_eval_tokens=0")
     config_file = tmp_path / "long.yaml"
     config_file.write_text("train:\n  max_steps: 12\n")
-    first = subprocess.run(
-        [sys.executable, os.path.join(REPO, "train.py"), *base, "train.max_steps=4"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=ENV,
-    )
+    first = run_python([os.path.join(REPO, "train.py"), *base, "train.max_steps=4"], cwd=tmp_path, env=ENV, timeout=300)
     assert first.returncode == 0, first.stderr
     overrides = [o for o in base if not o.startswith("train.max_steps=")]
-    again = subprocess.run(
-        [sys.executable, os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides, "--resume"],
+    again = run_python(
+        [os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides, "--resume"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
         env=ENV,
+        timeout=300,
     )
     assert again.returncode == 0, again.stderr
     assert "the checkpoint's train.max_steps=4" in again.stderr and "done: 4 steps" in again.stdout
-    longer = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "train.py"),
-            "--config",
-            str(config_file),
-            *overrides,
-            "train.max_steps=8",
-            "--resume",
-        ],
+    longer = run_python(
+        [os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides, "train.max_steps=8", "--resume"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
         env=ENV,
+        timeout=300,
     )
     assert longer.returncode == 0, longer.stderr
     assert "done: 8 steps" in longer.stdout and "train.max_steps=8 (was 4)" in longer.stderr

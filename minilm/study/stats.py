@@ -61,6 +61,7 @@ beta function (continued fraction, Numerical Recipes section 6.4), inverted by b
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -105,8 +106,9 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=None)
 def t_quantile(p: float, df: float) -> float:
-    """The t value with P(T <= t) = p (0 < p < 1), by bisection on ``t_cdf``."""
+    """The t value with P(T <= t) = p (0 < p < 1), by bisection on ``t_cdf`` to the last bit."""
     if not 0.0 < p < 1.0 or df <= 0:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
     if p < 0.5:
@@ -116,6 +118,8 @@ def t_quantile(p: float, df: float) -> float:
         high *= 2.0
     for _ in range(200):
         middle = 0.5 * (low + high)
+        if middle in (low, high):  # the interval is one float wide: more halvings change nothing
+            break
         low, high = (middle, high) if t_cdf(middle, df) < p else (low, middle)
     return 0.5 * (low + high)
 
@@ -165,6 +169,8 @@ def normal_quantile(p: float) -> float:
     low, high = -40.0, 40.0
     for _ in range(200):
         middle = 0.5 * (low + high)
+        if middle in (low, high):  # the interval is one float wide: more halvings change nothing
+            break
         low, high = (middle, high) if 0.5 * (1.0 + math.erf(middle / math.sqrt(2.0))) < p else (low, middle)
     return 0.5 * (low + high)
 
