@@ -503,8 +503,10 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
         experiments.make_plan("length-generalization", True, None, ["retrieval.depths=[2]"])
     with pytest.raises(experiments.ExperimentError, match="unknown section 'extension'"):
         experiments.make_plan("ablation", True, None, ["extension.factor=2"])
-    assert experiment_cli.main(["length-generalization", "--quick", "model.n_head=3", "--quiet"]) == 2
+    refused = tmp_path / "refused"
+    assert experiment_cli.main(["length-generalization", "--quick", "--out", str(refused), "model.n_head=3"]) == 2
     assert "error: experiment settings: model.d_model=32 is not divisible by model.n_head=3" in capsys.readouterr().err
+    assert not refused.exists()  # refused before anything is written
     with pytest.raises(SystemExit) as stop:
         experiment_cli.main(["length-generalization", "--quick", "--seeds", "1,1"])
     assert stop.value.code == 2 and "repeats a seed" in capsys.readouterr().err

@@ -131,7 +131,17 @@ def make_plan(experiment: str = "length-generalization", quick: bool = False, se
                 f"ablation.groups={plan['ablation']['groups']} is invalid: valid: {', '.join(GROUPS)}"
             )
         plan["ablation"]["variants"] = select(plan, plan["ablation"]["groups"])
+    else:  # a setting that no run can take is refused here, before the command writes anything
+        for label in scratch_labels(plan):
+            position, model = arm_of(plan, label)
+            run_config(plan, "out", position, plan["seeds"][0], settings={"model": model})
     return plan
+
+
+def arm_of(plan: dict, label: str) -> tuple:
+    """(position setting, model settings) of row ``label`` from scratch: a kind, or one of the plan's arms."""
+    arm = plan.get("arms", {}).get(label)
+    return ({"kind": label}, {}) if arm is None else (arm["position"], dict(arm.get("model", {})))
 
 
 def randomized_reach(plan: dict) -> int:
@@ -310,9 +320,8 @@ class Study:
         return os.path.join(self.runs_dir, tuning.run_name(kind, self.lr_scales[kind], seed))
 
     def arm(self, label: str) -> tuple:
-        """(position setting, model settings) of row ``label`` from scratch: a kind, or one of the plan's arms."""
-        arm = self.plan.get("arms", {}).get(label)
-        return ({"kind": label}, {}) if arm is None else (arm["position"], dict(arm.get("model", {})))
+        """(position setting, model settings) of row ``label`` from scratch (``arm_of``)."""
+        return arm_of(self.plan, label)
 
     def _by_kind(self, kind: str) -> dict:
         """``run_config`` keywords of a run from scratch of ``kind`` (or arm): its model settings, at its
