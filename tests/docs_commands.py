@@ -35,6 +35,7 @@ SKIPS = (
     (r"^python bench/(?!\S+ --help$)", "a benchmark: minutes by design, reported on the benchmarks page"),
     (r"(^|\s)--compile(\s|$)", "torch.compile takes tens of seconds to compile: tests/test_compiled.py checks it"),
     (r"\blmeval\b", "lm_eval's tasks download their datasets: tests/test_harness.py runs local tasks"),
+    (r"^minilm experiment length-generalization$", "the quick study end to end: tests/test_experiments.py runs it"),
 )
 IN_PROCESS = re.compile(r"^(minilm|python -m minilm|python (train|generate|evaluate)\.py)( |$)")
 SHELL_SYNTAX = re.compile(r"[|<>;`$]")

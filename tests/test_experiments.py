@@ -39,7 +39,7 @@ def quick_study(tiny_corpus, tmp_path_factory):
             f"data.corpus={tiny_corpus / 'corpus.txt'}",
             "data.vocab_size=400",
             f"data.dir={tiny_corpus / 'data'}",
-            "train.max_steps=20",
+            "train.max_steps=10",
             "sweep.lrs=[1.0e-4, 3.0e-3]",
             "tuning.lr_scales=[1.0, 2.0, 4.0]",  # grids of several values: the tuning step's rounds run
             "tuning.seeds=[101]",
@@ -140,7 +140,7 @@ def test_quick_study_end_to_end_with_two_seeds(quick_study):
         row.rstrip(" |").endswith(("supported", "not tested")) for row in primary_rows
     )
     plan_block = yaml.safe_load(text.split("```yaml\n")[1].split("```")[0])
-    assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 20
+    assert plan_block["seeds"] == [3, 4] and plan_block["train"]["max_steps"] == 10
     probes = list(csv.DictReader(open(out / "retrieval.csv")))
     r = plan["retrieval"]
     assert {(p["label"], p["when"]) for p in probes if p["section"] == "extension"} == {
