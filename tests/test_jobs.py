@@ -4,6 +4,7 @@ that lets an interrupted study resume (minilm.study.journal)."""
 import json
 import math
 import operator
+import os
 import pickle
 import shutil
 import time
@@ -40,6 +41,24 @@ def test_a_failing_job_stops_the_run_with_its_error(workers):
     ]
     with pytest.raises(ValueError, match="math domain error"):
         run_jobs(jobs, workers=workers, quiet=True)
+
+
+def where_and_what(name: str) -> tuple:
+    """A job: the worker's working directory and its value of the environment variable ``name``."""
+    return os.getcwd(), os.environ.get(name)
+
+
+@pytest.mark.slow
+def test_workers_take_the_directory_and_environment_of_their_pool(tmp_path, monkeypatch):
+    """Workers come from one server started with the first pool; each pool's workers still see this
+    process's working directory and environment as they are when the pool starts, as fresh processes would."""
+    for step in ("first", "second"):
+        (tmp_path / step).mkdir()
+        monkeypatch.chdir(tmp_path / step)
+        monkeypatch.setenv("MINILM_TEST_POOL", step)
+        jobs = [Job(f"{step} {i}", where_and_what, ("MINILM_TEST_POOL",)) for i in range(2)]
+        done = run_jobs(jobs, workers=2, quiet=True)
+        assert {d.value for d in done.values()} == {(os.path.realpath(tmp_path / step), step)}
 
 
 def test_the_graph_is_checked_before_anything_runs():

@@ -13,7 +13,8 @@ With ``workers=1`` the jobs run in this process, one after another. Workers are 
 multiprocessing's ``forkserver``: a clean process, started once, that imported torch and the study's
 job modules (``PRELOAD``) and never ran a tensor operation, so no thread pool or lock is inherited and a
 worker starts in a fraction of a second instead of an interpreter's seconds; each worker then takes this
-process's working directory and environment as they are when its pool starts. A job's
+process's working directory and environment as they are when its pool starts (where there is no
+forkserver, on Windows, each worker is a fresh interpreter: ``spawn``). A job's
 function and arguments must be picklable: module-level functions and plain data. A job
 that raises stops the run: the jobs still queued are cancelled, the running ones finish,
 and the first error is raised again here (a ``MinilmError`` keeps its one-line message; a
@@ -185,8 +186,11 @@ def _record(journal, job: Job, args: tuple, done: Done) -> None:
 def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
     pending = list(jobs)
     running: dict = {}  # future -> (job, its arguments)
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))  # read when the server starts: once per process
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(PRELOAD))  # read when the server starts: once per process
+    else:  # Windows: a fresh interpreter each
+        context = multiprocessing.get_context("spawn")
     pool = futures.ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(threads, os.getcwd(), dict(os.environ))
     )
