@@ -6,10 +6,8 @@ of its time importing it); each case then checks its own result."""
 import dataclasses
 import json
 import os
-import queue
 import random
 import shutil
-import sys
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,9 +23,8 @@ from minilm.hf.export import export_model
 from minilm.model.gpt import GPT
 from minilm.training.loop import train
 from tests.conftest import REPO, tiny_overrides
-from tests.forkrun import ForkRunner
+from tests.forkrun import run_python
 
-PY = sys.executable
 WORKERS = 2  # commands at a time: each a fork of a process that imported torch once (tests/forkrun.py)
 
 
@@ -871,26 +868,14 @@ def outcomes(tiny_corpus, tmp_path_factory):
         return arg
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
-    runners = [ForkRunner(str(tmp_path_factory.mktemp("forks")), env) for _ in range(WORKERS)]
-    free = queue.Queue()
-    for runner in runners:
-        free.put(runner)
 
     def run(case):
         name, argv, stdin, _ = case
-        runner = free.get()
-        try:
-            return name, runner.run(list(map(expand, argv)), cwd=REPO, env=env, input=stdin, timeout=300)
-        finally:
-            free.put(runner)
+        return name, run_python(list(map(expand, argv)), cwd=REPO, env=env, input=stdin, timeout=300, text=False)
 
     before = tree_state(scratch)
-    try:
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            results = dict(pool.map(run, CASES))
-    finally:
-        for runner in runners:
-            runner.close()
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        results = dict(pool.map(run, CASES))
     return results, before, tree_state(scratch)
 
 
