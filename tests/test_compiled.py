@@ -180,6 +180,7 @@ def test_when_a_run_compiles(monkeypatch):
         compiles(TrainConfig(compile=True, max_steps=5), cpu)
 
 
+@pytest.mark.slow
 def test_train_compile_true_without_a_compiler_is_one_line(tiny_corpus, tmp_path):
     """From the command line: exit status 2 and the missing compiler named, before any step."""
     argv = [sys.executable, "train.py", *tiny_overrides(tiny_corpus, tmp_path / "run", "train.compile=true")]

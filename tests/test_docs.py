@@ -118,6 +118,7 @@ def test_every_shell_command_of_readme_and_the_manual_runs(base, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_runner_fails_on_a_broken_command_and_counts_what_it_skips(base, tmp_path):
     """The check itself can fail: a command that exits non-zero is reported with its output."""
     page = "\n".join(

@@ -406,6 +406,7 @@ def test_the_ablation_runs_its_groups_against_paired_references(tiny_corpus, tmp
     assert not (out / "discussion.md").exists() and "first run" not in (out / "report.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_an_interrupted_experiment_resumes_from_its_journal(tiny_corpus, tmp_path, capsys):
     out = tmp_path / "ablation"
     args = [

@@ -110,7 +110,7 @@ def filled(argv, rope_run, tmp_path):
     return [a.format(run=rope_run, tmp=tmp_path) for a in argv]
 
 
-SLOW_VERBS = ("memory", "positions plot")  # a meta model of rope.yaml; matplotlib's first figure
+SLOW_VERBS = ("memory", "positions plot", "positions plot --checkpoint")  # a meta model of rope.yaml; matplotlib
 
 
 @pytest.mark.parametrize("verb", [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VERBS else v for v in VERBS])
