@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Optional, Sequence
+from typing import Sequence
+
+from tests.conftest import REPO
 
 SERVER = r"""
 import json, os, runpy, signal, sys, time, traceback
@@ -108,21 +110,9 @@ class ForkRunner:
             env=env,
         )
 
-    def run(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        env: dict,
-        input: Optional[bytes] = None,
-        timeout: float = 300,
-        text: bool = False,
-    ):
-        """The finished command: returncode, and stdout and stderr as bytes (``text``: as str)."""
-        with self.lock:
-            return self._run(argv, cwd, env, input, timeout, text)
-
-    def _run(self, argv, cwd, env, input, timeout, text):
-        """``run`` with ``self.lock`` held by the caller."""
+    def run(self, argv: Sequence[str], cwd: str, env: dict, input=None, timeout: float = 300, text: bool = False):
+        """The finished command: returncode, and stdout and stderr as bytes (``text``: as str). The caller
+        holds ``self.lock`` (one command at a time per server: ``run_python`` picks a free one)."""
         if isinstance(input, str):
             input = input.encode()
         self.count += 1
@@ -147,7 +137,6 @@ class ForkRunner:
         self.server.wait(timeout=60)
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRAS = ("transformers", "peft", "minilm.hf.reading", "minilm.hf.families")  # what the hf commands read
 _servers: list = []  # this process's servers: one more is started whenever all are busy (commands at once)
 _servers_lock = threading.Lock()
@@ -169,7 +158,7 @@ def run_python(argv, cwd=REPO, env=None, input=None, timeout: float = 300, text:
             _servers.append(runner)
     try:
         env = dict(os.environ if env is None else env)
-        return runner._run([os.fspath(a) for a in argv], cwd, env, input, timeout, text)
+        return runner.run(argv, cwd, env, input, timeout, text)
     finally:
         runner.lock.release()
 
