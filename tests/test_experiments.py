@@ -537,10 +537,10 @@ def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
     args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "d")]
     assert experiment_cli.main(args) == 2  # the task's rows are part of what the rates were tuned for
     assert "were tuned for other settings (retrieval.query_density)" in capsys.readouterr().err
-    spread = experiments.make_plan("length-generalization", True, [1], ["retrieval.spread=true"])
-    assert experiments.run_config(spread, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
-    assert not experiments.run_config(denser, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
-    path = rates.write(str(tmp_path / "spread.rates.yaml"), frozen_rates(spread))
+    near = experiments.make_plan("length-generalization", True, [1], ["retrieval.spread=false"])
+    assert not experiments.run_config(near, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
+    assert experiments.run_config(denser, str(tmp_path / "r"), {"kind": "rope"}, 1).train.retrieval_spread
+    path = rates.write(str(tmp_path / "spread.rates.yaml"), frozen_rates(near))
     args = ["length-generalization", "--quick", "--quiet", "--rates", path, "--out", str(tmp_path / "e")]
     assert experiment_cli.main(args) == 2  # rows whose lookups reach further are another task to tune for
     assert "were tuned for other settings (retrieval.spread)" in capsys.readouterr().err
@@ -552,6 +552,32 @@ def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
     assert experiment_cli.main(args) == 2
     assert "have no rate for ['fire']: run the tuning step again (--tune)" in capsys.readouterr().err
     assert not (tmp_path / "c" / "runs").exists()  # refused before any job
+
+
+def test_the_replications_oracle_trains_twice_the_steps_on_rows_placed_as_every_runs(tmp_path):
+    """Every run of both designs trains on rows whose first query is spread over the row; the
+    replication's oracle on the pretraining's sequences trains 1000 steps (2x the pretraining's, at 2048 it
+    is still learning the task at 500), the equal-token oracle keeps the pretraining's steps and tokens, and
+    the report's rows say so."""
+    plan = experiments.make_plan("replication-512", False, [11])
+    study = experiments.Study(plan, str(tmp_path))
+    study.scored_tokens = 8192
+    study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
+    study.build()
+    runs = study.runs
+    assert all(run.config.train.retrieval_spread for run in runs.values())
+    oracle, equal, source = runs["rope-2048-oracle-s11"], runs["rope-equal-tokens-2048-oracle-s11"], runs["rope-s11"]
+    assert oracle.config.train.max_steps == 2 * source.config.train.max_steps == 1000
+    assert equal.config.train.max_steps == source.config.train.max_steps == 500
+    tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
+    assert tokens(oracle) == 8 * tokens(source) and tokens(equal) == tokens(source)
+    assert oracle.config.train.lr == source.config.train.lr  # the kind's frozen rate, over the longer schedule
+    names = report._oracle_names(plan)
+    assert names["rope"] == "rope trained at 2048 (oracle, 4 rows per step, 8x the tokens in 1000 steps)"
+    first = experiments.make_plan("length-generalization", False, [1])
+    assert extension.oracle_steps(first) == first["train"]["max_steps"]  # L = 128's oracle: the pretraining's steps
+    assert report._oracle_names(first)["rope"] == "rope trained at 512 (oracle, 16 rows per step, 4x the tokens)"
+    assert designs.ABLATION_FULL["train"]["retrieval_spread"]  # the ablation's rows as the study's
 
 
 def cells(section, label, length, per_seed, step=None, mode="nonoverlapping"):
@@ -968,6 +994,9 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
     with pytest.raises(experiments.ExperimentError, match="controls has"):
         experiments.make_plan("length-generalization", True, None, ["controls.oracle=[rotary]"])
+    for bad, said in (("0", "0"), ("-1", "-1"), ("true", "True"), ("twice", "'twice'")):
+        with pytest.raises(experiments.ExperimentError, match=f"controls.oracle_steps_scale={said} is invalid"):
+            experiments.make_plan("length-generalization", True, None, [f"controls.oracle_steps_scale={bad}"])
     with pytest.raises(experiments.ExperimentError, match="schemes has"):
         experiments.make_plan("length-generalization", True, None, ["schemes.t5.trian={lr: 1}"])
     odd = experiments.make_plan("length-generalization", False, [1], ["train.batch_size=10"])

@@ -423,16 +423,28 @@ def test_earlier_runs_print_one_line_each(tmp_path):
 
 
 def test_the_shipped_claims_list_every_earlier_run_with_its_outcome():
-    """length-generalization.yaml's earlier runs: 897d2b4, 69b0ab9, the unseen-corpus run (no
-    artifact, no commit) and 3e29b1a, each with its verdict per claim, whose count of supported
-    claims is the outcome's "N of 13"; 8f901d4 tested none."""
+    """The claims files' earlier runs: length-generalization's 897d2b4, 69b0ab9, the unseen-corpus run (no
+    artifact, no commit), 3e29b1a and dd38cfc (the frozen design before the spread placement), the
+    replication's 00e440b; each with its verdict per claim (claims of the file), whose count of supported
+    claims is the outcome's "N of M"; 8f901d4 tested none."""
     path = primary.path_for("length-generalization")
     runs = {entry["commit"]: entry for entry in primary.earlier_runs(path)}
-    assert list(runs) == ["8f901d4", "897d2b4", "69b0ab9", None, "3e29b1a"]
+    assert list(runs) == ["8f901d4", "897d2b4", "69b0ab9", None, "3e29b1a", "dd38cfc"]
     assert "no claim" in runs["8f901d4"]["outcome"] and "claims" not in runs["8f901d4"]
     assert "no artifact" in runs[None]["report"]
-    for commit, supported in (("897d2b4", 8), ("69b0ab9", 7), (None, 7), ("3e29b1a", 10)):
-        verdicts = runs[commit]["claims"]
-        assert len(verdicts) == 13 and list(verdicts.values()).count("supported") == supported, commit
-        assert runs[commit]["outcome"].startswith(f"{supported} of 13 supported"), commit
+    replication = primary.path_for("replication-512")
+    again = {entry["commit"]: entry for entry in primary.earlier_runs(replication)}
+    assert list(again) == ["00e440b"]
+    cases = [(runs, commit, n, 13) for commit, n in (("897d2b4", 8), ("69b0ab9", 7), (None, 7), ("3e29b1a", 10))]
+    cases += [(runs, "dd38cfc", 18, 23), (again, "00e440b", 12, 13)]
+    for entries, commit, supported, tested in cases:
+        verdicts = entries[commit]["claims"]
+        assert len(verdicts) == tested and list(verdicts.values()).count("supported") == supported, commit
+        assert entries[commit]["outcome"].startswith(f"{supported} of {tested} supported"), commit
+    for file, entries in ((path, runs), (replication, again)):
+        ids = {claim["id"] for claim in yaml.safe_load(open(file, encoding="utf-8"))["claims"]}
+        assert all(set(entry.get("claims", {})) <= ids for entry in entries.values()), file
+    # the two runs of the frozen design differ on the two claims its file predicted would change with L
+    changed = {k for k, v in again["00e440b"]["claims"].items() if runs["dd38cfc"]["claims"][k] != v}
+    assert changed == {"alibi-far-needle", "t5-ties-alibi-at-L"}
     assert runs[None]["claims"] == runs["69b0ab9"]["claims"]  # issue #47: the same 13 verdicts

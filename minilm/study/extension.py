@@ -120,6 +120,12 @@ def oracle_runs(plan: dict) -> list:
     ]
 
 
+def oracle_steps(plan: dict) -> int:
+    """Steps of the oracle trained on the pretraining's sequences: ``controls.oracle_steps_scale`` (default 1)
+    x the pretraining's. The equal-token oracle keeps the pretraining's steps and tokens."""
+    return round(plan["train"]["max_steps"] * plan.get("controls", {}).get("oracle_steps_scale", 1))
+
+
 def plan_problem(plan: dict, kinds) -> "str | None":
     """What is wrong with the plan's extension, schemes, controls, sweep and retrieval sections (None: nothing)."""
     steps = plan["extension"]["curve_steps"]
@@ -162,6 +168,12 @@ def plan_problem(plan: dict, kinds) -> "str | None":
         return (
             f"controls has {bad}: oracle takes kinds ({', '.join(kinds)}), other_extensions takes "
             f"{', '.join(OTHER_EXTENSIONS)}"
+        )
+    scale = controls.get("oracle_steps_scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        return (
+            f"controls.oracle_steps_scale={scale!r} is invalid: expected a number > 0 "
+            "(2: twice the pretraining's steps)"
         )
     s = plan.get("sweep", {"lrs": []})
     if any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and not plan["data"]["holdout_tokens"]):

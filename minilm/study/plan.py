@@ -38,6 +38,7 @@ from minilm.study.extension import (
     extension_run_name,
     extension_runs,
     oracle_runs,
+    oracle_steps,
     plan_problem,
     scaling_override,
 )
@@ -519,11 +520,15 @@ class Study:
 
     def _oracle(self, kind: str, label: str, scale: float, seed: int, long: int) -> None:
         """An oracle control of ``kind`` trained from scratch at ``long`` tokens with ``scale`` x the
-        pretraining's rows per step. The equal-token oracle (``oracle_runs``: 1 / factor of the rows,
+        pretraining's rows per step, for ``oracle_steps`` steps (the plan's controls.oracle_steps_scale x the
+        pretraining's). The equal-token oracle (``oracle_runs``: 1 / factor of the rows,
         the pretraining's tokens in as many steps) then takes the extension's fine-tuning at ``long``
         (its steps, its tokens, the rate of the no-scaling row): the extension's tokens and steps in
         all, only never at L. Its pretraining (section oracle-source) is not evaluated."""
         name, equal = f"{label}-{long}-oracle-s{seed}", label in {lbl for _, lbl, s in oracle_runs(self.plan) if s < 1}
+        by_kind = self._by_kind(kind)
+        if not equal:  # the oracle on the pretraining's sequences, for controls.oracle_steps_scale x its steps
+            by_kind["settings"]["train"] = {**by_kind["settings"]["train"], "max_steps": oracle_steps(self.plan)}
         key = self._train(
             name,
             "oracle-source" if equal else "oracle",
@@ -531,7 +536,7 @@ class Study:
             seed,
             {"kind": kind},
             "train the oracle controls",
-            **self._by_kind(kind),
+            **by_kind,
             block_size=long,
             batch_scale=scale,
         )

@@ -37,7 +37,7 @@ from minilm.study.claims import (
     verdicts,
 )
 from minilm.study.designs import queries_for, scratch_labels
-from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs
+from minilm.study.extension import LABEL_NAMES, extension_labels, oracle_runs, oracle_steps
 from minilm.study.figures import study_figures
 from minilm.study.plan import DATA_SEED_OFFSET, ExperimentError, Study
 from minilm.study.primary import (
@@ -466,13 +466,16 @@ def _extension(study: Study, figures: dict) -> list:
     oracle_names = _oracle_names(plan)
     oracle = list(oracle_names)
     names = {m: LABEL_NAMES[m] for m in labels}
+    oracle_more = oracle_steps(plan) / plan["train"]["max_steps"]  # its steps against the pretraining's
     lines = [
         f"## 4. Extending from {L} to {f * L}, with the controls",
         "",
         f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
         f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
         f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-        f"{f}x its tokens, and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
+        f"{f * oracle_more:g}x its tokens"
+        + (f" in {oracle_steps(plan)} steps" if oracle_more != 1 else "")
+        + f", and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
         f"and steps)"
         + (
             f", at the first {plan['controls'].get('oracle_seeds')} seed(s) only"
@@ -581,10 +584,15 @@ def _falling(train, min_lr: Optional[float] = None) -> str:
 
 def _oracle_names(plan: dict) -> dict:
     """Oracle label -> its row name: the kind, length, rows per step and tokens against pretraining."""
-    f, rows = plan["extension"]["factor"], plan["train"]["batch_size"]
+    f, rows, steps = plan["extension"]["factor"], plan["train"]["batch_size"], oracle_steps(plan)
+    more = steps / plan["train"]["max_steps"]
     return {
         label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
-        + (f"{f * scale:g}x the tokens)" if scale >= 1 else "then fine-tuned: the extension's tokens and steps)")
+        + (
+            f"{f * scale * more:g}x the tokens" + (f" in {steps} steps)" if more != 1 else ")")
+            if scale >= 1
+            else "then fine-tuned: the extension's tokens and steps)"
+        )
         for kind, label, scale in oracle_runs(plan)
     }
 
