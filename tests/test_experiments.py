@@ -16,7 +16,7 @@ from minilm.data.retrieval import distance
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import claims, designs, extension, report, sweep
+from minilm.study import claims, designs, extension, primary, report, sweep, tuning
 from minilm.study import plan as experiments
 from minilm.study.figures import ORDER, style
 from minilm.study.jobs import check_graph
@@ -555,25 +555,39 @@ def test_a_study_trains_only_at_rates_tuned_for_its_settings(capsys, tmp_path):
 
 
 def test_the_replications_oracle_trains_twice_the_steps_on_rows_placed_as_every_runs(tmp_path):
-    """Every run of both designs trains on rows whose first query is spread over the row; the
-    replication's oracle on the pretraining's sequences trains 1000 steps (2x the pretraining's, at 2048 it
-    is still learning the task at 500), the equal-token oracle keeps the pretraining's steps and tokens, and
-    the report's rows say so."""
-    plan = experiments.make_plan("replication-512", False, [11])
-    study = experiments.Study(plan, str(tmp_path))
-    study.scored_tokens = 8192
-    study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
-    study.build()
+    """Every run of both designs that trains on the task (from scratch, extensions, controls, claim seeds,
+    the tuning and sweep runs; not the text-only rows) places each row's first query spread over the row;
+    the replication's oracle on the pretraining's sequences trains 1000 steps (2x the pretraining's: at 2048
+    it is still learning the task at 500), the equal-token oracle keeps the pretraining's steps and tokens,
+    and the report's rows and section 4 say so."""
+    tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
+    for name, seed in (("length-generalization", 1), ("replication-512", 11)):
+        plan = experiments.make_plan(name, False, [seed])
+        study = experiments.Study(plan, str(tmp_path / name))
+        study.scored_tokens = 8192
+        study.use_rates(frozen_rates(plan), {"path": "rates.yaml", "commit": None, "registered": None})
+        study.claimed = primary.retrieval_rows(primary.path_for(name))
+        study.build()
+        tuning.build(study, [("rope", 1.0)])
+        sweep.build(study, [("yarn", 1e-3)])
+        sections = {run.section for run in study.runs.values()}
+        assert {"scratch", "extension", "oracle", "oracle-source", tuning.SECTION, sweep.SECTION} <= sections
+        assert {run.seed for run in study.runs.values()} > {seed, *tuning.seeds(plan)}  # the claim seeds' runs too
+        for run in study.runs.values():
+            train = run.config.train
+            assert train.retrieval_spread or train.retrieval_share == 0, run.key  # text-only rows: no task rows
+        assert any(run.config.train.retrieval_share == 0 for run in study.runs.values()) == (name != "replication-512")
     runs = study.runs
-    assert all(run.config.train.retrieval_spread for run in runs.values())
     oracle, equal, source = runs["rope-2048-oracle-s11"], runs["rope-equal-tokens-2048-oracle-s11"], runs["rope-s11"]
     assert oracle.config.train.max_steps == 2 * source.config.train.max_steps == 1000
     assert equal.config.train.max_steps == source.config.train.max_steps == 500
-    tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
     assert tokens(oracle) == 8 * tokens(source) and tokens(equal) == tokens(source)
     assert oracle.config.train.lr == source.config.train.lr  # the kind's frozen rate, over the longer schedule
-    names = report._oracle_names(plan)
-    assert names["rope"] == "rope trained at 2048 (oracle, 4 rows per step, 8x the tokens in 1000 steps)"
+    named = "rope trained at 2048 (oracle, 4 rows per step, 8x the tokens in 1000 steps)"
+    assert report._oracle_names(plan)["rope"] == named
+    study.cells, study.retrieval = [], []
+    said = " ".join(report._extension(study, {}))
+    assert "on the pretraining's sequences, 8x its tokens in 1000 steps, and on its tokens" in said
     first = experiments.make_plan("length-generalization", False, [1])
     assert extension.oracle_steps(first) == first["train"]["max_steps"]  # L = 128's oracle: the pretraining's steps
     assert report._oracle_names(first)["rope"] == "rope trained at 512 (oracle, 16 rows per step, 4x the tokens)"
@@ -823,7 +837,6 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
 def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
     """replication-512: the L = 128 design at L = 512 (extended to 2048) on seeds and tuning seeds no run of the
     first study used, each run on the first study's tokens, its claims file the first's thirteen claims."""
-    from minilm.study import primary
 
     first, plan = (experiments.make_plan(name, False) for name in ("length-generalization", "replication-512"))
     assert plan["model"]["block_size"] == 4 * first["model"]["block_size"] == 512
@@ -858,8 +871,6 @@ def test_the_rows_the_retrieval_claims_read_train_at_the_claim_seeds_too(tmp_pat
     """The exact test's p cannot fall below 2^-n: the rows the registered retrieval claims read (and the
     runs they start from) train again at ``claim_seeds``, so those claims are tested on 8 seeds; nothing
     else does."""
-    from minilm.study import primary
-
     plan = experiments.make_plan("length-generalization", False)
     study = experiments.Study(plan, str(tmp_path))
     study.scored_tokens = 8192
@@ -994,7 +1005,8 @@ def test_the_controls_train_on_the_same_tokens_as_what_they_control(tmp_path):
     assert any("kind: interpolated" in key for key in before)  # learned + PI zero-shot, from the learned model
     with pytest.raises(experiments.ExperimentError, match="controls has"):
         experiments.make_plan("length-generalization", True, None, ["controls.oracle=[rotary]"])
-    for bad, said in (("0", "0"), ("-1", "-1"), ("true", "True"), ("twice", "'twice'")):
+    bad_scales = (("0", "0"), ("-1", "-1"), ("true", "True"), ("twice", "'twice'"), ("1e-9", "1e-09"), (".inf", "inf"))
+    for bad, said in bad_scales:
         with pytest.raises(experiments.ExperimentError, match=f"controls.oracle_steps_scale={said} is invalid"):
             experiments.make_plan("length-generalization", True, None, [f"controls.oracle_steps_scale={bad}"])
     with pytest.raises(experiments.ExperimentError, match="schemes has"):

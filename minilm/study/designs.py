@@ -104,7 +104,7 @@ FULL = {
     # spread (train.retrieval_spread): the first query of a row at a distance drawn uniformly over it, the other
     # queries after it. Without it each answer can be copied from the query before it and the lookups stay short
     # at every length, which is why the oracle missed far needles (docs/guides/study.md, the pilots); every run
-    # trains on rows placed this way, so extension and oracle learn the same task, and the rates are tuned for it
+    # trains on rows placed this way, so extension and oracle learn the same task (the rates file must be tuned for it)
     "retrieval": {
         "multiples": [1, 2, 4, 8],
         "depths": [0.0, 0.25, 0.5, 0.75, 1.0],

@@ -7,6 +7,8 @@ fine-tuning with no retrieval rows in its data (``minilm.study.papers``), beside
 
 from __future__ import annotations
 
+import math
+
 import yaml
 
 METHOD_NAMES = {
@@ -170,10 +172,15 @@ def plan_problem(plan: dict, kinds) -> "str | None":
             f"{', '.join(OTHER_EXTENSIONS)}"
         )
     scale = controls.get("oracle_steps_scale", 1)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not 0 < scale < math.inf
+        or oracle_steps(plan) < 1
+    ):
         return (
-            f"controls.oracle_steps_scale={scale!r} is invalid: expected a number > 0 "
-            "(2: twice the pretraining's steps)"
+            f"controls.oracle_steps_scale={scale!r} is invalid: expected a finite number > 0 that leaves the "
+            f"oracle at least one step (2: twice the pretraining's {plan['train']['max_steps']})"
         )
     s = plan.get("sweep", {"lrs": []})
     if any(not lr > 0 for lr in s["lrs"]) or (s["lrs"] and not plan["data"]["holdout_tokens"]):

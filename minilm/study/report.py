@@ -467,13 +467,14 @@ def _extension(study: Study, figures: dict) -> list:
     oracle = list(oracle_names)
     names = {m: LABEL_NAMES[m] for m in labels}
     oracle_more = oracle_steps(plan) / plan["train"]["max_steps"]  # its steps against the pretraining's
+    oracle_tokens = f * plan.get("controls", {}).get("oracle_batch_scale", 1.0) * oracle_more
     lines = [
         f"## 4. Extending from {L} to {f * L}, with the controls",
         "",
         f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
         f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
         f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-        f"{f * oracle_more:g}x its tokens"
+        f"{oracle_tokens:g}x its tokens"
         + (f" in {oracle_steps(plan)} steps" if oracle_more != 1 else "")
         + f", and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
         f"and steps)"
