@@ -477,7 +477,8 @@ class TrainConfig:
         False,
         choices=(False, True, "auto"),
         help="torch.compile the training passes (on the CPU with a C++ compiler); auto: on a CPU where one "
-        "is found, on runs of 1000 steps or more, not under FSDP",
+        "is found, on runs of 1000 steps or more in bf16 or float16 autocast (float32: no faster compiled), "
+        "not under FSDP",
     )
     parallel: str = option(
         "ddp",

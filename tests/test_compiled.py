@@ -162,22 +162,25 @@ def test_a_compiled_run_trains_as_the_eager_run(tiny_config, monkeypatch):
 
 def test_when_a_run_compiles(monkeypatch):
     """train.compile: false never; auto from COMPILE_PAYS_AFTER steps on a CPU where the C++ compiler is
-    found ($CXX), not under FSDP, nor on CUDA or MPS (where it was not measured); true always, refused in
-    one line where that compiler is missing."""
-    cpu = torch.device("cpu")
+    found ($CXX), in bf16 or float16 autocast (a float32 step was no faster compiled), not under FSDP, nor
+    on CUDA or MPS (where it was not measured); true always, refused in one line where that compiler is
+    missing."""
+    cpu, bf16, f32 = torch.device("cpu"), torch.bfloat16, torch.float32
     monkeypatch.setenv("CXX", sys.executable)  # a program that exists
-    assert not compiles(TrainConfig(compile=False, max_steps=10**6), cpu)
-    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER - 1), cpu)
-    assert compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu)
-    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu, sharded=True)
+    assert not compiles(TrainConfig(compile=False, max_steps=10**6), cpu, bf16)
+    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER - 1), cpu, bf16)
+    assert compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu, bf16)
+    assert compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu, torch.float16)
+    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu, f32)
+    assert not compiles(TrainConfig(compile="auto", max_steps=COMPILE_PAYS_AFTER), cpu, bf16, sharded=True)
     for device in ("cuda", "mps"):
-        assert not compiles(TrainConfig(compile="auto", max_steps=10**6), torch.device(device))
-        assert compiles(TrainConfig(compile=True, max_steps=5), torch.device(device))
-    assert compiles(TrainConfig(compile=True, max_steps=5), cpu)
+        assert not compiles(TrainConfig(compile="auto", max_steps=10**6), torch.device(device), bf16)
+        assert compiles(TrainConfig(compile=True, max_steps=5), torch.device(device), f32)
+    assert compiles(TrainConfig(compile=True, max_steps=5), cpu, f32)
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    assert not compiles(TrainConfig(compile="auto", max_steps=10**6), cpu)
+    assert not compiles(TrainConfig(compile="auto", max_steps=10**6), cpu, bf16)
     with pytest.raises(TrainingError, match=r"^train.compile=true compiles .* no-such-compiler-here was not found"):
-        compiles(TrainConfig(compile=True, max_steps=5), cpu)
+        compiles(TrainConfig(compile=True, max_steps=5), cpu, f32)
 
 
 @pytest.mark.slow

@@ -340,7 +340,7 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         started,
         lora_base=lora_base if t.lora.r else None,
         body=torch.compile(raw.body, dynamic=False)
-        if compiles(config.train, device, sharded=is_sharded(t.parallel, dist))
+        if compiles(config.train, device, dtype, sharded=is_sharded(t.parallel, dist))
         else None,
     )
     if state is not None and "model" not in state:
@@ -371,13 +371,15 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
 COMPILE_PAYS_AFTER = 1000  # train.compile auto: steps from which compiling pays for itself (docs/benchmarks.md)
 
 
-def compiles(t, device: torch.device, sharded: bool = False) -> bool:
+def compiles(t, device: torch.device, dtype: torch.dtype, sharded: bool = False) -> bool:
     """Whether the run compiles its training passes (``train.compile``): true, or ``auto`` on a run of
-    at least ``COMPILE_PAYS_AFTER`` steps on a CPU with inductor's C++ compiler ($CXX or g++), not
-    ``sharded`` by FSDP (what was measured: a CPU, unsharded). Refused in one line where true asks for
-    a C++ compiler that is missing."""
+    at least ``COMPILE_PAYS_AFTER`` steps on a CPU with inductor's C++ compiler ($CXX or g++), training in
+    ``dtype`` bf16 or float16 autocast, not ``sharded`` by FSDP (what was measured: a CPU, unsharded, bf16; a
+    float32 step was no faster compiled, on an AVX2-only CPU). Refused in one line where true asks for a C++
+    compiler that is missing."""
     if t.compile is False or (
-        t.compile == "auto" and (t.max_steps < COMPILE_PAYS_AFTER or sharded or device.type != "cpu")
+        t.compile == "auto"
+        and (t.max_steps < COMPILE_PAYS_AFTER or sharded or device.type != "cpu" or dtype == torch.float32)
     ):
         return False
     if device.type != "cpu":
