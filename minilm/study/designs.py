@@ -161,9 +161,8 @@ FULL = {
     },
     # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
     # (1: its sequences, factor x its tokens) for oracle_steps_scale x its steps (unset: 1; the replication's is 2),
-    # at the first oracle_seeds seeds, and (oracle_equal_tokens) on the
-    # pretraining's tokens (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's
-    # tokens
+    # at the first oracle_seeds seeds, and (oracle_equal_tokens) on the pretraining's tokens
+    # (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's tokens
     "controls": {
         "oracle": ["rope"],
         "oracle_seeds": 3,

@@ -521,8 +521,8 @@ class Study:
     def _oracle(self, kind: str, label: str, scale: float, seed: int, long: int) -> None:
         """An oracle control of ``kind`` trained from scratch at ``long`` tokens with ``scale`` x the
         pretraining's rows per step, for ``oracle_steps`` steps (the plan's controls.oracle_steps_scale x the
-        pretraining's). The equal-token oracle (``oracle_runs``: 1 / factor of the rows,
-        the pretraining's tokens in as many steps) then takes the extension's fine-tuning at ``long``
+        pretraining's). The equal-token oracle (``oracle_runs``: 1 / factor of the rows, the pretraining's
+        tokens in as many steps) then takes the extension's fine-tuning at ``long``
         (its steps, its tokens, the rate of the no-scaling row): the extension's tokens and steps in
         all, only never at L. Its pretraining (section oracle-source) is not evaluated."""
         name, equal = f"{label}-{long}-oracle-s{seed}", label in {lbl for _, lbl, s in oracle_runs(self.plan) if s < 1}
