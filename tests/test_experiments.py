@@ -513,6 +513,10 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
     assert stop.value.code == 2 and "repeats a seed" in capsys.readouterr().err
     assert experiment_cli.main(["length-generalization", "--out", str(tmp_path), "--report-only"]) == 2
     assert "study.json" in capsys.readouterr().err
+    untuned = tmp_path / "ablation-tuning"
+    assert experiment_cli.main(["ablation", "--quick", "--tune", "--out", str(untuned)]) == 2
+    assert "--tune: ablation has no tuning step" in capsys.readouterr().err
+    assert not untuned.exists()  # not the whole ablation run under a tuning step's name
 
 
 def test_the_registered_rates_are_tuned_for_the_registered_design():

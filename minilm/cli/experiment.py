@@ -40,7 +40,7 @@ def parse_args(argv):
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny models and budgets: a smoke test of every part (10-35 s on 2 CPU cores)",
+        help="tiny models and budgets, the tuning step first: a smoke test of every part (about a minute, 2 cores)",
     )
     parser.add_argument("--out", help="output directory (default out/<experiment>[-quick])")
     parser.add_argument(
@@ -178,6 +178,12 @@ def run(args, argv, out: str) -> int:
     if args.workers < 1:
         raise experiments.ExperimentError(f"--workers {args.workers} is invalid: expected at least 1")
     plan = experiments.make_plan(args.experiment, args.quick, args.seeds, args.overrides)
+    if args.tune and not tuning.scales(plan):
+        tuned = [name for name in designs.EXPERIMENTS if tuning.scales(experiments.make_plan(name, args.quick))]
+        raise experiments.ExperimentError(
+            f"--tune: {args.experiment} has no tuning step (its runs train at its plan's rates); the "
+            f"experiments that have one: {', '.join(tuned)}"
+        )
     earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
     if args.resume and args.overwrite:
         raise experiments.ExperimentError(
