@@ -194,6 +194,8 @@ def test_the_reading_tour_counts_what_the_files_hold():
         assert abs(int(said) - count(path)) <= 0.05 * count(path), (path, said, count(path))
     total = int(re.search(r"^\| \| total \| (\d+) \|", text, flags=re.M).group(1))
     assert total == sum(int(said) for _, said in rows)
+    files, lines = re.search(r"are (\d+) files and ([\d,]+) lines", text).groups()  # the introduction's sum
+    assert (int(files), int(lines.replace(",", ""))) == (len(rows), total)
     package = sum(
         count(os.path.relpath(os.path.join(root, name), REPO))
         for root, _, files in os.walk(os.path.join(REPO, "minilm"))
