@@ -34,7 +34,10 @@ from minilm.hf.families import BY_NAME, FAMILIES, READERS
 from minilm.hf.family import HFError, refuse_unhandled
 from minilm.hf.gemma import GEMMA
 
-EXPORTABLE = "rope (GPT-NeoX, Llama, Qwen2, Qwen3 or Phi-3), learned (GPT-2), alibi (MPT)"
+EXPORTABLE = (
+    "rope (GPT-NeoX, Llama, Qwen2, Qwen3, SmolLM3, Gemma 2 or 3, EXAONE 4, OLMo 3 or Phi-3), learned (GPT-2), "
+    "alibi (MPT)"
+)
 
 
 def export_model(model, tokenizer, config, directory: str, family: str = None) -> dict:
