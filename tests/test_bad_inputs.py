@@ -211,6 +211,12 @@ CASES = [
     ("batch tokens 0", ["evaluate.py", "{ckpt}", "--batch-tokens", "0", "--quiet"], None, "batch_tokens=0"),
     ("multiple under one token", ["evaluate.py", "{ckpt}", "--multiples", "0.001", "--quiet"], None, "0.001"),
     ("lengths 0", ["evaluate.py", "{ckpt}", "--lengths", "0", "--quiet"], None, "--lengths='0'"),
+    (
+        "lengths and multiples",
+        ["evaluate.py", "{ckpt}", "--lengths", "16", "--multiples", "2", "--quiet"],
+        None,
+        "--lengths and --multiples both choose the lengths",
+    ),
     ("evaluate mode", ["evaluate.py", "{ckpt}", "--mode", "bogus", "--quiet"], None, "'bogus'"),
     ("csv impossible", ["evaluate.py", "{ckpt}", "--csv", "/proc/minilm/y.csv", "--quiet"], None, "/proc/minilm"),
     ("max tokens negative", ["evaluate.py", "{ckpt}", "--max-tokens", "-5", "--quiet"], None, "max_tokens=-5"),

@@ -86,6 +86,20 @@ def tiny_checkpoint(corpus, kind, block_size=16, seed=0, **position):
     return path, model.eval()
 
 
+def test_checkpoints_of_one_name_keep_a_row_each(corpus, tmp_path):
+    """Two snapshots of a run (or two runs of one name) would share the default row name, and the
+    tables would show one of them: each row is named by the shortest end of its path that differs."""
+    snapshots = tmp_path / "run" / "snapshots"
+    snapshots.mkdir(parents=True)
+    for step, seed in ((1, 0), (2, 1)):
+        shutil.copy(tiny_checkpoint(corpus, "rope", seed=seed)[0], snapshots / f"step-{step}.pt")
+    paths = [str(snapshots / "step-1.pt"), str(snapshots / "step-2.pt")]
+    results = evaluation.evaluate_checkpoints(paths, lengths=[16], max_tokens=64, quiet=True)
+    assert [r.label for r in results] == ["snapshots/step-1", "snapshots/step-2"]
+    assert results[0].ppl != results[1].ppl
+    assert evaluation.markdown_table(results).count("snapshots/step-") == 2
+
+
 def direct_nll(model, tokens, length):
     """Reference: full logits on each non-overlapping segment, mean cross-entropy."""
     n = len(tokens) - 1

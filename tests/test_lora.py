@@ -186,6 +186,10 @@ def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny
     train(again, resume=True, quiet=True)
     a, b = (load_checkpoint(str(tmp_path / run / "ckpt.pt"))["model"] for run in ("whole", "half"))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    settings = lora_overrides(tiny_corpus, tmp_path / "base", tmp_path / "half", "train.max_steps=9", *constant)
+    forgotten = [o for o in settings if not o.startswith("train.lora.")]  # the same run without train.lora
+    with pytest.raises(ConfigError, match=r"is a LoRA run's \(train.lora.r=2\) but train.lora.r is 0"):
+        train(load_config(None, forgotten), resume=True, quiet=True)
     llama_base(gen_tokenizer, tmp_path / "other", seed=1)  # the base's weights are replaced by others
     shutil.copy(tmp_path / "other" / "model.safetensors", tmp_path / "base" / "model.safetensors")
     with pytest.raises(CheckpointError, match="has changed since the adapters were trained"):

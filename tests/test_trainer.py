@@ -201,6 +201,29 @@ def test_resume_errors(tiny_config):
         train(tiny_config("train.optimizer=muon"), resume=True, quiet=True)
 
 
+def test_a_resumed_run_trains_with_the_settings_its_notes_name(tiny_config):
+    """On --resume a train setting given again is the one the optimiser steps with (loading torch's state
+    would put back the checkpoint's weight decay and betas), and one only the config file changed is the
+    checkpoint's, as the note says, in the optimiser and the dtype alike."""
+    train(tiny_config("train.max_steps=2", "train.weight_decay=0.1", "train.dtype=float32"), quiet=True)
+
+    def resumed(config):
+        run = trainer.setup(config, resume=True, quiet=True)
+        for logger in run.loggers:
+            logger.close()
+        return run
+
+    given = resumed(tiny_config("train.max_steps=4", "train.weight_decay=0.0", "train.beta2=0.9"))
+    assert {group["weight_decay"] for group in given.optimizer.param_groups} == {0.0}
+    assert {group["betas"] for group in given.optimizer.param_groups} == {(0.9, 0.9)}
+    in_the_file = tiny_config("train.max_steps=4", "train.weight_decay=0.3", "train.dtype=bfloat16")
+    in_the_file.overridden = in_the_file.overridden - {"train.weight_decay", "train.dtype"}  # as a config file's
+    kept = resumed(in_the_file)
+    assert kept.config.train.weight_decay == 0.1 and kept.config.train.dtype == "float32"
+    assert max(group["weight_decay"] for group in kept.optimizer.param_groups) == 0.1
+    assert kept.dtype == torch.float32
+
+
 def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_config):
     """A model option added after a checkpoint was written (here model.embedding_init_std) is
     missing from its config: resuming reads it at its default, the behaviour of the code then;

@@ -114,6 +114,8 @@ def main(argv=None) -> int:
             "--stream scores one text with its own protocol: leave out --lengths, --multiples, --mode, "
             "--stride, --max-tokens and --batch-tokens (its length is --stream-tokens)"
         )
+    if args.lengths and args.multiples:
+        parser.error("--lengths and --multiples both choose the lengths: give one of them")
     args.multiples = args.multiples or [1, 2, 4, 8, 16]
     args.max_tokens = 65536 if args.max_tokens is None else args.max_tokens
     args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens

@@ -180,6 +180,7 @@ def evaluate_checkpoints(
     loaded = _load_all(paths, overrides, device, lengths, multiples)
     longest = max(t for *_, these in loaded for t in these)
 
+    names = _row_names([path for path, *_ in loaded])
     results = []
     for index, (path, model, tokenizer, config, these) in enumerate(loaded):
         val = validation_tokens(config, tokenizer, quiet=quiet, split=split)
@@ -195,7 +196,7 @@ def evaluate_checkpoints(
         tokens = torch.from_numpy(np.asarray(val[: n + 1], dtype=np.int64))
         chars = len(tokenizer.decode(tokens[1:].tolist()))
         position = config.model.position
-        label = labels[index] if labels is not None else _default_label(path, overrides, position)
+        label = labels[index] if labels is not None else _default_label(names[index], overrides, position)
         limit = model.positions.position_limit()
         runnable = [t for t in these if limit is None or t <= limit]
         cells = [(m, t) for m in modes for t in runnable]
@@ -340,9 +341,29 @@ def _checked_modes(mode, stride) -> list:
     return modes
 
 
-def _default_label(path: str, overrides: Sequence[str], position: dict) -> str:
-    path = os.path.abspath(path)
-    name = os.path.basename(os.path.dirname(path)) if path.endswith(".pt") else os.path.basename(path)
+def _row_names(paths: Sequence[str]) -> list:
+    """Each checkpoint's row name: its run directory (a checkpoint file's directory), or where two
+    would share one (two snapshots of a run, runs of one name in two folders), the shortest end of
+    their paths that tells them apart (``snapshots/step-1``, ``a/rope``), so no row hides another."""
+    parts = []
+    for path in paths:
+        pieces = os.path.abspath(path).strip(os.sep).split(os.sep)
+        file = pieces[-1].endswith(".pt")
+        parts.append((pieces[:-1] + [pieces[-1][:-3]] if file else pieces, file))
+    names = [pieces[-2] if file and len(pieces) > 1 else pieces[-1] for pieces, file in parts]
+    for name in {n for n in names if names.count(n) > 1}:
+        same = [i for i, n in enumerate(names) if n == name]
+        longest = max(len(parts[i][0]) for i in same)
+        for k in range(2, longest + 1):
+            ends = ["/".join(parts[i][0][-k:]) for i in same]
+            if len(set(ends)) == len(ends):
+                for i, end in zip(same, ends):
+                    names[i] = end
+                break
+    return names
+
+
+def _default_label(name: str, overrides: Sequence[str], position: dict) -> str:
     if any(o.lstrip("-").startswith("model.position") for o in overrides):
         name += f" [{describe(position)}]"
     return name

@@ -88,6 +88,11 @@ def plan_extension(
     what, model, corpus = source_settings(source)
     check_source(source, model, method)
     length, new_length = model["block_size"], extended_length(model, method, factor)
+    if new_length <= length:
+        raise ConfigError(
+            f"--factor {factor:g} extends {source!r} from {length} tokens to {new_length}: no longer; give a factor "
+            f"of at least {(length + 1) / length:.6g}"
+        )
     check_overrides(overrides, length, factor, new_length)
     check_architecture(source, model, overrides)
     config_name = config_for(method, model)

@@ -312,6 +312,8 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     taken = []
     if state is not None:  # the checkpoint's train settings, except those given again
         config, taken = resumed_config(config, state)
+    t = config.train  # what this run trains with: the source's, the checkpoint's, or as given
+    dtype = resolve_dtype(t.dtype, device, setting="train.dtype", valid=TRAIN_DTYPES)
     torch.manual_seed(config.seed)
     check_step_fits(config, device, dtype, dist.world if dist.enabled else 1)  # before anything is allocated
     on_meta = is_sharded(t.parallel, dist) and not dist.main  # FSDP: rank 0 builds, the others get their shards

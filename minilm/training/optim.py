@@ -209,7 +209,10 @@ class Optimizers:
         }
 
     def load_state_dict(self, state: dict, load_part=None) -> None:
-        """Every part's state; ``load_part(part, its_state)`` replaces ``part.load_state_dict`` (FSDP's)."""
+        """Every part's state; ``load_part(part, its_state)`` replaces ``part.load_state_dict`` (FSDP's).
+        The moments are the checkpoint's; the groups' settings (weight decay, betas, rate scales) stay
+        the ones this run was built with, which a resumed run's notes name: torch would put back the
+        checkpoint's and silently undo a setting changed on resume."""
         load_part = load_part or (lambda part, part_state: part.load_state_dict(part_state))
         kind = state.get("kind", "adamw") if "parts" in state else "adamw"
         if kind != self.kind:
@@ -217,6 +220,7 @@ class Optimizers:
                 f"cannot resume: train.optimizer={self.kind!r} but the checkpoint was trained with "
                 f"{kind!r}; use train.optimizer={kind} or start a new out_dir"
             )
+        settings = self.group_settings()
         for part, part_state in zip(self.parts, state["parts"] if "parts" in state else [state]):
             try:
                 load_part(part, part_state)
@@ -228,6 +232,19 @@ class Optimizers:
                     f"unlike the checkpoint's optimiser state: resume with the checkpoint's "
                     f"train.position_lr_scale or start a new out_dir"
                 ) from None
+        self.restore_settings(settings)
+
+    def group_settings(self) -> list:
+        """Each part's groups' settings (everything but their parameters), for ``restore_settings``."""
+        return [
+            [{k: v for k, v in group.items() if k != "params"} for group in part.param_groups] for part in self.parts
+        ]
+
+    def restore_settings(self, settings: list) -> None:
+        """Put back the groups' settings that ``group_settings`` read, over those a loaded state brought."""
+        for part, groups in zip(self.parts, settings):
+            for group, setting in zip(part.param_groups, groups):
+                group.update(setting)
 
 
 def make_optimizer(model: nn.Module, t, device: torch.device, dtype: torch.dtype = torch.float32) -> Optimizers:

@@ -36,7 +36,7 @@ import torch.distributed
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.common import WriteError, atomic_write, first_sentence, new_directory, temporary_path, write_failure
-from minilm.config import Config, from_dict
+from minilm.config import Config, ConfigError, from_dict
 from minilm.model.gpt import GPT
 from minilm.training.adapters import trained_state
 from minilm.training.distributed import Dist
@@ -139,6 +139,12 @@ def resume_state(config: Config, device: torch.device) -> dict:
             raise CheckpointError(f"cannot resume {path!r}: it lacks '{key}' (not a training checkpoint)")
     check_run_state(state, path, device)  # a damaged state is said before a setting that differs
     check_resumable(config, state)
+    if "lora_base" in state and not config.train.lora.r:  # it holds the adapters alone, not a whole model
+        lora = state["config"]["train"].get("lora", {})
+        raise ConfigError(
+            f"cannot resume: {path!r} is a LoRA run's (train.lora.r={lora.get('r')}) but train.lora.r is 0: "
+            f"resume with the run's train.lora settings"
+        )
     return state
 
 
@@ -271,6 +277,7 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
         if [len(g["params"]) for g in part.param_groups] != sizes:
             raise ValueError("another number or size of parameter groups")
 
+    settings = optimizer.group_settings()  # this run's, as in Optimizers.load_state_dict
     optimizer.load_state_dict(
         {"kind": record["optimizer_kind"], "parts": record["optimizer_groups"]}, load_part=check_groups
     )
@@ -291,6 +298,7 @@ def load_sharded(record: dict, raw: torch.nn.Module, optimizer: Optimizers) -> N
     set_model_state_dict(raw, state["model"])
     for i, part in enumerate(optimizer.parts):
         set_optimizer_state_dict(raw, part, state["optimizer"][str(i)])
+    optimizer.restore_settings(settings)
 
 
 def unshard(directory: str, out: Optional[str] = None, overwrite: bool = True) -> str:
