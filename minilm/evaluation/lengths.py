@@ -164,8 +164,9 @@ def evaluate_checkpoints(
     absolute segment lengths shared by every checkpoint; without them each checkpoint is
     scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
     applied to every checkpoint's config (position scaling at evaluation time, another
-    corpus); ``labels`` name the rows (default: the checkpoint directory, plus the
-    overridden position). ``position_bin`` > 0: each nonoverlapping Result also holds the
+    corpus); ``labels`` name the rows (default: the checkpoint directory, a longer end of its path
+    where two share one, ``_row_names``; plus the overridden position). ``position_bin`` > 0: each
+    nonoverlapping Result also holds the
     mean loss by position in the segment, averaged over bins of that many positions; with ``truncate``
     also the same bins with the context cut to ``truncate`` tokens (``truncated_by_position``, the
     control of ``truncated_curve``: sliding windows of ``truncate`` tokens advancing by
