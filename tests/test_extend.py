@@ -136,18 +136,24 @@ def test_the_run_is_the_shipped_configs_with_the_sources_shape(gen_tokenizer, tm
 
 def test_a_minilm_source_is_extended_on_the_text_it_was_trained_on(gen_tokenizer, tmp_path, monkeypatch):
     """The run reads the source's corpus and text field (found from another directory as evaluation finds
-    it), not the config's plays; ``data.corpus`` given wins; a transformers source has the config's."""
+    it), not the config's plays, cut as the source's was (end-of-text ids, document masks, the held-out
+    tail: else it would train on the text the source held out); ``data.corpus`` given wins, and so does
+    each setting given; a transformers source has the config's."""
     texts = tmp_path / "mine" / "texts.jsonl"
     texts.parent.mkdir()
     texts.write_text('{"body": "words"}\n')
     source = source_run(gen_tokenizer, tmp_path / "mine" / "out", position={"kind": "rope"})
     state = torch.load(os.path.join(source, "ckpt.pt"), weights_only=True)
-    state["config"]["data"].update(corpus="texts.jsonl", text_field="body")
+    cut = {"end_of_text": True, "document_mask": "mask", "min_document_tokens": 8, "holdout_tokens": 100}
+    state["config"]["data"].update(corpus="texts.jsonl", text_field="body", **cut)
     state["run_dir"] = str(tmp_path / "mine")
     save(state, source)
     monkeypatch.chdir(tmp_path)  # elsewhere: the relative corpus is found under the run's directory
     config = load_config((plan := plan_extension(source, "yarn", 2.0)).config_path, plan.overrides)
     assert (config.data.corpus, config.data.text_field) == (str(texts), "body")
+    assert {key: getattr(config.data, key) for key in cut} == cut
+    kept = plan_extension(source, "yarn", 2.0, overrides=["data.holdout_tokens=0"])
+    assert load_config(kept.config_path, kept.overrides).data.holdout_tokens == 0
     given = plan_extension(source, "yarn", 2.0, overrides=["data.corpus=other.txt"])
     assert load_config(given.config_path, given.overrides).data.corpus == "other.txt"
     hf = plan_extension(transformers_dir(gen_tokenizer, tmp_path / "hf"), "yarn", 2.0)

@@ -133,9 +133,13 @@ def check_factor(factor: float) -> None:
         )
 
 
+TEXT_SETTINGS = ("end_of_text", "document_mask", "min_document_tokens", "holdout_tokens")  # how a corpus is cut
+
+
 def source_settings(source: str) -> tuple:
     """(what the source is, its model settings with the position setting in canonical form, the data
-    settings it trained on: corpus and text field, its corpus found as ``locate_data`` finds it; None for
+    settings it trained on: corpus and text field, its corpus found as ``locate_data`` finds it, and how
+    that text was cut (``TEXT_SETTINGS``: end-of-text ids, document masks, the held-out tail); None for
     a transformers model) of a minilm run or checkpoint file (read whole) or a transformers model
     directory or ``hf:NAME`` (its config.json alone). A source that cannot be read is one line that says
     what SOURCE may be."""
@@ -149,6 +153,7 @@ def source_settings(source: str) -> tuple:
             model, what = state["config"]["model"], "a minilm run"
             data = locate_data(state["config"].get("data", {}), state)
             corpus = {key: data[key] for key in ("corpus", "text_field") if isinstance(data.get(key), str)}
+            corpus.update({key: data[key] for key in TEXT_SETTINGS if key in data})
     except MinilmError as exc:
         raise CheckpointError(
             f"cannot extend {source!r}: {exc} (SOURCE is a minilm run: an out_dir or a checkpoint file, or a "
@@ -158,12 +163,14 @@ def source_settings(source: str) -> tuple:
 
 
 def corpus_overrides(corpus: Optional[dict], overrides: Sequence[str]) -> list:
-    """A minilm source's corpus and text field (``source_settings``), as overrides: the extension
-    reads the text the source was trained on unless ``overrides`` give ``data.corpus`` (a transformers
-    source has none: the config's corpus)."""
-    if not corpus or any(o.split("=", 1)[0].strip() == "data.corpus" for o in overrides):
+    """A minilm source's data settings (``source_settings``), as overrides: the extension reads the text
+    the source was trained on, cut as it was (its end-of-text ids, document masks and held-out tail), unless
+    ``overrides`` give ``data.corpus`` (a transformers source has none: the config's corpus); a setting the
+    overrides give is theirs."""
+    given = {o.split("=", 1)[0].strip().lstrip("-") for o in overrides}
+    if not corpus or "data.corpus" in given:
         return []
-    return [f"data.{key}={json.dumps(value)}" for key, value in corpus.items()]
+    return [f"data.{key}={json.dumps(value)}" for key, value in corpus.items() if f"data.{key}" not in given]
 
 
 def check_source(source: str, model: dict, method: str) -> None:
