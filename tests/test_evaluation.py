@@ -373,6 +373,8 @@ def test_the_holdout_split_scores_the_held_out_training_text(corpus, tmp_path):
     assert result.tokens == 384 and result.nll == pytest.approx(direct_nll(model, tokens, 16), rel=1e-5)
     [val] = evaluation.evaluate_checkpoints([rope], lengths=[16], max_tokens=384, quiet=True)
     assert val.nll != pytest.approx(result.nll, rel=1e-6)  # another text
+    with pytest.raises(evaluation.EvaluationError, match="data.holdout_tokens=800 but the run held out 400 tokens"):
+        evaluation.evaluate_checkpoints([rope], lengths=[16], split="holdout", overrides=["data.holdout_tokens=800"])
     out = run_cli(rope, "--split", "holdout", "--lengths", "16", "--no-files", "--quiet")
     assert out.returncode == 0 and out.stdout.startswith("held-out training text perplexity"), out.stderr
     plain, _ = tiny_checkpoint(corpus, "rope", seed=1)  # trained without a holdout

@@ -178,7 +178,7 @@ def evaluate_checkpoints(
     control = _control_request(truncate, truncated_stride) if position_bin else None
     device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, device)
-    loaded = _load_all(paths, overrides, device, lengths, multiples)
+    loaded = _load_all(paths, overrides, device, lengths, multiples, split)
     longest = max(t for *_, these in loaded for t in these)
 
     names = _row_names([path for path, *_ in loaded])
@@ -273,11 +273,19 @@ def _check_lengths(lengths, multiples, labels, paths, dtype) -> None:
         raise EvaluationError(f"dtype={dtype!r} is invalid: valid: float32, bfloat16")
 
 
-def _load_all(paths, overrides, device, lengths, multiples) -> list:
-    """(path, model, tokenizer, config, its lengths) of every checkpoint, loaded before any is scored."""
+def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") -> list:
+    """(path, model, tokenizer, config, its lengths) of every checkpoint, loaded before any is scored.
+    The holdout split is the tail the run held out: scored with another ``data.holdout_tokens`` it would
+    be text the run trained on (or less than it held out), so that is refused."""
     loaded = []
     for path in paths:
         model, tokenizer, config, state = load_model(path, overrides, device=device)
+        held = ((state.get("config") or {}).get("data") or {}).get("holdout_tokens")
+        if split == "holdout" and held is not None and held != config.data.holdout_tokens:
+            raise EvaluationError(
+                f"{path}: data.holdout_tokens={config.data.holdout_tokens} but the run held out {held} tokens: the "
+                f"holdout split is the tail it never trained on; leave data.holdout_tokens as the run's"
+            )
         block = config.model.block_size
         if lengths is not None:
             these = [int(t) for t in lengths]
