@@ -13,7 +13,9 @@ import torch
 from minilm.checkpoints import format as checkpoint
 from minilm.config import ConfigError
 from minilm.training import loggers
+from minilm.training.loggers import CSV_FIELDS, _truncate_csv
 from minilm.training.loop import train
+from minilm.training.resume import truncate_metrics
 
 
 def jsonl_scalars(out_dir):
@@ -48,6 +50,20 @@ def test_jsonl_and_csv_hold_the_same_scalars_and_a_resume_cuts_both_back(tiny_co
     again = csv_scalars(config.out_dir)
     assert again == pytest.approx(jsonl_scalars(config.out_dir))
     assert sorted(step for (event, step, name) in again if event == "train" and name == "loss") == list(range(1, 7))
+
+
+def test_a_resume_cuts_only_the_lost_steps_and_a_torn_last_line(tmp_path):
+    """Cutting the logs back to the checkpoint's step drops the lines past it and a torn last line (a write
+    the stop cut short); a line of the user's, or one whose step cannot be read, is kept, not lost."""
+    jsonl = tmp_path / "metrics.jsonl"
+    jsonl.write_text('{"step": 1, "loss": 2.0}\nmy note\n[1]\n{"step": 5, "loss": 1.0}\n{"step": 2, "lo')
+    truncate_metrics(str(jsonl), 3)
+    assert jsonl.read_text() == '{"step": 1, "loss": 2.0}\nmy note\n[1]\n'
+    table = tmp_path / "metrics.csv"
+    header = ",".join(CSV_FIELDS)
+    table.write_text(f"{header}\ntrain,1,64,loss,2.0\ntrain,5,320,loss,1.0\nmy,note\ntrain,2,128,loss,1.5")
+    _truncate_csv(str(table), 3)
+    assert table.read_text() == f"{header}\ntrain,1,64,loss,2.0\nmy,note\ntrain,2,128,loss,1.5\n"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="the tensorboard extra is not installed")

@@ -28,9 +28,9 @@ from typing import Callable, Optional, Sequence
 
 import yaml
 
-from minilm.common import MinilmError, atomic_write, keep_aside, write_csv
+from minilm.common import MinilmError, atomic_write, keep_aside
 from minilm.config import LOGGERS
-from minilm.training.resume import truncate_metrics
+from minilm.training.resume import cut_log, truncate_metrics
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the module (and extra) it needs
 JSONL_FILE, CSV_FILE, TENSORBOARD_DIR = "metrics.jsonl", "metrics.csv", "tensorboard"
@@ -155,9 +155,12 @@ def _start_file(path: str, resumed_step: Optional[int], say: Callable[[str], Non
 
 
 def _truncate_csv(path: str, step: int) -> None:
-    """On resume, drop the rows past the checkpoint's step."""
-    if not os.path.exists(path):
-        return
-    with open(path, newline="") as f:
-        rows = [row for row in csv.DictReader(f) if int(row["step"]) <= step]
-    write_csv(rows, path, fields=CSV_FIELDS)
+    """On resume, drop the rows past the checkpoint's step (``resume.cut_log``: the header, and any row
+    whose step cannot be read, stay)."""
+    cut_log(path, step, _csv_step)
+
+
+def _csv_step(line: str) -> Optional[int]:
+    fields = next(csv.reader([line]), [])
+    where = CSV_FIELDS.index("step")
+    return int(fields[where]) if len(fields) > where and fields[where].strip().isdigit() else None

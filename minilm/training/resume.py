@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -154,16 +154,28 @@ def trajectory_changes(config: Config, state: dict) -> list:
 
 
 def truncate_metrics(path: str, step: int) -> None:
-    """On resume, drop log lines past the checkpoint's step (from the part of the run that was lost)."""
+    """On resume, drop the metrics.jsonl records past the checkpoint's step (``cut_log``)."""
+    cut_log(path, step, _jsonl_step)
+
+
+def cut_log(path: str, step: int, step_of: Callable[[str], Optional[int]]) -> None:
+    """On resume, drop a log's lines whose step (``step_of``: None where a line has none it can read)
+    is past the checkpoint's: they are from the part of the run that was lost. Every other line but a
+    blank one is kept as it is, the user's own among them; only a torn last line (no newline, no step to read: a
+    write the stop cut short) goes."""
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        lines = [line for line in f if line.strip()]
-    keep = []
-    for line in lines:
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except ValueError:
-            continue
-    atomic_write(path, "".join(keep))
+    with open(path, newline="") as f:
+        lines = f.read().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] = lines[-1] + "\n" if step_of(lines[-1]) is not None else ""
+    atomic_write(path, "".join(line for line in lines if line.strip() and (step_of(line) or 0) <= step))
+
+
+def _jsonl_step(line: str) -> Optional[int]:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    value = record.get("step") if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
