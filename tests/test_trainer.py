@@ -224,6 +224,16 @@ def test_a_resumed_run_trains_with_the_settings_its_notes_name(tiny_config):
     assert kept.dtype == torch.float32
 
 
+def test_a_run_resumed_with_another_batch_counts_the_tokens_it_saw(tiny_config):
+    """Two steps of 4 rows of 32, then two of 8 rows: 768 tokens, not four steps of today's batch."""
+    train(tiny_config("train.max_steps=2", "train.eval_interval=2", "train.checkpoint_interval=2"), quiet=True)
+    config = tiny_config("train.max_steps=4", "train.batch_size=8", "train.eval_interval=2")
+    summary = train(config, resume=True, quiet=True)
+    seen = 2 * 4 * 32 + 2 * 8 * 32
+    assert summary["tokens"] == seen and read_metrics(config.out_dir)[-1]["tokens"] == seen
+    assert checkpoint.load(config.out_dir)["data_state"]["tokens_seen"] == seen
+
+
 def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_config):
     """A model option added after a checkpoint was written (here model.embedding_init_std) is
     missing from its config: resuming reads it at its default, the behaviour of the code then;

@@ -148,6 +148,7 @@ class TrainingRun:
     rows: Any = None  # where the batches come from: the train tokens, or data.min_document_tokens' Documents
     crossing: list = dataclasses.field(default_factory=lambda: [0, 0])  # rows holding a document's end, rows drawn
     body: Any = None  # train.compile: GPT.body compiled (the training passes run it; evaluation stays eager)
+    tokens_before: int = 0  # resumed with another batch: the tokens its steps saw beyond step x tokens_per_step
 
     @property
     def ckpt_path(self) -> str:
@@ -163,6 +164,10 @@ class TrainingRun:
     def tokens_per_step(self) -> int:
         t = self.config.train
         return t.batch_size * self.config.model.block_size * t.grad_accum * self.dist.world
+
+    def tokens_at(self, step: int) -> int:
+        """The tokens trained on by the end of ``step``, a resumed run's earlier steps at their own batch."""
+        return self.tokens_before + step * self.tokens_per_step
 
     def say(self, message: str, result: bool = False) -> None:
         """A note or progress on stderr; with ``result`` what the run produced (its summary, its
@@ -353,6 +358,8 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
         )
     if state is not None:
         run.step, run.best_bpc = int(state["step"]), state.get("best_val_bpc")
+        seen = state["data_state"].get("tokens_seen", run.step * run.tokens_per_step)
+        run.tokens_before = int(seen) - run.step * run.tokens_per_step
         set_rng_state(state["rng"], device)
         run.generator.set_state(state["data_state"]["generator"])
     if dtype == torch.float16:  # fp16 overflows where bf16 does not: scale the loss, skip steps that overflow
@@ -499,7 +506,7 @@ def after_step(
             {
                 "event": "train",
                 "step": step,
-                "tokens": step * run.tokens_per_step,
+                "tokens": run.tokens_at(step),
                 "loss": round(loss, 5),
                 "lr": lr,
                 "grad_norm": None if grad_norm is None else round(float(grad_norm), 4),
@@ -514,7 +521,7 @@ def after_step(
         run.last_val = run.validate(val_set)
         bpc = run.last_val["val_bpc"]
         run.best_bpc = bpc if run.best_bpc is None else min(run.best_bpc, bpc)
-        run.log({"event": "eval", "step": step, "tokens": step * run.tokens_per_step, **run.last_val})
+        run.log({"event": "eval", "step": step, "tokens": run.tokens_at(step), **run.last_val})
         run.say(
             f"step {step}: val loss {run.last_val['val_loss']:.4f}, ppl {run.last_val['val_ppl']:.2f}, "
             f"{bpc:.4f} bits/char"
@@ -542,7 +549,7 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
         )
         final = run.validate(batches, progress="final evaluation")
         run.best_bpc = final["val_bpc"] if run.best_bpc is None else min(run.best_bpc, final["val_bpc"])
-        run.log({"event": "final", "step": step, "tokens": step * run.tokens_per_step, **final})
+        run.log({"event": "final", "step": step, "tokens": run.tokens_at(step), **final})
         run.save(final)
         whole = whole_model(run) if t.sample_tokens > 0 else None
         if whole is not None:  # a LoRA model's frozen weights are in the compute dtype: sample under its autocast
@@ -551,7 +558,7 @@ def finish(run: TrainingRun, val_set, interrupted: Optional[str], start_step: in
     summary = {
         "checkpoint": run.ckpt_path,
         "steps": step,
-        "tokens": step * run.tokens_per_step,
+        "tokens": run.tokens_at(step),
         "seconds": round(time.time() - run.started, 2),
         "dtype": str(run.dtype).replace("torch.", ""),
         "tokens_per_s": round((step - start_step) * run.tokens_per_step / max(train_seconds, 1e-9), 1),

@@ -60,7 +60,7 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
         "data_state": {
             "generator": run.generator.get_state(),
             "world_size": run.dist.world,
-            "tokens_seen": run.step * run.tokens_per_step,
+            "tokens_seen": run.tokens_at(run.step),
         },
         "best_val_bpc": run.best_bpc,
         "val": val,
