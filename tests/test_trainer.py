@@ -20,6 +20,7 @@ from minilm.common import cpu_has_fast_bf16, resolve_dtype
 from minilm.config import Config, ConfigError, TrainConfig
 from minilm.model.gpt import GPT
 from minilm.training import loop as trainer
+from minilm.training.announce import idle_settings
 from minilm.training.loop import TrainingError, train
 from minilm.training.mixture import draw
 from minilm.training.optim import lr_at, make_optimizer
@@ -232,6 +233,29 @@ def test_a_run_resumed_with_another_batch_counts_the_tokens_it_saw(tiny_config):
     seen = 2 * 4 * 32 + 2 * 8 * 32
     assert summary["tokens"] == seen and read_metrics(config.out_dir)[-1]["tokens"] == seen
     assert checkpoint.load(config.out_dir)["data_state"]["tokens_seen"] == seen
+
+
+def test_settings_the_run_leaves_unused_are_named_not_taken_in_silence(tiny_config, capsys):
+    """A cooldown without wsd, Muon's settings under AdamW, a position rate scale for positions without
+    parameters: each does nothing, and the run's opening says so; the same settings where they act, and
+    the shipped recipe, say nothing."""
+    idle = tiny_config(
+        "train.schedule=cosine",
+        "train.cooldown=0.2",
+        "train.optimizer=adamw",
+        "train.muon_lr_scale=3",
+        "train.position_lr_scale=10",
+        "train.max_steps=1",
+        "model.position={kind: rope}",
+    )
+    train(idle, quiet=False)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "does nothing" in line]
+    assert len(notes) == 1
+    for said in ("train.cooldown=0.2", "train.muon_lr_scale=3.0", "train.position_lr_scale=10"):
+        assert said in notes[0]
+    t5 = GPT(tiny_config("model.position={kind: t5, max_distance: 32}").model)
+    acting = TrainConfig(schedule="wsd", cooldown=0.2, optimizer="muon", muon_lr_scale=3, position_lr_scale=10)
+    assert idle_settings(acting, t5) == [] and idle_settings(TrainConfig(), t5) == []
 
 
 def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_config):

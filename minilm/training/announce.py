@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from minilm.config import TrainConfig
 from minilm.positions.layers import describe_design
 from minilm.training.adapters import count_parameters
 from minilm.training.loggers import open_loggers
@@ -45,6 +46,9 @@ def start_metrics(run, state: Optional[dict], taken: list = ()) -> None:
             f"note: train.warmup_steps={t.warmup_steps} >= train.max_steps={t.max_steps}: the whole run warms "
             f"up and the learning rate never reaches train.lr={t.lr:g} (at most {lr_at(t.max_steps - 1, t):.3g})"
         )
+    idle = idle_settings(t, run.raw)
+    if idle:
+        run.say(f"note: {'; '.join(idle)}")
     if resumed:
         run.say(f"resuming {run.ckpt_path} at step {run.step}")
         if taken:
@@ -58,3 +62,24 @@ def start_metrics(run, state: Optional[dict], taken: list = ()) -> None:
                 f"note: resuming with {', '.join(changed)}: from step {run.step} on the run differs from "
                 f"the uninterrupted one (it continues exactly only with the same train settings)"
             )
+
+
+def idle_settings(t: TrainConfig, model) -> list:
+    """'train.KEY=VALUE does nothing ...' for each train setting moved from its default that the run's
+    other settings leave unused (a cooldown without wsd, Muon's settings without Muon, a position rate
+    scale for a model whose positions have no parameters), so that none is taken in silence."""
+    default = TrainConfig()
+    idle = []
+    if t.schedule != "wsd" and t.cooldown != default.cooldown:
+        idle.append(
+            f"train.cooldown={t.cooldown:g} does nothing with train.schedule={t.schedule!r} (it shapes wsd's decay)"
+        )
+    for key in ("muon_lr_scale", "muon_split_qkv"):
+        if t.optimizer != "muon" and getattr(t, key) != getattr(default, key):
+            idle.append(f"train.{key}={getattr(t, key)!r} does nothing with train.optimizer={t.optimizer!r}")
+    learned = any(name.startswith(("positions.", "layer_positions.")) for name, _ in model.named_parameters())
+    if t.position_lr_scale != default.position_lr_scale and not learned:
+        idle.append(
+            f"train.position_lr_scale={t.position_lr_scale:g} does nothing: this model's positions have no parameters"
+        )
+    return idle
