@@ -81,6 +81,17 @@ def test_streams_text_through_a_pipe_as_it_is_decoded(checkpoints):
     assert len(chunks) >= 3, chunks
 
 
+def test_greedy_decoding_names_the_sampling_filters_it_does_not_read(checkpoints, capsys):
+    """--temperature 0 takes the likeliest token, so --top-p, --min-p and --top-k choose nothing: said on
+    stderr, and the tokens are greedy's; at their defaults nothing is said."""
+    status, plain, quiet = run(capsys, *greedy(checkpoints["rope"], "--max-new-tokens", "8", "ROMEO:"))
+    assert status == 0 and "do nothing" not in quiet
+    filters = ("--top-p", "0.5", "--min-p", "0.1", "--top-k", "5")
+    status, out, err = run(capsys, *greedy(checkpoints["rope"], "--max-new-tokens", "8", *filters, "ROMEO:"))
+    assert status == 0 and out == plain
+    assert "note: --top-k 5, --top-p 0.5, --min-p 0.1 do nothing with --temperature 0 (greedy)" in err
+
+
 class Recorder(io.StringIO):
     def __init__(self):
         super().__init__()

@@ -153,6 +153,9 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
+SAMPLING_ONLY = ("top_k", "top_p", "min_p")  # the filters of sampling, which greedy decoding does not read
+
+
 def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     """Load a checkpoint and stream continuations of a prompt: what ``generate.py`` runs with
     its parsed arguments. User errors raise a MinilmError (GenerationError, CheckpointError, ...)."""
@@ -161,6 +164,13 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
     stderr = sys.stderr if stderr is None else stderr
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.repetition_penalty, args.min_p).check()
+    unused = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in SAMPLING_ONLY
+        if getattr(args, name) != getattr(Sampling(), name)
+    ]
+    if sampling.temperature == 0 and unused:  # greedy takes the likeliest token: the filters choose nothing
+        print(f"note: {', '.join(unused)} do nothing with --temperature 0 (greedy)", file=stderr)
     check_count("--max-new-tokens", args.max_new_tokens, 0)
     check_count("--num-samples", args.num_samples, 1)
     if args.max_context is not None:
