@@ -340,6 +340,9 @@ def test_zero_shot_interpolation_of_a_learned_table(corpus):
     assert results[0].position == "interpolated(learned max_positions=16) x4"
     model, *_ = load_model(learned, ["model.position.kind=interpolated", "model.block_size=64"])
     assert model.positions.factor == pytest.approx(63 / 15)  # the last position on the last trained row
+    stretched = ["model.position.kind=interpolated", "model.block_size=64"]
+    [row] = evaluation.evaluate_checkpoints([learned], lengths=[64], max_tokens=128, quiet=True, overrides=stretched)
+    assert row.label.endswith("[model.block_size=64]") and row.train_length == 16  # another model, trained at 16
     assert torch.equal(model.positions.inner.table.weight, src.positions.table.weight)
     with pytest.raises(CheckpointError, match="trained with 'learned' positions, not 'alibi'"):
         load_model(learned, ["model.position.kind=alibi"])

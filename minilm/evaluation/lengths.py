@@ -179,11 +179,11 @@ def evaluate_checkpoints(
     device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, device)
     loaded = _load_all(paths, overrides, device, lengths, multiples, split)
-    longest = max(t for *_, these in loaded for t in these)
+    longest = max(t for *_, these, _ in loaded for t in these)
 
     names = _row_names([path for path, *_ in loaded])
     results = []
-    for index, (path, model, tokenizer, config, these) in enumerate(loaded):
+    for index, (path, model, tokenizer, config, these, trained) in enumerate(loaded):
         val = validation_tokens(config, tokenizer, quiet=quiet, split=split)
         available = len(val) - 1
         budget = available if max_tokens is None else min(max_tokens, available)
@@ -240,7 +240,7 @@ def evaluate_checkpoints(
                     label=label,
                     checkpoint=path,
                     position=describe_design(position, config.model.layers),
-                    train_length=config.model.block_size,
+                    train_length=trained,
                     length=t,
                     mode=m,
                     stride=strides[m](t),
@@ -274,7 +274,8 @@ def _check_lengths(lengths, multiples, labels, paths, dtype) -> None:
 
 
 def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") -> list:
-    """(path, model, tokenizer, config, its lengths) of every checkpoint, loaded before any is scored.
+    """(path, model, tokenizer, config, its lengths, the length it trained at) of every checkpoint, loaded
+    before any is scored (a ``model.block_size`` given at evaluation changes the model, not what it trained at).
     The holdout split is the tail the run held out: scored with another ``data.holdout_tokens`` it would
     be text the run trained on (or less than it held out), so that is refused."""
     loaded = []
@@ -291,7 +292,8 @@ def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") 
             these = [int(t) for t in lengths]
         else:
             these = sorted({segment_length(m, block) for m in multiples})
-        loaded.append((state["path"], model, tokenizer, config, these))
+        trained = ((state.get("config") or {}).get("model") or {}).get("block_size", block)
+        loaded.append((state["path"], model, tokenizer, config, these, trained))
     return loaded
 
 
@@ -373,9 +375,13 @@ def _row_names(paths: Sequence[str]) -> list:
 
 
 def _default_label(name: str, overrides: Sequence[str], position: dict) -> str:
-    if any(o.lstrip("-").startswith("model.position") for o in overrides):
+    """The row's name, with what evaluation changed of the model: its positions described, any other
+    ``model.`` setting as given (a learned table stretched by ``model.block_size`` is another model)."""
+    settings = [o.lstrip("-") for o in overrides]
+    if any(o.startswith("model.position") for o in settings):
         name += f" [{describe(position)}]"
-    return name
+    others = [o for o in settings if o.startswith("model.") and not o.startswith("model.position")]
+    return name + (f" [{', '.join(others)}]" if others else "")
 
 
 # --------------------------------------------------------------------------- output
