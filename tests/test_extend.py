@@ -154,6 +154,14 @@ def test_a_minilm_source_is_extended_on_the_text_it_was_trained_on(gen_tokenizer
     assert {key: getattr(config.data, key) for key in cut} == cut
     kept = plan_extension(source, "yarn", 2.0, overrides=["data.holdout_tokens=0"])
     assert load_config(kept.config_path, kept.overrides).data.holdout_tokens == 0
+    plain = plan_extension(source, "yarn", 2.0, overrides=["data.end_of_text=false"])  # no ids: no masks either
+    data = load_config(plain.config_path, plain.overrides).data
+    assert (data.end_of_text, data.document_mask, data.min_document_tokens, data.holdout_tokens) == (
+        False,
+        "none",
+        0,
+        100,
+    )
     given = plan_extension(source, "yarn", 2.0, overrides=["data.corpus=other.txt"])
     assert load_config(given.config_path, given.overrides).data.corpus == "other.txt"
     hf = plan_extension(transformers_dir(gen_tokenizer, tmp_path / "hf"), "yarn", 2.0)

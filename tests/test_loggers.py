@@ -61,8 +61,8 @@ def test_a_resume_cuts_only_the_lost_steps_and_a_torn_last_line(tmp_path):
     assert jsonl.read_text() == '{"step": 1, "loss": 2.0}\nmy note\n[1]\n'
     table = tmp_path / "metrics.csv"
     header = ",".join(CSV_FIELDS)
-    table.write_text(f"{header}\ntrain,1,64,loss,2.0\ntrain,5,320,loss,1.0\nmy,note\ntrain,2,128,loss,1.5")
-    _truncate_csv(str(table), 3)
+    table.write_text(f"{header}\ntrain,1,64,loss,2.0\ntrain,5,320,loss,1.0\nmy,note\ntrain,2,128,loss,1.5\ntrain,1")
+    _truncate_csv(str(table), 3)  # the last row torn inside its step (from train,150,...)
     assert table.read_text() == f"{header}\ntrain,1,64,loss,2.0\nmy,note\ntrain,2,128,loss,1.5\n"
 
 

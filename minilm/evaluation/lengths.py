@@ -165,8 +165,8 @@ def evaluate_checkpoints(
     scored at ``multiples`` of its own block_size. ``overrides`` are ``key=value`` settings
     applied to every checkpoint's config (position scaling at evaluation time, another
     corpus); ``labels`` name the rows (default: the checkpoint directory, a longer end of its path
-    where two share one, ``_row_names``; plus the overridden position). ``position_bin`` > 0: each
-    nonoverlapping Result also holds the
+    where two share one, ``_row_names``; plus what a ``model.`` override changed: ``_default_label``).
+    ``position_bin`` > 0: each nonoverlapping Result also holds the
     mean loss by position in the segment, averaged over bins of that many positions; with ``truncate``
     also the same bins with the context cut to ``truncate`` tokens (``truncated_by_position``, the
     control of ``truncated_curve``: sliding windows of ``truncate`` tokens advancing by
@@ -179,11 +179,11 @@ def evaluate_checkpoints(
     device = resolve_device(device)
     compute_dtype = resolve_dtype(dtype, device)
     loaded = _load_all(paths, overrides, device, lengths, multiples, split)
-    longest = max(t for *_, these, _ in loaded for t in these)
+    longest = max(t for *_, these in loaded for t in these)
 
     names = _row_names([path for path, *_ in loaded])
     results = []
-    for index, (path, model, tokenizer, config, these, trained) in enumerate(loaded):
+    for index, (path, model, tokenizer, config, these) in enumerate(loaded):
         val = validation_tokens(config, tokenizer, quiet=quiet, split=split)
         available = len(val) - 1
         budget = available if max_tokens is None else min(max_tokens, available)
@@ -240,7 +240,7 @@ def evaluate_checkpoints(
                     label=label,
                     checkpoint=path,
                     position=describe_design(position, config.model.layers),
-                    train_length=trained,
+                    train_length=config.model.block_size,
                     length=t,
                     mode=m,
                     stride=strides[m](t),
@@ -274,14 +274,14 @@ def _check_lengths(lengths, multiples, labels, paths, dtype) -> None:
 
 
 def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") -> list:
-    """(path, model, tokenizer, config, its lengths, the length it trained at) of every checkpoint, loaded
-    before any is scored (a ``model.block_size`` given at evaluation changes the model, not what it trained at).
+    """(path, model, tokenizer, config, its lengths) of every checkpoint, loaded before any is scored.
     The holdout split is the tail the run held out: scored with another ``data.holdout_tokens`` it would
     be text the run trained on (or less than it held out), so that is refused."""
     loaded = []
     for path in paths:
         model, tokenizer, config, state = load_model(path, overrides, device=device)
-        held = ((state.get("config") or {}).get("data") or {}).get("holdout_tokens")
+        saved = (state.get("config") or {}).get("data")  # a minilm run's (before holdout_tokens existed: 0)
+        held = saved.get("holdout_tokens", 0) if saved else None
         if split == "holdout" and held is not None and held != config.data.holdout_tokens:
             raise EvaluationError(
                 f"{path}: data.holdout_tokens={config.data.holdout_tokens} but the run held out {held} tokens: the "
@@ -292,8 +292,7 @@ def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") 
             these = [int(t) for t in lengths]
         else:
             these = sorted({segment_length(m, block) for m in multiples})
-        trained = ((state.get("config") or {}).get("model") or {}).get("block_size", block)
-        loaded.append((state["path"], model, tokenizer, config, these, trained))
+        loaded.append((state["path"], model, tokenizer, config, these))
     return loaded
 
 
@@ -354,19 +353,19 @@ def _checked_modes(mode, stride) -> list:
 
 def _row_names(paths: Sequence[str]) -> list:
     """Each checkpoint's row name: its run directory (a checkpoint file's directory), or where two
-    would share one (two snapshots of a run, runs of one name in two folders), the shortest end of
-    their paths that tells them apart (``snapshots/step-1``, ``a/rope``), so no row hides another."""
-    parts = []
+    would share one, the shortest end of their paths that tells them apart: more of the directories
+    first (``a/rope``, ``b/rope``), then the file's name (``snapshots/step-1``), so no row hides another."""
+    options = []  # each path's possible names, shortest first
     for path in paths:
         pieces = os.path.abspath(path).strip(os.sep).split(os.sep)
-        file = pieces[-1].endswith(".pt")
-        parts.append((pieces[:-1] + [pieces[-1][:-3]] if file else pieces, file))
-    names = [pieces[-2] if file and len(pieces) > 1 else pieces[-1] for pieces, file in parts]
+        folders, file = (pieces[:-1], pieces[-1][:-3]) if pieces[-1].endswith(".pt") else (pieces, None)
+        ends = ["/".join(folders[-k:]) for k in range(1, len(folders) + 1)]
+        options.append(ends + ([f"{ends[0]}/{file}"] if file else []))
+    names = [ends[0] for ends in options]
     for name in {n for n in names if names.count(n) > 1}:
         same = [i for i, n in enumerate(names) if n == name]
-        longest = max(len(parts[i][0]) for i in same)
-        for k in range(2, longest + 1):
-            ends = ["/".join(parts[i][0][-k:]) for i in same]
+        for j in range(1, max(len(options[i]) for i in same)):
+            ends = [options[i][min(j, len(options[i]) - 1)] for i in same]
             if len(set(ends)) == len(ends):
                 for i, end in zip(same, ends):
                     names[i] = end

@@ -77,7 +77,9 @@ def idle_settings(t: TrainConfig, model) -> list:
     for key in ("muon_lr_scale", "muon_split_qkv"):
         if t.optimizer != "muon" and getattr(t, key) != getattr(default, key):
             idle.append(f"train.{key}={getattr(t, key)!r} does nothing with train.optimizer={t.optimizer!r}")
-    learned = any(name.startswith(("positions.", "layer_positions.")) for name, _ in model.named_parameters())
+    learned = any(
+        p.requires_grad and name.startswith(("positions.", "layer_positions.")) for name, p in model.named_parameters()
+    )
     if t.position_lr_scale != default.position_lr_scale and not learned:
         idle.append(
             f"train.position_lr_scale={t.position_lr_scale:g} does nothing: this model's positions have no parameters"

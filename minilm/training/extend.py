@@ -170,6 +170,8 @@ def corpus_overrides(corpus: Optional[dict], overrides: Sequence[str]) -> list:
     given = {o.split("=", 1)[0].strip().lstrip("-") for o in overrides}
     if not corpus or "data.corpus" in given:
         return []
+    if "data.end_of_text" in given:  # the documents' masks and lengths read the end-of-text ids: the user's then
+        given |= {"data.document_mask", "data.min_document_tokens"}
     return [f"data.{key}={json.dumps(value)}" for key, value in corpus.items() if f"data.{key}" not in given]
 
 

@@ -161,6 +161,6 @@ def _truncate_csv(path: str, step: int) -> None:
 
 
 def _csv_step(line: str) -> Optional[int]:
-    fields = next(csv.reader([line]), [])
+    fields = next(csv.reader([line]), [])  # a row of every field: a torn one (``train,1``) reads as none
     where = CSV_FIELDS.index("step")
-    return int(fields[where]) if len(fields) > where and fields[where].strip().isdigit() else None
+    return int(fields[where]) if len(fields) == len(CSV_FIELDS) and fields[where].strip().isdigit() else None
