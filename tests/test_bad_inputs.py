@@ -236,6 +236,16 @@ CASES = [
     ("longeval task", ["-m", "minilm", "longeval", "{ckpt}", "--tasks", "single,needle"], None, "single,needle"),
     ("longeval depths", ["-m", "minilm", "longeval", "{ckpt}", "--depths", "2", "--lengths", "64"], None, "depth=2.0"),
     ("longeval lengths", ["-m", "minilm", "longeval", "{ckpt}", "--lengths", "x"], None, "'x'"),
+    ("longeval empty length", ["-m", "minilm", "longeval", "{ckpt}", "--lengths", "32,,64"], None, "none empty"),
+    (
+        "passkey depth twice",
+        ["-m", "minilm", "passkey", "eval", "{ckpt}", "--depths", "0.5,0,0.5"],
+        None,
+        "repeats 0.5",
+    ),
+    ("evaluate length twice", ["evaluate.py", "{ckpt}", "--lengths", "16,32,16", "--quiet"], None, "repeats 16"),
+    ("stream stride 0", ["evaluate.py", "{ckpt}", "--stream", "--stride", "0", "--quiet"], None, "leave out --lengths"),
+    ("stream tokens alone", ["evaluate.py", "{ckpt}", "--stream-tokens", "0", "--quiet"], None, "options of --stream"),
     (
         "longeval items",
         ["-m", "minilm", "longeval", "{ckpt}", "--tasks", "multiquery", "--items", "1"],

@@ -51,6 +51,31 @@ def seed(text: str) -> int:
     return value
 
 
+MAX_NUMBER = 2**40  # a length or multiple past any text a machine holds
+
+
+def number_list(text: str, kind, option: str, zero: bool = False) -> list:
+    """An argparse type's body: ``text`` as comma-separated finite numbers of ``kind`` (int or float), each
+    > 0 (>= 0 with ``zero``: depths), at most ``MAX_NUMBER`` and each once. An empty item (``32,,64``),
+    nan, inf or a repeat (one row twice in a table) raises ``argparse.ArgumentTypeError`` naming ``option``.
+    """
+    try:
+        values = [kind(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(not (0 <= v if zero else 0 < v) or not v <= MAX_NUMBER for v in values):  # nan fails
+        raise argparse.ArgumentTypeError(
+            f"{option}={text!r} is invalid: expected comma-separated numbers {'>=' if zero else '>'} 0 and "
+            f"<= {MAX_NUMBER:,}, none empty"
+        )
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"{option}={text!r} repeats {', '.join(f'{v:g}' for v in repeated)}: give each number once"
+        )
+    return values
+
+
 def is_setting(token: str, sections=SECTIONS) -> bool:
     """Whether a command-line argument is a setting: a dotted key of a config section, then ``=``
     (``model.position.scaling.type=yarn``, ``data.dir=x``). Anything else (a path, a prompt, a

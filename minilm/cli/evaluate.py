@@ -13,33 +13,16 @@ under four kinds of attention (minilm.evaluation.streaming), as a table, a CSV a
 loss against position. The work is done by minilm.evaluation.
 """
 
-import argparse
 import os
 import sys
 
-from minilm.cli import LOADED, Parser, run_command
+from minilm.cli import LOADED, Parser, number_list, run_command
 from minilm.common import output_path, write_csv
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import streaming
 from minilm.figures.canvas import PlotError, check_figure_path, have_matplotlib
 from minilm.hf.reading import is_hf_source
 from minilm.training.outdir import check_writable
-
-MAX_NUMBER = 2**40  # a length or multiple past any text a machine holds
-
-
-def parse_numbers(text: str, kind, what: str):
-    """Comma-separated positive finite numbers of ``kind``, each at most ``MAX_NUMBER``; an empty
-    item (``32,,64``), nan or inf is refused, not skipped."""
-    try:
-        values = [kind(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(not 0 < v <= MAX_NUMBER for v in values):  # nan and inf fail the comparison
-        raise argparse.ArgumentTypeError(
-            f"{what}={text!r} is invalid: expected comma-separated numbers > 0 and <= {MAX_NUMBER:,}, none empty"
-        )
-    return values
 
 
 def main(argv=None) -> int:
@@ -60,12 +43,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--lengths",
-        type=lambda s: parse_numbers(s, int, "--lengths"),
+        type=lambda s: number_list(s, int, "--lengths"),
         help="absolute segment lengths, e.g. 128,256,512 (default: multiples of each block_size)",
     )
     parser.add_argument(
         "--multiples",
-        type=lambda s: parse_numbers(s, float, "--multiples"),
+        type=lambda s: number_list(s, float, "--multiples"),
         help="multiples of each model's block_size (default 1,2,4,8,16)",
     )
     parser.add_argument("--mode", choices=["nonoverlapping", "sliding"], default="nonoverlapping")
@@ -105,7 +88,7 @@ def main(argv=None) -> int:
     if args.stream and (
         args.lengths
         or args.multiples
-        or args.stride
+        or args.stride is not None
         or args.mode != "nonoverlapping"
         or args.max_tokens is not None
         or args.batch_tokens is not None
@@ -121,7 +104,7 @@ def main(argv=None) -> int:
     args.batch_tokens = 8192 if args.batch_tokens is None else args.batch_tokens
     if args.stream and args.split != "val":
         parser.error("--stream scores the validation split: --split is an option of the length tables")
-    if not args.stream and (args.stream_tokens or args.max_context or args.sink_tokens is not None):
+    if not args.stream and any(v is not None for v in (args.stream_tokens, args.max_context, args.sink_tokens)):
         parser.error("--stream-tokens, --max-context and --sink-tokens are options of --stream")
     args.sink_tokens = streaming.DEFAULT_SINKS if args.sink_tokens is None else args.sink_tokens
     return run_command(lambda: (stream_report if args.stream else report)(args, args.overrides))

@@ -14,7 +14,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import LOADED, Parser, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, number_list, run_command, seed, smoke
 from minilm.common import atomic_write, markdown_table, output_path
 from minilm.config import DataConfig
 from minilm.data import corpus as data
@@ -28,25 +28,21 @@ from minilm.training.outdir import check_writable
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def _numbers(text: str, kind, option: str) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise RetrievalError(
-            f"{option} {text!r} is invalid: expected comma-separated numbers, e.g. "
-            f"{'0,0.5,1' if kind is float else '256,512'}"
-        )
-    return values
-
-
 def main(argv=None) -> int:
     parser = Parser(prog="minilm longeval", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint, out_dir, or Hugging Face model directory / hf:NAME")
     parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated (default: all: {','.join(SUITE)})")
-    parser.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
-    parser.add_argument("--depths", default=",".join(f"{d:g}" for d in DEPTHS))
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: number_list(s, int, "--lengths"),
+        help="prompt lengths in tokens (default: 1x,2x,4x block_size)",
+    )
+    parser.add_argument(
+        "--depths",
+        type=lambda s: number_list(s, float, "--depths", zero=True),
+        default=",".join(f"{d:g}" for d in DEPTHS),
+        help="where the needle sits, comma-separated fractions of the haystack (default %(default)s)",
+    )
     parser.add_argument("--trials", type=int, default=20, help="probes per cell (default 20)")
     parser.add_argument("--items", type=int, default=4, help="keys, queries, values or hops of the tasks (default 4)")
     parser.add_argument("--seed", type=seed, default=0)
@@ -71,7 +67,7 @@ def run(args) -> int:
     unknown = [t for t in tasks if t not in SUITE]
     if unknown or not tasks:
         raise RetrievalError(f"--tasks {args.tasks!r} is invalid: valid: {', '.join(SUITE)}")
-    depths = _numbers(args.depths, float, "--depths")
+    depths = args.depths
     if args.trials < 1:
         raise RetrievalError(f"--trials {args.trials} is invalid: expected an integer >= 1")
     if args.figure:
@@ -80,9 +76,7 @@ def run(args) -> int:
         if path:
             check_writable(os.path.dirname(os.path.abspath(path)), option)
     model, tokenizer, config, _ = load_model(args.checkpoint, args.overrides)
-    lengths = (
-        _numbers(args.lengths, int, "--lengths") if args.lengths else [config.model.block_size * m for m in (1, 2, 4)]
-    )
+    lengths = args.lengths or [config.model.block_size * m for m in (1, 2, 4)]
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
     prepared = data.prepare(source, quiet=True, tokenizer=tokenizer, announce=True)
     task = Task.from_tokens(prepared.train, config.model.vocab_size)

@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
-from minilm.cli import LOADED, Parser, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, number_list, run_command, seed, smoke
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.data.sources import corpus_documents, join_documents
 from minilm.evaluation import passkey
@@ -58,9 +58,14 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
     ev.add_argument("checkpoints", nargs="+")
-    ev.add_argument("--lengths", default=None, help="prompt lengths in tokens (default: 1x,2x,4x block_size)")
+    ev.add_argument(
+        "--lengths",
+        type=lambda s: number_list(s, int, "--lengths"),
+        help="prompt lengths in tokens (default: 1x,2x,4x block_size)",
+    )
     ev.add_argument(
         "--depths",
+        type=lambda s: number_list(s, float, "--depths", zero=True),
         default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS),
         help="where the key sits in the filler, comma-separated fractions (0: the start, 1: the end; "
         "default %(default)s)",
@@ -96,16 +101,10 @@ def run(args) -> int:
         paths = _make_corpus(args)
         print(f"wrote {args.n} passkey documents ({len(paths)} files, mix {args.mix:g}) under {args.out_dir}")
         return 0
-    try:
-        depths = [float(d) for d in args.depths.split(",")]
-        lengths = None if args.lengths is None else [int(t) for t in args.lengths.split(",")]
-    except ValueError:
-        raise PasskeyError(
-            f"--depths {args.depths!r} / --lengths {args.lengths!r} must be comma-separated numbers"
-        ) from None
+    depths = args.depths
     for path in args.checkpoints:
         model, tokenizer, config, _ = load_model(path, args.overrides)
-        these = lengths or [config.model.block_size * m for m in (1, 2, 4)]
+        these = args.lengths or [config.model.block_size * m for m in (1, 2, 4)]
         with tqdm(
             total=len(these) * len(depths) * args.trials, desc=f"passkey {path}", file=sys.stderr, leave=False
         ) as bar:
