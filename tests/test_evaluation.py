@@ -290,6 +290,18 @@ def test_bits_per_char_formula():
     assert r.bpc == pytest.approx(2.0 * 1000 / 4000 / math.log(2))
 
 
+def test_the_header_names_each_rows_scored_text_when_they_differ():
+    def row(label, tokens, chars, length):
+        return evaluation.Result(label, "c", "rope", 8, length, "nonoverlapping", None, tokens, chars, 2.0)
+
+    same = [row("a", 1000, 4000, 8), row("a", 1000, 4000, 16), row("b", 1000, 4000, 8)]
+    assert evaluate_command.scored(same) == "1,000 scored tokens (4,000 characters)"
+    other = [row("a", 1000, 4000, 8), row("a", 1000, 4000, 16), row("hf:gpt2", 800, 4100, 8)]
+    assert evaluate_command.scored(other) == (
+        "scored text by row: a 1,000 scored tokens (4,000 characters); hf:gpt2 800 scored tokens (4,100 characters)"
+    )
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 

@@ -131,7 +131,7 @@ def report(args, overrides) -> int:
     print(
         f"{'validation' if args.split == 'val' else 'held-out training text'} perplexity, {args.mode} segments"
         + (f" (stride {args.stride or 'length/2'})" if args.mode == "sliding" else "")
-        + f", {first.tokens:,} scored tokens ({first.chars:,} characters)\n"
+        + f", {scored(results)}\n"
     )
     print(evaluation.markdown_table(results, "ppl") + "\n")
     print(evaluation.markdown_table(results, "bpc"))
@@ -147,6 +147,15 @@ def report(args, overrides) -> int:
             )
             print(f"wrote {png}", file=sys.stderr)
     return 0
+
+
+def scored(results) -> str:
+    """What each row scored: one count where every checkpoint scored the same text, else one per row (their
+    tokenizers or splits differ, and so do their tokens and, capped by --max-tokens, their characters)."""
+    counts = {r.label: f"{r.tokens:,} scored tokens ({r.chars:,} characters)" for r in results}
+    if len(set(counts.values())) == 1:
+        return next(iter(counts.values()))
+    return "scored text by row: " + "; ".join(f"{label} {count}" for label, count in counts.items())
 
 
 def check_outputs(args) -> None:
