@@ -261,6 +261,12 @@ def test_hf_name_is_read_from_the_local_cache_only(hf_tokenizer_dir, tmp_path, m
         ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "lacks or garbles 'short_factor'"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope scaling 'yarn' needs a factor"),
         ({"hidden_act": "relu"}, "supported: silu"),
+        # transformers' Llama turns the whole head whatever the factor says (it reads it in some scalings only)
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 is not supported for llama"),
+        (
+            {"model_type": "ministral3", "architectures": ["Ministral3ForCausalLM"], "rope_parameters": None},
+            "ministral3 without rope_parameters is not supported",
+        ),
         (
             {"sliding_window": 0, "model_type": "mistral", "architectures": ["MistralForCausalLM"]},
             "sliding_window=0 is invalid",

@@ -7,6 +7,7 @@ transformers' to 1e-4 in float32 with and without the KV cache, and greedy text 
 past the original context must be transformers'. Every shipped config trains and exports, or
 is refused in one line."""
 
+import json
 import os
 
 import pytest
@@ -22,6 +23,7 @@ from minilm.checkpoints.loading import load_model  # noqa: E402
 from minilm.generation.decode import Sampling, generate_ids  # noqa: E402
 from minilm.hf.export import export_model  # noqa: E402
 from minilm.hf.family import HFError  # noqa: E402
+from minilm.hf.reading import read_model_tree  # noqa: E402
 from tests.forkrun import run_python  # noqa: E402
 
 ORIGINAL = 16  # the original context of the LongRoPE cases; sequences of 40 pass it
@@ -584,6 +586,42 @@ EXPORT_FAMILY_CASES = {  # minilm model settings, the family asked for (None: th
 }
 
 
+def test_an_imported_phi3_longrope_goes_back_out_as_phi3(hf_tokenizer_dir, tmp_path):
+    """Phi-3 refills its cache past the original length (``switch: refill``); Llama's code keeps the stale
+    keys, so the re-export is written as Phi-3, and greedy text past the original length stays Phi-3's."""
+    _, directory = hf_model_dir("phi3-longrope-tied", hf_tokenizer_dir, tmp_path)
+    loaded = load_model(str(directory))
+    assert export_model(loaded.model, loaded.tokenizer, loaded.config, str(tmp_path / "back"))["family"] == "phi3"
+    ours, theirs = greedy_both(load_model(str(tmp_path / "back")), tmp_path / "back")
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("case", sorted({**test_hf.HF_CASES, **FAMILY_CASES}))
+def test_keys_a_config_leaves_out_are_read_as_transformers_fills_them(case, tmp_path):
+    """config.json without rope_theta, partial rotary or tie_word_embeddings: each family's transformers
+    config class fills them (GPT-NeoX turns a quarter of the head, SmolLM3's base is 2,000,000, Gemma and
+    SmolLM3 tie), and minilm reads what it fills."""
+    (tmp_path / "config.json").write_text({**test_hf.HF_CASES, **FAMILY_CASES}[case](300).to_json_string())
+    hf = json.loads((tmp_path / "config.json").read_text())
+    params = hf.get("rope_parameters") or {}
+    gone = ("rope_theta", "rotary_emb_base", "tie_word_embeddings") + (
+        () if params.get("rope_type") == "longrope" else ("partial_rotary_factor", "rotary_pct")
+    )  # LongRoPE's factors are as many as the pairs its partial rotary turns
+    for where in [hf] + ([params] if params.get("rope_type") not in (None, "proportional") else []):
+        for key in gone:
+            where.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    reference = transformers.AutoConfig.from_pretrained(tmp_path)
+    model = read_model_tree(str(tmp_path))[2]
+    assert model["tie_embeddings"] == reference.tie_word_embeddings
+    rope = getattr(reference, "rope_parameters", None)
+    if rope and model["position"]["kind"] == "rope":
+        rope = rope.get("full_attention", rope)  # per layer type: the full layers' are model.position
+        turned = rope.get("partial_rotary_factor", 1.0) if reference.model_type in ("gpt_neox", "phi3") else 1.0
+        assert model["position"]["base"] == rope["rope_theta"]
+        assert model["position"]["rotary_fraction"] == turned or rope.get("rope_type") == "proportional"
+
+
 @pytest.mark.parametrize("case", sorted(EXPORT_FAMILY_CASES))
 def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenizer, tmp_path):
     settings, family, model_type = EXPORT_FAMILY_CASES[case]
@@ -619,6 +657,35 @@ def test_exported_family_loads_in_transformers_and_comes_back(case, gen_tokenize
             dict(position={"kind": "rope"}, norm="rmsnorm", mlp="swiglu", qk_norm=True),
             "phi3",
             "cannot be written as Phi-3: it exports as llama",
+        ),
+        (  # transformers' Llama turns the whole head: part of it turned goes out as Phi-3, which turns part
+            dict(position={"kind": "rope", "rotary_fraction": 0.5}, norm="rmsnorm", mlp="swiglu"),
+            "llama",
+            r"cannot be written as Llama \(rotary_fraction=0.5: transformers' Llama turns the whole head\): it exports "
+            "as phi3",
+        ),
+        (
+            dict(position={"kind": "rope", "rotary_fraction": 0.5}, norm="rmsnorm", mlp="swiglu", qk_norm=True),
+            None,
+            r"no transformers family runs this model's rope as minilm does \(llama: rotary_fraction=0.5",
+        ),
+        (  # minilm's default LongRoPE switch (at the context length) is no transformers family's
+            dict(
+                position={
+                    "kind": "rope",
+                    "scaling": {
+                        "type": "longrope",
+                        "original_max_positions": 8,
+                        "short_factor": [1.0, 1.1, 1.3, 1.5],
+                        "long_factor": [2.0, 3.0, 4.0, 5.0],
+                    },
+                },
+                norm="rmsnorm",
+                mlp="swiglu",
+            ),
+            None,
+            r"\(llama: LongRoPE with scaling.switch=context: transformers' Llama switches its factors as switch "
+            "positions does; phi3: LongRoPE with scaling.switch=context",
         ),
         (
             dict(position={"kind": "rope"}),

@@ -33,6 +33,7 @@ from minilm.data.hf_tokenizer import save_pretrained_tokenizer
 from minilm.hf.families import BY_NAME, FAMILIES, READERS
 from minilm.hf.family import HFError, refuse_unhandled
 from minilm.hf.gemma import GEMMA
+from minilm.hf.rope import rope_problem
 
 EXPORTABLE = (
     "rope (GPT-NeoX, Llama, Qwen2, Qwen3, SmolLM3, Gemma 2 or 3, EXAONE 4, OLMo 3 or Phi-3), learned (GPT-2), "
@@ -91,20 +92,25 @@ def convert(m, sd: dict, family: str = None) -> tuple:
             f"model.embedding_scale={m.embedding_scale!r}: transformers models do not scale the token embedding, "
             f"except Gemma's by sqrt_d_model (with sublayer_norms sandwich, mlp geglu_tanh and rmsnorm)"
         )
+    takers = [f for f in FAMILIES if f.exports(m) and rope_problem(f, m) is None]
     if family is not None:
         if family not in BY_NAME:
             raise HFError(family_problem(family))
         chosen = BY_NAME[family]
-        takers = [f.model_types[0] for f in FAMILIES if f.exports(m)]
-        if not chosen.exports(m):
+        if chosen not in takers:
+            why = rope_problem(chosen, m) if chosen.exports(m) else None
+            names = ", ".join(f.model_types[0] for f in takers)
             raise HFError(
-                f"this {m.position['kind']} model cannot be written as {chosen.name}: "
-                f"{'it exports as ' + ', '.join(takers) if takers else 'exportable: ' + EXPORTABLE}"
+                f"this {m.position['kind']} model cannot be written as {chosen.name}"
+                + (f" ({why})" if why else "")
+                + (f": it exports as {names}" if takers else f": exportable: {EXPORTABLE}")
             )
         refuse_unhandled(chosen, m)
         return chosen.write(m, sd)
-    for family in FAMILIES:
-        if family.exports(m):
-            refuse_unhandled(family, m)
-            return family.write(m, sd)
+    if takers:
+        refuse_unhandled(takers[0], m)
+        return takers[0].write(m, sd)
+    why = [f"{f.model_types[0]}: {rope_problem(f, m)}" for f in FAMILIES if f.exports(m)]
+    if why:
+        raise HFError(f"no transformers family runs this model's rope as minilm does ({'; '.join(why)})")
     raise HFError(f"position kind {m.position['kind']!r} has no transformers equivalent; exportable: {EXPORTABLE}")

@@ -55,6 +55,8 @@ class Family(NamedTuple):
     read_config: Optional[Callable] = None  # (config.json dict, path) -> minilm model settings
     read_weights: Optional[Callable] = None  # (HF tensors, minilm model settings, config.json) -> minilm state dict
     buffers: tuple = ()  # name endings of tensors in its files that are no weights (masks, rotary tables): left unread
+    partial_rotary: bool = False  # does transformers' code of it turn part of a head (partial_rotary_factor)?
+    longrope_switch: str = "positions"  # when its transformers code switches LongRoPE's factors: minilm's switch
 
 
 def refuse(path: str, what: str) -> None:

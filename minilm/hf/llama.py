@@ -40,6 +40,10 @@ from minilm.hf.family import (
 from minilm.hf.rope import rope_parameters, rope_position
 from minilm.positions.layers import layer_types
 
+# transformers' config classes where config.json leaves the key out and a model type differs from Llama's
+TIED = ("smollm3",)  # tie_word_embeddings true
+THETA = {"smollm3": 2_000_000.0}  # rope_theta (Llama's: 10000)
+
 
 def llama_style(m) -> bool:
     return (
@@ -56,13 +60,15 @@ def read_config(hf: dict, path: str) -> dict:
         refuse(path, f"hidden_act={hf.get('hidden_act')!r} is not supported for {hf['model_type']}; supported: silu")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         refuse(path, "attention_bias / mlp_bias are not supported (q/k/v biases alone are: Qwen2)")
+    if hf["model_type"] == "ministral3" and not (hf.get("rope_parameters") or hf.get("rope_scaling")):
+        refuse(path, "ministral3 without rope_parameters is not supported (its config class's default is a YaRN)")
     return dict(
         llama_shape(hf, path, 1e-6),
         qk_norm=hf["model_type"] == "qwen3",
         qkv_bias=hf["model_type"] == "qwen2",
         mlp="swiglu",
-        tie_embeddings=hf.get("tie_word_embeddings", False),
-        position=rope_position(hf, path),
+        tie_embeddings=hf.get("tie_word_embeddings", hf["model_type"] in TIED),
+        position=rope_position(hf, path, THETA.get(hf["model_type"], 10000.0)),
         layers=read_layers(hf, path),
     )
 

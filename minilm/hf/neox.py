@@ -44,7 +44,7 @@ def read_config(hf: dict, path: str) -> dict:
         norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
         parallel_residual=hf.get("use_parallel_residual", True),
         tie_embeddings=hf.get("tie_word_embeddings", False),
-        position=rope_position(hf, path),
+        position=rope_position(hf, path, fraction=0.25),  # transformers' GPTNeoXConfig: a quarter of the head
         embedding_scale=1.0,
     )
 
@@ -119,6 +119,7 @@ NEOX = Family(
     read_weights=read_weights,
     exports=lambda m: m.position["kind"] == "rope" and not llama_style(m),
     write=write,
+    partial_rotary=True,
     handles=frozenset(
         {"d_ff", "bias", "norm", "norm_eps", "mlp", "parallel_residual", "tie_embeddings", "n_kv_head", "qkv_bias"}
     ),

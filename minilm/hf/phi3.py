@@ -30,7 +30,7 @@ def read_config(hf: dict, path: str) -> dict:
             f"sliding_window={window} is not supported (a window of at least max_position_embeddings="
             f"{longest}, or none, is)",
         )
-    position = rope_position(hf, path)
+    position = rope_position(hf, path, fraction=1.0)
     if (position["scaling"] or {}).get("type") == "longrope":  # Phi-3's generate recomputes its cache past L
         position["scaling"]["switch"] = "refill"
     return dict(shape, mlp="swiglu", tie_embeddings=hf.get("tie_word_embeddings", False), position=position)
@@ -96,5 +96,7 @@ PHI3 = Family(
     exports=lambda m: m.position["kind"] == "rope" and llama_style(m) and not (m.qkv_bias or m.qk_norm),
     write=write,
     handles=LLAMA_LAYOUT | {"qkv_bias", "qk_norm"},
+    partial_rotary=True,
+    longrope_switch="refill",
     buffers=ROTARY,
 )

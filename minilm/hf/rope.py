@@ -19,6 +19,7 @@ same rotation with no scaling at all.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from minilm.hf.family import LAYER_TYPES, count, refuse, require
 from minilm.positions import build
@@ -37,13 +38,23 @@ ROPE_TYPES = {
 }
 
 
-def rope_position(hf: dict, path: str) -> dict:
-    """minilm's rope setting for a config's rope_theta, partial rotary and scaling."""
+def rope_position(hf: dict, path: str, theta: float = 10000.0, fraction: Optional[float] = None) -> dict:
+    """minilm's rope setting for a config's rope_theta, partial rotary and scaling. ``theta`` and ``fraction``
+    are what the family's transformers config class takes where config.json has no such key (GPT-NeoX: a
+    quarter of the head; SmolLM3: base 2,000,000); ``fraction`` None: the family's transformers code turns
+    the whole head whatever partial_rotary_factor says (Llama's layout), so a factor other than 1 is refused."""
     params = dict(hf.get("rope_parameters") or {})
     params.update(hf.get("rope_scaling") or {})
-    base = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0)))
-    fraction = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct", 1.0)))
+    base = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", theta)))
+    given = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", hf.get("rotary_pct")))
     kind, key = params.get("rope_type", params.get("type", "default")), "original_max_position_embeddings"
+    if fraction is None and given not in (None, 1, 1.0) and kind != "proportional":
+        refuse(
+            path,
+            f"partial_rotary_factor={given!r} is not supported for {hf.get('model_type')}: transformers turns its "
+            f"whole head (it reads the factor in some scalings only, where the shapes fail); supported: 1.0",
+        )
+    fraction = given if given is not None else (fraction or 1.0)
     outer = count(hf, key, path, None, absent="max_position_embeddings")  # Phi-3 keeps it beside the parameters
     if kind not in SCALINGS:
         refuse(path, f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
@@ -132,6 +143,29 @@ def rope_parameters(m) -> tuple:
             attention_factor=float(scaling["attention_factor"]),
         )
     return params, m.block_size
+
+
+def rope_settings(m) -> list:
+    """Every rope setting of ModelConfig ``m``: ``model.position`` and each layer type's own (``model.layers``)."""
+    types = [t for name, t in (m.layers or {}).items() if name != "pattern" and isinstance(t, dict)]
+    return [p for p in [m.position] + [t.get("position") or {} for t in types] if p.get("kind") == "rope"]
+
+
+def rope_problem(family, m) -> Optional[str]:
+    """Why ``family`` (a ``minilm.hf.family.Family``) cannot hold ModelConfig ``m``'s rope settings as its
+    transformers code runs them, or None: part of a head turned where it turns the whole head, or LongRoPE's
+    factors switched otherwise than it switches them (``scaling.switch``: ``minilm.positions.rope``)."""
+    for position in rope_settings(m):
+        fraction, scaling = position.get("rotary_fraction", 1.0), position.get("scaling") or {}
+        if fraction != 1.0 and not family.partial_rotary:
+            return f"rotary_fraction={fraction}: transformers' {family.name} turns the whole head"
+        switch = scaling.get("switch", "context")
+        if scaling.get("type") == "longrope" and switch != family.longrope_switch:
+            return (
+                f"LongRoPE with scaling.switch={switch}: transformers' {family.name} switches its factors as "
+                f"switch {family.longrope_switch} does"
+            )
+    return None
 
 
 def rope_by_layer_type(hf: dict, path: str, legacy: dict) -> dict:
