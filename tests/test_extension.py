@@ -98,6 +98,17 @@ def test_learned_table_grows_by_linear_interpolation(tmp_path):
     assert same_weights(src, new, skip={"positions.table.weight"})
 
 
+def test_a_shorter_block_size_keeps_a_learned_tables_first_rows(tmp_path):
+    """model.block_size below the training length (at evaluation or generation) is the same model on the
+    positions it keeps: the table's first rows as they are, not the table squeezed over fewer rows."""
+    path, src = source(tmp_path, "learned")
+    _, short = extend(path, 8, {"kind": "learned"})
+    assert torch.equal(short.positions.table.weight, src.positions.table.weight[:8])
+    idx = torch.randint(0, 53, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(short(idx), src(idx))
+
+
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal", "t5", "alibi", "rope", "none"])
 def test_any_kind_to_interpolated_of_the_same_kind(tmp_path, kind):
     path, src = source(tmp_path, kind)

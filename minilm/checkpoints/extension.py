@@ -17,7 +17,9 @@ Weights move into the new scheme wherever the shapes allow:
   (learned) where it is (new block_size - 1) / (table rows - 1), so that the last new
   position lands exactly on the last trained row (position interpolation, Chen et al. 2023).
 * learned -> learned with a longer table: the old table is stretched over the new length
-  by linear interpolation between rows (what position interpolation does for it).
+  by linear interpolation between rows (what position interpolation does for it); with a
+  shorter one (``model.block_size`` below the training length, at evaluation or generation),
+  its first rows are kept as they are: the same model on the positions it keeps.
 
 Anything else that does not fit (another architecture, another kind) is a clear error,
 never a partial load.
@@ -118,7 +120,8 @@ def load_source_weights(model: torch.nn.Module, source: dict) -> None:
             and value.shape[0] != target[key].shape[0]
             and value.shape[1:] == target[key].shape[1:]
         ):
-            weights[key] = _stretch_rows(value, target[key].shape[0])
+            rows = target[key].shape[0]
+            weights[key] = _stretch_rows(value, rows) if rows > value.shape[0] else value[:rows].clone()
     missing = sorted(set(target) - set(weights))
     unexpected = sorted(set(weights) - set(target))
     wrong = sorted(k for k in set(target) & set(weights) if target[k].shape != weights[k].shape)
