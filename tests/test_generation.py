@@ -16,6 +16,7 @@ from minilm.generation.decode import (
     Stats,
     context_size,
     generate_ids,
+    generate_rows,
     repetition_penalty,
     sample,
 )
@@ -374,6 +375,41 @@ def test_text_stream_joins_to_the_decoded_continuation(gen_tokenizer):
         pieces = [stream.push(t, final=i == len(ids) - 1) for i, t in enumerate(ids)]
         full = tok.decode(prompt + ids)
         assert "".join(pieces) == full[len(tok.decode(prompt)) :] == stream.text
+
+
+def test_longrope_refill_decodes_as_uncached_or_is_refused(random_gpt):
+    """Phi-3's LongRoPE (``switch: refill``) rotates every key again once the sequence passes L = 16: from
+    a cache that holds more than L tokens the greedy text is the uncached text, prompts longer than the
+    cache's window and with sinks included; where the refill cannot be one pass, or padded prompts of
+    different lengths would pass L at different steps, the generation is refused in one line."""
+    scaling = {"type": "longrope", "factor": 2, "short_factor": [1.0] * 4, "long_factor": [2.0, 3.0, 4.0, 5.0]}
+    model = random_gpt({"kind": "rope", "scaling": {**scaling, "switch": "refill"}}, block_size=16)
+    for prompt, options in ((6, {}), (30, {}), (30, {"sinks": 2, "sink_positions": "absolute"})):
+        options = dict(max_new_tokens=20, max_context=24, **options)
+        ids = [list(range(1, prompt + 1))]
+        assert greedy_rows(model, ids, **options) == greedy_rows(model, ids, use_cache=False, **options)
+    with pytest.raises(GenerationError, match="which a cache of 16 cannot hold: give --max-context above 16"):
+        greedy_rows(model, [list(range(1, 7))], max_new_tokens=20)
+    with pytest.raises(GenerationError, match="prompts of different lengths pass at different steps"):
+        greedy_rows(model, [[1, 2, 3], [4, 5, 6, 7]], max_new_tokens=20, max_context=24)
+
+
+def greedy_rows(model, prompts, **options):
+    return torch.stack(list(generate_rows(model, prompts, sampling=GREEDY, **options)), 1).tolist()
+
+
+def test_rows_past_the_tokenizer_are_never_drawn(random_gpt, gen_tokenizer):
+    """An embedding padded past the tokenizer (Pythia: 50,304 rows for 50,277 tokens): its extra rows are
+    no tokens, so sampling and greedy decoding draw only the tokenizer's, even where those rows win."""
+    tok = gen_tokenizer
+    model = random_gpt({"kind": "rope"}, vocab_size=tok.vocab_size + 12)
+    with torch.no_grad():
+        model.lm_head.weight[tok.vocab_size :] *= 50  # the padding rows would take most of the mass
+    for sampling in (Sampling(temperature=1.0, top_k=0), Sampling(temperature=0)):
+        pieces = list(generate(model, tok, "ROMEO:", max_new_tokens=12, sampling=sampling, seed=1, stop_ids=()))
+        assert len(pieces) == 12 and all(p.token < tok.vocab_size for p in pieces)
+    padded = list(decode.generate_ids(model, tok.encode("ROMEO:"), max_new_tokens=12, seed=1))
+    assert any(int(t) >= tok.vocab_size for t in padded)  # without the tokenizer's size every row is drawn
 
 
 def test_text_stream_never_splits_a_multibyte_character(gen_tokenizer):

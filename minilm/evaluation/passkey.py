@@ -120,9 +120,10 @@ def is_correct(text: str, key: str) -> bool:
     return bool(match) and match.group(1) == key
 
 
-def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list:
+def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS, vocab: Optional[int] = None) -> list:
     """Greedy continuation of ``ids`` (minilm.generation: prefill once, then decode from the KV
-    cache), with a context that holds the whole prompt, so attention is never windowed."""
+    cache), with a context that holds the whole prompt, so attention is never windowed; ids from
+    ``vocab`` on (the embedding's padding past the tokenizer's tokens) are never chosen."""
     steps = generate_ids(
         model,
         ids,
@@ -130,6 +131,7 @@ def greedy(model, ids: Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS) -> l
         sampling=Sampling(temperature=0.0, top_k=None),
         max_context=len(ids) + max_new_tokens,
         seed=0,
+        vocab=vocab,
     )
     return [int(token[0]) for token in steps]
 
@@ -151,7 +153,7 @@ def accuracy(
     the keys come from ``random.Random(seed)``, so every model sees the same prompts."""
     if trials < 1:
         raise PasskeyError(f"trials={trials} is invalid: expected at least 1")
-    generate = generate or (lambda ids, n: greedy(model, ids, n))
+    generate = generate or (lambda ids, n: greedy(model, ids, n, tokenizer.vocab_size))
     limit = model.positions.position_limit() if model is not None else None
     if model is not None:  # the longest prompt's cache must fit before any prompt is built
         check_cache_memory(

@@ -428,6 +428,28 @@ def check_lengths(
         )
 
 
+def check_refill(model, rows: list, max_new_tokens: int, context: int, *, use_cache: bool) -> None:
+    """GenerationError where a cached generation could not match the uncached one under LongRoPE's
+    ``switch: refill`` (Phi-3: every key rotated again once the sequence passes the original length L,
+    ``Decoder.step``): the refill must run as one pass, so the cache must hold more than L tokens, and
+    left-padded prompts of different lengths would pass L at different steps."""
+    refill = model.positions.refill_length() if use_cache else None
+    total = max(len(r) for r in rows) + max_new_tokens
+    if refill is None or total <= refill:
+        return
+    if len({len(r) for r in rows}) > 1:
+        raise GenerationError(
+            f"LongRoPE with switch: refill rotates every key again once a sequence passes {refill} tokens, which "
+            f"prompts of different lengths pass at different steps: give them one at a time"
+        )
+    if min(context, total) <= refill:
+        raise GenerationError(
+            f"LongRoPE with switch: refill rotates every key again once the sequence passes {refill} tokens, in one "
+            f"pass, which a cache of {min(context, total)} cannot hold: give --max-context above {refill} (it is "
+            f"{context}), or --no-cache"
+        )
+
+
 @torch.inference_mode()
 def generate_rows(
     model,
@@ -443,6 +465,7 @@ def generate_rows(
     sink_positions: str = SINK_POSITIONS[0],
     stats: Optional[Stats] = None,
     compile: bool = False,
+    vocab: Optional[int] = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, a (rows,) tensor per step, ``max_new_tokens`` times:
     row i * num_samples + j is the j-th continuation of ``prompts[i]``. The rows decode together
@@ -450,7 +473,9 @@ def generate_rows(
     lengths are left-padded and each row keeps its own positions (``Decoder``), so that greedy
     decoding gives every row what it gives alone. ``seed`` makes sampling reproducible (None: a
     fresh random seed, recorded in ``stats``). A prompt longer than the window of a bounded
-    scheme is cropped to its last ``max_context`` tokens with a warning."""
+    scheme is cropped to its last ``max_context`` tokens with a warning. ``vocab``: only ids below it are
+    drawn (a tokenizer with fewer tokens than the embedding's rows, padded for speed as Pythia's 50,304 for
+    50,277 tokens: the rows past it are no tokens); None: every row."""
     check_count("max_new_tokens", max_new_tokens, 0)
     check_count("num_samples", num_samples, 1)
     if seed is not None and not (isinstance(seed, int) and 0 <= seed < 2**63):
@@ -471,6 +496,7 @@ def generate_rows(
         )
         rows = [r[-limit:] for r in rows]
     check_lengths(model, rows, max_new_tokens, limit, use_cache=use_cache, sinks=sinks, compile=compile)
+    check_refill(model, rows, max_new_tokens, limit, use_cache=use_cache)
     longest = max(len(r) for r in rows)
     offsets = torch.tensor([longest - len(r) for r in rows]).repeat_interleave(num_samples)
     decoder = Decoder(
@@ -502,7 +528,8 @@ def generate_rows(
         for i, r in enumerate(rows):
             seen[i, r] = True
         seen = seen.repeat_interleave(num_samples, dim=0)
-    yield from _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile)
+    drawn = None if vocab is None or vocab >= model.config.vocab_size else vocab
+    yield from _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile, drawn)
 
 
 RECOMPUTE_WARNING_SECONDS = 30.0  # an uncached generation estimated to take longer says so first
@@ -524,20 +551,28 @@ def warn_if_recomputing_long(decoder, max_new_tokens: int, prefill_seconds: floa
         )
 
 
-def _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile):
-    """The token loop of ``generate_rows``: prefill, then one step per new token, timed."""
+def _decode(model, decoder, ids, max_new_tokens, sampling, generator, seen, stats, timed, compile, vocab):
+    """The token loop of ``generate_rows``: prefill, then one step per new token, timed; ids from ``vocab``
+    on (None: none) are never drawn."""
+
+    def pick(logits):
+        logits = logits.float()
+        if vocab is not None:  # a copy: the decoder's own logits stay as they were
+            logits = torch.cat([logits[:, :vocab], torch.full_like(logits[:, vocab:], float("-inf"))], dim=-1)
+        return sample(logits, sampling, generator, seen)
+
     was_training = model.training
     model.eval()
     try:
         start = time.perf_counter()
-        token = sample(decoder.prefill(ids).float(), sampling, generator, seen)
+        token = pick(decoder.prefill(ids))
         _sync(decoder.device, timed)
         stats.prefill_seconds = time.perf_counter() - start
         warn_if_recomputing_long(decoder, max_new_tokens, stats.prefill_seconds)
         start = time.perf_counter()
         for step in range(max_new_tokens):
             if step:
-                token = sample(decoder.step(token).float(), sampling, generator, seen)
+                token = pick(decoder.step(token))
                 _sync(decoder.device, timed)
                 if compile and step == 1:  # this step compiled the decode step: timed apart
                     stats.compile_seconds = time.perf_counter() - start

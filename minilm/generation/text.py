@@ -157,6 +157,7 @@ def generate(
         sink_positions=sink_positions,
         stats=stats,
         compile=compile,
+        vocab=tokenizer.vocab_size,
     )
     try:
         for step, tokens in enumerate(steps):
