@@ -34,7 +34,8 @@ def _make_corpus(args) -> list:
     text = ""
     if args.mix:
         data = state["config"]["data"]
-        text = join_documents(corpus_documents(data["corpus"], data.get("text_field", "text"))[0])
+        skip = {"data.dir": data.get("dir", "data")}  # the documents the run trained on, not its prepared files
+        text = join_documents(corpus_documents(data["corpus"], data.get("text_field", "text"), skip)[0])
     return _write(args, tokenizer_from_bytes(state["tokenizer"]), text)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minilm.data.sources import DataError
+from minilm.data.files import DataError
 
 
 def get_batch(

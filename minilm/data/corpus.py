@@ -14,7 +14,7 @@ fails, temporaries of killed preparations at the next one; a full disk is one Da
 Progress goes to stderr unless ``quiet``. ``<name>`` is ``corpus_name``: ``shakespeare``, or the
 corpus path's last part (less ``.txt``, ``.jsonl``, ``.parquet``, ``.arrow``) and the first 8 hex
 digits of the SHA-1 of its absolute path, so two corpora of one name in different places never
-share a directory.
+share a directory. A corpus directory leaves ``<dir>`` out (``minilm.data.files``); U+2581 gets a note.
 
 Preparing streams, so its memory does not grow with the corpus: documents are read one at a
 time, the tokenizer's training text goes to a temporary file as they come (sentencepiece
@@ -67,19 +67,26 @@ from tqdm import tqdm
 
 from minilm.common import WriteError, atomic_write, remove_stale_temporaries, temporary_path
 from minilm.data import tokenizer as tokenizer_module
+from minilm.data.files import DataError
 from minilm.data.hf_tokenizer import AnyTokenizer, HFTokenizer, load_tokenizer
 from minilm.data.shakespeare import SHAKESPEARE
 from minilm.data.sources import (
     DOC_SEPARATOR,
     WHOLE_DOCUMENTS,
-    DataError,
     Split,
     listed_names,
     plan,
     source_fingerprint,
     strip_newlines,
 )
-from minilm.data.tokenizer import ENCODE_CHUNK_CHARS, StreamEncoder, Tokenizer, TokenizerError, token_dtype
+from minilm.data.tokenizer import (
+    ENCODE_CHUNK_CHARS,
+    StreamEncoder,
+    Tokenizer,
+    TokenizerError,
+    note_space_marks,
+    token_dtype,
+)
 
 FORMAT_VERSION = 1  # layout of the prepared directory and manifest
 LISTED_DOCUMENTS = 100_000  # a manifest names at most this many documents of a split ("more_documents": the rest)
@@ -415,7 +422,8 @@ def prepare(
         tokenizer_hash = hashlib.sha256(tokenizer.to_bytes()).hexdigest()
     _check_cfg(data_cfg, tokenizer)
     directory = prepared_dir(data_cfg)
-    fingerprint = source_fingerprint(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
+    skip = {"data.dir": data_cfg.dir}  # inside a corpus directory, the prepared corpora are no documents
+    fingerprint = source_fingerprint(data_cfg.corpus, getattr(data_cfg, "text_field", "text"), skip)
     if tokenizer is not None:  # the standard directory, if it holds this very tokenizer
         manifest = None if reprepare else _valid_manifest(directory, _expected(data_cfg, fingerprint))
         if manifest is not None and manifest["files"]["tokenizer.model"]["sha256"] == tokenizer_hash:
@@ -438,7 +446,7 @@ def prepare(
         + (f" (data.tokenizer={data_cfg.tokenizer!r})" if configured else "")
     )
     _log(f"preparing {data_cfg.corpus!r} with {how} into {directory.absolute()}", quiet and not announce)
-    train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"))
+    train, val = plan(data_cfg.corpus, getattr(data_cfg, "text_field", "text"), skip)
     created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -475,8 +483,8 @@ def _train_tokenizer(data_cfg, directory: Path, train: Split, quiet: bool) -> To
         started = time.time()
         try:
             tokenizer = Tokenizer.train(train_file, data_cfg.vocab_size, name=f"the train split of {data_cfg.corpus!r}")
-        except TokenizerError as exc:
-            raise DataError(f"data.{exc}") from None
+        except TokenizerError as exc:  # a message about the vocabulary names its setting, data.vocab_size
+            raise DataError(f"data.{exc}" if str(exc).startswith("vocab_size=") else str(exc)) from None
         _log(f"trained the tokenizer in {time.time() - started:.1f}s", quiet)
     finally:
         if os.path.exists(train_file):
@@ -492,9 +500,9 @@ def _encode_split(
     eot: Optional[int],
     quiet: bool,
     text_name: Optional[str] = None,
-) -> tuple[dict, dict]:
+) -> tuple[dict, dict, int]:
     """Encode a split into ``name`` (and its joined text into ``text_name``), each written through
-    ``atomic_write``; returns (the split's manifest entry, the files' entries)."""
+    ``atomic_write``; returns (the split's manifest entry, the files' entries, how many SPACE_MARK it holds)."""
     files, counts = {}, {}
 
     def write_tokens(f) -> None:
@@ -511,13 +519,13 @@ def _encode_split(
             read()
         else:
             atomic_write(directory / text_name, read)
-        counts["tokens"], files[name] = encoder.tokens, encoder.out.info()
+        counts["tokens"], counts["marks"], files[name] = encoder.tokens, encoder.marks, encoder.out.info()
 
     atomic_write(directory / name, write_tokens)
     entry = {"documents": listed_names(split, LISTED_DOCUMENTS), "chars": counts["chars"], "tokens": counts["tokens"]}
     if len(split) > LISTED_DOCUMENTS:
         entry["more_documents"] = len(split) - LISTED_DOCUMENTS
-    return entry, files
+    return entry, files, counts["marks"]
 
 
 def _build(
@@ -541,8 +549,11 @@ def _build(
     model = tokenizer.to_bytes()
     atomic_write(directory / "tokenizer.model", model)
     files = {"tokenizer.model": {"bytes": len(model), "sha256": hashlib.sha256(model).hexdigest()}}
-    train_entry, train_files = _encode_split(directory, "train.bin", tokenizer, train, eot, quiet)
-    val_entry, val_files = _encode_split(directory, "val.bin", tokenizer, val, eot, quiet, text_name="val.txt")
+    train_entry, train_files, train_marks = _encode_split(directory, "train.bin", tokenizer, train, eot, quiet)
+    val_entry, val_files, val_marks = _encode_split(
+        directory, "val.bin", tokenizer, val, eot, quiet, text_name="val.txt"
+    )
+    note_space_marks(tokenizer, train_marks + val_marks, f"data.corpus={data_cfg.corpus!r}")
     if not train_entry["tokens"] or not val_entry["tokens"]:
         raise DataError(f"corpus {data_cfg.corpus!r} gives an empty train or validation split")
     files.update({**train_files, **val_files})

