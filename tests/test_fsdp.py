@@ -191,6 +191,11 @@ def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
         train(tiny_config("train.max_steps=3"), resume=True, quiet=True)
     with pytest.raises(CheckpointError, match="is not a sharded checkpoint"):
         saving.unshard(config.out_dir + "-missing")
+    folder = os.path.join(config.out_dir, "whole")  # --out a directory: its ckpt.pt, refused only where it exists
+    os.makedirs(folder)
+    assert saving.unshard(config.out_dir, folder, overwrite=False) == os.path.join(folder, "ckpt.pt")
+    with pytest.raises(CheckpointError, match=f"{os.path.join(folder, 'ckpt.pt')!r} exists: give --overwrite"):
+        saving.unshard(config.out_dir, folder, overwrite=False)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import torch
 
 from minilm import GPT, ModelConfig
 from minilm.checkpoints import format as checkpoint
+from minilm.cli import memory as memory_command
 from minilm.cli.memory import counted_model
 from minilm.config import ConfigError, LoRAConfig
 from minilm.configfile import load_config
@@ -225,3 +226,13 @@ def test_memory_counts_the_model_train_init_from_would_train(tmp_path, gen_token
     gone = load_config("rope.yaml", [f"train.init_from={tmp_path / 'gone'}"])
     with pytest.raises(ConfigError, match="train.init_from=.* cannot be read .*; memory counts the model that run"):
         counted_model(gone)
+
+
+def test_memory_counts_the_vocabulary_of_data_tokenizer(hf_tokenizer_dir, capsys):
+    """A run with ``data.tokenizer`` has that tokenizer's vocabulary (its embedding, head and logits), not
+    data.vocab_size, the size of a tokenizer to train."""
+    assert memory_command.main(["rope.yaml", f"data.tokenizer={hf_tokenizer_dir}", "model.n_layer=1"]) == 0
+    vocabulary = memory_command.configured_tokenizer(
+        load_config("rope.yaml", [f"data.tokenizer={hf_tokenizer_dir}"]).data
+    )
+    assert f"1 layers x d_model 192, vocabulary {vocabulary.vocab_size:,}, " in capsys.readouterr().out

@@ -91,10 +91,14 @@ def check_not_stale(out_dir: str, file: str, sharded: str) -> None:
         )
 
 
+def file_path(path: str) -> str:
+    """The file ``save`` writes for ``path``: itself when it names a .pt file, else ckpt.pt inside it."""
+    return os.path.join(path, FILENAME) if os.path.isdir(path) or not path.endswith(".pt") else path
+
+
 def save(state: dict, path: str) -> str:
-    """Write ``state`` atomically to ``path`` (a file, or a directory to hold ckpt.pt)."""
-    if os.path.isdir(path) or not path.endswith(".pt"):
-        path = os.path.join(path, FILENAME)
+    """Write ``state`` atomically to ``path`` (a file, or a directory to hold ckpt.pt: ``file_path``)."""
+    path = file_path(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     state = {"format": FORMAT, "version": VERSION, **state}
     atomic_write(path, lambda f: torch.save(state, f))

@@ -11,8 +11,9 @@ from minilm.checkpoints.extension import scaled_length
 from minilm.checkpoints.format import load, with_defaults
 from minilm.cli import Parser, run_command
 from minilm.common import MinilmError, markdown_table
-from minilm.config import ConfigError, ModelConfig
+from minilm.config import ConfigError, ModelConfig, resolve_config
 from minilm.configfile import load_config, was_given
+from minilm.data.corpus import configured_tokenizer
 from minilm.hf.reading import is_hf_source, read_model_tree
 from minilm.positions.layers import cache_slots, layer_types
 from minilm.training.memory import ROWS, lora_counts, step_memory
@@ -58,9 +59,9 @@ def run(args) -> int:
     batch = args.batch_size if args.batch_size is not None else config.train.batch_size
     if batch < 1:
         raise ConfigError(f"--batch-size {batch} is invalid: expected rows per process >= 1")
+    if not config.train.init_from:  # the vocabulary a run decides: data.tokenizer's, else data.vocab_size
+        config = resolve_config(config, tokenizer=configured_tokenizer(config.data))
     model, source = counted_model(config)
-    if not source and "model.vocab_size" not in getattr(config, "given", ()):
-        model.vocab_size = config.data.vocab_size  # what the tokenizer would set
     lora = config.train.lora
     rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer, lora=lora)
     unit, size = ("GiB", 2**30) if max(r["total"] for r in rows) >= 2**30 else ("MiB", 2**20)
