@@ -796,6 +796,43 @@ CASES = [
         None,
         "rng.torch is a uint8 tensor of 100 values",
     ),
+    # --- data: the prepared corpora's directory is the corpus directory itself
+    (
+        "data.dir is the corpus directory",
+        ["train.py", "data.corpus={scratch}/mine", "data.dir={scratch}/mine", "out_dir={scratch}/dm", "--quiet"],
+        None,
+        "is the corpus directory (data.corpus=",
+    ),
+    # --- training: a resumed run with no steps left; a layer pattern longer than the model
+    (
+        "resume a finished run",
+        [
+            "train.py",
+            "data.corpus={corpus}",
+            "data.vocab_size=400",
+            "data.dir={data}",
+            "model.n_layer=2",
+            "model.n_head=2",
+            "model.d_model=32",
+            "model.block_size=32",
+            "out_dir={ckpt}",
+            "--resume",
+            "--quiet",
+        ],
+        None,
+        "at step 2 (the run is finished) and train.max_steps=2 (the checkpoint's: on --resume",
+    ),
+    (
+        "layer pattern longer than the model",
+        [
+            "train.py",
+            "model.n_layer=2",
+            "model.layers={pattern: [local, local, local, global], local: {window: 8}, global: {}}",
+            "--print-config",
+        ],
+        None,
+        "no layer would be of type global: give model.n_layer >= 4",
+    ),
 ]
 
 

@@ -13,7 +13,8 @@ from minilm.generation.lean import lean_body
 from minilm.model.attention import attend
 from minilm.model.gpt import GPT
 from minilm.positions import available, scheme_class
-from minilm.positions.layers import LayerType, query_scale_factor
+from minilm.positions.layers import LayerType, describe_design, query_scale_factor
+from minilm.training.source import starting_config
 
 PATTERNS = {
     "uniform": None,
@@ -267,6 +268,25 @@ def test_bad_designs_are_one_line(layers, message):
     with pytest.raises(ConfigError, match=message) as error:
         ModelConfig(n_layer=2, layers=layers)
     assert "\n" not in str(error.value)
+
+
+def test_a_pattern_longer_than_the_model_is_refused_where_a_run_starts_and_loads_where_one_was_saved():
+    """A type only past the model's last layer would never be used: a run built from scratch is refused in
+    one line; a model (or a checkpoint's config) built so before the check still builds as the model it is."""
+    layers = {"pattern": ["local", "local", "local", "global"], "local": {"window": 4}, "global": {}}
+    config = build_config({"model": {"n_layer": 2, "layers": layers}})
+    with pytest.raises(ConfigError, match="longer than model.n_layer=2: no layer would be of type global") as e:
+        starting_config(config)
+    assert "\n" not in str(e.value)
+    assert [t.name for t in GPT(config.model).layer_types] == ["local", "local"]
+
+
+def test_the_design_label_counts_the_models_layers():
+    """describe_design counts the layers the model has (two passes of the pattern here), not the pattern's names."""
+    layers = {"pattern": ["local", "global"], "local": {"window": 4}, "global": {"position": {"kind": "none"}}}
+    assert describe_design({"kind": "rope"}, layers, 4) == "rope; local x2 window=4, global x2 none"
+    longer = {"pattern": ["local", "global", "local", "global"], "local": {"window": 4}, "global": {}}
+    assert describe_design({"kind": "rope"}, longer, 2) == "rope; local window=4, global as model.position"
 
 
 def test_a_layer_type_cannot_embed_positions():

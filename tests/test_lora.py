@@ -195,7 +195,7 @@ def test_a_resumed_lora_run_continues_exactly_and_a_changed_base_is_refused(tiny
     with pytest.raises(CheckpointError, match="has changed since the adapters were trained"):
         load_model(str(tmp_path / "whole"))
     with pytest.raises(CheckpointError, match="not the base this run's adapters were trained on"):
-        train(again, resume=True, quiet=True)
+        train(load_config(None, settings), resume=True, quiet=True)  # steps left (at 6 the run is finished)
 
 
 def test_a_lora_run_finds_its_base_moved_beside_it_and_refuses_a_damaged_record(tiny_corpus, gen_tokenizer, tmp_path):

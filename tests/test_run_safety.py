@@ -13,6 +13,7 @@ import pytest
 
 from minilm.checkpoints import format as checkpoint
 from minilm.common import keep_aside
+from minilm.training import loop as trainer
 from minilm.training.loop import train
 from minilm.training.outdir import OutDirError, OutDirLock
 from tests.conftest import REPO, tiny_overrides
@@ -87,6 +88,32 @@ def test_a_fresh_run_keeps_the_old_metrics_and_refuses_the_old_checkpoint(tiny_c
     assert len(records(config.out_dir)) > 0  # nothing was deleted by the refused run
     train(config, quiet=True, overwrite=True)
     assert os.path.exists(os.path.join(config.out_dir, "metrics.1.jsonl"))  # the first run's log, rotated
+
+
+def test_a_fresh_run_keeps_aside_every_file_an_earlier_run_left(tiny_config, capsys):
+    """--overwrite keeps what the earlier run wrote aside, whichever loggers this run has on: the csv
+    of a logger now off and the snapshots too, in one note; a resumed run that writes a snapshot
+    again keeps the earlier one beside it."""
+    tiny = ("model.n_layer=1", "model.d_model=16", "train.sample_tokens=0", "train.final_eval_tokens=200")
+    first = tiny_config(*tiny, "train.max_steps=1", "train.loggers=[jsonl, csv]", "train.snapshot_steps=[1]")
+    train(first, quiet=True)
+    out = first.out_dir
+    snapshot = open(os.path.join(out, "snapshots", "step-1.pt"), "rb").read()
+    capsys.readouterr()
+    train(tiny_config(*tiny, "train.max_steps=1", "train.snapshot_steps=[1]"), overwrite=True)
+    notes = [line for line in capsys.readouterr().err.splitlines() if "kept the earlier run's" in line]
+    assert len(notes) == 1
+    for kept in ("metrics.jsonl as metrics.1.jsonl", "metrics.csv as metrics.1.csv", "snapshots as snapshots.1"):
+        assert kept in notes[0]
+    assert not os.path.exists(os.path.join(out, "metrics.csv"))
+    assert open(os.path.join(out, "snapshots.1", "step-1.pt"), "rb").read() == snapshot
+    assert os.listdir(os.path.join(out, "snapshots")) == ["step-1.pt"]
+    run = trainer.setup(tiny_config(*tiny, "train.max_steps=2"), resume=True, quiet=True)
+    for logger in run.loggers:
+        logger.close()
+    again = open(os.path.join(out, "snapshots", "step-1.pt"), "rb").read()
+    run.save_snapshot()  # step 1 again
+    assert open(os.path.join(out, "snapshots", "step-1.1.pt"), "rb").read() == again
 
 
 @pytest.mark.slow

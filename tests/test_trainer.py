@@ -11,21 +11,24 @@ import time
 
 import pytest
 import torch
+import yaml
 
 import minilm.data.corpus
 from minilm.checkpoints import format as checkpoint
 from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
+from minilm.cli.train import main as train_cli
 from minilm.common import cpu_has_fast_bf16, resolve_dtype
-from minilm.config import Config, ConfigError, TrainConfig
+from minilm.config import Config, ConfigError, ModelConfig, TrainConfig, resolve_config
+from minilm.configfile import load_config
 from minilm.model.gpt import GPT
 from minilm.training import loop as trainer
 from minilm.training.announce import idle_settings
 from minilm.training.loop import TrainingError, train
 from minilm.training.mixture import draw
 from minilm.training.optim import lr_at, make_optimizer
-from minilm.training.resume import trajectory_changes
-from tests.conftest import REPO, tiny_overrides
+from minilm.training.resume import resumed_tokenizer, trajectory_changes
+from tests.conftest import REPO, tiny_overrides, tiny_text
 from tests.forkrun import run_python
 
 
@@ -202,6 +205,52 @@ def test_resume_errors(tiny_config):
         train(tiny_config("train.optimizer=muon"), resume=True, quiet=True)
 
 
+TINY = ("model.n_layer=1", "model.d_model=16", "train.sample_tokens=0", "train.final_eval_tokens=200")
+
+
+def test_a_resume_after_the_corpus_changed_keeps_the_checkpoints_tokenizer(tmp_path, capsys):
+    """A resumed run's ids are its checkpoint's: a corpus edited since is encoded with the checkpoint's
+    tokenizer (not a tokenizer trained again on it, whose ids mean other pieces), and the run says so."""
+    (tmp_path / "corpus.txt").write_text(tiny_text(800))
+
+    def config(steps):
+        return resolve_config(load_config(None, tiny_overrides(tmp_path, tmp_path / "run", *TINY, steps)))
+
+    first = train(config("train.max_steps=1"), quiet=True)
+    before = checkpoint.load(first["checkpoint"])["tokenizer"]
+    (tmp_path / "corpus.txt").write_text(tiny_text(800, seed=1))
+    capsys.readouterr()
+    train(config("train.max_steps=2"), resume=True)
+    state = checkpoint.load(first["checkpoint"])
+    assert state["step"] == 2 and state["tokenizer"] == before
+    assert "changed since the checkpoint was written" in capsys.readouterr().err
+
+
+def test_a_resume_refuses_a_data_tokenizer_that_is_not_the_checkpoints(tiny_config, gen_tokenizer, hf_tokenizer_dir):
+    config = tiny_config(f"data.tokenizer={hf_tokenizer_dir}")
+    state = {"tokenizer": gen_tokenizer.to_bytes(), "path": "out/ckpt.pt"}
+    with pytest.raises(ConfigError, match="data.tokenizer=.* is no longer the tokenizer the checkpoint was trained"):
+        resumed_tokenizer(config, state)
+
+
+def test_resuming_a_finished_run_is_refused_and_changes_nothing(tiny_config):
+    """A resumed run with no steps left would only evaluate, log a second final record and save the
+    checkpoint again with another max_steps: it is refused, naming the step, before anything is written."""
+    train(tiny_config(*TINY, "train.max_steps=2"), quiet=True)
+    out = tiny_config().out_dir
+    files = {name: open(os.path.join(out, name), "rb").read() for name in ("ckpt.pt", "metrics.jsonl")}
+    in_the_file = tiny_config(*TINY, "train.max_steps=5")
+    in_the_file.overridden = in_the_file.overridden - {"train.max_steps"}  # a config file's: the checkpoint's 2 wins
+    with pytest.raises(ConfigError, match=r"at step 2 \(the run is finished\) and train.max_steps=2 \(the checkpo"):
+        train(in_the_file, resume=True, quiet=True)
+    with pytest.raises(ConfigError, match=r"at step 2 \(the run is finished\) and train.max_steps=2: .* above 2"):
+        train(tiny_config(*TINY, "train.max_steps=2"), resume=True, quiet=True)
+    with pytest.raises(ConfigError, match=r"at step 2 and train.max_steps=1: give a train.max_steps above 2"):
+        train(tiny_config(*TINY, "train.max_steps=1"), resume=True, quiet=True)
+    assert {name: open(os.path.join(out, name), "rb").read() for name in files} == files
+    assert train(tiny_config(*TINY, "train.max_steps=3"), resume=True, quiet=True)["steps"] == 3
+
+
 def test_a_resumed_run_trains_with_the_settings_its_notes_name(tiny_config):
     """On --resume a train setting given again is the one the optimiser steps with (loading torch's state
     would put back the checkpoint's weight decay and betas), and one only the config file changed is the
@@ -256,6 +305,32 @@ def test_settings_the_run_leaves_unused_are_named_not_taken_in_silence(tiny_conf
     t5 = GPT(tiny_config("model.position={kind: t5, max_distance: 32}").model)
     acting = TrainConfig(schedule="wsd", cooldown=0.2, optimizer="muon", muon_lr_scale=3, position_lr_scale=10)
     assert idle_settings(acting, t5) == [] and idle_settings(TrainConfig(), t5) == []
+
+
+def test_the_retrieval_rows_settings_without_retrieval_rows_are_named():
+    model = GPT(ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, block_size=16))
+    idle = idle_settings(TrainConfig(retrieval_queries=5, retrieval_spread=True), model)
+    assert idle == [
+        "train.retrieval_queries=5 does nothing with train.retrieval_share=0 (it shapes its rows)",
+        "train.retrieval_spread=True does nothing with train.retrieval_share=0 (it shapes its rows)",
+    ]
+    assert idle_settings(TrainConfig(retrieval_share=0.5, retrieval_queries=5, retrieval_spread=True), model) == []
+
+
+def test_print_config_shows_the_sources_architecture_and_the_tokenizers_vocabulary(
+    tiny_config, tiny_corpus, hf_tokenizer_dir, capsys
+):
+    """--print-config resolves as the run's start does: train.init_from's architecture and vocabulary,
+    data.tokenizer's vocabulary; not the defaults."""
+    source = os.path.dirname(train(tiny_config(*TINY, "train.max_steps=1", out="source"), quiet=True)["checkpoint"])
+    corpus = f"data.corpus={tiny_corpus / 'corpus.txt'}"
+    capsys.readouterr()
+    assert train_cli([corpus, f"train.init_from={source}", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["model"]["n_layer"], printed["model"]["d_model"], printed["model"]["vocab_size"]) == (1, 16, 400)
+    assert train_cli([corpus, f"data.tokenizer={hf_tokenizer_dir}", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["vocab_size"] == printed["data"]["vocab_size"] == 300
 
 
 def test_a_checkpoint_from_before_an_option_resumes_at_the_options_default(tiny_config):

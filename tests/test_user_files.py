@@ -3,6 +3,7 @@ arguments: an output name that holds a file is set aside as ``<stem>.1<suffix>``
 commands racing for one name both keep their work (or the second is refused); a resumed run
 says whose settings it takes; paths and overrides go anywhere among the options."""
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -167,8 +168,9 @@ def test_memory_takes_overrides_after_its_options(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_corpus, tmp_path):
-    """Started with train.max_steps=4, resumed from a config file that says 12: it stays at 4 and
-    says so; given again on the command line, max_steps=8 is taken."""
+    """Started with train.max_steps=4, resumed from a config file that says 12: it stays at 4, so the
+    finished run is refused, saying whose 4 it is, and nothing changes; given again on the command
+    line, max_steps=8 is taken."""
     base = tiny_overrides(tiny_corpus, tmp_path / "run", "train.sample_tokens=0", "train.final_eval_tokens=0")
     config_file = tmp_path / "long.yaml"
     config_file.write_text("train:\n  max_steps: 12\n")
@@ -181,8 +183,9 @@ def test_a_resumed_run_takes_the_checkpoints_settings_unless_given_again(tiny_co
         env=ENV,
         timeout=300,
     )
-    assert again.returncode == 0, again.stderr
-    assert "the checkpoint's train.max_steps=4" in again.stderr and "done: 4 steps" in again.stdout
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "at step 4 (the run is finished) and train.max_steps=4 (the checkpoint's: on --resume" in again.stderr
+    assert sum(json.loads(line)["event"] == "final" for line in open(tmp_path / "run" / "metrics.jsonl")) == 1
     longer = run_python(
         [os.path.join(REPO, "train.py"), "--config", str(config_file), *overrides, "train.max_steps=8", "--resume"],
         cwd=tmp_path,

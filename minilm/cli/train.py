@@ -4,19 +4,22 @@
 The config is looked up as given, then in ./configs/, then among the configs shipped in the
 package (minilm/configs/: rope.yaml, alibi.yaml, ...). Overrides after it are dotted keys
 with YAML values, e.g. ``train.max_steps=200 model.position.kind=alibi``. ``--resume``
-continues the run in the config's out_dir; ``--print-config`` prints the resolved config
-and exits; ``--reprepare`` tokenizes the corpus again even when its prepared files look
-current. Under ``torchrun --nproc_per_node=N train.py ...`` it trains with DDP.
-Everything else lives in minilm.training.loop.
+continues the run in the config's out_dir; ``--print-config`` prints the config the run
+would train with (``train.init_from``'s architecture, a tokenizer's vocabulary, with
+``--resume`` the checkpoint's train settings) and exits; ``--reprepare`` tokenizes the corpus
+again even when its prepared files look current. Under ``torchrun --nproc_per_node=N
+train.py ...`` it trains with DDP. Everything else lives in minilm.training.loop.
 """
 
 import argparse
 import json
 
+from minilm.checkpoints.format import CheckpointError
+from minilm.checkpoints.loading import read_checkpoint
 from minilm.cli import Parser, run_command, smoke
 from minilm.config import config_keys, resolve_config
 from minilm.configfile import load_config
-from minilm.training.loop import train
+from minilm.training.loop import printed_config, train
 
 
 def main(argv=None) -> int:
@@ -40,7 +43,12 @@ def main(argv=None) -> int:
         help="start a new run in an out_dir that holds a checkpoint, replacing it (a ckpt.pt that is not a minilm "
         "checkpoint is kept as ckpt.1.pt)",
     )
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config the run would train with as YAML and exit (train.init_from's architecture, "
+        "data.tokenizer's vocabulary; with --resume the checkpoint's train settings)",
+    )
     parser.add_argument(
         "--reprepare",
         action="store_true",
@@ -58,10 +66,10 @@ def main(argv=None) -> int:
 def run(args) -> int:
     config = load_config(args.config, args.overrides)
     if smoke.active():
-        config = load_config(args.config, args.overrides + smoke.training_overrides(config.train.init_from))
+        config = load_config(args.config, args.overrides + smoke_overrides(config, args.resume))
     config = resolve_config(config)
     if args.print_config:
-        print(config.to_yaml(), end="")
+        print(printed_config(config, resume=args.resume).to_yaml(), end="")
         return 0
     summary = train(config, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet, reprepare=args.reprepare)
     if args.quiet:
@@ -69,6 +77,24 @@ def run(args) -> int:
     if summary["interrupted"]:
         return 130 if summary["interrupted"] == "SIGINT" else 143
     return 0
+
+
+def smoke_overrides(config, resume: bool = False) -> list:
+    """A smoke run's overrides (``smoke.training_overrides``). Its one layer from scratch takes the last
+    type of a layer design (``model.layers``), as the study's --quick plan does: a pattern longer than
+    the model's layers is refused. A smoke ``--resume`` trains its steps past the checkpoint's (a
+    finished run has none left)."""
+    overrides = smoke.training_overrides(config.train.init_from)
+    if overrides and resume:
+        try:
+            overrides.append(f"train.max_steps={read_checkpoint(config.out_dir)['step'] + smoke.STEPS}")
+        except CheckpointError:
+            pass  # no checkpoint to resume: the run says so
+    layers = config.model.layers
+    if overrides and layers and not config.train.init_from:
+        last = layers["pattern"][-1]
+        overrides.append(f"model.layers={json.dumps({'pattern': [last], last: layers[last]})}")
+    return overrides
 
 
 def config_keys_text() -> str:

@@ -133,7 +133,8 @@ def read_type(name: str, settings, default_position: dict) -> LayerType:
 def layer_types(layers, position: dict, n_layer: int) -> list:
     """One ``LayerType`` per layer of a model of ``n_layer`` layers: ``layers`` (``model.layers``: a
     ``pattern`` of type names, repeated, and each type's settings) or, when None, ``position`` for
-    every layer. A PositionError names the bad key or value."""
+    every layer. A PositionError names the bad key or value, or a type left out of the pattern (one
+    only past the pattern's first ``n_layer`` names is refused where a run starts: ``check_all_used``)."""
     if layers is None:
         return [LayerType("all", position)] * n_layer
     if not isinstance(layers, dict) or "pattern" not in layers:
@@ -161,19 +162,36 @@ def layer_types(layers, position: dict, n_layer: int) -> list:
     return [types[pattern[i % len(pattern)]] for i in range(n_layer)]
 
 
-def describe_design(position: dict, layers) -> str:
+def check_all_used(pattern: list, n_layer: int) -> None:
+    """A PositionError when ``pattern`` is longer than ``n_layer`` and some of its types fall past
+    the last layer: the model would never use them (as a type defined but left out of the pattern).
+    Checked where a model is built from scratch (``minilm.training.source.starting_config``), not where
+    one is loaded: a checkpoint trained so before this check still loads as the model it is."""
+    unused = [name for name in dict.fromkeys(pattern) if name not in pattern[:n_layer]]
+    if unused:
+        need = max(pattern.index(name) for name in unused) + 1
+        raise PositionError(
+            f"model.layers.pattern {pattern} is longer than model.n_layer={n_layer}: no layer would be of type "
+            f"{', '.join(unused)}: give model.n_layer >= {need}, or leave {'it' if len(unused) == 1 else 'them'} "
+            f"out of the pattern and model.layers"
+        )
+
+
+def describe_design(position: dict, layers, n_layer: Optional[int] = None) -> str:
     """A short label of a model's positions: ``describe(position)``, and with ``layers`` each type's
-    differences in pattern order, e.g. 'rope; local x3 window=64, global none'."""
+    differences in pattern order with how many of the ``n_layer`` layers are of it (None: one pass
+    of the pattern), e.g. 'rope; local x3 window=64, global none'."""
     if layers is None:
         return describe(position)
+    types = layer_types(layers, position, n_layer or len(layers["pattern"]))
     parts = []
-    for name in dict.fromkeys(layers["pattern"]):
-        t = read_type(name, layers[name], position)
+    for name in dict.fromkeys(t.name for t in types):
+        t = next(t for t in types if t.name == name)
         settings = [describe(t.position)] if t.position != position else []
         settings += [f"{key}={getattr(t, key)}" for key in ("window", "chunk") if getattr(t, key) is not None]
         settings += ["learned sinks"] * t.sinks + [f"softcap={t.softcap:g}"] * bool(t.softcap)
         settings += ["query scale"] * (t.query_scale is not None)
-        count = layers["pattern"].count(name)
+        count = sum(u.name == name for u in types)
         parts.append(f"{name}{f' x{count}' if count > 1 else ''} {' '.join(settings) or 'as model.position'}")
     return f"{describe(position)}; {', '.join(parts)}"
 

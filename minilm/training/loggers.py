@@ -12,8 +12,10 @@ elapsed_s, memory_mib; eval and final: val_loss, val_ppl, val_bpc). Only rank 0 
   config as its config and the scalars as ``<event>/<name>``; ``WANDB_MODE=offline`` keeps it
   on disk (the ``wandb`` extra).
 
-A fresh run keeps an earlier run's jsonl and csv as ``metrics.1.jsonl``, ``.2``, ...; a resumed one cuts
-them back to the checkpoint's step, and tensorboard drops the later steps (``purge_step``).
+A fresh run finds none of an earlier run's files: ``training.outdir.set_aside_previous`` has kept them aside
+with a number (``metrics.1.jsonl``, ``tensorboard.1``, ...) before the loggers start, for every logger, on
+or not; a resumed run cuts the jsonl and csv back to the checkpoint's step, and tensorboard drops the
+later steps (``purge_step``).
 A logger whose package is missing is one line naming the extra to install, said before any
 file is touched.
 """
@@ -28,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import yaml
 
-from minilm.common import MinilmError, atomic_write, keep_aside
+from minilm.common import MinilmError, atomic_write
 from minilm.config import LOGGERS
 from minilm.training.resume import cut_log, truncate_metrics
 
@@ -55,7 +57,7 @@ class JsonlLogger:
 
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         self.path = os.path.join(out_dir, JSONL_FILE)
-        _start_file(self.path, resumed_step, say, truncate_metrics)
+        _start_file(self.path, resumed_step, truncate_metrics)
 
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:
@@ -70,7 +72,7 @@ class CsvLogger:
 
     def __init__(self, out_dir: str, resumed_step: Optional[int], config: dict, say: Callable[[str], None]):
         self.path = os.path.join(out_dir, CSV_FILE)
-        _start_file(self.path, resumed_step, say, _truncate_csv)
+        _start_file(self.path, resumed_step, _truncate_csv)
         if not os.path.exists(self.path):
             atomic_write(self.path, ",".join(CSV_FIELDS) + "\n")
 
@@ -144,14 +146,10 @@ def open_loggers(
     return [KINDS[name](out_dir, resumed_step, config, say) for name in names]
 
 
-def _start_file(path: str, resumed_step: Optional[int], say: Callable[[str], None], cut) -> None:
-    """A resumed run cuts the file back to its step; a fresh one keeps the earlier file as metrics.1.jsonl, .2, ..."""
+def _start_file(path: str, resumed_step: Optional[int], cut) -> None:
+    """A resumed run cuts the file back to its step (a fresh one finds none: ``set_aside_previous``)."""
     if resumed_step is not None:
         cut(path, resumed_step)
-        return
-    kept = keep_aside(path)
-    if kept:
-        say(f"note: the previous {os.path.basename(path)} is kept as {kept}")
 
 
 def _truncate_csv(path: str, step: int) -> None:

@@ -5,7 +5,8 @@ only parses arguments and calls it, and other code (the experiment runner) can c
 in-process. What it does, in order:
 
 1. Prepare the corpus (``minilm.data.prepare``; rank 0 first under DDP); the vocabulary size follows
-   its tokenizer (``config.resolve_config``), with ``train.init_from`` the source's (any corpus).
+   its tokenizer (``config.resolve_config``), with ``train.init_from`` the source's (any corpus), with
+   ``resume=True`` the checkpoint's (never a tokenizer trained again: the weights learned its ids).
 2. Build the model: fresh, from ``train.init_from`` (trained weights through
    ``minilm.checkpoints.loading.load_model``; fresh optimiser and step), or with ``resume=True`` from
    ``<out_dir>/ckpt.pt`` (weights, optimiser, step, RNG and data state), exactly.
@@ -55,12 +56,12 @@ import torch.distributed
 from tqdm import tqdm
 
 from minilm.checkpoints import format as checkpoint
-from minilm.checkpoints.loading import Loaded
 from minilm.common import (
     TRAIN_DTYPES,
     MinilmError,
     WriteError,
     autocast,
+    output_path,
     peak_memory_mib,
     resolve_device,
     resolve_dtype,
@@ -82,9 +83,9 @@ from minilm.training.mixture import draw, mixed_loss, task_for
 from minilm.training.optim import Optimizers, lr_at, make_optimizer
 from minilm.training.outdir import check_not_own_base, claim
 from minilm.training.parallel import full_model_state, is_sharded, load_full_optimizer_state, spread
-from minilm.training.resume import StopFlag, resumed_config, set_rng_state
+from minilm.training.resume import StopFlag, check_steps_left, resumed_config, resumed_tokenizer, set_rng_state
 from minilm.training.saving import checkpoint_path, load_sharded, resume_state, whole_model, write_checkpoint
-from minilm.training.source import source_model
+from minilm.training.source import starting_config
 
 SAMPLE_TEMPERATURE = 0.8
 
@@ -196,11 +197,14 @@ class TrainingRun:
 
     def save_snapshot(self) -> str:
         """The weights alone (no optimizer: not resumable) at this step, ``snapshots/step-N.pt``,
-        loadable by ``minilm.load_model`` like any checkpoint (``train.snapshot_steps``)."""
+        loadable by ``minilm.load_model`` like any checkpoint (``train.snapshot_steps``). A file
+        already there (a resumed run's, from the steps after its checkpoint) is kept as
+        ``step-N.1.pt`` and said in one note (``common.output_path``), never replaced."""
         path = os.path.join(self.config.out_dir, "snapshots", f"step-{self.step}.pt")
         weights = full_model_state(self.raw, self.sharded)
         try:
             if self.dist.main:
+                output_path(path, say=self.say, why=": this run resumed from a checkpoint before that step")
                 checkpoint.save(
                     {
                         "model": weights,
@@ -288,6 +292,17 @@ def _train(config: Config, *, resume: bool, quiet: bool, reprepare: bool = False
             logger.close()
 
 
+def printed_config(config: Config, resume: bool = False) -> Config:
+    """The config ``--print-config`` prints: what the run's start would train with, found as ``setup``
+    finds it but without preparing data: ``starting_config``'s (the source's architecture and
+    vocabulary, a data.tokenizer's vocabulary), with ``resume`` the checkpoint's train settings except
+    those given again (``resumed_config``, after the same checks as the run's)."""
+    config = starting_config(config, fresh=not resume)[0]
+    if resume:
+        config = resumed_config(config, resume_state(config, torch.device("cpu")))[0]
+    return config
+
+
 def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepare: bool = False) -> TrainingRun:
     """Stages 1-2: data, model, optimiser and data generator, fresh, from init_from or resumed."""
     started, t = time.time(), config.train
@@ -297,26 +312,25 @@ def setup(config: Config, *, resume: bool = False, quiet: bool = False, reprepar
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    source: Optional[Loaded] = None
-    if t.init_from:
-        config, source, said = source_model(config)
-        if dist.main and not quiet:
-            tqdm.write(said, file=sys.stderr)
+    config, source, said = starting_config(config, fresh=not resume)
+    if said and dist.main and not quiet:
+        tqdm.write(said, file=sys.stderr)
+    state, taken = None, []
+    if resume:  # checked against what the config asks for, before any data is prepared
+        state = resume_state(config, device)
+        config, taken = resumed_config(config, state)  # the checkpoint's train settings, except those given again
+        check_steps_left(config, state, taken)
     if not dist.main:  # rank 0 prepares the data, the others then reuse its files
         dist.barrier()
     prepared = prepare(
         config.data,
         quiet=not (dist.main and not quiet),
-        tokenizer=source.tokenizer if source else None,
+        tokenizer=resumed_tokenizer(config, state) if state is not None else source.tokenizer if source else None,
         reprepare=reprepare and dist.main,
     )
     if dist.main:
         dist.barrier()
     config = resolve_config(config, tokenizer=prepared.tokenizer)
-    state = resume_state(config, device) if resume else None
-    taken = []
-    if state is not None:  # the checkpoint's train settings, except those given again
-        config, taken = resumed_config(config, state)
     t = config.train  # what this run trains with: the source's, the checkpoint's, or as given
     dtype = resolve_dtype(t.dtype, device, setting="train.dtype", valid=TRAIN_DTYPES)
     torch.manual_seed(config.seed)

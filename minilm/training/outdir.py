@@ -2,8 +2,10 @@
 dies with its process), no fresh run over another run's checkpoint, ``--overwrite`` replacing
 only a minilm checkpoint (a ``ckpt.pt`` that is none, the user's own file, is set aside),
 no run written into the directory of the model it starts from (``check_not_own_base``), the
-directory proved writable before any work starts, old metrics rotated instead of deleted,
-and temporary files of saves that never finished removed.
+directory proved writable before any work starts, what an earlier run left (its logs of every
+logger, its snapshots) kept aside with a number when a fresh run starts (``set_aside_previous``)
+instead of deleted or mixed with the new run's, and temporary files of saves that never finished
+removed.
 
 ``claim(out_dir, resume=..., overwrite=...)`` does all of it around a run but the
 ``train.init_from`` check, which ``minilm.training.loop.train`` makes first; under DDP only
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 
 from minilm.checkpoints import format as checkpoint
-from minilm.common import MinilmError, output_path, remove_stale_temporaries, temporary_path
+from minilm.common import MinilmError, keep_aside, numbered, output_path, remove_stale_temporaries, temporary_path
 
 try:
     import fcntl
@@ -91,6 +93,49 @@ WRITTEN = {
     "tensorboard": "directory",
     "wandb": "directory",
 }  # what a run writes in out_dir
+
+
+RESTARTED = tuple(
+    name for name in WRITTEN if name not in (checkpoint.FILENAME, checkpoint.SHARDED)
+)  # what a fresh run starts anew: every logger's files and the snapshots (--overwrite replaces the checkpoint)
+
+
+def set_aside_previous(out_dir: str) -> list:
+    """At a fresh run's start (after every check that could refuse it), keep what an earlier run (or
+    the user) left under a name of ``RESTARTED`` aside with a number, whichever loggers are on now:
+    ``metrics.jsonl`` as ``metrics.1.jsonl``, ``snapshots`` as ``snapshots.1`` (``.2``, ...; an
+    empty directory stays), so that nothing is lost and the new run's files hold nothing of the old
+    one's. Returns 'NAME as NEW' for each, in ``WRITTEN``'s order, for the one note that says so."""
+    kept = []
+    for name in RESTARTED:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            new = keep_directory_aside(path) if any(os.scandir(path)) else None
+        else:
+            new = keep_aside(path)
+        if new:
+            kept.append(f"{name} as {os.path.basename(new)}")
+    return kept
+
+
+def keep_directory_aside(path: str) -> str:
+    """Move the directory ``path`` to the first free ``<path>.N`` (``common.numbered``) and return
+    that name: the number is reserved by creating it empty (``mkdir`` fails on a taken name), and
+    the directory takes the empty one's place in one rename."""
+    n = 1
+    while True:
+        candidate = numbered(path, n)
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            n += 1
+            continue
+        try:
+            os.rename(path, candidate)
+        except OSError:
+            os.rmdir(candidate)
+            raise
+        return candidate
 
 
 def check_kinds(out_dir: str) -> None:

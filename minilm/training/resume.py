@@ -1,6 +1,7 @@
 """What lets a training run stop and continue exactly: the stop flag set by Ctrl-C / SIGTERM,
-the RNG states saved with a checkpoint, the check that a resumed run fits its checkpoint,
-and trimming the metrics log back to the checkpoint's step."""
+the RNG states saved with a checkpoint, the checks that a resumed run fits its checkpoint and
+has steps left to train, the tokenizer it continues with (the checkpoint's), and trimming the
+metrics log back to the checkpoint's step."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 from minilm.checkpoints.format import CheckpointError, with_defaults
 from minilm.common import atomic_write, shown
 from minilm.config import TRAJECTORY, Config, ConfigError, TrainConfig, fields_with
+from minilm.data.corpus import configured_tokenizer
+from minilm.data.hf_tokenizer import AnyTokenizer, tokenizer_from_bytes
 
 
 class StopFlag:
@@ -113,6 +116,39 @@ def check_resumable(config: Config, state: dict) -> None:
                 f"cannot resume {state['path']}: {key}={now!r} but the checkpoint has {before!r}; "
                 f"use the same setting or start a new out_dir"
             )
+
+
+def check_steps_left(config: Config, state: dict, taken: list = ()) -> None:
+    """A ConfigError when ``train.max_steps`` (the checkpoint's, or given again) is at or below the
+    checkpoint's step: the resumed run would train nothing, only evaluate, log and save again.
+    ``taken``: ``resumed_config``'s list, which says when the value is the checkpoint's."""
+    step, max_steps = int(state["step"]), config.train.max_steps
+    if max_steps <= step:
+        finished = " (the run is finished)" if max_steps == step else ""
+        whose = (
+            " (the checkpoint's: on --resume only one given on the command line replaces it)"
+            if f"train.max_steps={max_steps!r}" in taken
+            else ""
+        )
+        raise ConfigError(
+            f"cannot resume {state['path']}: it is at step {step}{finished} and train.max_steps={max_steps}{whose}: "
+            f"give a train.max_steps above {step} (--resume train.max_steps=N) to train it further"
+        )
+
+
+def resumed_tokenizer(config: Config, state: dict) -> AnyTokenizer:
+    """The tokenizer a resumed run encodes its corpus with: the checkpoint's, whose ids its weights
+    learned (a tokenizer trained again on the corpus, changed or not, may give its pieces other ids).
+    A ``data.tokenizer`` that is no longer that tokenizer is a ConfigError."""
+    tokenizer = tokenizer_from_bytes(state["tokenizer"])
+    given = configured_tokenizer(config.data)
+    if given is not None and given.to_bytes() != tokenizer.to_bytes():
+        raise ConfigError(
+            f"cannot resume {state['path']}: data.tokenizer={config.data.tokenizer!r} is no longer the tokenizer the "
+            f"checkpoint was trained with: restore that directory, or start a new run from the checkpoint with "
+            f"train.init_from (which keeps its tokenizer)"
+        )
+    return tokenizer
 
 
 TRAJECTORY_DEFAULTS = {key: getattr(TrainConfig(), key) for key in fields_with(TrainConfig, TRAJECTORY)}

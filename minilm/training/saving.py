@@ -55,6 +55,7 @@ def write_checkpoint(run, val: Optional[dict]) -> str:
         "config": run.config.to_dict(),
         "run_dir": os.getcwd(),  # what the config's relative paths (data.dir) meant (checkpoints.loading.locate_data)
         "tokenizer": run.prepared.tokenizer.to_bytes(),
+        "corpus_fingerprint": run.prepared.manifest.get("source_fingerprint"),  # --resume says when it changed
         "step": run.step,
         "rng": rng_state(run.device),
         "data_state": {
@@ -312,7 +313,7 @@ def unshard(directory: str, out: Optional[str] = None, overwrite: bool = True) -
         raise CheckpointError(
             f"{given!r} is not a sharded checkpoint: give an out_dir holding {checkpoint.SHARDED}/ or that directory"
         )
-    out = out or os.path.join(os.path.dirname(os.path.abspath(directory)), checkpoint.FILENAME)
+    out = checkpoint.file_path(out or os.path.dirname(os.path.abspath(directory)))  # a directory: its ckpt.pt
     if os.path.exists(out) and not overwrite:
         raise CheckpointError(f"{out!r} exists: give --overwrite to replace it, or another --out")
     record = read_record(directory)

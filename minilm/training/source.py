@@ -8,7 +8,8 @@ and its overrides set, as against the defaults). A set position setting of the s
 applies over the source's (a scaling, interpolation: ``minilm.checkpoints.extension``); another
 kind, or another architecture, is an error naming both values, as is a ``data.tokenizer`` that is
 not the source's tokenizer. ``source_model`` also returns one line that says what was loaded and
-what the run takes from it.
+what the run takes from it. ``starting_config`` is what any run starts from, with or without a
+source: the config whose architecture and vocabulary are decided before any data is prepared.
 """
 
 from __future__ import annotations
@@ -22,7 +23,26 @@ from minilm.checkpoints.loading import Loaded, model_of, read_checkpoint
 from minilm.config import ARCHITECTURE, Config, ConfigError, ModelConfig, fields_with, resolve_config
 from minilm.configfile import was_given
 from minilm.data.corpus import configured_tokenizer
-from minilm.positions import describe, unwrap_setting, validate
+from minilm.positions import PositionError, describe, unwrap_setting, validate
+from minilm.positions.layers import check_all_used
+
+
+def starting_config(config: Config, fresh: bool = True) -> tuple:
+    """What a run's start decides before any data is prepared: (the config with the architecture and
+    vocabulary of ``train.init_from``'s source (``source_model``), else the vocabulary of
+    ``data.tokenizer``, else ``data.vocab_size`` (the size of the tokenizer to train); the source,
+    a ``Loaded``, or None; the line that says what was loaded, or ''). ``setup`` starts from it and
+    ``--print-config`` prints it. A ConfigError or CheckpointError where the source or the tokenizer
+    cannot be used, or where a model built from scratch (``fresh``, not a resumed one) would leave a
+    type of ``model.layers`` unused (``check_all_used``)."""
+    if config.train.init_from:
+        return source_model(config)
+    if fresh and config.model.layers is not None:
+        try:
+            check_all_used(config.model.layers["pattern"], config.model.n_layer)
+        except PositionError as exc:
+            raise ConfigError(str(exc)) from None
+    return resolve_config(config, tokenizer=configured_tokenizer(config.data)), None, ""
 
 
 def source_model(config: Config) -> tuple:
