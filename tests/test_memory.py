@@ -236,3 +236,9 @@ def test_memory_counts_the_vocabulary_of_data_tokenizer(hf_tokenizer_dir, capsys
         load_config("rope.yaml", [f"data.tokenizer={hf_tokenizer_dir}"]).data
     )
     assert f"1 layers x d_model 192, vocabulary {vocabulary.vocab_size:,}, " in capsys.readouterr().out
+
+
+def test_a_bad_context_is_refused_before_anything_is_printed(capsys):
+    assert memory_command.main(["rope.yaml", "--context", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --context 0 is invalid: expected a number of tokens >= 1\n"

@@ -56,6 +56,8 @@ def run(args) -> int:
     config = load_config(args.config, args.overrides)
     if args.ranks < 1:
         raise ConfigError(f"--ranks {args.ranks} is invalid: expected a number of processes >= 1")
+    if args.context is not None and args.context < 1:  # before anything is counted or printed
+        raise ConfigError(f"--context {args.context} is invalid: expected a number of tokens >= 1")
     batch = args.batch_size if args.batch_size is not None else config.train.batch_size
     if batch < 1:
         raise ConfigError(f"--batch-size {batch} is invalid: expected rows per process >= 1")
@@ -102,8 +104,6 @@ def print_cache(model: ModelConfig, context: int, dtype: torch.dtype) -> None:
     """The KV cache of one sequence of ``context`` tokens, by layer type: each layer keeps its window or
     chunk where that is shorter (``minilm.positions.layers.cache_slots``); float32 on the CPU for a
     bf16/fp16 model (``minilm.model.cache.cache_dtype``), counted here in ``dtype`` as on an accelerator."""
-    if context < 1:
-        raise ConfigError(f"--context {context} is invalid: expected a number of tokens >= 1")
     types = layer_types(model.layers, model.position, model.n_layer)
     per_slot = 2 * (model.n_kv_head or model.n_head) * model.head_dim * dtype.itemsize  # a key and a value
     slots = cache_slots(types, context)

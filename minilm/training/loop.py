@@ -249,8 +249,11 @@ def train(
 
     Summary keys: checkpoint (path), steps (optimizer steps done in total), tokens (training
     tokens seen in total), seconds (wall time of this call, data preparation included), dtype,
-    tokens_per_s (this call's training throughput), best_val_bpc, final_val_loss,
-    final_val_bpc, final_val_ppl, interrupted (signal name or None), sample (text or None).
+    tokens_per_s (this call's training throughput), best_val_bpc (the lowest of the run's evaluations:
+    the periodic ones, each on ``train.eval_iters`` random windows, and the final one, the whole split
+    up to ``train.final_eval_tokens``: two measures, so the best can be a lucky draw of windows; the final
+    one is final_val_bpc), final_val_loss, final_val_bpc, final_val_ppl, interrupted (signal name or
+    None), sample (text or None).
     A fresh run refuses an out_dir that holds a checkpoint unless ``overwrite`` (which replaces
     only a minilm checkpoint: a ckpt.pt of the user's is set aside); any run refuses the
     out_dir that holds its ``train.init_from``; one out_dir serves one live run at a time
