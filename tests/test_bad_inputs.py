@@ -796,13 +796,6 @@ CASES = [
         None,
         "rng.torch is a uint8 tensor of 100 values",
     ),
-    # --- data: the prepared corpora's directory is the corpus directory itself
-    (
-        "data.dir is the corpus directory",
-        ["train.py", "data.corpus={scratch}/mine", "data.dir={scratch}/mine", "out_dir={scratch}/dm", "--quiet"],
-        None,
-        "is the corpus directory (data.corpus=",
-    ),
     # --- training: a resumed run with no steps left; a layer pattern longer than the model
     (
         "resume a finished run",

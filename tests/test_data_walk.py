@@ -66,12 +66,21 @@ def test_a_corpus_directory_leaves_out_the_prepared_data_inside_it(folder, monke
     assert sorted(names) == ["doc0.txt", "doc0.txt#val", "doc1.txt", "doc1.txt#val"]
 
 
-def test_a_data_dir_that_is_the_corpus_directory_is_refused(folder):
-    with pytest.raises(DataError) as info:
-        prepare(DataConfig(corpus=str(folder), vocab_size=VOCAB, dir=str(folder)), quiet=True)
-    message = one_line(info)
-    assert f"data.dir={str(folder)!r}" in message and "read back as documents" in message
-    assert not (folder / "texts").exists() and not any(p.is_dir() for p in folder.iterdir())  # nothing written
+def test_data_dir_keeps_the_users_own_files_and_may_be_the_corpus_directory(folder, monkeypatch):
+    """Below data.dir only the prepared corpora's folders are left out: a text of the user's there is a
+    document; data.dir the corpus directory itself works alike (its prepared folders lie beside the texts)."""
+    (folder / "data").mkdir()
+    (folder / "data" / "notes.txt").write_text(tiny_text(60, seed=7))
+    inside = DataConfig(corpus=str(folder), vocab_size=VOCAB, dir=str(folder / "data"))
+    calls = trainings(monkeypatch)
+    prepare(inside, quiet=True)
+    again = prepare(inside, quiet=True)
+    assert len(calls) == 1 and "data/notes.txt" in again.manifest["train"]["documents"]
+    (folder / "data" / "notes.txt").unlink()
+    itself = DataConfig(corpus=str(folder), vocab_size=VOCAB, dir=str(folder))
+    first = prepare(itself, quiet=True)
+    assert prepare(itself, quiet=True).dir == first.dir and len(calls) == 2  # reused, its own files no documents
+    assert sorted(first.manifest["train"]["documents"]) == ["doc0.txt", "doc1.txt"]
 
 
 # =========================================================================== extensions

@@ -392,6 +392,9 @@ def test_longrope_refill_decodes_as_uncached_or_is_refused(random_gpt):
         greedy_rows(model, [list(range(1, 7))], max_new_tokens=20)
     with pytest.raises(GenerationError, match="prompts of different lengths pass at different steps"):
         greedy_rows(model, [[1, 2, 3], [4, 5, 6, 7]], max_new_tokens=20, max_context=24)
+    past = [list(range(1, 21)), list(range(3, 26))]  # both past L from the start: nothing left to pass
+    together = greedy_rows(model, past, max_new_tokens=10, max_context=40)
+    assert together == [greedy_rows(model, [p], max_new_tokens=10, max_context=40)[0] for p in past]
 
 
 def greedy_rows(model, prompts, **options):

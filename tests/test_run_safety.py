@@ -114,6 +114,10 @@ def test_a_fresh_run_keeps_aside_every_file_an_earlier_run_left(tiny_config, cap
     again = open(os.path.join(out, "snapshots", "step-1.pt"), "rb").read()
     run.save_snapshot()  # step 1 again
     assert open(os.path.join(out, "snapshots", "step-1.1.pt"), "rb").read() == again
+    own = os.path.join(out, "snapshots", "step-1.pt")  # a fresh run from its own snapshot would move it aside
+    with pytest.raises(OutDirError, match=r"lies inside out_dir=.*copy it out of out_dir, or choose another"):
+        train(tiny_config(*tiny, f"train.init_from={own}", "train.max_steps=2"), overwrite=True, quiet=True)
+    assert sorted(os.listdir(os.path.join(out, "snapshots"))) == ["step-1.1.pt", "step-1.pt"]  # nothing moved
 
 
 @pytest.mark.slow

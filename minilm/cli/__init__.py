@@ -71,7 +71,8 @@ def number_list(text: str, kind, option: str, zero: bool = False) -> list:
     repeated = sorted({v for v in values if values.count(v) > 1})
     if repeated:
         raise argparse.ArgumentTypeError(
-            f"{option}={text!r} repeats {', '.join(f'{v:g}' for v in repeated)}: give each number once"
+            f"{option}={text!r} repeats {', '.join(str(v) if kind is int else f'{v:g}' for v in repeated)}: give "
+            f"each number once"
         )
     return values
 

@@ -17,8 +17,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out",
         default=None,
-        help=f"the file to write (default: {checkpoint.FILENAME} beside {checkpoint.SHARDED}; "
-        f"an existing file there is replaced only with --overwrite)",
+        help=f"the file to write, a name ending in .pt (else a directory to hold {checkpoint.FILENAME}; default: "
+        f"{checkpoint.FILENAME} beside {checkpoint.SHARDED}); an existing file is replaced only with --overwrite",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     args = parser.parse_args(argv)

@@ -4,11 +4,11 @@ A corpus path is a file (itself, whatever its name) or a directory: every file b
 ``.txt``, ``.jsonl``, ``.parquet`` or ``.arrow`` (``SUFFIXES``, matched in any case: ``a.TXT``, ``docs.JSONL``),
 recursively, sorted by relative path; hidden files and folders are left out, and in a folder that
 ``datasets`` saved (``save_to_disk``: its ``state.json`` lists its Arrow files) the Arrow files it does not
-list. The directories a caller names in ``skip`` are left out too where they lie inside the corpus:
-``prepare`` names ``data.dir``, so with ``corpus: .`` and ``data.dir: data`` the prepared corpora
-(``data/<name>/val.txt``) are never read back as documents, which would leak validation text into
-training and change the corpus's fingerprint at every run. A ``skip`` directory that is the corpus
-directory itself is a DataError: its prepared files would lie among the documents.
+list. Below a directory a caller names in ``skip`` (``prepare`` names ``data.dir``), the prepared
+corpora minilm wrote are left out, each a folder holding ``PREPARED`` files: with ``corpus: .`` and
+``data.dir: data`` (or ``data.dir`` the corpus directory itself) their ``val.txt`` is never read back
+as a document, which would leak validation text into training and change the corpus's fingerprint at
+every run; the user's own files there stay documents.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from minilm.common import MinilmError
 from minilm.data.tables import listed_arrow
 
 SUFFIXES = (".txt", ".jsonl", ".parquet", ".arrow")  # a corpus directory's files, matched in any case
+PREPARED = ("manifest.json", "tokenizer.model", "train.bin", "val.bin")  # a prepared corpus's folder holds one
 KINDS = ".txt, .jsonl, .parquet or .arrow"
 
 
@@ -31,8 +32,8 @@ class DataError(MinilmError):
 def user_files(path: Union[str, Path], skip: Optional[Mapping[str, str]] = None) -> list[tuple[str, Path]]:
     """(relative path, file) of a user corpus: the file itself, or every file of SUFFIXES (in any case) below a
     directory, hidden files and folders left out (of a ``datasets`` folder, only the Arrow files its state.json
-    lists). ``skip`` ({setting: directory}, such as ``{"data.dir": "data"}``): a directory left out where it lies
-    inside the corpus directory, a DataError naming the setting where it is the corpus directory itself."""
+    lists). ``skip`` ({setting: directory}, such as ``{"data.dir": "data"}``): below each that lies in the corpus
+    directory (or is it), the prepared corpora's folders (any holding a ``PREPARED`` file) are left out."""
     root = Path(os.path.expanduser(str(path)))
     if root.is_file():
         return [(root.name, root)]
@@ -44,12 +45,14 @@ def user_files(path: Union[str, Path], skip: Optional[Mapping[str, str]] = None)
         )
     if not root.is_dir():
         raise DataError(f"data.corpus={str(path)!r} is neither a file nor a directory")
-    left_out = _inside(str(path), root, skip or {})
+    prepared_in = _inside(root, skip or {})
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
         rel = here.relative_to(root)
-        dirs[:] = [d for d in dirs if not d.startswith(".") and (rel / d).parts not in left_out]
+        dirs[:] = [
+            d for d in dirs if not d.startswith(".") and not (_below(rel / d, prepared_in) and _is_prepared(here / d))
+        ]
         arrow = any(name.lower().endswith(".arrow") for name in names)
         listed = listed_arrow(here) if arrow else None  # a save_to_disk folder's state.json
         for name in names:
@@ -62,18 +65,22 @@ def user_files(path: Union[str, Path], skip: Optional[Mapping[str, str]] = None)
     return sorted(files)
 
 
-def _inside(corpus: str, root: Path, skip: Mapping[str, str]) -> set[tuple[str, ...]]:
-    """The relative path (its parts) of each directory of ``skip`` that lies inside the corpus directory
-    ``root``; a DataError when one is ``root`` itself (its prepared files would be read back as documents)."""
+def _inside(root: Path, skip: Mapping[str, str]) -> set[tuple[str, ...]]:
+    """The relative path (its parts; () for ``root`` itself) of each directory of ``skip`` that is the
+    corpus directory ``root`` or lies inside it."""
     real, parts = root.resolve(), set()
-    for setting, directory in skip.items():
+    for directory in skip.values():
         target = Path(os.path.expanduser(str(directory))).resolve()
-        if target == real:
-            raise DataError(
-                f"{setting}={str(directory)!r} is the corpus directory (data.corpus={corpus!r}) itself: its prepared "
-                f"files would be read back as documents; expected a directory outside it or one inside it "
-                f"(such as {str(Path(corpus) / 'data')!r}), which the corpus leaves out"
-            )
-        if real in target.parents:
+        if target == real or real in target.parents:
             parts.add(target.relative_to(real).parts)
     return parts
+
+
+def _below(rel: Path, tops: set) -> bool:
+    """Whether the relative path ``rel`` lies strictly below one of ``tops`` (relative paths' parts)."""
+    return any(len(rel.parts) > len(top) and rel.parts[: len(top)] == top for top in tops)
+
+
+def _is_prepared(folder: Path) -> bool:
+    """A folder minilm prepared a corpus into: it holds one of ``PREPARED``."""
+    return any((folder / name).is_file() for name in PREPARED)

@@ -239,7 +239,7 @@ def evaluate_checkpoints(
                 common = dict(
                     label=label,
                     checkpoint=path,
-                    position=describe_design(position, config.model.layers),
+                    position=describe_design(position, config.model.layers, config.model.n_layer),
                     train_length=config.model.block_size,
                     length=t,
                     mode=m,

@@ -437,7 +437,7 @@ def check_refill(model, rows: list, max_new_tokens: int, context: int, *, use_ca
     total = max(len(r) for r in rows) + max_new_tokens
     if refill is None or total <= refill:
         return
-    if len({len(r) for r in rows}) > 1:
+    if len({len(r) for r in rows}) > 1 and min(len(r) for r in rows) <= refill:  # longer ones are past L from the start
         raise GenerationError(
             f"LongRoPE with switch: refill rotates every key again once a sequence passes {refill} tokens, which "
             f"prompts of different lengths pass at different steps: give them one at a time"

@@ -77,9 +77,9 @@ def say_resumed(run, state: dict, taken: list) -> None:
         )
     if state.get("corpus_fingerprint") not in (None, run.prepared.manifest.get("source_fingerprint")):
         run.say(
-            f"note: data.corpus={config.data.corpus!r} changed since the checkpoint was written: the run "
-            f"continues on its text as it is now, encoded with the checkpoint's tokenizer, and differs from the "
-            f"uninterrupted one"
+            f"note: data.corpus={config.data.corpus!r} may have changed since the checkpoint was written (its "
+            f"files' sizes or dates differ): the run continues on its text as it is now, encoded with the "
+            f"checkpoint's tokenizer; if the text changed, it differs from the uninterrupted run"
         )
     changed = trajectory_changes(config, state)
     if changed:

@@ -263,7 +263,9 @@ def train(
     """
     main = int(os.environ.get("RANK", "0")) == 0
     check_loggers(config.train.loggers)  # a missing package is said before anything is done
-    check_not_own_base(config.out_dir, config.train.init_from)  # before out_dir is claimed: nothing written
+    check_not_own_base(
+        config.out_dir, config.train.init_from, resume=resume
+    )  # before out_dir is claimed: nothing written
     with claim(config.out_dir, resume=resume, overwrite=overwrite, main=main):
         return _train(config, resume=resume, quiet=quiet, reprepare=reprepare)
 

@@ -152,18 +152,28 @@ def check_kinds(out_dir: str) -> None:
             )
 
 
-def check_not_own_base(out_dir: str, init_from) -> None:
+def check_not_own_base(out_dir: str, init_from, resume: bool = False) -> None:
     """Refuse a run whose out_dir is ``init_from``'s directory (the directory itself, or the one
     holding the file): its checkpoints would take the place of the model it starts from
     (``--overwrite``), and a LoRA run would record itself as its own base, never to load again.
+    A fresh run (not ``resume``) is refused too where ``init_from`` lies deeper in out_dir (one of its
+    snapshots): the run keeps what an earlier run left there aside under another name
+    (``set_aside_previous``), and its checkpoint would name a source that is no longer there.
     ``hf:NAME`` is no directory of the user's."""
     if not init_from or str(init_from).startswith("hf:"):
         return
     base = init_from if os.path.isdir(init_from) else os.path.dirname(os.path.abspath(init_from))
-    if os.path.realpath(base) == os.path.realpath(out_dir):
+    real, own = os.path.realpath(base), os.path.realpath(out_dir)
+    if real == own:
         raise OutDirError(
             f"out_dir={out_dir!r} is the directory of train.init_from={init_from!r}: the run's checkpoints "
             f"would take the place of the model it starts from; choose another out_dir"
+        )
+    if not resume and real.startswith(own + os.sep):
+        raise OutDirError(
+            f"train.init_from={init_from!r} lies inside out_dir={out_dir!r}, whose snapshots and logs a fresh run "
+            f"keeps aside under other names: the run would lose the path of the model it starts from; copy it "
+            f"out of out_dir, or choose another out_dir"
         )
 
 
