@@ -12,22 +12,11 @@ from minilm.config import DataConfig
 from minilm.data import tokenizer as tokenizer_module
 from minilm.data.corpus import DataError, prepare
 from minilm.data.sources import corpus_documents
-from minilm.data.tokenizer import MAX_LINE_BYTES, Tokenizer
+from minilm.data.tokenizer import MAX_LINE_BYTES
 from tests.conftest import tiny_text
+from tests.test_corpora import trainings
 
 VOCAB = 400
-
-
-def trainings(monkeypatch) -> list:
-    """Tokenizer.train calls made from now on (each one is a preparation that was not reused)."""
-    calls, original = [], Tokenizer.train.__func__
-
-    def train(cls, *args, **kwargs):
-        calls.append(args)
-        return original(cls, *args, **kwargs)
-
-    monkeypatch.setattr(Tokenizer, "train", classmethod(train))
-    return calls
 
 
 def one_line(info) -> str:

@@ -77,6 +77,23 @@ def number_list(text: str, kind, option: str, zero: bool = False) -> list:
     return values
 
 
+def add_probe_grid(parser: argparse.ArgumentParser, depths, what: str) -> None:
+    """--lengths and --depths of a grid of probes (``passkey eval``, ``longeval``): prompt lengths in
+    tokens (default 1x, 2x, 4x each block_size) and where ``what`` sits, fractions of the filler."""
+    parser.add_argument(
+        "--lengths",
+        type=lambda s: number_list(s, int, "--lengths"),
+        help="prompt lengths in tokens (default: 1x,2x,4x block_size)",
+    )
+    parser.add_argument(
+        "--depths",
+        type=lambda s: number_list(s, float, "--depths", zero=True),
+        default=",".join(f"{d:g}" for d in depths),
+        help=f"where {what} sits in the filler, comma-separated fractions (0: the start, 1: the end; "
+        "default %(default)s)",
+    )
+
+
 def is_setting(token: str, sections=SECTIONS) -> bool:
     """Whether a command-line argument is a setting: a dotted key of a config section, then ``=``
     (``model.position.scaling.type=yarn``, ``data.dir=x``). Anything else (a path, a prompt, a

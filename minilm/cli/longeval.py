@@ -14,7 +14,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model
-from minilm.cli import LOADED, Parser, number_list, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, add_probe_grid, run_command, seed, smoke
 from minilm.common import atomic_write, markdown_table, output_path
 from minilm.config import DataConfig
 from minilm.data import corpus as data
@@ -32,17 +32,7 @@ def main(argv=None) -> int:
     parser = Parser(prog="minilm longeval", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint, out_dir, or Hugging Face model directory / hf:NAME")
     parser.add_argument("--tasks", default=",".join(SUITE), help=f"comma-separated (default: all: {','.join(SUITE)})")
-    parser.add_argument(
-        "--lengths",
-        type=lambda s: number_list(s, int, "--lengths"),
-        help="prompt lengths in tokens (default: 1x,2x,4x block_size)",
-    )
-    parser.add_argument(
-        "--depths",
-        type=lambda s: number_list(s, float, "--depths", zero=True),
-        default=",".join(f"{d:g}" for d in DEPTHS),
-        help="where the needle sits, comma-separated fractions of the haystack (default %(default)s)",
-    )
+    add_probe_grid(parser, DEPTHS, "the needle")
     parser.add_argument("--trials", type=int, default=20, help="probes per cell (default 20)")
     parser.add_argument("--items", type=int, default=4, help="keys, queries, values or hops of the tasks (default 4)")
     parser.add_argument("--seed", type=seed, default=0)

@@ -8,7 +8,7 @@ import sys
 from tqdm import tqdm
 
 from minilm.checkpoints.loading import load_model, read_checkpoint
-from minilm.cli import LOADED, Parser, number_list, run_command, seed, smoke
+from minilm.cli import LOADED, Parser, add_probe_grid, run_command, seed, smoke
 from minilm.data.hf_tokenizer import load_tokenizer, tokenizer_from_bytes
 from minilm.data.sources import corpus_documents, join_documents
 from minilm.evaluation import passkey
@@ -59,18 +59,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="passkey accuracy of checkpoints per length and depth")
     ev.add_argument("checkpoints", nargs="+")
-    ev.add_argument(
-        "--lengths",
-        type=lambda s: number_list(s, int, "--lengths"),
-        help="prompt lengths in tokens (default: 1x,2x,4x block_size)",
-    )
-    ev.add_argument(
-        "--depths",
-        type=lambda s: number_list(s, float, "--depths", zero=True),
-        default=",".join(f"{d:g}" for d in DEFAULT_DEPTHS),
-        help="where the key sits in the filler, comma-separated fractions (0: the start, 1: the end; "
-        "default %(default)s)",
-    )
+    add_probe_grid(ev, DEFAULT_DEPTHS, "the key")
     ev.add_argument("--trials", type=int, default=5, help="random keys per length and depth (default %(default)s)")
     ev.add_argument("--seed", type=seed, default=0, help="seeds the keys and the filler (default %(default)s)")
     ev.take_settings(f"every checkpoint's {LOADED}", "model.position.scaling.type=dynamic")
