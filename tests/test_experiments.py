@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 
 import pytest
 import torch
@@ -16,10 +17,11 @@ from minilm.data.retrieval import distance
 from minilm.evaluation import lengths as evaluation
 from minilm.figures.canvas import have_matplotlib
 from minilm.model.gpt import GPT
-from minilm.study import claims, designs, extension, primary, report, sweep, tuning
+from minilm.study import claims, designs, extension, primary, provenance, report, sweep, tuning
 from minilm.study import plan as experiments
 from minilm.study.figures import ORDER, style
 from minilm.study.jobs import check_graph
+from minilm.study.journal import Journal, JournalError
 
 
 @pytest.fixture(scope="module")
@@ -496,6 +498,16 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
         experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
         experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[10, 5]"])
+    with pytest.raises(experiments.ExperimentError, match="at least two after it"):  # the plateau reads the last two
+        experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[0, 10]"])
+    with pytest.raises(experiments.ExperimentError, match="eval.position_bin=12 is invalid: .* divides L=32"):
+        experiments.make_plan("length-generalization", True, None, ["eval.position_bin=12"])
+    header = report._length_table([], "scratch", ["rope"], [64, 128], "nonoverlapping", 32).splitlines()[0]
+    assert "64 (2L)" in header and "128 (4L)" in header  # in units of L, whatever the first length
+    sliding = tmp_path / "sliding"  # the claims read the nonoverlapping protocol: refused before anything runs
+    assert experiment_cli.main(["length-generalization", "--quick", "--out", str(sliding), "eval.modes=[sliding]"]) == 2
+    assert "mode='nonoverlapping' is not among the study's eval.modes" in capsys.readouterr().err
+    assert not sliding.exists()
     with pytest.raises(experiments.ExperimentError, match="valid: none, linear, ntk, dynamic, yarn, llama3"):
         experiments.make_plan("length-generalization", True, None, ["extension.methods=[pi]"])
     with pytest.raises(experiments.ExperimentError, match="eval.modes"):
@@ -1101,3 +1113,32 @@ def test_every_series_of_the_study_figures_has_its_own_look():
     labels = sorted(set(designs.scratch_labels(plan)) | set(ORDER))
     looks = {tuple(sorted(style(label).items())) for label in labels}
     assert len(looks) == len(labels), "two series of the figures share colour, line style and marker"
+
+
+def test_a_resumed_journal_refuses_other_inputs(tmp_path):
+    """The rates and the corpus every job read are bound to the journal: a resume with others is refused
+    (its jobs would be read back beside jobs of other inputs); the same ones resume."""
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {"p": 1}, resume=False)
+    journal.bind("corpus", "fingerprint-1", "data.corpus='texts/'")
+    journal.start("abc", {"p": 1}, resume=True)
+    journal.bind("corpus", "fingerprint-1", "data.corpus='texts/'")
+    with pytest.raises(JournalError, match="--resume: data.corpus='texts/' is not the one the journal's jobs ran with"):
+        journal.bind("corpus", "fingerprint-2", "data.corpus='texts/'")
+
+
+def test_two_different_uncommitted_edits_are_two_codes(tmp_path):
+    """A dirty tree's commit string carries a hash of the changes: a resume with other edits of the same
+    files is other code."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("a = 1\n")
+    git("add", "f.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x")
+    (tmp_path / "f.py").write_text("a = 2\n")
+    first = provenance.git_commit(str(tmp_path))
+    (tmp_path / "f.py").write_text("a = 3\n")
+    second = provenance.git_commit(str(tmp_path))
+    assert "dirty: 1 uncommitted" in first and first != second
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert provenance.git_commit(str(tmp_path)) == first

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
+import json
 import os
 import signal
 import sys
@@ -17,6 +19,7 @@ import time
 
 from minilm.cli import Parser, run_command, smoke
 from minilm.common import keep_aside, resolve_device, resolve_dtype
+from minilm.data.sources import source_fingerprint
 from minilm.study import designs, primary, provenance, rates, report, sweep, tune, tuning
 from minilm.study import plan as experiments
 from minilm.study.extension import extension_runs
@@ -184,6 +187,9 @@ def run(args, argv, out: str) -> int:
             f"--tune: {args.experiment} has no tuning step (its runs train at its plan's rates); the "
             f"experiments that have one: {', '.join(tuned)}"
         )
+    claims_path = primary.path_for(plan["experiment"])
+    if os.path.exists(claims_path):  # what the claims read the plan must give, before anything runs
+        primary.check_plan(plan, claims_path)
     earlier = [name for name in ("study.json", "runs") if os.path.exists(os.path.join(out, name))]
     if args.resume and args.overwrite:
         raise experiments.ExperimentError(
@@ -200,6 +206,12 @@ def run(args, argv, out: str) -> int:
     precision = str(resolve_dtype(train.get("dtype", "auto"), resolve_device(train.get("device", "cpu"))))
     command = "python -m minilm experiment " + " ".join(a for a in argv if a != "--resume")
     invocation = journal.start(commit, plan, resume=args.resume, precision=precision, command=command)
+    data = plan["data"]
+    journal.bind(
+        "corpus",
+        source_fingerprint(data["corpus"], data.get("text_field", "text"), {"data.dir": data.get("dir", "data")}),
+        f"data.corpus={data['corpus']!r} (its files' sizes, dates or bytes)",
+    )
     study = experiments.Study(plan, out, workers=args.workers, quiet=args.quiet, journal=journal)
     if tuning.scales(plan):  # an experiment whose rates are tuned: the tuning step, or its frozen rates
         path = frozen_rates(args, plan, out, journal, commit, started)
@@ -207,6 +219,8 @@ def run(args, argv, out: str) -> int:
             return 0
         contents = rates.read(path, plan["experiment"])
         rates.check(contents, path, plan, designs.scratch_labels(plan), sweep_rows(plan))
+        digest = hashlib.sha256(json.dumps(contents, sort_keys=True).encode()).hexdigest()
+        journal.bind("rates", digest, f"the rates file {path} (its rates)")
         last, before = primary.registration(path, commit)
         study.use_rates(contents, {"path": shown_path(path), "commit": last, "registered": before})
     study.claims = primary.snapshot(plan["experiment"], commit)  # the claims this run tests, as they are now

@@ -33,7 +33,8 @@ KEYS = "keys"  # the plan's retrieval setting: pairs in each multi-key probe (1:
 
 
 def check(plan: dict) -> Optional[str]:
-    """A one-line problem with the plan's ``retrieval.keys`` or ``eval.truncated_stride``, or None."""
+    """A one-line problem with the plan's ``retrieval.keys``, ``eval.truncated_stride`` or ``eval.position_bin``
+    (its bins must tile L: the tables' spans are whole bins), or None."""
     L = plan["model"]["block_size"]
     keys, fits = plan.get("retrieval", {}).get(KEYS, 1), min(SIZE, max(1, L // SLOT // 4))
     if not isinstance(keys, int) or isinstance(keys, bool) or not 1 <= keys <= fits:
@@ -41,6 +42,9 @@ def check(plan: dict) -> Optional[str]:
     stride = plan.get("eval", {}).get("truncated_stride")
     if stride is not None and (not isinstance(stride, int) or isinstance(stride, bool) or not 1 <= stride <= L):
         return f"eval.truncated_stride={stride!r} is invalid: expected an integer from 1 to {L} (None: L / 2)"
+    width = plan.get("eval", {}).get("position_bin")
+    if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1 or L % width):
+        return f"eval.position_bin={width!r} is invalid: expected an integer >= 1 that divides L={L}"
     return None
 
 

@@ -131,10 +131,10 @@ def oracle_steps(plan: dict) -> int:
 def plan_problem(plan: dict, kinds) -> "str | None":
     """What is wrong with the plan's extension, schemes, controls, sweep and retrieval sections (None: nothing)."""
     steps = plan["extension"]["curve_steps"]
-    if not steps or steps[0] != 0 or sorted(set(steps)) != steps:
+    if len(steps) < 3 or steps[0] != 0 or sorted(set(steps)) != steps:  # the plateau compares the last two
         return (
-            f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, e.g. "
-            "[0, 10, 25, 50, 100, 200]"
+            f"extension.curve_steps={steps} is invalid: expected increasing steps from 0, at least two after it, "
+            "e.g. [0, 10, 25, 50, 100, 200]"
         )
     ext = plan["extension"]
     if not isinstance(ext.get("text_only", False), bool):

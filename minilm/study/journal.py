@@ -5,8 +5,10 @@ Every finished job is written at once, whole or not at all, to ``<out>/journal/<
 its key and its ``Done`` (value and times). The fingerprint is a hash of the job's key and the
 arguments it ran with (its config, checkpoint paths, lengths: plain data), so a job whose settings
 changed runs again instead of being read back. ``meta.json`` holds the commit and the plan the
-journal belongs to: resuming with other code or another plan is refused, since a report must come
-from one code and one plan.
+journal belongs to, and the inputs every job reads beside them (``bind``: the rates file, the
+corpus): resuming with other code, another plan or other inputs is refused, since a report must
+come from one code, one plan and one set of inputs (a job's fingerprint names the checkpoint it
+scores by its path, not by what trained it).
 
 An entry is plain data (JSON): numbers, strings, and lists, tuples, string-keyed mappings and
 evaluation ``Result`` cells, each container tagged with what it was (``to_plain``), so that it
@@ -150,6 +152,22 @@ class Journal:
         atomic_write(meta_path, json.dumps(meta, indent=1))
         self.command = meta["command"]
         return meta["invocations"]
+
+    def bind(self, name: str, value: str, what: str) -> None:
+        """Record ``value`` of an input that every job depends on (``name``: "rates", the rates file's hash;
+        "corpus", its fingerprint) in meta.json; a JournalError, naming ``what`` it is, where the journal
+        (begun by ``start``) recorded another: its jobs would be read back beside jobs of other inputs.
+        A journal of an earlier version that recorded none takes it now."""
+        meta_path = os.path.join(self.directory, META)
+        meta = self._meta(meta_path)
+        inputs = meta.setdefault("inputs", {})
+        if inputs.get(name, value) != value:
+            raise JournalError(
+                f"--resume: {what} is not the one the journal's jobs ran with: give the same, or start again "
+                f"with --overwrite"
+            )
+        inputs[name] = value
+        atomic_write(meta_path, json.dumps(meta, indent=1))
 
     def _meta(self, meta_path: str) -> dict:
         """The journal's meta.json, or JournalError in one line."""

@@ -294,14 +294,9 @@ def outcomes(
     """(alpha, [Outcome, ...]) of every claim of the plan's file (or of ``text``), Holm-corrected;
     retrieval claims by the file's ``retrieval_test``, else ``default_test`` (``recorded_test``)."""
     path = path or path_for(plan["experiment"])
-    alpha, mode, claims = load(path, text)
+    alpha, mode, claims = check_plan(plan, path, text)
     rule = retrieval_test(path, text, default_test)
-    if mode not in plan["eval"]["modes"]:
-        raise ClaimsError(f"{path}: mode={mode!r} is not among the study's eval.modes {plan['eval']['modes']}")
-    L, factor = plan["model"]["block_size"], plan.get("extension", {}).get("factor")
-    for claim in claims:  # the passkey is asked in the extended window only (``papers.passkey_length``)
-        if any(c and c["section"] == SECTION and c["length"] != factor for c in (claim.a, claim.b)):
-            raise ClaimsError(f"{path}: claim {claim.id!r}: a passkey cell's length must be extension.factor {factor}")
+    L = plan["model"]["block_size"]
     _, _, passed = gate(rows, plan) if rows else (None, None, False)
     floor = task_floor(plan)
     tested = [_test(claim, cells, rows, L, mode, passed, alpha, rule, floor) for claim in claims]
@@ -460,6 +455,20 @@ def retrieval_rows(path: str, text: Optional[str] = None) -> set:
         for c in (claim.a, claim.b)
         if c
     }
+
+
+def check_plan(plan: dict, path: str, text: Optional[str] = None) -> tuple:
+    """(alpha, mode, claims) of the claims file at ``path`` (or its ``text``), a ClaimsError where the plan
+    cannot give what they read: their protocol not among ``eval.modes``, a passkey cell at another length
+    than ``extension.factor``. A study checks it before any job runs, not after hours of them."""
+    alpha, mode, claims = load(path, text)
+    if mode not in plan["eval"]["modes"]:
+        raise ClaimsError(f"{path}: mode={mode!r} is not among the study's eval.modes {plan['eval']['modes']}")
+    factor = plan.get("extension", {}).get("factor")
+    for claim in claims:  # the passkey is asked in the extended window only (``papers.passkey_length``)
+        if any(c and c["section"] == SECTION and c["length"] != factor for c in (claim.a, claim.b)):
+            raise ClaimsError(f"{path}: claim {claim.id!r}: a passkey cell's length must be extension.factor {factor}")
+    return alpha, mode, claims
 
 
 def snapshot(experiment: str, run_commit: str) -> Optional[dict]:

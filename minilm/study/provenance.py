@@ -3,6 +3,7 @@ dirty), the machine, its CPU's vector extensions, the load, and the time its job
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -14,8 +15,9 @@ from minilm.common import cpu_has_fast_bf16
 
 
 def git_commit(repo: str, exclude: Optional[str] = None) -> str:
-    """``git rev-parse HEAD`` of the repository, plus ' (dirty)' when files differ from it
-    (untracked ones included, except under ``exclude``: the experiment's own output)."""
+    """``git rev-parse HEAD`` of the repository, plus ' (dirty: ...)' when files differ from it
+    (untracked ones included, except under ``exclude``: the experiment's own output), with a hash of
+    the changes themselves (``changes_hash``): two different edits never read as the same code."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
@@ -30,8 +32,30 @@ def git_commit(repo: str, exclude: Optional[str] = None) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     skip = None if exclude is None else os.path.relpath(os.path.abspath(exclude), repo) + os.sep
-    changed = [line[3:] for line in status if skip is None or not (line[3:].strip('"') + os.sep).startswith(skip)]
-    return head + (f" (dirty: {len(changed)} uncommitted or untracked files, e.g. {changed[0]})" if changed else "")
+    kept = [line for line in status if skip is None or not (line[3:].strip('"') + os.sep).startswith(skip)]
+    if not kept:
+        return head
+    changed = [line[3:] for line in kept]
+    untracked = [line[3:].strip('"') for line in kept if line.startswith("??")]
+    return head + (
+        f" (dirty: {len(changed)} uncommitted or untracked files, e.g. {changed[0]}; "
+        f"changes {changes_hash(repo, untracked)})"
+    )
+
+
+def changes_hash(repo: str, untracked: list) -> str:
+    """12 hex digits of a hash of ``git diff HEAD`` and the untracked files' names and contents."""
+    digest = hashlib.sha256(
+        subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=repo, capture_output=True, check=True).stdout
+    )
+    for name in sorted(untracked):
+        digest.update(name.encode() + b"\0")
+        try:
+            with open(os.path.join(repo, name), "rb") as f:
+                digest.update(f.read())
+        except OSError:
+            pass  # a directory or a file gone since: its name counts
+    return digest.hexdigest()[:12]
 
 
 def machine() -> str:

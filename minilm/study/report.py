@@ -84,10 +84,12 @@ def write_report(
         [{k: v for k, v in c.items() if k not in ("by_position", "truncated_by_position")} for c in study.cells],
         os.path.join(study.out, "results.csv"),
     )
-    if study.retrieval:
-        write_csv(study.retrieval, os.path.join(study.out, "retrieval.csv"))
-    if study.passkey:
-        write_csv(study.passkey, os.path.join(study.out, "passkey.csv"))
+    for rows, name in ((study.retrieval, "retrieval.csv"), (study.passkey, "passkey.csv")):
+        path = os.path.join(study.out, name)
+        if rows:
+            write_csv(rows, path)
+        elif os.path.exists(path):  # an earlier run's (--overwrite): this run's report has no such rows
+            os.remove(path)
     figures = study_figures(study) if have_matplotlib() else {}
     lines = _header(study, command, wall, started_at, loads, commit, host) + _protocol(study)
     if study.plan["experiment"] == "ablation":
@@ -292,10 +294,10 @@ def _retrieval_protocol(study: Study) -> list:
     ]
 
 
-def _length_table(cells, section, labels, lengths, mode, step=None, names=None) -> str:
+def _length_table(cells, section, labels, lengths, mode, L, step=None, names=None) -> str:
     names = names or {}
     return table(
-        ["model"] + [f"{t} ({t / (lengths[0] or 1):g}L)" for t in lengths],
+        ["model"] + [f"{t} ({t / L:g}L)" for t in lengths],
         [
             [names.get(label, label)] + [cell_text(cells, section, label, t, mode, step=step) for t in lengths]
             for label in labels
@@ -365,7 +367,7 @@ def _scratch(study: Study, figures: dict) -> list:
         lines += [
             f"Perplexity, {mode} protocol:",
             "",
-            _length_table(cells, "scratch", scratch_labels(plan), lengths, mode),
+            _length_table(cells, "scratch", scratch_labels(plan), lengths, mode, plan["model"]["block_size"]),
             "",
         ]
     if "lengths" in figures:
@@ -503,11 +505,11 @@ def _extension(study: Study, figures: dict) -> list:
         lines += [
             f"After {steps[-1]} steps, {mode} protocol:",
             "",
-            _length_table(cells, "extension", labels, lengths, mode, step=steps[-1], names=names),
+            _length_table(cells, "extension", labels, lengths, mode, L, step=steps[-1], names=names),
         ]
         if oracle:
             lines[-1] += "\n" + "\n".join(
-                _length_table(cells, "oracle", oracle, lengths, mode, names=oracle_names).splitlines()[2:]
+                _length_table(cells, "oracle", oracle, lengths, mode, L, names=oracle_names).splitlines()[2:]
             )
         lines.append("")
     probe_lengths = [int(m * L) for m in plan["retrieval"]["multiples"]]
