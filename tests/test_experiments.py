@@ -525,6 +525,11 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
     assert stop.value.code == 2 and "repeats a seed" in capsys.readouterr().err
     assert experiment_cli.main(["length-generalization", "--out", str(tmp_path), "--report-only"]) == 2
     assert "study.json" in capsys.readouterr().err
+    for foreign in ('{"plan": {}}', "[1, 2]"):  # another program's JSON: one line, no traceback
+        (tmp_path / "study.json").write_text(foreign)
+        assert experiment_cli.main(["length-generalization", "--out", str(tmp_path), "--report-only"]) == 2
+        assert "is not a study record: it lacks what a study writes" in capsys.readouterr().err
+    (tmp_path / "study.json").unlink()
     untuned = tmp_path / "ablation-tuning"
     assert experiment_cli.main(["ablation", "--quick", "--tune", "--out", str(untuned)]) == 2
     assert "--tune: ablation has no tuning step" in capsys.readouterr().err

@@ -147,3 +147,8 @@ def test_the_lmeval_command_prints_the_table(tiny_corpus, local_task, tmp_path, 
     assert "minilm_choice" in capsys.readouterr().out
     assert main(["lmeval", path, "--tasks", "no_such_task", "--include-path", str(local_task)]) == 2
     assert "no_such_task" in capsys.readouterr().err
+    for bad in (["--limit", "0"], ["--limit", "1.5"], ["--limit", "-1"], ["--batch-size", "0"], ["--num-fewshot", "x"]):
+        with pytest.raises(SystemExit) as stop:  # refused before lm_eval runs (it raised tracebacks, or ran 1)
+            main(["lmeval", path, "--tasks", "minilm_choice", *bad])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"{bad[0]}={bad[1]!r} is invalid" in err and err.count("\n") == 1, err

@@ -147,6 +147,10 @@ def test_prompts_file_prints_each_prompt_as_it_would_alone(checkpoints, tmp_path
     status, from_jsonl, err = run_generate(common + ["--prompts-file", str(jsonl)], capsys)
     assert status == 0, err
     assert from_jsonl == out
+    loud = tmp_path / "PROMPTS.JSONL"  # the extension in any case, a byte-order mark before the first line
+    loud.write_bytes(b"\xef\xbb\xbf" + jsonl.read_bytes())
+    status, from_loud, err = run_generate(common + ["--prompts-file", str(loud)], capsys)
+    assert status == 0 and from_loud == out, err
 
 
 def test_a_prompt_line_keeps_characters_that_python_would_split_at(checkpoints, tmp_path, capsys):  # noqa: F811

@@ -88,7 +88,7 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
         raise GenerationError("give the prompt either as an argument or with --prompt-file, not both")
     if prompt_file is not None:
         try:
-            with open(prompt_file, encoding="utf-8") as f:
+            with open(prompt_file, encoding="utf-8-sig") as f:  # a byte-order mark is no part of the prompt
                 return f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise GenerationError(
@@ -110,13 +110,15 @@ def read_prompt(prompt: Optional[str], prompt_file: Optional[str], stdin) -> str
 
 def read_prompts(path: str) -> List[str]:
     """The prompts of ``--prompts-file``: one per line (blank lines skipped), or for a ``.jsonl``
-    file one JSON string, or object with a "prompt" string, per line (prompts with line breaks)."""
+    file (the extension in any case) one JSON string, or object with a "prompt" string, per line
+    (prompts with line breaks); a UTF-8 byte-order mark at the start is left out."""
     try:
         with open(path, "rb") as f:
-            lines = [line.removesuffix("\r") for line in utf8(f.read(), f"--prompts-file {path!r}").split("\n")]
+            text = utf8(f.read(), f"--prompts-file {path!r}").removeprefix("\ufeff")  # a byte-order mark
+            lines = [line.removesuffix("\r") for line in text.split("\n")]
     except OSError as exc:
         raise GenerationError(f"cannot read --prompts-file {path!r}: {exc.strerror or exc}") from None
-    if not path.endswith(".jsonl"):
+    if not path.lower().endswith(".jsonl"):  # in any case, as corpora: p.JSONL
         prompts = [line for line in lines if line.strip()]
     else:
         prompts = []

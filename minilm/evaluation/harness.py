@@ -15,12 +15,16 @@ exported model scores the same through either (tested to 1e-4 per request):
   tokens is the argmax.
 * ``loglikelihood_rolling(text)``: the text in disjoint windows of ``max_length`` tokens, the
   first one after the begin-of-text token (lm_eval's ``get_rolling_token_windows``), summed.
-* ``generate_until(context, {until, max_gen_toks, ...})``: greedy unless ``do_sample``, from
-  the last ``max_length - max_gen_toks`` tokens of the context, cut at the first stop string
-  or end-of-text token (``minilm.generation.text.generate``).
+* ``generate_until(context, {until, max_gen_toks, ...})``: greedy unless ``do_sample`` (then the
+  task's temperature, top_k, top_p and min_p), from the last ``max_length - max_gen_toks`` tokens
+  of the context, in a window of ``max_length``, cut at the first stop string or end-of-text token
+  (``minilm.generation.text.generate``).
 
 ``max_length`` is the model's context (block_size) unless given. Requests are scored a batch
-at a time, longest first, padded on the right (causal attention never reads the padding).
+at a time, longest first, padded on the right (causal attention never reads the padding). A
+scheme that reads the pass's length (dynamic NTK, LongRoPE) sees the batch's padded length, so
+its scores move with ``--batch-size``, as transformers' own model under lm_eval does: give
+``--batch-size 1`` for scores of each request alone.
 Needs ``pip install -e ".[eval]"``.
 """
 
@@ -153,14 +157,26 @@ if TemplateLM is not None:
                 until = settings.get("until") or []
                 until = [until] if isinstance(until, str) else list(until)
                 new = int(settings.get("max_gen_toks", self.max_gen_toks))
-                sampling = (
-                    Sampling(temperature=float(settings.get("temperature", 1.0)), top_k=None)
+                sampling = (  # the task's filters as transformers reads them (unset: off)
+                    Sampling(
+                        temperature=float(settings.get("temperature", 1.0)),
+                        top_k=settings.get("top_k"),
+                        top_p=float(settings.get("top_p", 1.0)),
+                        min_p=float(settings.get("min_p", 0.0)),
+                    )
                     if settings.get("do_sample")
                     else Sampling(temperature=0)
                 )
                 prompt = self.tok_encode(context)[-max(1, self.max_length - new) :] or [self.prefix_token_id]
-                pieces = generate(
-                    self.model, self.tokenizer_, prompt, max_new_tokens=new, sampling=sampling, stop=until, seed=0
+                pieces = generate(  # the window the loglikelihood requests read: max_length tokens
+                    self.model,
+                    self.tokenizer_,
+                    prompt,
+                    max_new_tokens=new,
+                    sampling=sampling,
+                    stop=until,
+                    seed=0,
+                    max_context=self.max_length,
                 )
                 texts.append("".join(p.text for p in pieces))
             return texts

@@ -123,16 +123,15 @@ def rewrite_report(out: str) -> str:
         raise ExperimentError(f"cannot read {path!r}: {exc.strerror or exc}; run the study first") from None
     except ValueError as exc:
         raise ExperimentError(f"{path!r} is not a study record: {exc}") from None
-    run = state["run"]
-    return write_report(
-        Study.from_state(state, out),
-        run["command"],
-        run["wall"],
-        run["started_at"],
-        tuple(run["loads"]),
-        run["commit"],
-        recorded_host(run, out),
-    )
+    try:
+        run = state["run"]
+        study, args = Study.from_state(state, out), (run["command"], run["wall"], run["started_at"], run["loads"])
+    except (KeyError, TypeError, AttributeError):  # another program's JSON, or a damaged record
+        raise ExperimentError(
+            f"{path!r} is not a study record: it lacks what a study writes there (its plan, run and cells); "
+            f"run the study again with --overwrite"
+        ) from None
+    return write_report(study, *args[:3], tuple(args[3]), run["commit"], recorded_host(run, out))
 
 
 def recorded_host(run: dict, out: str) -> str:
