@@ -11,6 +11,8 @@ import torch
 from minilm.config import ConfigError, build_config
 from minilm.configfile import load_config
 from minilm.data.batches import Documents, crossing_rows, get_batch
+from minilm.evaluation.lengths import evaluate_checkpoints
+from minilm.evaluation.streaming import stream_checkpoint
 from minilm.training.loop import train
 
 EOT = 0
@@ -124,5 +126,10 @@ def test_the_run_says_how_many_rows_crossed_a_document_boundary(tmp_path, capfd)
         ],
     )
     assert 0 <= train(masked, quiet=True)["rows_crossing_documents"] < 1  # with the document masks too
+    streams = stream_checkpoint(masked.out_dir, tokens=256, quiet=True)  # masked as it trained, as evaluate masks
+    full = next(s for s in streams if s.setup == "full")
+    scored = evaluate_checkpoints([masked.out_dir], lengths=[256], max_tokens=256, quiet=True)[0]
+    assert full.losses.mean() == pytest.approx(scored.nll, rel=1e-5)
+    assert all(s.reason.startswith("n/a (documents masked") for s in streams if s.setup != "full")
     with pytest.raises(ConfigError, match="with data.end_of_text=true"):
         build_config({"data": {"min_document_tokens": 100}})

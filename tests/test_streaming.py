@@ -5,6 +5,7 @@ cells and the command line."""
 import csv
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,3 +119,12 @@ def test_cli_models_of_different_lengths_each_get_their_own_bands(corpus):  # no
     first, second = out.stdout.split("alibi-0/ckpt.pt: streaming loss")
     assert "| 0-15 | 16-31 | 32-63 | 64-127 |" in first and "| window 16 |" in first
     assert "| 0-31 | 32-63 | 64-127 |" in second and "| window 32 |" in second and "nan" not in out.stdout
+
+
+def test_the_plotted_curve_covers_every_position():
+    """Bins of the window's quarter, the last one the rest: a stream shorter than a bin is one point, and
+    the tail past the last whole bin is drawn, not dropped."""
+    x, y = streaming.smoothed(np.ones(100), 128)
+    assert list(x) == [50.0] and list(y) == [1.0]
+    x, y = streaming.smoothed(np.arange(10.0), 4)
+    assert list(x) == [2.0, 6.0, 9.0] and list(y) == [1.5, 5.5, 8.5]

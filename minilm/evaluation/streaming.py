@@ -34,7 +34,7 @@ from tqdm import tqdm
 from minilm.checkpoints.loading import load_model
 from minilm.common import MinilmError, autocast, markdown_table, resolve_device, resolve_dtype
 from minilm.evaluation.lengths import validation_tokens
-from minilm.evaluation.scoring import token_losses
+from minilm.evaluation.scoring import document_forward, token_losses
 from minilm.figures.canvas import require_matplotlib, save_figure
 
 SETUPS = ("full", "window", "sinks-absolute", "sinks-cache")
@@ -59,8 +59,11 @@ class Stream:
     reason: str = ""
 
 
-def unavailable(model, setup: str, length: int) -> str:
-    """Why ``model`` cannot run ``setup`` over ``length`` tokens ('' when it can)."""
+def unavailable(model, setup: str, length: int, documents: bool = False) -> str:
+    """Why ``model`` cannot run ``setup`` over ``length`` tokens ('' when it can); ``documents``: the model
+    was trained with its documents masked (``data.document_mask``), which a window does not take."""
+    if documents and setup != "full":
+        return "n/a (documents masked, data.document_mask: a window does not take the mask)"
     limit = model.positions.position_limit()
     if limit is not None and (setup != "full" or length > limit):
         return f"n/a ({model.positions.kind} positions are bounded)"
@@ -73,14 +76,23 @@ def unavailable(model, setup: str, length: int) -> str:
 
 @torch.no_grad()
 def stream_losses(
-    model, tokens: torch.Tensor, setup: str, *, window: int, sinks: int, dtype: Optional[torch.dtype] = None
+    model,
+    tokens: torch.Tensor,
+    setup: str,
+    *,
+    window: int,
+    sinks: int,
+    dtype: Optional[torch.dtype] = None,
+    documents: Optional[dict] = None,
 ) -> np.ndarray:
     """The loss in nats of each of tokens[1:] after the tokens before it, under ``setup``
-    (one of SETUPS) with a ``window`` of W tokens of which ``sinks`` are the first ones."""
+    (one of SETUPS) with a ``window`` of W tokens of which ``sinks`` are the first ones; ``documents``
+    (``scoring.document_forward``) masks the documents in the full set-up, as training and
+    ``evaluate`` do."""
     if setup not in SETUPS:
         raise StreamError(f"setup={setup!r} is invalid: expected one of {', '.join(SETUPS)}")
     x, y = tokens[None, :-1], tokens[None, 1:]
-    forward = {}
+    forward = dict(documents or {})
     if setup != "full":
         forward = dict(
             window=window,
@@ -129,10 +141,15 @@ def stream_checkpoint(
         )
     text = torch.from_numpy(np.asarray(val[: tokens + 1], dtype=np.int64))
     label = label or state["path"]
+    documents = document_forward(config.data, tokenizer.eos_id)  # the model's documents masked, as it trained
     out = []
     for setup in tqdm(SETUPS, desc=f"stream {label}", unit="set-up", disable=quiet, file=sys.stderr, leave=False):
-        reason = unavailable(model, setup, tokens)
-        losses = None if reason else stream_losses(model, text, setup, window=window, sinks=sinks, dtype=compute_dtype)
+        reason = unavailable(model, setup, tokens, documents=bool(documents))
+        losses = (
+            None
+            if reason
+            else stream_losses(model, text, setup, window=window, sinks=sinks, dtype=compute_dtype, documents=documents)
+        )
         out.append(Stream(label, setup, tokens, window, sinks, losses, reason))
     return out
 
@@ -171,10 +188,12 @@ def describe_setup(s: Stream) -> str:
 
 
 def smoothed(losses: np.ndarray, width: int) -> tuple:
-    """(bin centres, mean loss) over consecutive bins of ``width`` positions."""
-    n = len(losses) // width * width
-    means = losses[:n].reshape(-1, width).mean(axis=1)
-    return np.arange(len(means)) * width + width / 2, means
+    """(bin centres, mean loss) over consecutive bins of ``width`` positions, the last one the rest
+    (shorter), so that every position is drawn, a text shorter than one bin as one point."""
+    starts = np.arange(0, len(losses), width)
+    ends = np.minimum(starts + width, len(losses))
+    means = np.array([losses[a:b].mean() for a, b in zip(starts, ends)])
+    return (starts + ends) / 2, means
 
 
 def plot_streams(streams: Sequence[Stream], path: str) -> str:
@@ -195,7 +214,8 @@ def plot_streams(streams: Sequence[Stream], path: str) -> str:
         for s in (s for s in streams if s.label == label and s.losses is not None):
             x, y = smoothed(s.losses, max(1, s.window // 4))
             colour, style = styles[s.setup]
-            ax.plot(x, y, color=colour, linestyle=style, label=describe_setup(s))
+            marker = "o" if len(x) < 3 else None  # a short text's few points still show
+            ax.plot(x, y, color=colour, linestyle=style, marker=marker, label=describe_setup(s))
             ax.axvline(s.window, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("position in the text (tokens); dotted: the window")
         ax.set_ylabel(f"loss (nats), mean over {max(1, window // 4)} positions")
