@@ -3,6 +3,7 @@ tables, the CSV and the heatmaps); an imported model's run is in tests/test_hf.p
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,8 +11,9 @@ from minilm.__main__ import main
 from minilm.checkpoints import format as checkpoint
 from minilm.config import build_config
 from minilm.data.corpus import prepare
-from minilm.data.retrieval import SUITE
+from minilm.data.retrieval import SUITE, Task
 from minilm.model.gpt import GPT
+from tests.conftest import tiny_text
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +103,20 @@ def test_longeval_on_a_text_file_of_ones_own(random_checkpoint, tmp_path, capsys
     )
     out = capsys.readouterr().out
     assert "vartrack (2 probes per cell" in out and "| all |" in out
+
+
+def test_text_gives_the_haystacks_and_the_run_its_task(random_checkpoint, tmp_path, capsys, monkeypatch):
+    """--text cuts the haystacks from other text; the task's ids are still chosen from the run's own
+    training split, as its training rows chose them (another text leaves other ids unused)."""
+    chosen, original = [], Task.from_tokens.__func__
+
+    def from_tokens(cls, tokens, *args, **kwargs):
+        chosen.append(np.asarray(tokens).copy())
+        return original(cls, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(Task, "from_tokens", classmethod(from_tokens))
+    other = tmp_path / "other.txt"
+    other.write_text(tiny_text(600, seed=5).replace("king", "emperor"))
+    probe = ["longeval", random_checkpoint, "--tasks", "single", "--lengths", "64", "--depths", "0", "--trials", "1"]
+    assert main([*probe, "--text", str(other)]) == 0 and main(probe) == 0
+    assert np.array_equal(chosen[0], chosen[1])

@@ -28,6 +28,24 @@ from minilm.training.outdir import check_writable
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
+def task_tokens(config, tokenizer, prepared, other_text: bool):
+    """The training split the task's ids are chosen from (ids it never uses): the run's own corpus's, as
+    its training rows chose them, also when ``--text`` gives the haystacks; ``--text``'s own only where
+    the run's corpus cannot be prepared here (said in a note: a run trained on the task may then be
+    asked with other ids). ``prepared``: the haystacks' corpus, ``other_text`` when it is not the run's."""
+    if not other_text:
+        return prepared.train
+    try:
+        return data.prepare(config.data, quiet=True, tokenizer=tokenizer).train
+    except data.DataError as exc:
+        print(
+            f"note: the run's corpus data.corpus={config.data.corpus!r} cannot be prepared here ({exc}): the "
+            f"task's ids come from --text's text, not necessarily the ones the run trained on",
+            file=sys.stderr,
+        )
+        return prepared.train
+
+
 def main(argv=None) -> int:
     parser = Parser(prog="minilm longeval", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint, out_dir, or Hugging Face model directory / hf:NAME")
@@ -69,7 +87,8 @@ def run(args) -> int:
     lengths = args.lengths or [config.model.block_size * m for m in (1, 2, 4)]
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
     prepared = data.prepare(source, quiet=True, tokenizer=tokenizer, announce=True)
-    task = Task.from_tokens(prepared.train, config.model.vocab_size)
+    own = prepared if args.text is None else None
+    task = Task.from_tokens(task_tokens(config, tokenizer, own or prepared, own is None), config.model.vocab_size)
     if len(prepared.val) <= max(lengths):
         raise RetrievalError(
             f"the held-out text has {len(prepared.val)} tokens, not more than the longest length "
