@@ -19,14 +19,14 @@ from minilm.checkpoints.format import CheckpointError
 from minilm.checkpoints.loading import load_model
 from minilm.cli import evaluate as evaluate_command
 from minilm.cli import passkey as passkey_cli
-from minilm.config import ConfigError, build_config, resolve_config
+from minilm.config import ConfigError, DataConfig, build_config, resolve_config
 from minilm.configfile import load_config
 from minilm.data.corpus import prepare
 from minilm.evaluation import lengths as evaluation
 from minilm.evaluation import passkey, scoring
 from minilm.positions import available
 from minilm.training.loop import train
-from tests.conftest import tiny_overrides
+from tests.conftest import tiny_overrides, tiny_text
 from tests.forkrun import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -578,3 +578,18 @@ def test_passkey_command_line(corpus, tmp_path, capsys):
     )
     assert passkey_cli.main(["eval", rope, "--lengths", "5"]) == 2
     assert "error: length=5 is too short" in capsys.readouterr().err
+
+
+def test_characters_are_counted_as_the_prepared_corpus_counts_them(tmp_path):
+    """With data.end_of_text the tokens hold "\\n" and the end-of-text id where the joined text (whose
+    characters the training's bits/char divide by) holds two blank lines: the evaluation counts the same."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    for i in range(12):
+        (texts / f"doc{i}.txt").write_text(tiny_text(40, seed=i))
+    for end_of_text in (True, False):
+        prepared = prepare(
+            DataConfig(corpus=str(texts), vocab_size=400, dir=str(tmp_path / "d"), end_of_text=end_of_text), quiet=True
+        )
+        eot = prepared.eot_id if end_of_text else None
+        assert evaluation.scored_chars(prepared.tokenizer, prepared.val.tolist(), eot, True) == prepared.val_chars

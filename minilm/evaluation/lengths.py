@@ -195,7 +195,8 @@ def evaluate_checkpoints(
             )
         n = budget // longest * longest
         tokens = torch.from_numpy(np.asarray(val[: n + 1], dtype=np.int64))
-        chars = len(tokenizer.decode(tokens[1:].tolist()))
+        eot = tokenizer.eos_id if config.data.end_of_text else None
+        chars = scored_chars(tokenizer, tokens[1:].tolist(), eot, ends_split=n + 1 == len(val))
         position = config.model.position
         label = labels[index] if labels is not None else _default_label(names[index], overrides, position)
         limit = model.positions.position_limit()
@@ -294,6 +295,19 @@ def _load_all(paths, overrides, device, lengths, multiples, split: str = "val") 
             these = sorted({segment_length(m, block) for m in multiples})
         loaded.append((state["path"], model, tokenizer, config, these))
     return loaded
+
+
+def scored_chars(tokenizer, ids: list, eot: Optional[int], ends_split: bool) -> int:
+    """Characters of the text ``ids`` stand for, counted as the prepared corpus counts a split's
+    (``Prepared.val_chars``, which the training's bits/char divide by): the decoded text, and with
+    ``data.end_of_text`` (``eot``, the id after every document) each document boundary as the two blank
+    lines the joined text has there, where the tokens have "\n" and the id, which decodes to nothing
+    (the split's last id, ``ends_split``, closes no boundary: the joined text ends with one "\n")."""
+    chars = len(tokenizer.decode(ids))
+    if eot is None:
+        return chars
+    boundaries = sum(1 for t in ids if t == eot) - (1 if ends_split and ids and ids[-1] == eot else 0)
+    return chars + 2 * boundaries
 
 
 def _check_sizes(max_tokens, batch_tokens, fixed_stride, position_bin) -> None:
