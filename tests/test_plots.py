@@ -403,6 +403,20 @@ def test_attention_map_labels_tokens_and_caps_length(tokenizer, tmp_path):
     assert_png(path)
 
 
+def test_attention_map_shows_the_generations_window(tokenizer):
+    """A generation in a window of 8 (with 2 sinks) attends to nothing else: the map shows that attention,
+    every key outside the sinks and the last 8 positions at zero, and says so."""
+    model = tiny_model(position("rope"), tokenizer.vocab_size, n_layer=1)
+    ids = tokenizer.encode("the cat sat on the mat, and the dog saw the cat. " * 2)
+    assert len(ids) > 12
+    fig = attention_maps.attention_figure(model, ids, tokenizer, context=8, sinks=2)
+    assert "attention in the generation's window of 8 tokens, 2 sinks" in suptitle(fig)
+    forward = dict(window=8, sinks=2, sink_positions="absolute", context_len=8)
+    last = attention_maps.attention_weights(model, ids, last_queries=1, forward=forward).weights[:, 0]
+    seen = (last > 0).any(dim=0).nonzero().flatten().tolist()
+    assert seen == [0, 1] + list(range(len(ids) - 6, len(ids)))  # the sinks, then the window's other 6
+
+
 def test_attention_map_crops_to_a_learned_table(tokenizer):
     model = tiny_model(position("learned"), tokenizer.vocab_size, block_size=16, n_layer=1)
     ids = tokenizer.encode("the cat sat on the mat, and the dog saw the cat. " * 3)

@@ -245,7 +245,15 @@ def run_cli(args, stdin=None, stdout=None, stderr=None) -> None:
             stderr.write(line + "\n")
     if args.attention_map:
         target = output_path(args.attention_map, say=lambda line: stderr.write(line + "\n"))  # an earlier file: kept
-        path = attention_maps.attention_map(model, rows[0] + first_sample, tokenizer, target)
+        path = attention_maps.attention_map(
+            model,
+            rows[0] + first_sample,
+            tokenizer,
+            target,
+            context=context,
+            sinks=args.sink_tokens,
+            sink_positions=args.sink_positions,
+        )
         stderr.write(f"attention map of sample 1 written to {path}\n")
 
 

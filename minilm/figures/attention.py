@@ -25,10 +25,13 @@ class AttentionCapture(NamedTuple):
     output: torch.Tensor
 
 
-def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -> AttentionCapture:
+def attention_weights(
+    model, token_ids, *, last_queries: Optional[int] = None, forward: Optional[dict] = None
+) -> AttentionCapture:
     """Run ``model`` on ``token_ids`` (1-D) without a cache and take the softmax weights of every
     head of its last layer, as that layer's attention returns them. ``last_queries`` keeps only
-    the rows of the last that many queries, (heads, last_queries, T)."""
+    the rows of the last that many queries, (heads, last_queries, T); ``forward``: options of the
+    forward pass (a generation's ``window``, ``sinks``, ``sink_positions``, ``context_len``)."""
     ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(1, -1)
     seen = {}
 
@@ -40,7 +43,7 @@ def attention_weights(model, token_ids, *, last_queries: Optional[int] = None) -
     model.eval()
     try:
         with torch.no_grad():
-            _, weights = model(ids.to(next(model.parameters()).device), weights_of=-1)
+            _, weights = model(ids.to(next(model.parameters()).device), weights_of=-1, **(forward or {}))
     finally:
         hook.remove()
         model.train(was_training)
@@ -57,16 +60,23 @@ def _token_label(tokenizer, token_id: int, width: int = 8) -> str:
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
-def attention_map(model, token_ids, tokenizer, path: str, *, max_tokens: int = MAX_ATTENTION_TOKENS) -> str:
+def attention_map(
+    model, token_ids, tokenizer, path: str, *, max_tokens: int = MAX_ATTENTION_TOKENS, context=None, sinks=0, **kw
+) -> str:
     """Draw the attention weights of each head in the last layer of ``model`` over ``token_ids``
     (prompt plus generated tokens), ticks labelled with ``tokenizer.decode`` of each token; write
     the figure to ``path`` (an earlier file there is set aside, never replaced: ``save_figure(keep=True)``)
     and return it. The model sees the whole sequence (its last position_limit() tokens for
-    bounded schemes); the figure shows the last ``max_tokens``."""
-    return save_figure(attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens), path, keep=True)
+    bounded schemes); the figure shows the last ``max_tokens``. ``context`` (a generation's window,
+    with ``sinks`` and ``sink_positions``): the attention that window allows, as a generation without
+    a cache computes it."""
+    figure = attention_figure(model, token_ids, tokenizer, max_tokens=max_tokens, context=context, sinks=sinks, **kw)
+    return save_figure(figure, path, keep=True)
 
 
-def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTENTION_TOKENS):
+def attention_figure(
+    model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTENTION_TOKENS, context=None, sinks=0, sink_positions=None
+):
     """The figure of ``attention_map``, not yet written."""
     Figure = require_matplotlib()
     ids = [int(t) for t in (token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)]
@@ -79,8 +89,12 @@ def attention_figure(model, token_ids, tokenizer, *, max_tokens: int = MAX_ATTEN
     if limit is not None and len(ids) > int(limit):
         notes.append(f"model run on the last {int(limit)} of {len(ids)} tokens ({model.positions.kind} table limit)")
         ids = ids[-int(limit) :]
+    forward = {}
+    if limit is None and context is not None and (len(ids) > context or sinks):  # the generation's window
+        forward = dict(window=context, sinks=sinks, sink_positions=sink_positions or "absolute", context_len=context)
+        notes.append(f"attention in the generation's window of {context} tokens" + f", {sinks} sinks" * bool(sinks))
     shown = min(len(ids), max_tokens)
-    weights = attention_weights(model, ids, last_queries=shown).weights[:, :, -shown:]
+    weights = attention_weights(model, ids, last_queries=shown, forward=forward).weights[:, :, -shown:]
     if shown < len(ids):
         notes.append(f"showing the last {shown} of {len(ids)} tokens (rows may sum to < 1: earlier keys hidden)")
     labels = [_token_label(tokenizer, t) for t in ids[-shown:]]
