@@ -43,6 +43,19 @@ def test_a_failing_job_stops_the_run_with_its_error(workers):
         run_jobs(jobs, workers=workers, quiet=True)
 
 
+@pytest.mark.slow
+def test_the_jobs_that_finish_beside_a_failing_one_are_kept_for_a_resume(tmp_path):
+    """Two workers: one job fails while another runs on; the run stops with the error, and the other
+    job, which finished, is in the journal (a resume reads it back instead of running it again)."""
+    journal = Journal(str(tmp_path / "journal"))
+    journal.start("abc", {"seeds": [1]}, resume=False)
+    jobs = [Job("slow", time.sleep, (0.5,)), Job("bad", math.sqrt, (-1.0,))]
+    with pytest.raises(ValueError, match="math domain error"):
+        run_jobs(jobs, workers=2, quiet=True, journal=journal)
+    again = run_jobs([Job("slow", math.sqrt, (0.5,))], workers=1, quiet=True, journal=journal)  # not run: read back
+    assert again["slow"].value is None and again["slow"].seconds >= 0.49
+
+
 def where_and_what(name: str) -> tuple:
     """A job: the worker's working directory and its value of the environment variable ``name``."""
     return os.getcwd(), os.environ.get(name)

@@ -234,8 +234,18 @@ def _run_parallel(jobs, workers, threads, done, bar, journal) -> None:
         except KeyboardInterrupt:  # unless a stop is asked meanwhile
             _stop(pool)
             raise
+        _record_finished(journal, running)  # and are kept for --resume, as the failing job's error says
         raise
     pool.shutdown(wait=True)
+
+
+def _record_finished(journal, running: dict) -> None:
+    """Journal every job of ``running`` ({future: (job, args)}) that finished without an error: those
+    that ran on while another job failed, or finished in the same wait as it."""
+    for future, (job, args) in running.items():
+        if future.done() and not future.cancelled() and future.exception() is None:
+            value, started, ended = future.result()
+            _record(journal, job, args, Done(value, started, ended, job.phase))
 
 
 def _stop(pool: futures.ProcessPoolExecutor) -> None:
