@@ -498,6 +498,8 @@ def test_plan_overrides_and_errors(capsys, tmp_path):
         experiments.make_plan("length-generalization", False, None, ["modle.d_model=3"])
     with pytest.raises(experiments.ExperimentError, match="curve_steps"):
         experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[10, 5]"])
+    with pytest.raises(experiments.ExperimentError, match=r"tuning.lr_scales=\[1, 1, 2\] is invalid: expected each"):
+        experiments.make_plan("length-generalization", True, None, ["tuning.lr_scales=[1, 1, 2]"])
     with pytest.raises(experiments.ExperimentError, match="at least two after it"):  # the plateau reads the last two
         experiments.make_plan("length-generalization", True, None, ["extension.curve_steps=[0, 10]"])
     with pytest.raises(experiments.ExperimentError, match="eval.position_bin=12 is invalid: .* divides L=32"):

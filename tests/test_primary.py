@@ -445,3 +445,8 @@ def test_the_shipped_claims_list_every_earlier_run_with_its_outcome():
     changed = {k for k, v in again["00e440b"]["claims"].items() if runs["dd38cfc"]["claims"][k] != v}
     assert changed == {"alibi-far-needle", "t5-ties-alibi-at-L"}
     assert runs[None]["claims"] == runs["69b0ab9"]["claims"]  # issue #47: the same 13 verdicts
+
+
+def test_an_adjusted_p_is_printed_on_its_verdicts_side_of_alpha():
+    assert primary.p_shown(0.04996, 0.05) == "0.04996" and primary.p_shown(0.0123456, 0.05) == "0.0123"
+    assert primary.p_shown(0.05, 0.05) == "0.05" and primary.p_shown(0.050004, 0.05) == "0.05"

@@ -457,6 +457,16 @@ def retrieval_rows(path: str, text: Optional[str] = None) -> set:
     }
 
 
+def p_shown(p: float, alpha: float) -> str:
+    """An adjusted p-value as the report prints it: 3 significant digits, more where 3 would round it to
+    the other side of ``alpha`` from its verdict (0.04996 is "0.04996", not "0.05", beside "supported")."""
+    for digits in (3, 4, 6):
+        text = f"{p:.{digits}g}"
+        if (float(text) < alpha) == (p < alpha):
+            return text
+    return repr(p)
+
+
 def check_plan(plan: dict, path: str, text: Optional[str] = None) -> tuple:
     """(alpha, mode, claims) of the claims file at ``path`` (or its ``text``), a ClaimsError where the plan
     cannot give what they read: their protocol not among ``eval.modes``, a passkey cell at another length

@@ -44,6 +44,7 @@ from minilm.study.primary import (
     REPO,
     confirmatory_run,
     hypothesis,
+    p_shown,
     path_for,
     recorded_test,
     registration,
@@ -671,7 +672,7 @@ def _primary(study: Study, number: int, commit: str) -> list:
             hypothesis(o.claim),
             o.estimate,
             "n/a" if o.p is None else f"{o.p:.3g}",
-            f"{o.adjusted:.3g}",
+            p_shown(o.adjusted, alpha),
             o.verdict if o.p is not None else "not tested",
         ]
         for o in tested

@@ -221,6 +221,8 @@ def check(plan: dict) -> Optional[str]:
             f"tuning={plan[SECTION]} is invalid: expected lr_scales > 0 and tuning seeds disjoint from the "
             f"study's seeds {plan['seeds']}"
         )
+    if len(set(scales(plan))) != len(scales(plan)):  # an edge choice would extend the grid by a ratio of 1
+        return f"tuning.lr_scales={scales(plan)} is invalid: expected each scale once"
     if not 0 <= task_floor(plan) <= 1:
         return f"tuning.task_floor={task_floor(plan)} is invalid: expected an accuracy from 0 to 1"
     if plan["data"]["holdout_tokens"] <= plan["model"]["block_size"]:
