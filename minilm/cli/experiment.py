@@ -79,7 +79,7 @@ def parse_args(argv):
         "--resume",
         action="store_true",
         help="continue an interrupted experiment in --out: the jobs it finished are read back, not run "
-        "again (same arguments and the same commit)",
+        "again (same arguments, the same commit, rates file and corpus)",
     )
     return parser.parse_intermixed_args(argv)
 

@@ -19,8 +19,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--family",
         default=None,
-        help=f"the transformers family to write ({', '.join(BY_NAME)}; default: the first that holds the model; "
-        "llama writes Qwen2 or Qwen3 where the model has their options)",
+        help=f"the transformers family to write ({', '.join(BY_NAME)}; default: the first that holds the model "
+        "and runs its rope as minilm does; llama writes Qwen2 or Qwen3 where the model has their options)",
     )
     parser.add_argument(
         "--adapter",

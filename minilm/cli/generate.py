@@ -305,7 +305,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--attention-map",
         metavar="FILE.png",
-        help="after generating, draw the last layer's attention over the first sample",
+        help="after generating, draw the last layer's attention over the first sample (in the generation's "
+        "--max-context window, with its --sink-tokens)",
     )
     return p.parse_args(argv)
 

@@ -4,7 +4,8 @@ values, variable tracking) over lengths x depths, generated from held-out text: 
 checkpoint's validation split, or any text file (``--text``). Exact-match accuracy per cell
 with its Wilson interval, a markdown table per task, a summary with depths pooled, and a
 length x depth heatmap (``--figure``, with matplotlib). Marker, keys and values are token ids
-the text never uses, so any checkpoint qualifies whose vocabulary leaves 65 of them."""
+the run's training split never uses (as its training rows chose them; an imported model's: those
+the text never uses), so any checkpoint qualifies whose vocabulary leaves 65 of them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from minilm.data import corpus as data
 from minilm.data.retrieval import SUITE, RetrievalError, Task
 from minilm.evaluation.retrieval import accuracy
 from minilm.figures.canvas import check_figure_path
+from minilm.hf.reading import is_hf_source
 from minilm.study.figures import heatmap_figure
 from minilm.study.stats import wilson
 from minilm.training.outdir import check_writable
@@ -29,10 +31,11 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def task_tokens(config, tokenizer, prepared, other_text: bool):
-    """The training split the task's ids are chosen from (ids it never uses): the run's own corpus's, as
-    its training rows chose them, also when ``--text`` gives the haystacks; ``--text``'s own only where
-    the run's corpus cannot be prepared here (said in a note: a run trained on the task may then be
-    asked with other ids). ``prepared``: the haystacks' corpus, ``other_text`` when it is not the run's."""
+    """The training split the task's ids are chosen from (ids it never uses): a minilm run's own corpus's,
+    as its training rows chose them, also when ``--text`` gives the haystacks; ``--text``'s own for a
+    Hugging Face model (no corpus of its training is known) and where the run's corpus cannot be
+    prepared here (said in a note: a run trained on the task may then be asked with other ids).
+    ``prepared``: the haystacks' corpus, ``other_text`` when it is not the run's."""
     if not other_text:
         return prepared.train
     try:
@@ -87,7 +90,7 @@ def run(args) -> int:
     lengths = args.lengths or [config.model.block_size * m for m in (1, 2, 4)]
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
     prepared = data.prepare(source, quiet=True, tokenizer=tokenizer, announce=True)
-    own = prepared if args.text is None else None
+    own = prepared if args.text is None or is_hf_source(args.checkpoint) else None  # an import has no corpus
     task = Task.from_tokens(task_tokens(config, tokenizer, own or prepared, own is None), config.model.vocab_size)
     if len(prepared.val) <= max(lengths):
         raise RetrievalError(
