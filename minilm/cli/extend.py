@@ -22,7 +22,7 @@ from minilm.common import shown
 from minilm.config import ConfigError, resolve_config
 from minilm.configfile import load_config
 from minilm.training.extend import ALIASES, METHODS, describe_plan, plan_extension
-from minilm.training.loop import train
+from minilm.training.loop import printed_config, train
 
 
 def main(argv=None) -> int:
@@ -58,7 +58,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--overwrite", action="store_true", help="start anew in an out_dir that holds a checkpoint, replacing it"
     )
-    parser.add_argument("--print-config", action="store_true", help="print the run's resolved config and exit")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the config the run would train with (the source's architecture and tokenizer's vocabulary; "
+        "with --resume the checkpoint's train settings) and exit",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or messages; print only the summary")
     args = parser.parse_args(argv)
     return run_command(
@@ -71,8 +76,8 @@ def run(args) -> int:
     source, overrides = source_and_overrides(args.words)
     plan = plan_extension(source, args.method, args.factor, lora=args.lora, out_dir=args.out, overrides=overrides)
     config = resolve_config(load_config(plan.config_path, plan.overrides + smoke.training_overrides(plan.source)))
-    if args.print_config:
-        print(config.to_yaml(), end="")
+    if args.print_config:  # what the run starts from, as train --print-config prints it
+        print(printed_config(config, resume=args.resume).to_yaml(), end="")
         return 0
     if not args.quiet:
         said = describe_plan(plan, config)
