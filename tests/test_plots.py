@@ -344,6 +344,21 @@ def test_checkpoint_figure_shows_the_trained_biases(tokenizer, tmp_path, capsys)
     assert "do not fit the new model" in capsys.readouterr().err
     assert cli.main(["plot", "--checkpoint", str(tmp_path / "run"), "--d-model", "64", "--out", str(out)]) == 2
     assert "the model shape comes from the checkpoint: drop --d-model" in capsys.readouterr().err
+    layered = ModelConfig(  # a layer type with positions of its own: the figure is model.position's, said so
+        vocab_size=tokenizer.vocab_size,
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        block_size=32,
+        position={"kind": "rope"},
+        layers={"pattern": ["rope", "nope"], "rope": {}, "nope": {"position": {"kind": "none"}}},
+    )
+    state = {"model": GPT(layered).state_dict(), "config": Config(model=layered).to_dict()}
+    checkpoint.save({**state, "tokenizer": tokenizer.to_bytes()}, str(tmp_path / "layered"))
+    assert cli.main(["plot", "--checkpoint", str(tmp_path / "layered"), "--out", str(tmp_path / "l.png")]) == 0
+    assert "layers of type nope have positions of their own: rope; rope as model.position, nope none" in (
+        capsys.readouterr().err
+    )
 
     loaded, _, loaded_config, _ = load_model(str(tmp_path / "run"))
     fig = plots.scheme_figure(loaded.positions, loaded_config.model.position, source="run")

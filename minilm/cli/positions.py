@@ -43,7 +43,7 @@ from minilm.figures import positions as plots
 from minilm.figures.canvas import check_figure_path, require_matplotlib
 from minilm.figures.layers import plot_layers, query_scale_text
 from minilm.positions import available, build, canonical, describe, scheme_class
-from minilm.positions.layers import layer_types
+from minilm.positions.layers import describe_design, layer_types
 
 SHAPE = {"d-model": "d_model", "n-head": "n_head", "block-size": "block_size"}
 MAX_SHAPE = {"d-model": 16384, "n-head": 1024, "block-size": 16384}  # what a figure can draw in memory
@@ -194,6 +194,14 @@ def plot(argv) -> str:
                 f"omit KIND or give {position['kind']}"
             )
         scheme = model.positions
+        own = sorted({t.name for t in model.layer_types if t.position != position})
+        if own:  # the figure draws model.position: layers of these types have positions of their own
+            print(
+                f"note: the figure draws model.position ({position['kind']}); the model's layers of type "
+                f"{', '.join(own)} have positions of their own: "
+                f"{describe_design(position, config.model.layers, config.model.n_layer)}",
+                file=sys.stderr,
+            )
     else:
         if kind is None:
             raise UsageError(f"give a position kind (valid: {', '.join(available())}) or --checkpoint")
