@@ -288,3 +288,27 @@ def test_unwrap_agrees_for_settings_and_schemes():
     assert inner.kind == unwrap_setting(setting)["kind"] == "learned" and factor == 4.0
     assert build({"kind": "rope"}, d_model=16, n_head=2, block_size=8).unwrap()[1] == 1.0
     assert describe(setting) == "interpolated(randomized(learned)) x4"
+
+
+def test_a_longer_block_size_at_load_keeps_each_layer_types_trained_positions(tmp_path):
+    """model.block_size changed at evaluation or generation: a layer type's own rope scaling keeps its
+    original length and randomized positions keep the range they trained on, as model.position's do (the
+    same logits on what the model trained on)."""
+    layers = {
+        "pattern": ["a", "g"],
+        "a": {},
+        "g": {"position": {"kind": "rope", "scaling": {"type": "yarn", "factor": 4}}},
+    }
+    config = build_config({"model": {**MODEL, "block_size": 32, "position": {"kind": "rope"}, "layers": layers}})
+    torch.manual_seed(0)
+    model = GPT(config.model).eval()
+    state = {"model": model.state_dict(), "config": config.to_dict(), "tokenizer": TOKENIZER["bytes"]}
+    path = checkpoint.save(state, str(tmp_path / "layered"))
+    longer = load_model(path, ["model.block_size=64"])
+    scaling = longer.config.model.layers["g"]["position"]["scaling"]
+    assert scaling["original_max_positions"] == 32
+    idx = torch.randint(0, 53, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(longer.model(idx), model(idx), atol=1e-5)
+    drawn, _ = source(tmp_path, "randomized", block_size=16, inner={"kind": "rope"})
+    assert load_model(drawn, ["model.block_size=32"]).config.model.position["max_positions"] == 128  # 8 x 16

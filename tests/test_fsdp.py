@@ -177,6 +177,18 @@ def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpu
 # --------------------------------------------------------------------------- one process
 
 
+def test_a_sharded_muon_run_resumes_and_unshards(tiny_config):
+    """Muon's state is read back from shards as AdamW's is (torch's checkpoint builds a fresh optimiser's
+    state by step(closure=None), which Muon refused: such a run saved what it could never read)."""
+    muon = ("train.checkpoint_format=sharded", "train.optimizer=muon")
+    train(tiny_config("train.max_steps=2", *muon), quiet=True)
+    assert train(tiny_config("train.max_steps=3", *muon), resume=True, quiet=True)["steps"] == 3
+    config = tiny_config("train.max_steps=3", *muon)
+    assert load_model(
+        saving.unshard(config.out_dir, os.path.join(config.out_dir, "whole.pt"))
+    ).config.train.optimizer == ("muon")
+
+
 def test_a_sharded_checkpoint_is_refused_where_a_file_is_expected(tiny_config):
     config = tiny_config("train.max_steps=2", "train.checkpoint_format=sharded")
     train(config, quiet=True)

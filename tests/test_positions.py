@@ -394,6 +394,10 @@ def test_longrope_switches_factors_at_the_original_length():
         ({"type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, "high_freq_factor=1"),
         ({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0] * 4}, "short_factor: a list of 4"),
         ({"type": "yarn", "factor": 2, "short_factor": [1.0] * 4}, "not an option of scaling.type=yarn"),
+        (  # its attention factor divides by ln L: a traceback at the first pass before
+            {"type": "longrope", "original_max_positions": 1, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4},
+            "original_max_positions=1 is invalid for longrope: expected an integer >= 2",
+        ),
     ],
 )
 def test_llama3_and_longrope_bad_settings(scaling, message):
@@ -740,3 +744,11 @@ def test_shaw_keys_and_values_against_attention_written_out():
             expected[0, h, i] = sum(w[j] * (v[0, h, j] + shaw.values.weight[r[j]]) for j in range(i + 1))
     assert torch.allclose(out, expected, atol=1e-5)
     assert shaw.buckets(torch.tensor([9.0]), torch.arange(10.0)).tolist() == [[3, 3, 3, 3, 3, 3, 3, 2, 1, 0]]
+
+
+@pytest.mark.parametrize("kind", ["ntk", "dynamic"])
+def test_an_ntk_base_needs_more_than_two_rotated_dims(kind):
+    """s^(d/(d-2)) divides by zero at d = 2: refused in one line where the scheme is built, not a traceback
+    at its first pass."""
+    with pytest.raises(ValueError, match=f"scaling.type={kind} changes the base by .* rotates 2 of 8"):
+        make({"kind": "rope", "rotary_fraction": 0.25, "scaling": {"type": kind, "factor": 2}}, d_model=8)

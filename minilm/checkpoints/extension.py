@@ -7,7 +7,10 @@ Weights move into the new scheme wherever the shapes allow:
 
 * rope -> rope with a scaling (linear / ntk / dynamic / yarn): RoPE has no parameters;
   ``scaling.original_max_positions`` is taken from the source's block_size when omitted,
-  so NTK / YaRN use the ORIGINAL training length (docs/design.md, "Glossary").
+  so NTK / YaRN use the ORIGINAL training length (docs/design.md, "Glossary"); so does a
+  layer type's own (``loading.complete_layer_positions``).
+* randomized: ``max_positions`` when omitted is the range the source drew from (8 x its
+  block_size), where that still holds the new block_size.
 * any kind -> a wrapper (``interpolated``, ``randomized``) around the same kind, and back: the
   wrapped scheme's parameters are the source's at any depth of wrapping (e.g.
   ``positions.table.weight`` <-> ``positions.inner.table.weight``); what is compared is the
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm.checkpoints.format import CheckpointError
+from minilm.positions.randomized import DEFAULT_RANGE
 
 
 def scaled_length(position: dict, source_model: dict) -> Optional[int]:
@@ -72,6 +76,10 @@ def complete_position(position: dict, src_model: dict, block_size: int) -> dict:
     if position.get("kind") == "rope" and isinstance(scaling, dict) and scaling.get("type", "none") != "none":
         if scaling.get("original_max_positions") is None:
             scaling["original_max_positions"] = src_block
+    if position.get("kind") == "randomized" and position.get("max_positions") is None:
+        trained_range = DEFAULT_RANGE * src_block  # the range it drew its positions from in training
+        if trained_range >= block_size:
+            position["max_positions"] = trained_range
     if position.get("kind") == "interpolated":
         if "inner" not in position:
             position["inner"] = copy.deepcopy(src_position)

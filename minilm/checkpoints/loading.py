@@ -71,6 +71,21 @@ def load_model(
     return model_of(read_checkpoint(path), overrides, device=device, dtype=dtype)
 
 
+def complete_layer_positions(model_tree: dict, trained: dict) -> None:
+    """``complete_position`` for each ``model.layers`` type with a position of its own, from that type's
+    trained position: a scaling's original length and randomized's range stay the trained model's
+    when ``model.block_size`` changes, as ``model.position``'s do."""
+    layers, before = model_tree.get("layers"), trained.get("layers") or {}
+    if not isinstance(layers, dict):
+        return
+    for name, setting in layers.items():
+        if name != "pattern" and isinstance(setting, dict) and isinstance(setting.get("position"), dict):
+            source = (before.get(name) or {}).get("position") or trained["position"]
+            setting["position"] = complete_position(
+                canonical(setting["position"]), {**trained, "position": source}, model_tree["block_size"]
+            )
+
+
 def model_of(
     state: dict, overrides: Sequence[str] = (), *, device="cpu", dtype: Optional[torch.dtype] = None
 ) -> Loaded:
@@ -87,6 +102,7 @@ def model_of(
     tree["data"] = locate_data(tree["data"], state)
     model_tree = tree["model"]
     model_tree["position"] = complete_position(canonical(model_tree["position"]), trained, model_tree["block_size"])
+    complete_layer_positions(model_tree, trained)
     try:
         config = build_config(tree)
     except ConfigError as exc:

@@ -36,6 +36,7 @@ from minilm.positions.base import (
     register,
 )
 
+DEFAULT_RANGE = 8  # max_positions unless given: this many block_sizes
 EVAL_POSITIONS = ("plain", "sampled")  # what a model in eval mode is handed (module docstring)
 
 
@@ -65,7 +66,7 @@ class Randomized(PositionScheme):
                 "positions have no meaning; wrap a plain scheme (rope, alibi, ...)"
             )
         if max_positions is None:
-            max_positions = 8 * block_size
+            max_positions = DEFAULT_RANGE * block_size
         check_number(
             "randomized", "max_positions", max_positions, low=1, low_open=False, integer=True, high=MAX_POSITIONS
         )

@@ -253,6 +253,15 @@ class RoPE(PositionScheme):
         check_number(
             "rope", "scaling.original_max_positions", original, low=1, low_open=False, integer=True, high=MAX_POSITIONS
         )
+        if kind in ("ntk", "dynamic") and self.rot <= 2:  # their base's exponent d / (d - 2) needs d > 2
+            raise PositionError(
+                f"rope: scaling.type={kind} changes the base by s^(d/(d-2)), which needs more than 2 rotated dims, "
+                f"and this rope rotates {self.rot} of {self.head_dim}: a larger rotary_fraction, or another scaling"
+            )
+        if kind == "longrope" and original < 2:  # its attention factor divides by ln L
+            raise PositionError(
+                f"rope: scaling.original_max_positions={original} is invalid for longrope: expected an integer >= 2"
+            )
         factor = scaling.get("factor")
         if factor is None:
             if kind in FACTORED:

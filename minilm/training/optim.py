@@ -136,7 +136,12 @@ class Muon(torch.optim.Optimizer):
         self.blocks, self.ns_dtype = blocks or {}, ns_dtype
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, closure=None) -> None:
+        """One Muon update of every group; ``closure`` as torch's optimisers take it (torch.distributed's
+        checkpoint calls ``step(closure=None)`` to build the state of a fresh one before loading shards)."""
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
         for group in self.param_groups:
             mu, by_shape = group["momentum"], {}
             for p in group["params"]:
