@@ -329,3 +329,13 @@ def test_windows_in_chunks_of_queries_over_their_bands(pattern, monkeypatch):
         banded = [model(ids, weights_of=0), model(ids, end_of_text=0, restart_positions=True)]
     for a, b in zip((*whole[0], whole[1]), (*banded[0], banded[1])):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_a_model_position_that_no_layer_uses_is_refused_where_it_has_parameters():
+    """Every layer type sets its own position: a t5 model.position's table would never train (and DDP fails
+    on it), refused in one line; a rope one has no parameters, and learned positions act on the embeddings."""
+    layers = {"pattern": ["a"], "a": {"position": {"kind": "none"}}}
+    with pytest.raises(ConfigError, match=r"model.position \(t5\) is no layer's, and its parameters would never"):
+        build_config({"model": {"position": {"kind": "t5"}, "layers": layers}})
+    for kind in ("rope", "learned"):
+        build_config({"model": {"position": {"kind": kind}, "layers": layers}})

@@ -222,20 +222,25 @@ def query_scale_factor(pos: torch.Tensor, scale: dict) -> torch.Tensor:
 
 def check_types(types: list, model_config, *, reach: bool = True) -> None:
     """PositionError where a layer type's own position setting cannot be built for this model
-    (``validate``), or adds to the embeddings, which happens once, before any layer."""
+    (``validate``), or adds to the embeddings, which happens once, before any layer; or where every
+    layer type sets its own position and ``model.position`` has parameters: no layer would use them
+    (they would never train, and DDP fails on parameters without gradients)."""
+    shape = dict(n_head=model_config.n_head, block_size=model_config.block_size, head_dim=model_config.head_dim)
+    if all(t.position != model_config.position for t in types):
+        root = build(model_config.position, d_model=model_config.d_model, **shape)
+        if not root.embeds and any(True for _ in root.parameters()):
+            raise PositionError(
+                f"model.layers: every layer type sets its own position, so model.position "
+                f"({describe(model_config.position)}) is no layer's, and its parameters would never train: set "
+                f"model.position to one of the types' positions, or leave that type's position out"
+            )
     seen = []
     for layer_type in types:
         if layer_type.position is model_config.position or layer_type.position in seen:
             continue
         seen.append(layer_type.position)
         validate(layer_type.position, model_config, reach=reach)
-        scheme = build(
-            layer_type.position,
-            d_model=model_config.d_model,
-            n_head=model_config.n_head,
-            block_size=model_config.block_size,
-            head_dim=model_config.head_dim,
-        )
+        scheme = build(layer_type.position, d_model=model_config.d_model, **shape)
         if scheme.embeds:
             raise PositionError(
                 f"model.layers.{layer_type.name}.position is {describe(layer_type.position)}, which adds positions "
