@@ -557,6 +557,13 @@ class TrainConfig:
             raise ConfigError(
                 f"train.lr={self.lr}, train.min_lr={self.min_lr} are invalid: expected 0 <= min_lr <= lr, lr > 0"
             )
+        peak = self.lr * (max(1.0, self.muon_lr_scale) if self.optimizer == "muon" else 1.0)
+        if peak * self.weight_decay >= 1:  # decoupled decay multiplies each weight by 1 - rate x decay
+            raise ConfigError(
+                f"train.weight_decay={self.weight_decay:g} is invalid with a peak rate of {peak:g}: each step "
+                f"multiplies a weight by 1 - {peak:g} x {self.weight_decay:g} <= 0; expected weight_decay below "
+                f"{1 / peak:.4g}"
+            )
 
 
 @dataclass

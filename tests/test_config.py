@@ -10,7 +10,16 @@ import yaml
 from minilm.cli import smoke
 from minilm.cli import train as train_command
 from minilm.common import MinilmError, Range, check_number
-from minilm.config import Config, ConfigError, DataConfig, LoRAConfig, ModelConfig, TrainConfig, resolve_config
+from minilm.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    LoRAConfig,
+    ModelConfig,
+    TrainConfig,
+    build_config,
+    resolve_config,
+)
 from minilm.configfile import find_config_file, load_config
 from minilm.model.gpt import GPT
 from tests.conftest import REPO
@@ -253,3 +262,14 @@ def test_the_one_numeric_check_says_its_range(valid, said, inside, outside):
             check_number("train.x", value, valid, ConfigError)
         assert type(caught.value) is ConfigError
         assert str(caught.value) == f"train.x={value!r} is invalid: expected {said}"
+
+
+def test_a_weight_decay_that_flips_the_weights_sign_is_refused():
+    """Decoupled decay multiplies each weight by 1 - rate x decay: at or past 1 the weights flip and blow up
+    (a NaN later blamed on the rate); Muon's rate counts its scale."""
+    with pytest.raises(ConfigError, match=r"train.weight_decay=5000 is invalid .* expected weight_decay below 100"):
+        build_config({"train": {"lr": 0.01, "min_lr": 0.001, "weight_decay": 5000}})
+    with pytest.raises(ConfigError, match="peak rate of 0.03"):
+        muon = {"optimizer": "muon", "muon_lr_scale": 3}
+        build_config({"train": {"lr": 0.01, "min_lr": 0.001, "weight_decay": 40, **muon}})
+    build_config({"train": {"lr": 0.01, "min_lr": 0.001, "weight_decay": 40}})

@@ -201,6 +201,7 @@ def test_a_block_size_other_than_the_factors_is_refused(gen_tokenizer, tmp_path,
         (["--method", "yarn", "--factor", "4", "model.position.scaling.type=ntk"], "give --method instead"),
         (["--method", "yarn", "--factor", "4", "model.position.scaling.factor=8"], "give --factor instead"),
         (["--method", "yarn", "--factor", "4", "train.init_from=out/x"], "give SOURCE instead"),
+        (["--method", "yarn", "--factor", "4", "train={max_steps: 2}"], "replaces the whole train section"),
         (["--method", "yarn", "--factor", "4", "out/other"], "takes one SOURCE (a minilm run or a transformers"),
     ],
 )

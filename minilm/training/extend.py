@@ -205,6 +205,12 @@ def check_overrides(overrides: Sequence[str], length: int, factor: float, new_le
     ``SET_BY_EXTEND`` is refused, and so is a block_size other than the derived one (naming both)."""
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
+        if key in ("train", "model", "data"):  # a whole section replaces what extend planned in it
+            raise ConfigError(
+                f"override {key}=... replaces the whole {key} section, and with it what minilm extend sets there "
+                f"(train.init_from, the source's architecture and tokenizer): give dotted keys, e.g. "
+                f"{key}.{'max_steps' if key == 'train' else 'dropout' if key == 'model' else 'corpus'}=..."
+            )
         if key in SET_BY_EXTEND:
             raise ConfigError(
                 f"override {key} is set by minilm extend: give {SET_BY_EXTEND[key]} instead of {assignment!r}"
