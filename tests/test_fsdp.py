@@ -146,6 +146,7 @@ def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_pat
         shutil.copytree(first, out)
         proc = run([*overrides(tiny_corpus, out, then, "train.max_steps=10", *sharded), "--resume"], processes=then)
         assert "resuming" in proc.stderr and "at step 5" in proc.stderr
+        assert "process(es)" not in proc.stderr  # grad_accum keeps the global batch: nothing to say
         ours, theirs = losses(out), losses(reference)
         assert [s for s, _ in ours] == list(range(1, 11)), name
         for (step, a), (_, b) in zip(ours, theirs):
@@ -154,7 +155,7 @@ def test_sharded_checkpoints_resume_on_two_or_one_processes(tiny_corpus, tmp_pat
 
 @pytest.mark.slow
 @fsdp_on_cpu
-def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference):
+def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpus, tmp_path, reference, capsys):
     out = tmp_path / "run"
     run(
         overrides(tiny_corpus, out, 2, "train.max_steps=5", "train.parallel=fsdp", "train.checkpoint_format=sharded"),
@@ -168,6 +169,13 @@ def test_unshard_makes_a_file_that_commands_take_and_resume_continues(tiny_corpu
     assert config.model.n_layer == 2 and model.num_params() > 0
     again = run_python(["-m", "minilm", "unshard", str(out)], cwd=REPO, env=env, timeout=120)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr
+    other = tmp_path / "other"  # resumed on one process with the two's grad_accum: half the global batch, said
+    shutil.copytree(out, other, ignore=shutil.ignore_patterns("ckpt.dcp"))
+    config = resolve_config(load_config(None, overrides(tiny_corpus, other, 2, "train.max_steps=6")))
+    capsys.readouterr()
+    train(config, resume=True)
+    said = capsys.readouterr().err
+    assert "trained on 2 process(es), this one on 1: each step now takes 4 sequences, not 8" in said, said
     config = resolve_config(load_config(None, overrides(tiny_corpus, out, 1, "train.max_steps=10")))
     train(config, resume=True, quiet=True)  # the file, optimiser and all, continues the run
     for (_, a), (_, b) in zip(losses(out), losses(reference)):
