@@ -90,8 +90,8 @@ def run(args) -> int:
     lengths = args.lengths or [config.model.block_size * m for m in (1, 2, 4)]
     source = config.data if args.text is None else DataConfig(corpus=args.text, dir=config.data.dir)
     prepared = data.prepare(source, quiet=True, tokenizer=tokenizer, announce=True)
-    own = prepared if args.text is None or is_hf_source(args.checkpoint) else None  # an import has no corpus
-    task = Task.from_tokens(task_tokens(config, tokenizer, own or prepared, own is None), config.model.vocab_size)
+    other_text = args.text is not None and not is_hf_source(args.checkpoint)  # an import has no corpus of its own
+    task = Task.from_tokens(task_tokens(config, tokenizer, prepared, other_text), config.model.vocab_size)
     if len(prepared.val) <= max(lengths):
         raise RetrievalError(
             f"the held-out text has {len(prepared.val)} tokens, not more than the longest length "

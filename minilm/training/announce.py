@@ -83,10 +83,9 @@ def say_resumed(run, state: dict, taken: list) -> None:
         )
     world = (state.get("data_state") or {}).get("world_size")
     t, was = config.train, state["config"].get("train", {})
-    rows = was.get("grad_accum", t.grad_accum) * was.get("batch_size", t.batch_size)
-    before = None if world is None else world * rows
     now = run.dist.world * t.grad_accum * t.batch_size  # the global batch: processes x grad_accum x batch_size
-    if before is not None and world != run.dist.world and before != now:
+    before = (world or 0) * was.get("grad_accum", t.grad_accum) * was.get("batch_size", t.batch_size)
+    if world is not None and world != run.dist.world and before != now:
         run.say(
             f"note: the checkpoint's run trained on {world} process(es), this one on {run.dist.world}: each step "
             f"now takes {now} sequences, not {before}, so the run differs from the uninterrupted one (the same "
