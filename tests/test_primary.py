@@ -424,14 +424,16 @@ def test_earlier_runs_print_one_line_each(tmp_path):
 
 def test_the_shipped_claims_list_every_earlier_run_with_its_outcome():
     """The claims files' earlier runs: length-generalization's 897d2b4, 69b0ab9, the unseen-corpus run (no
-    artifact, no commit), 3e29b1a and dd38cfc (the frozen design before the spread placement), the
-    replication's 00e440b; each with its verdict per claim (``earlier_runs`` refuses other ids), whose count
-    of supported claims is the outcome's "N of M"; 8f901d4 tested none."""
+    artifact, no commit), 3e29b1a and dd38cfc (the frozen design before the spread placement), 65f932b (the
+    spread design's, whose report was lost with its machine: a count, no verdicts), the replication's 00e440b;
+    each with its verdict per claim (``earlier_runs`` refuses other ids), whose count of supported claims is
+    the outcome's "N of M"; 8f901d4 tested none."""
     path = primary.path_for("length-generalization")
     runs = {entry["commit"]: entry for entry in primary.earlier_runs(path)}
-    assert list(runs) == ["8f901d4", "897d2b4", "69b0ab9", None, "3e29b1a", "dd38cfc"]
+    assert list(runs) == ["8f901d4", "897d2b4", "69b0ab9", None, "3e29b1a", "dd38cfc", "65f932b"]
     assert "no claim" in runs["8f901d4"]["outcome"] and "claims" not in runs["8f901d4"]
-    assert "no artifact" in runs[None]["report"]
+    assert "no artifact" in runs[None]["report"] and "no artifact" in runs["65f932b"]["report"]
+    assert runs["65f932b"]["outcome"].startswith("18 of 23 supported") and "claims" not in runs["65f932b"]
     replication = primary.path_for("replication-512")
     again = {entry["commit"]: entry for entry in primary.earlier_runs(replication)}
     assert list(again) == ["00e440b"]
