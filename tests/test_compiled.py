@@ -15,11 +15,14 @@ import torch
 from minilm.config import TrainConfig
 from minilm.generation.compiled import compiled_body
 from minilm.generation.decode import Decoder, GenerationError, Sampling, Stats, generate_ids
+from minilm.model.attention import WRITTEN_OUT_MAX, written_out_pays
 from minilm.positions import available
 from minilm.training.loop import COMPILE_PAYS_AFTER, TrainingError, compiles, train
 from tests.conftest import REPO, tiny_overrides
 
 GREEDY = Sampling(temperature=0)
+# a compiled pass writes short causal attention out where eager runs SDPA's kernel: float32 sums in another order
+AS_EAGER = dict(rtol=1e-4, atol=1e-4)
 
 
 def greedy_tokens(model, prompt, n, **kw):
@@ -111,7 +114,7 @@ def test_a_forward_pass_compiles_whole(random_gpt, position, training):
     torch.manual_seed(1)
     got = compiled(idx)
     torch.manual_seed(1)
-    torch.testing.assert_close(got, model(idx))
+    torch.testing.assert_close(got, model(idx), **AS_EAGER)
 
 
 def test_rope_tables_reach_a_compiled_body_as_inputs(random_gpt):
@@ -130,7 +133,28 @@ def test_rope_tables_reach_a_compiled_body_as_inputs(random_gpt):
     got = model(idx, body=torch.compile(model.body, backend=capture))
     assert len(graphs) == 1  # one graph: no break
     assert not any(op in graphs[0] for op in ("torch.cos", "torch.sin", ".cos()", ".sin()"))
-    torch.testing.assert_close(got, model(idx))
+    torch.testing.assert_close(got, model(idx), **AS_EAGER)
+
+
+def test_a_compiled_cpu_pass_writes_short_attention_out(random_gpt):
+    """A compiled pass on the CPU over at most WRITTEN_OUT_MAX tokens writes causal attention out (two
+    products and a float32 softmax, which inductor fuses; faster than SDPA's CPU flash kernel on an EPYC
+    without AMX) with the eager pass's logits, SDPA's; a longer one keeps SDPA's causal kernel (no T x T
+    scores). Eager passes never write it out."""
+    model = random_gpt({"kind": "rope"}, block_size=WRITTEN_OUT_MAX + 8)
+    for length, writes in ((12, True), (WRITTEN_OUT_MAX, True), (WRITTEN_OUT_MAX + 1, False)):
+        torch._dynamo.reset()
+        graphs = []
+
+        def capture(graph_module, example_inputs):
+            graphs.append(str(graph_module.graph))
+            return graph_module.forward
+
+        idx = torch.randint(0, 97, (1, length), generator=torch.Generator().manual_seed(length))
+        got = model(idx, body=torch.compile(model.body, backend=capture))
+        assert ("scaled_dot_product_attention" not in graphs[0]) == writes, length
+        torch.testing.assert_close(got, model(idx), **AS_EAGER)
+    assert not written_out_pays(torch.zeros(1, 1, 12, 8))  # eager: SDPA
 
 
 @pytest.mark.slow

@@ -23,6 +23,16 @@ from minilm.positions.layers import LayerType, query_scale_factor
 MASK_BUDGET = 1 << 24
 QUERY_CHUNK = 256  # queries per chunk of the masked path (at most MASK_BUDGET mask entries)
 WINDOW_CHUNK = 64  # at least this many queries per chunk under a layer's window (each over its band of keys)
+WRITTEN_OUT_MAX = 256  # a compiled CPU pass over at most this many tokens writes causal attention out
+
+
+def written_out_pays(q: torch.Tensor) -> bool:
+    """Whether a full causal pass writes attention out (``attend_written_out``) instead of SDPA's causal
+    kernel: in a compiled pass (``train.compile``) on the CPU over at most ``WRITTEN_OUT_MAX`` tokens, where
+    inductor fuses the scale, the mask and the softmax around two matrix products. SDPA's CPU flash kernel
+    took 44 of the main job's 143 ms a step on an EPYC without AMX, and the step written out ran 0.86x as
+    long there (docs/benchmarks.md, "The main job's step"); the T x T scores keep it to short passes."""
+    return q.device.type == "cpu" and q.shape[-2] <= WRITTEN_OUT_MAX and torch.compiler.is_compiling()
 
 
 def visible(
@@ -86,7 +96,8 @@ def attend(
             else:
                 mask = None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        if not cached and window is None and not masked:  # the full sequence: SDPA's causal kernel, no T x T scores
+        if not cached and window is None and not masked and not written_out_pays(q):
+            # the full sequence: SDPA's causal kernel, no T x T scores
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     chunk, outputs, weights = queries_per_chunk(q, Tk), [], []
     reach = layer.window if layer is not None and layer.window is not None and not cached else None
