@@ -82,15 +82,16 @@ def say_resumed(run, state: dict, taken: list) -> None:
             f"checkpoint's tokenizer; if the text changed, it differs from the uninterrupted run"
         )
     world = (state.get("data_state") or {}).get("world_size")
-    t, was = config.train, state["config"].get("train", {})
-    now = run.dist.world * t.grad_accum * t.batch_size  # the global batch: processes x grad_accum x batch_size
-    before = (world or 0) * was.get("grad_accum", t.grad_accum) * was.get("batch_size", t.batch_size)
-    if world is not None and world != run.dist.world and before != now:
-        run.say(
-            f"note: the checkpoint's run trained on {world} process(es), this one on {run.dist.world}: each step "
-            f"now takes {now} sequences, not {before}, so the run differs from the uninterrupted one (the same "
-            f"global batch: train.grad_accum x {world / run.dist.world:g})"
-        )
+    if world is not None and world != run.dist.world:
+        t, was = config.train, state["config"].get("train", {})
+        now = run.dist.world * t.grad_accum * t.batch_size  # the global batch: processes x grad_accum x batch_size
+        before = world * was.get("grad_accum", t.grad_accum) * was.get("batch_size", t.batch_size)
+        if before != now:
+            run.say(
+                f"note: the checkpoint's run trained on {world} process(es), this one on {run.dist.world}: each "
+                f"step now takes {now} sequences, not {before}, so the run differs from the uninterrupted one (the "
+                f"same global batch: train.grad_accum x {world / run.dist.world:g})"
+            )
     changed = trajectory_changes(config, state)
     if changed:
         run.say(

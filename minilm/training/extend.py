@@ -200,16 +200,19 @@ def extended_length(model: dict, method: str, factor: float) -> int:
     return int(round(factor * model["block_size"]))
 
 
+SECTION_EXAMPLE = {"train": "max_steps", "model": "dropout", "data": "corpus"}  # a dotted key of each section
+
+
 def check_overrides(overrides: Sequence[str], length: int, factor: float, new_length: int) -> None:
     """The user's overrides may set anything the source and the command do not decide: a key of
     ``SET_BY_EXTEND`` is refused, and so is a block_size other than the derived one (naming both)."""
     for assignment in overrides:
         key = assignment.split("=", 1)[0].strip().lstrip("-")
-        if key in ("train", "model", "data"):  # a whole section replaces what extend planned in it
+        if key in SECTION_EXAMPLE:  # a whole section replaces what extend planned in it
             raise ConfigError(
                 f"override {key}=... replaces the whole {key} section, and with it what minilm extend sets there "
                 f"(train.init_from, the source's architecture and tokenizer): give dotted keys, e.g. "
-                f"{key}.{'max_steps' if key == 'train' else 'dropout' if key == 'model' else 'corpus'}=..."
+                f"{key}.{SECTION_EXAMPLE[key]}=..."
             )
         if key in SET_BY_EXTEND:
             raise ConfigError(
