@@ -617,6 +617,20 @@ def test_xpos_scales_q_and_k_by_zeta_to_the_distance():
         xpos.rotate(q, k, torch.tensor([600.0]), 64)  # scale_base 8: 510 positions of reach
 
 
+def test_xpos_in_float16_refuses_positions_whose_scales_would_overflow():
+    xpos = make({"kind": "xpos", "scale_base": 8.0}, d_model=8)
+    q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8)
+    near = torch.tensor([40.0, 70.0])  # 38 from the reference 32: within float16's reach at scale_base 8
+    half = xpos.rotate(q.half(), k.half(), near, 64)
+    full = xpos.rotate(q, k, near, 64)
+    assert all(torch.isfinite(h).all() for h in half)
+    assert torch.allclose((half[0].float() * half[1].float()).sum(-1), (full[0] * full[1]).sum(-1), rtol=1e-2)
+    # 78 from the reference: zeta_0^-(78 / 8) is about e^12, past float16's 65,504 (it was inf, then NaN scores)
+    with pytest.raises(ValueError, match=r"position 110 is more than 51 .* float16 would overflow; use bfloat16"):
+        xpos.rotate(q.half(), k.half(), torch.tensor([40.0, 110.0]), 64)
+    assert all(torch.isfinite(t).all() for t in xpos.rotate(q, k, torch.tensor([40.0, 110.0]), 64))  # float32 has room
+
+
 # --------------------------------------------------------------------------- randomized
 
 

@@ -14,7 +14,9 @@ r = context_len // 2: the context length is fixed for a whole cached generation 
 dynamic NTK), so keys cached at their absolute positions and queries decoded later use the
 same r, and the full forward pass uses it too. Positions farther from r than the reach,
 80 scale_base / ln(1 / zeta_0) (about 32,700 positions at the defaults, where the scales
-stay below e^80), are a clear error rather than an overflow.
+stay below e^80), are a clear error rather than an overflow. In float16 (largest value 65,504,
+about e^11) the scaled q and k overflow far sooner: there the scales stay below e^8, leaving room
+for the vectors they multiply (a reach of about 3,270 positions at the defaults).
 """
 
 import math
@@ -24,7 +26,8 @@ import torch
 from minilm.positions.base import MAX_POSITIONS, PositionError, PositionScheme, check_number, register
 from minilm.positions.rope import RoPE
 
-LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 ends near e^88
+LOG_SCALE_LIMIT = 80.0  # largest |log| of a scale: float32 (and bfloat16) end near e^88
+HALF_LOG_SCALE_LIMIT = 8.0  # in float16, which ends near e^11: room for the |q|, |k| the scales multiply
 
 
 @register("xpos")
@@ -42,16 +45,29 @@ class XPos(RoPE):
         pairs = torch.arange(0, self.rot, 2, dtype=torch.float64) / self.rot
         self.register_buffer("zeta", ((pairs + self.gamma) / (1 + self.gamma)).float(), persistent=False)
         smallest = float(torch.tensor(self.gamma / (1 + self.gamma), dtype=torch.float32, device="cpu"))  # zeta[0]
-        self.reach = int(LOG_SCALE_LIMIT * self.scale_base / -math.log(smallest)) if smallest < 1 else None
+        self.reach = self.reach_for(LOG_SCALE_LIMIT, smallest)
+        self.half_reach = self.reach_for(HALF_LOG_SCALE_LIMIT, smallest)
+
+    def reach_for(self, log_limit: float, smallest: float):
+        """Positions from the reference at which the largest scale, 1 / smallest^(offset / scale_base),
+        reaches e^log_limit (None: no pair decays, no scale grows)."""
+        return int(log_limit * self.scale_base / -math.log(smallest)) if smallest < 1 else None
 
     def scales(self, pos: torch.Tensor, context_len: int, dtype: torch.dtype):
         """(T, rot) factors of q and of k: zeta^((pos - r) / scale_base) and its inverse."""
         offset = pos.to(torch.float32) - float(context_len // 2)
-        if self.reach is not None and offset.numel() and not offset.is_meta and float(offset.abs().max()) > self.reach:
+        half = dtype == torch.float16
+        reach = self.half_reach if half else self.reach
+        if reach is not None and offset.numel() and not offset.is_meta and float(offset.abs().max()) > reach:
+            far = float(pos[offset.abs().argmax()])
             raise PositionError(
-                f"xpos: position {float(pos.max()):g} is more than {self.reach} positions from the "
-                f"reference {context_len // 2} (half the context length {context_len}): float32 "
-                f"would overflow; use a shorter sequence or generation context"
+                f"xpos: position {far:g} is more than {reach} positions from the reference "
+                f"{context_len // 2} (half the context length {context_len}): "
+                + (
+                    "float16 would overflow; use bfloat16 or float32, or a shorter sequence or generation context"
+                    if half
+                    else "float32 would overflow; use a shorter sequence or generation context"
+                )
             )
         log_scale = offset[:, None] / self.scale_base * self.zeta.log().to(pos.device)[None, :]
         log_scale = torch.cat((log_scale, log_scale), dim=-1)  # both dims of a pair (halves layout)
