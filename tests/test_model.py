@@ -102,6 +102,18 @@ def test_rolling_cache_equals_sliding_window(kind):
     assert cache.length == 50
 
 
+def test_a_pass_refuses_a_window_that_hides_every_key():
+    """A window of no keys, or of sinks only, leaves a query nothing to attend to (its scores were NaN);
+    a cache refuses the same capacities (new_cache)."""
+    model = tiny({"kind": "rope"}, block_size=16)
+    idx = torch.randint(0, 61, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        for window, sinks in ((0, 0), (-3, 0), (4, 4), (4, -1), (2.5, 0), (True, 0)):
+            with pytest.raises(ValueError, match=rf"window={window!r} with sinks={sinks} is invalid: expected an"):
+                model(idx, window=window, sinks=sinks)
+        assert torch.isfinite(model(idx, window=1)).all() and torch.isfinite(model(idx, window=4, sinks=3)).all()
+
+
 @pytest.mark.parametrize("kind", ["rope", "alibi", "t5", "none", "sinusoidal", "kerple", "xpos"])
 def test_a_rolling_cache_takes_chunks_across_its_wrap(kind):
     """Chunks of up to the capacity that cross the ring's end: each query sees the keys held

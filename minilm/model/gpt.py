@@ -383,6 +383,13 @@ class GPT(nn.Module):
           inside the pass (a loss that never forms the logits; FSDP's head is whole only in a pass).
         """
         B, T = idx.shape
+        if window is not None and not (
+            isinstance(window, int) and not isinstance(window, bool) and isinstance(sinks, int) and 0 <= sinks < window
+        ):  # a window of no keys, or of sinks only, hides every key: NaN scores
+            raise ValueError(
+                f"window={window!r} with sinks={sinks!r} is invalid: expected an integer window of at least 1 "
+                "position and sinks an integer from 0 to window - 1"
+            )
         if any(scheme.draws_at_evaluation for scheme in self.schemes()) and not self.training and B > 1:
             # positions drawn at evaluation (randomized, eval_positions: sampled): one draw per row, so that
             # the rows of a batch are independent samples and no score depends on how rows were batched
