@@ -13,6 +13,7 @@ from minilm import GPT, ModelConfig
 from minilm.checkpoints import format as checkpoint
 from minilm.cli import memory as memory_command
 from minilm.cli.memory import counted_model
+from minilm.common import MinilmError
 from minilm.config import ConfigError, LoRAConfig
 from minilm.configfile import load_config
 from minilm.model.lora import add_adapters
@@ -123,6 +124,33 @@ def test_a_deep_model_is_counted_from_shallow_ones_as_whole(shape, monkeypatch):
     assert shallow == whole
     assert shallow_lora == step_memory(config, 2, 4, torch.bfloat16, "adamw", lora=lora)
     assert whole[1][0] == sum(p.numel() for p in GPT(config).parameters())
+
+
+def test_a_step_that_cannot_fit_is_refused_and_a_lora_step_counts_its_frozen_weights(monkeypatch, tmp_path):
+    """check_step_fits refuses a step past the free memory in one line; a LoRA run keeps its frozen weights
+    in the compute dtype with no gradients or moments, so memory that refuses full training can fit it
+    (it was counted as full training: the runs LoRA exists for were refused)."""
+    shape = ["model.n_layer=2", "model.d_model=256", "model.n_head=4", "model.block_size=64", "train.batch_size=2"]
+    full = load_config("rope.yaml", shape)
+    adapted = load_config(
+        "rope.yaml", [*shape, "train.optimizer=adamw", "train.lora.r=2", f"train.init_from={tmp_path / 'base'}"]
+    )
+    device, dtype = torch.device("cpu"), torch.bfloat16
+    need = {
+        name: step_memory(c.model, 2, 1, dtype, c.train.optimizer, ((c.train.parallel, False),), lora=lora)[0]["total"]
+        for name, c, lora in (("full", full, None), ("lora", adapted, adapted.train.lora))
+    }
+    assert need["lora"] < need["full"] / 3
+    free = (need["lora"] + need["full"]) / 2
+    monkeypatch.setattr(memory, "available_memory", lambda device: free)
+    memory.check_step_fits(adapted, device, dtype, 1)
+    with pytest.raises(MinilmError, match=r"^train.batch_size=2 x model.block_size=64 .*parameters\): a training step"):
+        memory.check_step_fits(full, device, dtype, 1)
+    monkeypatch.setattr(memory, "available_memory", lambda device: need["lora"] / 2)
+    with pytest.raises(
+        MinilmError, match=r"lora.r=2\): a training step needs (at least )?[\d.]+ MiB .* but [\d.]+ MiB is free on cpu"
+    ):
+        memory.check_step_fits(adapted, device, dtype, 1)
 
 
 def test_a_count_too_long_for_the_dry_run_is_refused_before_or_while_it_runs(monkeypatch):

@@ -332,29 +332,34 @@ def step_memory(
 def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int) -> None:
     """Refuse, before anything is built, a run whose training step needs more memory per process
     than ``device`` has free now, in one line that names the sizes deciding it. A floor comes
-    first (16 bytes a parameter for weights, gradients and AdamW's moments, and each block's
-    input kept twice): past the free memory it refuses at once; within an eighth of it the
-    dry run of ``step_memory`` (this run's layout) decides, or the floor where that is too long to count;
-    below, the step fits."""
+    first (16 bytes a parameter for weights, gradients and AdamW's moments; a LoRA run's 20 a trained
+    parameter and the frozen ones in the compute dtype; and each block's input kept twice): past the
+    free memory it refuses at once; within an eighth of it the dry run of ``step_memory`` (this run's
+    layout and adapters) decides, or the floor where that is too long to count; below, the step fits."""
     free = available_memory(device)
     if free is None:
         return
     m, t = config.model, config.train
     params = parameter_counts(m)[0]
     width = torch.empty((), dtype=dtype).element_size()
-    floor = (
-        16 * params / (ranks if t.parallel == "fsdp" else 1)
-        + 2 * t.batch_size * m.block_size * m.n_layer * m.d_model * width
-    )
+    lora = t.lora if t.lora.r else None
+    if lora is None:
+        state = 16 * params / (ranks if t.parallel == "fsdp" else 1)
+    else:  # weights 4T + F x width, gradients and DDP's buckets 8T, AdamW's moments 8T (the module docstring)
+        trained, frozen = lora_counts(m, lora)
+        state = 20 * trained + width * frozen
+    floor = state + 2 * t.batch_size * m.block_size * m.n_layer * m.d_model * width
     need, how = floor, "at least "
     if free / 8 < floor <= free:
         layout = ((t.parallel, t.activation_checkpointing),)
         with contextlib.suppress(DryRunTooLong):  # too long to count: the floor decides
-            need, how = step_memory(m, t.batch_size, ranks, dtype, t.optimizer, layout)[0]["total"], ""
+            need, how = step_memory(m, t.batch_size, ranks, dtype, t.optimizer, layout, lora=lora)[0]["total"], ""
     if need > free:
+        unit, size = ("GiB", 2**30) if max(need, free) >= 2**30 else ("MiB", 2**20)
         raise MinilmError(
             f"train.batch_size={t.batch_size} x model.block_size={m.block_size} with model.n_layer={m.n_layer}, "
-            f"model.d_model={m.d_model} ({params / 1e6:,.1f}M parameters): a training step needs {how}"
-            f"{need / 2**30:,.1f} GiB per process (minilm memory) but {free / 2**30:,.1f} GiB is free on "
+            f"model.d_model={m.d_model} ({params / 1e6:,.1f}M parameters"
+            f"{f', adapters of train.lora.r={lora.r}' if lora else ''}): a training step needs {how}"
+            f"{need / size:,.1f} {unit} per process (minilm memory) but {free / size:,.1f} {unit} is free on "
             f"{device.type}: lower them"
         )
