@@ -59,7 +59,7 @@ class XPos(RoPE):
         half = dtype == torch.float16
         reach = self.half_reach if half else self.reach
         if reach is not None and offset.numel() and not offset.is_meta and float(offset.abs().max()) > reach:
-            far = float(pos[offset.abs().argmax()])
+            far = float(pos.reshape(-1)[offset.abs().argmax()])
             raise PositionError(
                 f"xpos: position {far:g} is more than {reach} positions from the reference "
                 f"{context_len // 2} (half the context length {context_len}): "
