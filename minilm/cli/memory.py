@@ -16,7 +16,7 @@ from minilm.configfile import load_config, was_given
 from minilm.data.corpus import configured_tokenizer
 from minilm.hf.reading import is_hf_source, read_model_tree
 from minilm.positions.layers import cache_slots, layer_types
-from minilm.training.memory import ROWS, lora_counts, step_memory
+from minilm.training.memory import ROWS, lora_counts, size_unit, step_memory
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -66,7 +66,7 @@ def run(args) -> int:
     model, source = counted_model(config)
     lora = config.train.lora
     rows = step_memory(model, batch, args.ranks, DTYPES[args.dtype], config.train.optimizer, lora=lora)
-    unit, size = ("GiB", 2**30) if max(r["total"] for r in rows) >= 2**30 else ("MiB", 2**20)
+    unit, size = size_unit(max(r["total"] for r in rows))
     print(
         f"{args.config}: {model.n_layer} layers x d_model {model.d_model}, vocabulary {model.vocab_size:,}, "
         f"{batch} x {model.block_size} tokens per process, {args.ranks} processes, compute in {args.dtype}; "

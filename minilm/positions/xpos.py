@@ -62,12 +62,9 @@ class XPos(RoPE):
             far = float(pos.reshape(-1)[offset.abs().argmax()])
             raise PositionError(
                 f"xpos: position {far:g} is more than {reach} positions from the reference "
-                f"{context_len // 2} (half the context length {context_len}): "
-                + (
-                    "float16 would overflow; use bfloat16 or float32, or a shorter sequence or generation context"
-                    if half
-                    else "float32 would overflow; use a shorter sequence or generation context"
-                )
+                f"{context_len // 2} (half the context length {context_len}): {'float16' if half else 'float32'} "
+                f"would overflow; use {'bfloat16 or float32, or ' if half else ''}a shorter sequence or generation "
+                "context"
             )
         log_scale = offset[:, None] / self.scale_base * self.zeta.log().to(pos.device)[None, :]
         log_scale = torch.cat((log_scale, log_scale), dim=-1)  # both dims of a pair (halves layout)

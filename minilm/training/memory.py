@@ -329,6 +329,11 @@ def step_memory(
     return rows
 
 
+def size_unit(largest: float) -> tuple:
+    """(name, bytes) of the unit that sizes up to ``largest`` bytes are printed in: GiB, or MiB below one."""
+    return ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
+
+
 def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int) -> None:
     """Refuse, before anything is built, a run whose training step needs more memory per process
     than ``device`` has free now, in one line that names the sizes deciding it. A floor comes
@@ -355,7 +360,7 @@ def check_step_fits(config, device: torch.device, dtype: torch.dtype, ranks: int
         with contextlib.suppress(DryRunTooLong):  # too long to count: the floor decides
             need, how = step_memory(m, t.batch_size, ranks, dtype, t.optimizer, layout, lora=lora)[0]["total"], ""
     if need > free:
-        unit, size = ("GiB", 2**30) if max(need, free) >= 2**30 else ("MiB", 2**20)
+        unit, size = size_unit(max(need, free))
         raise MinilmError(
             f"train.batch_size={t.batch_size} x model.block_size={m.block_size} with model.n_layer={m.n_layer}, "
             f"model.d_model={m.d_model} ({params / 1e6:,.1f}M parameters"
