@@ -1122,6 +1122,19 @@ def test_every_series_of_the_study_figures_has_its_own_look():
     assert len(looks) == len(labels), "two series of the figures share colour, line style and marker"
 
 
+@pytest.mark.parametrize("name", ["length-generalization", "replication-512"])
+def test_no_two_series_of_one_figure_share_a_colour(name):
+    """The kinds from scratch are drawn together, and so are the extension's rows: within each figure every
+    series has a colour of its own ("no scaling" and "rope, training kept at L" were both pink)."""
+    plan = experiments.make_plan(name)
+    for labels in (
+        designs.scratch_labels(plan),
+        [extension.LABEL_NAMES[row] for row in extension.extension_labels(plan, text_only=False)],
+    ):
+        colours = [style(label)["color"] for label in labels]
+        assert len(set(colours)) == len(colours), dict(zip(labels, colours))
+
+
 def test_a_resumed_journal_refuses_other_inputs(tmp_path):
     """The rates and the corpus every job read are bound to the journal: a resume with others is refused
     (its jobs would be read back beside jobs of other inputs); the same ones resume."""
