@@ -476,7 +476,7 @@ def _extension(study: Study, figures: dict) -> list:
         f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
         f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
         f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-        f"{oracle_tokens:g}x its tokens"
+        f"{oracle_tokens:.3g}x its tokens"
         + (f" in {oracle_steps(plan)} steps" if oracle_more != 1 else "")
         + f", and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
         f"and steps)"
@@ -590,9 +590,11 @@ def _oracle_names(plan: dict) -> dict:
     f, rows, steps = plan["extension"]["factor"], plan["train"]["batch_size"], oracle_steps(plan)
     more = steps / plan["train"]["max_steps"]
     return {
-        label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} rows per step, "
+        label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} "
+        + ("row" if rows * scale == 1 else "rows")
+        + " per step, "
         + (
-            f"{f * scale * more:g}x the tokens" + (f" in {steps} steps)" if more != 1 else ")")
+            f"{f * scale * more:.3g}x the tokens" + (f" in {steps} steps)" if more != 1 else ")")
             if scale >= 1
             else "then fine-tuned: the extension's tokens and steps)"
         )
