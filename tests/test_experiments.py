@@ -631,6 +631,8 @@ def test_the_replications_oracle_trains_1000_steps_on_rows_placed_as_every_runs(
     assert oracle.config.train.lr == source.config.train.lr  # the kind's frozen rate, over the longer schedule
     named = "rope trained at 2048 (oracle, 4 rows per step, 2.67x the tokens in 1000 steps)"
     assert report._oracle_names(plan)["rope"] == named
+    equal_named = "rope trained at 2048 (oracle, 1 row per step, then fine-tuned: the extension's tokens and steps)"
+    assert report._oracle_names(plan)["rope-equal-tokens"] == equal_named
     study.cells, study.retrieval = [], []
     said = " ".join(report._extension(study, {}))
     assert "on the pretraining's sequences, 2.67x its tokens in 1000 steps, and on its tokens" in said
@@ -882,7 +884,8 @@ def test_the_answers_keep_their_share_of_the_loss_at_every_length():
 
 def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
     """replication-512: the L = 128 design at L = 512 (extended to 2048) on seeds and tuning seeds no run of the
-    first study used, each run on the first study's tokens, its claims file the first's thirteen claims."""
+    first study used, each run from scratch on three times the first study's tokens, its claims file the first's
+    thirteen claims."""
 
     first, plan = (experiments.make_plan(name, False) for name in ("length-generalization", "replication-512"))
     assert plan["model"]["block_size"] == 4 * first["model"]["block_size"] == 512
@@ -895,7 +898,7 @@ def test_the_replication_is_the_frozen_design_at_L_512_on_fresh_seeds(tmp_path):
     study.build()
     runs = study.runs
     tokens = lambda run: run.config.train.max_steps * run.config.train.batch_size * run.config.model.block_size  # noqa
-    # three times the first study's tokens: in 500 steps rope and NoPE do not learn the task at 512
+    # three times the first study's tokens: in 500 steps rope, sinusoidal, randomized and NoPE do not learn the task
     assert tokens(runs["rope-s11"]) == 3 * first["train"]["max_steps"] * first["train"]["batch_size"] * 128
     check_graph(study.jobs)  # every job's sources are in the graph (no extension from a kind it does not train)
     assert runs["rope-yarn-2048-s11"].config.model.block_size == 2048
@@ -1126,7 +1129,7 @@ def test_every_series_of_the_study_figures_has_its_own_look():
 @pytest.mark.parametrize("name", ["length-generalization", "replication-512"])
 def test_no_two_series_of_one_figure_share_a_colour(name):
     """The kinds from scratch are drawn together, and so are the extension's rows: within each figure every
-    series has a colour of its own ("no scaling" and "rope, training kept at L" were both pink)."""
+    series of a panel has a colour of its own ("no scaling" and "rope, training kept at L" were both pink)."""
     plan = experiments.make_plan(name)
     for labels in (
         designs.scratch_labels(plan),

@@ -5,7 +5,8 @@ the runs.
 
 - **length-generalization** (``FULL``): every kind of ``KINDS`` and the 2025 hybrids (``arms``) at L = 128,
   extended to 4L, with the controls; its claims: ``registered/length-generalization.yaml``.
-- **replication-512** (``REPLICATION``): the same frozen design at L = 512 on fresh seeds (issue #58).
+- **replication-512** (``REPLICATION``): the frozen design at L = 512 on fresh seeds, from scratch on three times
+  the first's tokens (issue #58).
 - **ablation** (``ABLATION_FULL``): variants of the study's models against references (``minilm.study.ablation``).
 """
 
@@ -159,9 +160,9 @@ FULL = {
             "model": {"layers": {"pattern": ["all"], "all": {"query_scale": {"beta": 0.1, "floor": 1, "offset": 1}}}},
         },
     },
-    # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step
-    # (1: its sequences, factor x its tokens) for oracle_steps_scale x its steps (unset: 1; the replication's is 2),
-    # at the first oracle_seeds seeds, and (oracle_equal_tokens) on the pretraining's tokens
+    # oracle: these kinds trained from scratch at factor x L, oracle_batch_scale x the pretraining's rows per step (1:
+    # its sequences, factor x its tokens) for oracle_steps_scale x its steps (unset: 1; the replication's 2/3, its quick
+    # plan's 2), at the first oracle_seeds seeds, and (oracle_equal_tokens) on the pretraining's tokens
     # (``extension.oracle_runs``); keep_training: rope trained on at L with the fine-tuning's tokens
     "controls": {
         "oracle": ["rope"],
@@ -229,14 +230,15 @@ ABLATION_FULL, ABLATION_QUICK = (
     }
     for study, multiples in ((FULL, [1, 2, 4]), (QUICK, [1, 2, 4]))
 )
-# The replication at L = 512 (issue #58): the frozen design on fresh seeds at 4x the training length, the
-# kinds the claims read and NoPE, extended 512 -> 2048. Each run from scratch trains 1500 steps of 4 rows of 512,
-# three times the L = 128 study's tokens: with its lookups spread over 512 tokens, rope, sinusoidal, randomized and
-# NoPE learn the task in none of 500 steps (the tuning step at 23d9576: 1-8% at L at every rate), and it is the
-# tokens that they lack, not the updates (1000 steps of 2 rows: 1-3%); in 1500 steps every kind piloted learned it
-# (docs/guides/study.md). The answers keep their density and share of the loss (``retrieval``); xPos is not in it;
-# the evaluation stops at 4L (the claims read L and 4L); no text-only twins or passkey (none of its claims reads
-# them; they would double its fine-tuning at 2048). Its claims: registered/replication-512.yaml.
+# The replication at L = 512 (issue #58): the frozen design on fresh seeds at 4x the training length, the kinds the
+# claims read and NoPE, extended 512 -> 2048. Each run from scratch trains 1500 steps of 4 rows of 512, three times
+# the L = 128 study's tokens: with its lookups spread over 512 tokens, rope, sinusoidal, randomized and NoPE learn the
+# task in none of 500 steps (the tuning step at 23d9576: 1-8% at L at every rate), and it is the tokens that they
+# lack, not the updates (1000 steps of 2 rows: 1-3%); in 1000 steps rope learned it late (step 920 at a tuning seed)
+# and sinusoidal at one seed of two, in 1500 rope and sinusoidal at the seed piloted (docs/guides/study.md). The
+# answers keep their density and share of the loss (``retrieval``); xPos is not in it; the evaluation stops at 4L (the
+# claims read L and 4L); no text-only twins or passkey (none of its claims reads them; they would double its
+# fine-tuning at 2048). Its claims: registered/replication-512.yaml.
 REPLICATION = copy.deepcopy(FULL)
 REPLICATION.update(experiment="replication-512", seeds=[11, 12, 13, 14, 15], claim_seeds=[16, 17, 18])
 REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none"]

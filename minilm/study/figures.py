@@ -5,7 +5,7 @@ Each figure is a PNG written with matplotlib's object API (no pyplot, no display
 check ``minilm.figures.canvas.have_matplotlib()`` first. A series is (label, [(x, Interval)]);
 a band is drawn where the interval exists (two seeds or more). Every series label has its own
 colour, line style and marker (``style``), the same in every figure, so the sixteen kinds stay
-apart in print and in greyscale; within a figure no two series share a colour.
+apart in print and in greyscale; within a panel no two series share a colour.
 """
 
 from __future__ import annotations
