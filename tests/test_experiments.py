@@ -544,10 +544,9 @@ def test_the_registered_rates_are_tuned_for_the_registered_design():
     of its design before 1500 steps from scratch: its tuning step runs again for them.)"""
     from minilm.study import rates
 
-    name = "length-generalization"
-    plan = experiments.make_plan(name, False)
-    path = rates.registered_path(name)
-    contents = rates.read(path, name)
+    plan = experiments.make_plan("length-generalization", False)
+    path = rates.registered_path("length-generalization")
+    contents = rates.read(path, "length-generalization")
     rates.check(contents, path, plan, designs.scratch_labels(plan), experiment_cli.sweep_rows(plan))
     for kind, scale in contents["scales"].items():
         grid = contents["grids"]["scales"][kind]
@@ -1127,9 +1126,9 @@ def test_every_series_of_the_study_figures_has_its_own_look():
 
 
 @pytest.mark.parametrize("name", ["length-generalization", "replication-512"])
-def test_no_two_series_of_one_figure_share_a_colour(name):
-    """The kinds from scratch are drawn together, and so are the extension's rows: within each figure every
-    series of a panel has a colour of its own ("no scaling" and "rope, training kept at L" were both pink)."""
+def test_no_two_series_of_one_panel_share_a_colour(name):
+    """The kinds from scratch are drawn together, and so are the extension's rows: within each panel every
+    series has a colour of its own ("no scaling" and "rope, training kept at L" were both pink)."""
     plan = experiments.make_plan(name)
     for labels in (
         designs.scratch_labels(plan),

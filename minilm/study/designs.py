@@ -232,13 +232,11 @@ ABLATION_FULL, ABLATION_QUICK = (
 )
 # The replication at L = 512 (issue #58): the frozen design on fresh seeds at 4x the training length, the kinds the
 # claims read and NoPE, extended 512 -> 2048. Each run from scratch trains 1500 steps of 4 rows of 512, three times
-# the L = 128 study's tokens: with its lookups spread over 512 tokens, rope, sinusoidal, randomized and NoPE learn the
-# task in none of 500 steps (the tuning step at 23d9576: 1-8% at L at every rate), and it is the tokens that they
-# lack, not the updates (1000 steps of 2 rows: 1-3%); in 1000 steps rope learned it late (step 920 at a tuning seed)
-# and sinusoidal at one seed of two, in 1500 rope and sinusoidal at the seed piloted (docs/guides/study.md). The
-# answers keep their density and share of the loss (``retrieval``); xPos is not in it; the evaluation stops at 4L (the
-# claims read L and 4L); no text-only twins or passkey (none of its claims reads them; they would double its
-# fine-tuning at 2048). Its claims: registered/replication-512.yaml.
+# the L = 128 study's tokens: in 500 steps rope, sinusoidal, randomized and NoPE do not learn the spread task at 512
+# (docs/guides/study.md, "Steps at 512 with the spread placement"). The answers keep their density and share of the
+# loss (``retrieval``); xPos is not in it; the evaluation stops at 4L (the claims read L and 4L); no text-only twins
+# or passkey (none of its claims reads them; they would double its fine-tuning at 2048). Its claims:
+# registered/replication-512.yaml.
 REPLICATION = copy.deepcopy(FULL)
 REPLICATION.update(experiment="replication-512", seeds=[11, 12, 13, 14, 15], claim_seeds=[16, 17, 18])
 REPLICATION["kinds"] = ["rope", "alibi", "sinusoidal", "t5", "randomized", "none"]

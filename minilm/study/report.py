@@ -468,16 +468,13 @@ def _extension(study: Study, figures: dict) -> list:
     oracle_names = _oracle_names(plan)
     oracle = list(oracle_names)
     names = {m: LABEL_NAMES[m] for m in labels}
-    oracle_more = oracle_steps(plan) / plan["train"]["max_steps"]  # its steps against the pretraining's
-    oracle_tokens = f * plan.get("controls", {}).get("oracle_batch_scale", 1.0) * oracle_more
     lines = [
         f"## 4. Extending from {L} to {f * L}, with the controls",
         "",
         f"The methods are rope's unless the row names another scheme; *training kept at L* fine-tunes rope on "
         f"the same tokens in rows of {L} (the control for the extra training); the *oracle* rows are trained "
         f"from scratch at {f * L} (what extension is compared with: on the pretraining's sequences, "
-        f"{oracle_tokens:.3g}x its tokens"
-        + (f" in {oracle_steps(plan)} steps" if oracle_more != 1 else "")
+        + _oracle_tokens(plan, plan.get("controls", {}).get("oracle_batch_scale", 1.0), "its")
         + f", and on its tokens then the extension's fine-tuning at {f * L}: the extension's tokens "
         f"and steps)"
         + (
@@ -585,16 +582,24 @@ def _falling(train, min_lr: Optional[float] = None) -> str:
     return f"cosine to {end}"
 
 
+def _oracle_tokens(plan: dict, batch_scale: float, whose: str) -> str:
+    """An oracle's "8x the tokens in 1000 steps": its tokens against the pretraining's (``whose`` tokens), at
+    ``batch_scale`` x the pretraining's rows per step, and its steps where they differ from the pretraining's."""
+    steps = oracle_steps(plan)
+    more = steps / plan["train"]["max_steps"]
+    times = plan["extension"]["factor"] * batch_scale * more
+    return f"{times:.3g}x {whose} tokens" + (f" in {steps} steps" if more != 1 else "")
+
+
 def _oracle_names(plan: dict) -> dict:
     """Oracle label -> its row name: the kind, length, rows per step and tokens against pretraining."""
-    f, rows, steps = plan["extension"]["factor"], plan["train"]["batch_size"], oracle_steps(plan)
-    more = steps / plan["train"]["max_steps"]
+    f, rows = plan["extension"]["factor"], plan["train"]["batch_size"]
     return {
         label: f"{kind} trained at {int(f * plan['model']['block_size'])} (oracle, {rows * scale:g} "
         + ("row" if rows * scale == 1 else "rows")
         + " per step, "
         + (
-            f"{f * scale * more:.3g}x the tokens" + (f" in {steps} steps)" if more != 1 else ")")
+            _oracle_tokens(plan, scale, "the") + ")"
             if scale >= 1
             else "then fine-tuned: the extension's tokens and steps)"
         )
